@@ -1,0 +1,5 @@
+"""Op definitions, one registry for the whole project (see registry.py)."""
+from .registry import REQUIRED, Attr, AttrKind, OpDef, TensorSpec, define, find, get, names
+from . import math, nn, array, reduce  # noqa: F401  (each module registers its ops)
+
+__all__ = ["REQUIRED", "Attr", "AttrKind", "OpDef", "TensorSpec", "define", "find", "get", "names"]

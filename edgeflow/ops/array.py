@@ -1,0 +1,119 @@
+"""Ops that move, select or reinterpret elements without arithmetic."""
+from .. import dtypes
+from ..errors import GraphError
+from .registry import Attr, AttrKind, TensorSpec, define
+from .shapes import fmt, normalize_axes, normalize_axis, num_elements
+
+INDEX_DTYPES = frozenset((dtypes.int32, dtypes.int64))
+
+
+@define("reshape", inputs=1, attrs={"shape": Attr(AttrKind.INTS)}, view=True)
+def _reshape(inputs, attrs):
+    """Same elements in a new shape; at most one dimension may be -1 (inferred)."""
+    x, shape = inputs[0], attrs["shape"]
+    if sum(d == -1 for d in shape) > 1 or any(d < -1 for d in shape):
+        raise GraphError(f"reshape: bad target shape {shape}; dims must be >= 0 with at most one -1")
+    n, known = num_elements(x.shape), num_elements([d for d in shape if d != -1])
+    if -1 not in shape:
+        if n is not None and n != known:
+            raise GraphError(f"reshape: cannot reshape {fmt(x.shape)} ({n} elements) to {shape}")
+        return [TensorSpec(tuple(shape), x.dtype)]
+    if n is None:
+        inferred = None
+    elif known == 0 or n % known:
+        raise GraphError(f"reshape: cannot reshape {fmt(x.shape)} ({n} elements) to {shape}")
+    else:
+        inferred = n // known
+    return [TensorSpec(tuple(inferred if d == -1 else d for d in shape), x.dtype)]
+
+
+@define("squeeze", inputs=1, attrs={"axes": Attr(AttrKind.INTS, ())}, view=True)
+def _squeeze(inputs, attrs):
+    """Drop size-1 dimensions: those in `axes`, or all of them when `axes` is empty."""
+    x = inputs[0]
+    if attrs["axes"]:
+        axes = normalize_axes(attrs["axes"], x.rank, "squeeze")
+    elif None in x.shape:
+        raise GraphError(f"squeeze: shape {fmt(x.shape)} has unknown dims; name the axes to squeeze")
+    else:
+        axes = tuple(i for i, d in enumerate(x.shape) if d == 1)
+    bad = [a for a in axes if x.shape[a] not in (1, None)]
+    if bad:
+        raise GraphError(f"squeeze: dimension(s) {bad} of {fmt(x.shape)} are not 1")
+    return [TensorSpec(tuple(d for i, d in enumerate(x.shape) if i not in axes), x.dtype)]
+
+
+@define("expand_dims", inputs=1, attrs={"axes": Attr(AttrKind.INTS)}, view=True)
+def _expand_dims(inputs, attrs):
+    """Insert size-1 dimensions at `axes` (positions in the output)."""
+    x = inputs[0]
+    rank = x.rank + len(attrs["axes"])
+    axes = normalize_axes(attrs["axes"], rank, "expand_dims")
+    dims = iter(x.shape)
+    return [TensorSpec(tuple(1 if i in axes else next(dims) for i in range(rank)), x.dtype)]
+
+
+@define("transpose", inputs=1, attrs={"perm": Attr(AttrKind.INTS, ())})
+def _transpose(inputs, attrs):
+    """Permute dimensions: output dim i is input dim perm[i]; reversed when perm is empty."""
+    x = inputs[0]
+    perm = attrs["perm"] or tuple(reversed(range(x.rank)))
+    if sorted(perm) != list(range(x.rank)):
+        raise GraphError(f"transpose: perm {perm} is not a permutation of {x.rank} axes")
+    return [TensorSpec(tuple(x.shape[p] for p in perm), x.dtype)]
+
+
+@define("concat", inputs=(1, None), attrs={"axis": Attr(AttrKind.INT)})
+def _concat(inputs, attrs):
+    """Join tensors along `axis`; other dimensions must agree."""
+    first = inputs[0]
+    axis = normalize_axis(attrs["axis"], first.rank, "concat")
+    for s in inputs[1:]:
+        if s.dtype != first.dtype or s.rank != first.rank:
+            raise GraphError(f"concat: inputs differ in dtype or rank: {first.dtype}{fmt(first.shape)} "
+                             f"vs {s.dtype}{fmt(s.shape)}")
+    shape = []
+    for i in range(first.rank):
+        dims = [s.shape[i] for s in inputs]
+        if i == axis:
+            shape.append(None if None in dims else sum(dims))
+            continue
+        known = {d for d in dims if d is not None}
+        if len(known) > 1:
+            raise GraphError(f"concat: dimension {i} differs between inputs: {sorted(known)}")
+        shape.append(known.pop() if known else None)
+    return [TensorSpec(tuple(shape), first.dtype)]
+
+
+def slice_length(dim, start, end, step):
+    return None if dim is None else len(range(*slice(start, end, step).indices(dim)))
+
+
+@define("slice", inputs=1, attrs={"starts": Attr(AttrKind.INTS), "ends": Attr(AttrKind.INTS),
+                                  "axes": Attr(AttrKind.INTS, ()), "steps": Attr(AttrKind.INTS, ())})
+def _slice(inputs, attrs):
+    """x[starts:ends:steps] along `axes` (default the first len(starts) axes), clamped as Python does."""
+    x = inputs[0]
+    starts, ends = attrs["starts"], attrs["ends"]
+    axes = attrs["axes"] or tuple(range(len(starts)))
+    steps = attrs["steps"] or (1,) * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise GraphError(f"slice: starts, ends, axes and steps differ in length: {attrs}")
+    if 0 in steps:
+        raise GraphError("slice: steps must be non-zero")
+    normalize_axes(axes, x.rank, "slice")  # rejects repeated axes
+    shape = list(x.shape)
+    for axis, start, end, step in zip(axes, starts, ends, steps):
+        axis = normalize_axis(axis, x.rank, "slice")
+        shape[axis] = slice_length(x.shape[axis], start, end, step)
+    return [TensorSpec(tuple(shape), x.dtype)]
+
+
+@define("gather", inputs=2, attrs={"axis": Attr(AttrKind.INT, 0)})
+def _gather(inputs, attrs):
+    """Take slices of `params` along `axis` at `indices` (negative ones count from the end)."""
+    params, indices = inputs
+    if indices.dtype not in INDEX_DTYPES:
+        raise GraphError(f"gather: indices must be int32 or int64, got {indices.dtype}")
+    axis = normalize_axis(attrs["axis"], params.rank, "gather")
+    return [TensorSpec(params.shape[:axis] + indices.shape + params.shape[axis + 1:], params.dtype)]

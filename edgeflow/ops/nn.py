@@ -1,0 +1,29 @@
+"""Neural-network activations and normalizing functions."""
+from .. import dtypes
+from ..errors import GraphError
+from .registry import Attr, AttrKind, TensorSpec, define
+from .shapes import normalize_axis
+
+
+def _unary(op, spec, allowed):
+    if spec.dtype not in allowed:
+        raise GraphError(f"{op}: dtype {spec.dtype} not supported; expected one of "
+                         f"{', '.join(sorted(d.name for d in allowed))}")
+    return [TensorSpec(spec.shape, spec.dtype)]
+
+
+@define("relu", inputs=1)
+def _relu(inputs, attrs):
+    """max(x, 0)."""
+    return _unary("relu", inputs[0], dtypes.FLOATS | dtypes.INTEGERS)
+
+
+def _along_axis(name):
+    def infer(inputs, attrs):
+        normalize_axis(attrs["axis"], inputs[0].rank, name)
+        return _unary(name, inputs[0], dtypes.FLOATS)
+    return infer
+
+
+define("softmax", inputs=1, attrs={"axis": Attr(AttrKind.INT, -1)})(_along_axis("softmax"))
+define("log_softmax", inputs=1, attrs={"axis": Attr(AttrKind.INT, -1)})(_along_axis("log_softmax"))

@@ -1,0 +1,154 @@
+"""The op registry: every op is defined here once, by name.
+
+An `OpDef` holds what is true of an op whatever runs it: its arity, its typed
+attributes with their defaults, and shape/dtype inference. Kernels (numpy in
+`edgeflow.interp`, OpenCL in `edgeflow.accel`), the file verifier and converters look
+ops up by name; none of them re-describes one.
+"""
+import enum
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import dtypes
+from ..errors import GraphError, UnsupportedOpError
+
+
+class AttrKind(enum.IntEnum):
+    """Attribute types; values equal the schema's `AttrType` enum."""
+
+    INT = 1
+    FLOAT = 2
+    BOOL = 3
+    STRING = 4
+    INTS = 5
+    FLOATS = 6
+    DTYPE = 7
+
+
+REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Attr:
+    kind: AttrKind
+    default: Any = REQUIRED
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape (ints, None where unknown) and dtype of a value flowing along an edge."""
+
+    shape: tuple
+    dtype: np.dtype
+
+    @property
+    def rank(self):
+        return len(self.shape)
+
+
+def _coerce(kind, value):
+    """The attribute value in canonical Python form, or ValueError/TypeError."""
+    if kind is AttrKind.INT:
+        if isinstance(value, (bool, float)) or not isinstance(value, (int, np.integer)):
+            raise TypeError("expected an int")
+        return int(value)
+    if kind is AttrKind.FLOAT:
+        return float(value)
+    if kind is AttrKind.BOOL:
+        if not isinstance(value, (bool, np.bool_, int)) or value not in (0, 1):
+            raise TypeError("expected a bool")
+        return bool(value)
+    if kind is AttrKind.STRING:
+        if not isinstance(value, str):
+            raise TypeError("expected a str")
+        return value
+    if kind is AttrKind.INTS:
+        return tuple(_coerce(AttrKind.INT, v) for v in value)
+    if kind is AttrKind.FLOATS:
+        return tuple(float(v) for v in value)
+    if kind is AttrKind.DTYPE:
+        return dtypes.as_dtype(value)
+    raise TypeError(f"unknown attribute kind {kind}")
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    num_inputs: tuple  # (min, max); max None means variadic
+    num_outputs: int
+    attrs: dict
+    infer: Callable  # (list[TensorSpec], attrs) -> list[TensorSpec]
+    view: bool  # output 0 is input 0 reinterpreted (reshape-like): no copy, no new bytes
+    doc: str
+
+    def check_attrs(self, given):
+        """Attributes with defaults filled in and values coerced; GraphError on a bad one."""
+        unknown = set(given) - set(self.attrs)
+        if unknown:
+            raise GraphError(f"{self.name}: unknown attribute(s) {sorted(unknown)}; "
+                             f"expected some of {sorted(self.attrs)}")
+        out = {}
+        for key, spec in self.attrs.items():
+            if key not in given or given[key] is None:
+                if spec.default is REQUIRED:
+                    raise GraphError(f"{self.name}: attribute {key!r} ({spec.kind.name}) is required")
+                out[key] = spec.default
+                continue
+            try:
+                out[key] = _coerce(spec.kind, given[key])
+            except (TypeError, ValueError) as e:
+                raise GraphError(f"{self.name}: attribute {key!r} must be {spec.kind.name}, "
+                                 f"got {given[key]!r} ({e})") from None
+        return out
+
+    def check_arity(self, n):
+        lo, hi = self.num_inputs
+        if n < lo or (hi is not None and n > hi):
+            want = f"{lo}" if lo == hi else f"{lo} to {hi if hi is not None else 'any number'}"
+            raise GraphError(f"{self.name} takes {want} inputs, got {n}")
+
+    def infer_specs(self, inputs, attrs):
+        """Output specs for these input specs; GraphError when they are incompatible."""
+        self.check_arity(len(inputs))
+        outs = self.infer(list(inputs), attrs)
+        if len(outs) != self.num_outputs:
+            raise AssertionError(f"{self.name}: inference gave {len(outs)} outputs")
+        return outs
+
+
+_REGISTRY = {}
+
+
+def define(name, *, inputs, outputs=1, attrs=None, view=False):
+    """Decorator: register the shape/dtype inference function `fn` as op `name`.
+
+    `inputs` is an int or a (min, max) pair, max None for variadic.
+    """
+    arity = (inputs, inputs) if isinstance(inputs, int) else tuple(inputs)
+
+    def register(fn):
+        if name in _REGISTRY:
+            raise AssertionError(f"op {name!r} defined twice")
+        _REGISTRY[name] = OpDef(name, arity, outputs, dict(attrs or {}), fn, view,
+                                (fn.__doc__ or "").strip())
+        return fn
+
+    return register
+
+
+def get(name):
+    """The definition of op `name`; UnsupportedOpError if there is none."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnsupportedOpError(f"unknown op {name!r}", [(name, "not defined")]) from None
+
+
+def find(name):
+    return _REGISTRY.get(name)
+
+
+def names():
+    return sorted(_REGISTRY)

@@ -1,0 +1,48 @@
+"""Shape arithmetic shared by the op definitions. A dimension is an int, or None if unknown."""
+from ..errors import GraphError
+
+
+def broadcast(*shapes):
+    """numpy's broadcasting rule over shapes whose dimensions may be None."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for i in range(rank):
+        dims = [s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0]
+        known = {d for d in dims if d is not None and d != 1}
+        if len(known) > 1:
+            raise GraphError(f"shapes {', '.join(map(fmt, shapes))} do not broadcast "
+                             f"(dimension {i - rank}: {sorted(known)})")
+        if known:
+            out.append(known.pop())
+        elif None in dims:
+            out.append(None)
+        else:
+            out.append(1)
+    return tuple(out)
+
+
+def normalize_axis(axis, rank, op="op"):
+    if not -rank <= axis < max(rank, 1):
+        raise GraphError(f"{op}: axis {axis} out of range for rank {rank}")
+    return axis % rank if rank else 0
+
+
+def normalize_axes(axes, rank, op="op"):
+    out = tuple(sorted({normalize_axis(a, rank, op) for a in axes}))
+    if len(out) != len(axes):
+        raise GraphError(f"{op}: repeated axis in {tuple(axes)}")
+    return out
+
+
+def num_elements(shape):
+    """Product of the dimensions, or None if any is unknown."""
+    n = 1
+    for d in shape:
+        if d is None:
+            return None
+        n *= d
+    return n
+
+
+def fmt(shape):
+    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
