@@ -22,9 +22,9 @@ def broadcast(*shapes):
 
 
 def normalize_axis(axis, rank, op="op"):
-    if not -rank <= axis < max(rank, 1):
+    if not -rank <= axis < rank:
         raise GraphError(f"{op}: axis {axis} out of range for rank {rank}")
-    return axis % rank if rank else 0
+    return axis % rank
 
 
 def normalize_axes(axes, rank, op="op"):
