@@ -1,0 +1,262 @@
+"""The Interpreter: loads a `.efl` model and runs its signatures, with TFLite's API."""
+import contextlib
+from collections import OrderedDict
+
+import numpy as np
+
+from .. import ops
+from ..errors import EdgeflowError, InvalidInputError, UnsupportedOpError
+from ..format import reader
+from ..ops.shapes import fmt
+from .kernels import KERNELS
+from .plan import Plan
+from .profiler import Profiler
+
+_PLAN_CACHE_SIZE = 8
+
+
+def _describe(tensor, shape=None):
+    dims = tuple(None if d == -1 else d for d in (shape if shape is not None else tensor.shape))
+    return f"{tensor.dtype}{fmt(dims)}"
+
+
+class Interpreter:
+    """Runs a `.efl` model on the CPU with numpy kernels.
+
+    `model` is a path (mapped, not read: opening costs O(1) in the weights' size) or the
+    file's bytes. `preserve_all_tensors` keeps every intermediate readable with
+    `get_tensor` (no arena reuse), for debugging.
+    """
+
+    def __init__(self, model, delegates=(), num_threads=None, preserve_all_tensors=False):
+        if delegates:
+            raise TypeError("delegates are not available in this version of edgeflow")
+        self.model = reader.load(model)
+        self._subgraph = self.model.subgraphs[0]
+        self._check_kernels()
+        self._persistent = {}
+        for i, t in enumerate(self._subgraph.tensors):
+            if t.data is not None:
+                self._persistent[i] = np.array(t.data) if t.is_variable else t.data
+        self._signatures = {s.key: s for s in self.model.signatures}
+        self._plans = OrderedDict()
+        self._preserve_all = preserve_all_tensors
+        self._input_shapes = {i: tuple(max(d, 1) for d in self._subgraph.tensors[i].shape)
+                              for i in self._subgraph.inputs}
+        self._plan = None
+        self.profiler = None
+        self._threads = _thread_limiter(num_threads)
+
+    def _check_kernels(self):
+        missing = sorted({op.opcode for sg in self.model.subgraphs for op in sg.operators
+                          if op.opcode not in KERNELS and not ops.get(op.opcode).view})
+        if missing:
+            raise UnsupportedOpError(f"no numpy kernel for op(s): {', '.join(missing)}",
+                                     [(m, "no numpy kernel") for m in missing])
+
+    # -- planning ------------------------------------------------------------------
+    def plan_for(self, inputs, outputs, shapes):
+        """The cached Plan computing `outputs` from `inputs` at `shapes` (made if new)."""
+        key = (tuple(inputs), tuple(outputs), tuple(shapes[i] for i in inputs))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = Plan(self._subgraph, inputs, outputs, shapes,
+                        self._persistent, self._preserve_all)
+            self._plans[key] = plan
+            if len(self._plans) > _PLAN_CACHE_SIZE:
+                self._plans.popitem(last=False)
+        else:
+            self._plans.move_to_end(key)
+        return plan
+
+    def run_plan(self, plan):
+        with self._threads():
+            if self.profiler is not None:
+                self.profiler.run(plan)
+            else:
+                plan.run()
+
+    def enable_profiling(self):
+        """Time every op of later invocations; read `interpreter.profiler`."""
+        self.profiler = Profiler()
+        return self.profiler
+
+    # -- signatures ----------------------------------------------------------------
+    def get_signature_list(self):
+        return {s.key: {"inputs": list(s.inputs), "outputs": list(s.outputs)}
+                for s in self.model.signatures}
+
+    def get_signature_runner(self, signature_key=None):
+        if signature_key is None:
+            if len(self._signatures) != 1:
+                raise InvalidInputError(f"the model has signatures {sorted(self._signatures)}; "
+                                        "name one")
+            signature_key = next(iter(self._signatures))
+        if signature_key not in self._signatures:
+            raise InvalidInputError(f"no signature {signature_key!r}; the model has "
+                                    f"{sorted(self._signatures)}")
+        return SignatureRunner(self, self._signatures[signature_key])
+
+    # -- TFLite's tensor-level API (the subgraph's own inputs and outputs) ------------
+    def _details(self, index, shape):
+        t = self._subgraph.tensors[index]
+        q = t.quantization
+        return {
+            "name": t.name, "index": index, "dtype": t.dtype.type,
+            "shape": np.array(shape, np.int32),
+            "shape_signature": np.array(t.shape, np.int32),
+            "quantization": (q.scale[0], q.zero_point[0]) if q and len(q.scale) == 1 else (0.0, 0),
+            "quantization_parameters": {
+                "scales": np.array(q.scale if q else (), np.float32),
+                "zero_points": np.array(q.zero_point if q else (), np.int32),
+                "quantized_dimension": q.axis if q else 0},
+        }
+
+    def get_input_details(self):
+        return [self._details(i, self._input_shapes[i]) for i in self._subgraph.inputs]
+
+    def get_output_details(self):
+        plan = self._plan
+        return [self._details(i, plan.arrays[i].shape if plan else
+                              tuple(max(d, 1) for d in self._subgraph.tensors[i].shape))
+                for i in self._subgraph.outputs]
+
+    def resize_input_tensor(self, input_index, tensor_size):
+        if input_index not in self._input_shapes:
+            raise InvalidInputError(f"tensor {input_index} is not an input; inputs are "
+                                    f"{sorted(self._input_shapes)}")
+        t = self._subgraph.tensors[input_index]
+        shape = tuple(int(d) for d in tensor_size)
+        check_shape(t, shape, f"input {t.name!r}")
+        self._input_shapes[input_index] = shape
+        self._plan = None
+
+    def allocate_tensors(self):
+        self._plan = self.plan_for(self._subgraph.inputs, self._subgraph.outputs, self._input_shapes)
+
+    def set_tensor(self, tensor_index, value):
+        if tensor_index not in self._input_shapes:
+            raise InvalidInputError(f"tensor {tensor_index} is not an input; inputs are "
+                                    f"{sorted(self._input_shapes)}")
+        if self._plan is None:
+            self.allocate_tensors()
+        t = self._subgraph.tensors[tensor_index]
+        value = as_input(t, value, f"input {t.name!r}")
+        want = self._input_shapes[tensor_index]
+        if value.shape != want:
+            raise InvalidInputError(f"input {t.name!r}: got shape {value.shape}, the current shape is "
+                                    f"{want}; call resize_input_tensor({tensor_index}, {list(value.shape)}) first")
+        np.copyto(self._plan.arrays[tensor_index], value)
+
+    def invoke(self):
+        if self._plan is None:
+            self.allocate_tensors()
+        self.run_plan(self._plan)
+
+    def get_tensor(self, tensor_index):
+        """A copy of a tensor's value: an input, output, constant or variable (every
+        tensor with preserve_all_tensors=True)."""
+        plan = self._plan
+        keep = set(self._subgraph.inputs) | set(self._subgraph.outputs) | set(self._persistent)
+        if not 0 <= tensor_index < len(self._subgraph.tensors):
+            raise InvalidInputError(f"tensor index {tensor_index} out of range "
+                                    f"[0, {len(self._subgraph.tensors)})")
+        if tensor_index in self._persistent:
+            return np.array(self._persistent[tensor_index])
+        if plan is None or tensor_index not in plan.arrays or not (
+                tensor_index in keep or self._preserve_all):
+            name = self._subgraph.tensors[tensor_index].name
+            raise InvalidInputError(f"tensor {tensor_index} {name!r} is an intermediate whose memory "
+                                    "is reused; create the Interpreter with preserve_all_tensors=True")
+        return plan.arrays[tensor_index].copy()
+
+    def get_tensor_details(self):
+        return [self._details(i, tuple(max(d, 1) for d in t.shape))
+                for i, t in enumerate(self._subgraph.tensors)]
+
+    @property
+    def arena_bytes(self):
+        """Arena size of the most recent plan (0 before the first)."""
+        plan = self._plan or (next(reversed(self._plans.values())) if self._plans else None)
+        return plan.arena.nbytes if plan else 0
+
+
+class SignatureRunner:
+    """Calls one signature: `runner(x=array, ...) -> {"y": array, ...}` (fresh arrays)."""
+
+    def __init__(self, interpreter, signature):
+        self._interp, self._sig = interpreter, signature
+        self._tensors = interpreter.model.subgraphs[signature.subgraph].tensors
+        self._in = list(signature.inputs.values())
+        self._out = list(signature.outputs.values())
+        self.last_plan = None
+
+    @property
+    def key(self):
+        return self._sig.key
+
+    def get_input_details(self):
+        return {n: self._interp._details(i, tuple(max(d, 1) for d in self._tensors[i].shape))
+                for n, i in self._sig.inputs.items()}
+
+    def get_output_details(self):
+        return {n: self._interp._details(i, tuple(max(d, 1) for d in self._tensors[i].shape))
+                for n, i in self._sig.outputs.items()}
+
+    def _expected(self):
+        return ", ".join(f"{n}: {_describe(self._tensors[i])}" for n, i in self._sig.inputs.items())
+
+    def __call__(self, **inputs):
+        sig = self._sig
+        missing = [n for n in sig.inputs if n not in inputs]
+        extra = [n for n in inputs if n not in sig.inputs]
+        if missing or extra:
+            raise InvalidInputError(
+                f"signature {sig.key!r} takes inputs {{{self._expected()}}}; "
+                + "; ".join(p for p in (f"missing {missing}" if missing else "",
+                                        f"unexpected {extra}" if extra else "") if p))
+        values = {sig.inputs[n]: as_input(self._tensors[sig.inputs[n]], v,
+                                          f"signature {sig.key!r} input {n!r}")
+                  for n, v in inputs.items()}
+        plan = self._interp.plan_for(self._in, self._out, {i: v.shape for i, v in values.items()})
+        for i, v in values.items():
+            np.copyto(plan.arrays[i], v)
+        self._interp.run_plan(plan)
+        self.last_plan = plan
+        return {n: plan.arrays[i].copy() for n, i in sig.outputs.items()}
+
+
+def check_shape(tensor, shape, what):
+    declared = tensor.shape
+    if len(shape) != len(declared) or any(d not in (-1, s) for d, s in zip(declared, shape)) \
+            or any(s < 0 for s in shape):
+        raise InvalidInputError(f"{what}: expected shape {fmt(tuple(None if d == -1 else d for d in declared))}"
+                                f" (? is any size), got {tuple(shape)}")
+
+
+def as_input(tensor, value, what):
+    """`value` as an array of the tensor's dtype and an allowed shape, else InvalidInputError."""
+    if isinstance(value, np.ndarray):
+        if value.dtype != tensor.dtype:
+            raise InvalidInputError(f"{what}: expected dtype {tensor.dtype}, got {value.dtype} "
+                                    f"(expected {_describe(tensor)})")
+    else:
+        try:
+            value = np.asarray(value, dtype=tensor.dtype)
+        except (TypeError, ValueError) as e:
+            raise InvalidInputError(f"{what}: expected {_describe(tensor)}, got {type(value).__name__}"
+                                    f" ({e})") from None
+    check_shape(tensor, value.shape, what)
+    return value
+
+
+def _thread_limiter(num_threads):
+    """A context manager capping numpy's BLAS threads, or a no-op when not asked."""
+    if num_threads is None:
+        return contextlib.nullcontext
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        raise EdgeflowError("num_threads needs the threadpoolctl package "
+                                "(pip install threadpoolctl)") from None
+    return lambda: threadpool_limits(limits=int(num_threads))

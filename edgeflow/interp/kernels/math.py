@@ -1,0 +1,65 @@
+"""Kernels of edgeflow/ops/math.py."""
+from functools import partial
+
+import numpy as np
+
+from ... import dtypes
+from . import kernel, ufunc
+
+for _name, _fn in (("add", np.add), ("sub", np.subtract), ("mul", np.multiply),
+                   ("maximum", np.maximum), ("minimum", np.minimum), ("pow", np.power),
+                   ("neg", np.negative), ("abs", np.absolute), ("exp", np.exp), ("log", np.log),
+                   ("sqrt", np.sqrt), ("tanh", np.tanh), ("equal", np.equal), ("less", np.less),
+                   ("greater", np.greater)):
+    ufunc(_name, _fn)
+
+
+def _truncating_divide(a, b, out):
+    # Integer division rounds toward zero (C, ONNX), not toward -inf as numpy's // does.
+    np.floor_divide(a, b, out=out)
+    out += (np.remainder(a, b) != 0) & ((a < 0) != (b < 0))
+
+
+@kernel("div")
+def _div(ins, outs, attrs):
+    if outs[0].dtype in dtypes.FLOATS:
+        return partial(np.true_divide, *ins, outs[0])
+    return partial(_truncating_divide, *ins, outs[0])
+
+
+def _sigmoid(x, out):
+    # 1 / (1 + exp(-x)); exp overflow gives inf and then exactly 0, which is right.
+    np.negative(x, out=out)
+    np.exp(out, out=out)
+    out += 1
+    np.reciprocal(out, out=out)
+
+
+@kernel("sigmoid")
+def _sigmoid_kernel(ins, outs, attrs):
+    return partial(_sigmoid, ins[0], outs[0])
+
+
+def _where(cond, x, y, out):
+    np.copyto(out, y)
+    np.copyto(out, x, where=cond)
+
+
+@kernel("where")
+def _where_kernel(ins, outs, attrs):
+    return partial(_where, *ins, outs[0])
+
+
+@kernel("cast")
+def _cast(ins, outs, attrs):
+    return partial(np.copyto, outs[0], ins[0], casting="unsafe")
+
+
+@kernel("matmul")
+def _matmul(ins, outs, attrs):
+    a, b = ins
+    if attrs["transpose_a"] and a.ndim >= 2:
+        a = np.swapaxes(a, -1, -2)
+    if attrs["transpose_b"] and b.ndim >= 2:
+        b = np.swapaxes(b, -1, -2)
+    return partial(np.matmul, a, b, outs[0])
