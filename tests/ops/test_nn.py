@@ -1,0 +1,103 @@
+"""ef.nn: relu, softmax and log_softmax (any axis, stable for large logits)."""
+import numpy as np
+import pytest
+
+import edgeflow as ef
+from edgeflow.errors import GraphError
+
+from .harness import FLOATS, INTS, assert_close, random_array
+
+
+def softmax_reference(x, axis):
+    """exp(x) / sum(exp(x)), shifted by the max for stability, in float64."""
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def log_softmax_reference(x, axis):
+    """x - logsumexp(x), with logsumexp = m + log(sum(exp(x - m))), in float64."""
+    x = x.astype(np.float64)
+    m = x.max(axis=axis, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=axis, keepdims=True))
+
+
+@pytest.mark.parametrize("dtype", FLOATS + INTS)
+def test_relu(run_op, rng, dtype):
+    x = random_array(rng, (3, 5), dtype)
+    x.flat[:2] = 0
+    assert_close(run_op(ef.nn.relu, x), np.where(x > 0, x, 0), dtype)
+
+
+def test_relu_of_dynamic_batch(compile_graph, graph, rng):
+    x = ef.placeholder("float32", (None, 3), name="x")
+    y = ef.nn.relu(x - 1.0)
+    assert y.shape == (None, 3)
+    run = compile_graph(graph, {"x": x}, {"y": y})
+    for batch in (1, 3, 7):
+        v = random_array(rng, (batch, 3), "float32")
+        assert_close(run(x=v)["y"], np.where(v > 1, v - 1, 0), np.float32)
+
+
+SOFTMAXES = {"softmax": (ef.nn.softmax, softmax_reference),
+             "log_softmax": (ef.nn.log_softmax, log_softmax_reference)}
+
+
+@pytest.mark.parametrize("axis", [None, -1, 0, 1, 2, -3])
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("name", SOFTMAXES)
+def test_softmax_axes_and_dtypes(run_op, rng, name, dtype, axis):
+    fn, reference = SOFTMAXES[name]
+    x = random_array(rng, (3, 4, 5), dtype, -4, 4)
+    out = run_op((lambda t: fn(t)) if axis is None else (lambda t: fn(t, axis=axis)), x)
+    assert_close(out, reference(x, -1 if axis is None else axis), dtype)
+
+
+def test_softmax_properties(run_op, rng):
+    x = random_array(rng, (4, 6), "float64", -10, 10)
+    y = run_op(ef.nn.softmax, x)
+    assert np.all(y > 0)
+    np.testing.assert_allclose(y.sum(axis=-1), 1.0, rtol=1e-12)
+    # Shift invariance, and order: larger logits get larger probabilities.
+    np.testing.assert_allclose(run_op(lambda t: ef.nn.softmax(t + 100.0), x), y, rtol=1e-10)
+    assert np.array_equal(np.argsort(y, axis=-1), np.argsort(x, axis=-1))
+    np.testing.assert_allclose(run_op(ef.nn.log_softmax, x), np.log(y), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_softmax_large_logits_are_stable(run_op, dtype):
+    big = 1e4
+    x = np.array([[big, 0.0, -big], [big, big, big], [-big, -big, 0.0], [big, big - 8, big - 16]],
+                 np.float64).astype(dtype)
+    y, logy = run_op(lambda t: (ef.nn.softmax(t), ef.nn.log_softmax(t)), x)
+    assert not np.isnan(y).any() and not np.isnan(logy).any() and not np.isinf(logy[3]).any()
+    assert_close(y, softmax_reference(x, -1), dtype)
+    assert_close(y[:3], [[1, 0, 0], [1 / 3, 1 / 3, 1 / 3], [0, 0, 1]], dtype)
+    assert_close(logy, log_softmax_reference(x, -1), dtype)
+    assert_close(logy[:, 0], [0, -np.log(3), -big, log_softmax_reference(x[3:], -1)[0, 0]], dtype)
+
+
+def test_softmax_dynamic_batch(compile_graph, graph, rng):
+    x = ef.placeholder("float32", (None, 4), name="x")
+    y, z = ef.nn.softmax(x), ef.nn.softmax(x, axis=0)
+    run = compile_graph(graph, {"x": x}, {"y": y, "z": z})
+    for batch in (1, 3, 7):
+        v = random_array(rng, (batch, 4), "float32")
+        out = run(x=v)
+        assert_close(out["y"], softmax_reference(v, -1), np.float32)
+        assert_close(out["z"], softmax_reference(v, 0), np.float32)
+
+
+@pytest.mark.parametrize("fn", [ef.nn.softmax, ef.nn.log_softmax])
+def test_softmax_errors(graph, fn):
+    with pytest.raises(GraphError):
+        fn(ef.placeholder("int32", (2, 3)))
+    with pytest.raises(GraphError):
+        fn(ef.placeholder("float32", (2, 3)), axis=2)
+    with pytest.raises(GraphError):
+        fn(ef.placeholder("float32", (2, 3)), axis=-3)
+
+
+def test_relu_rejects_bool(graph):
+    with pytest.raises(GraphError):
+        ef.nn.relu(ef.placeholder("bool", (2,)))
