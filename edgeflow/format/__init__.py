@@ -1,0 +1,1 @@
+"""The `.efl` file: schema, generated FlatBuffers code, writer, zero-copy reader, verifier."""
