@@ -1,0 +1,101 @@
+"""`edgeflow bench`: time a model the way TFLite's benchmark_model does."""
+import time
+
+import numpy as np
+
+
+def pick_signature(interp, key=None):
+    """The runner for `key`; by default 'infer', or the only signature."""
+    sigs = interp.get_signature_list()
+    if key is None:
+        key = "infer" if "infer" in sigs or len(sigs) != 1 else next(iter(sigs))
+    return interp.get_signature_runner(key)
+
+
+def random_inputs(runner, given, seed=0):
+    """Inputs for a runner: the given arrays, random ones (dynamic dims = 1) for the rest."""
+    rng = np.random.default_rng(seed)
+    out = dict(given)
+    for name, d in runner.get_input_details().items():
+        if name in out:
+            continue
+        dt, shape = np.dtype(d["dtype"]), tuple(d["shape"])
+        if dt.kind == "f":
+            out[name] = rng.standard_normal(shape).astype(dt)
+        elif dt.kind == "b":
+            out[name] = rng.random(shape) < 0.5
+        else:
+            out[name] = rng.integers(0, 2, shape).astype(dt)
+    return out
+
+
+def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10):
+    """Init time, first run, steady-state statistics (us), arena bytes and the slowest ops.
+
+    Steady-state runs are timed without the profiler; a separate profiled pass of the
+    same length attributes time to ops, so profiling does not inflate the totals.
+    """
+    from .interp import Interpreter
+
+    t0 = time.perf_counter()
+    interp = Interpreter(path)
+    init_s = time.perf_counter() - t0
+    runner = pick_signature(interp, signature)
+    feed = random_inputs(runner, inputs or {})
+
+    t0 = time.perf_counter()
+    runner(**feed)
+    first_s = time.perf_counter() - t0
+    for _ in range(warmup):
+        runner(**feed)
+    times = np.empty(runs)
+    for r in range(runs):
+        t0 = time.perf_counter()
+        runner(**feed)
+        times[r] = time.perf_counter() - t0
+    profiler = interp.enable_profiling()
+    for _ in range(runs):
+        runner(**feed)
+    interp.profiler = None
+    plan = runner.last_plan
+    us = times * 1e6
+    profiled_total = sum(r.total_ns for r in profiler.records.values()) or 1
+    return {
+        "model": str(path),
+        "signature": runner.key,
+        "input_shapes": {n: list(v.shape) for n, v in feed.items()},
+        "ops": len(plan.order),
+        "init_ms": init_s * 1e3,
+        "first_run_ms": first_s * 1e3,
+        "runs": runs,
+        "mean_us": float(us.mean()),
+        "std_us": float(us.std()),
+        "p50_us": float(np.percentile(us, 50)),
+        "p99_us": float(np.percentile(us, 99)),
+        "min_us": float(us.min()),
+        "arena_bytes": plan.arena.nbytes,
+        "top_ops": [{"op": r.index, "type": r.opcode, "output": r.output,
+                     "mean_us": r.mean_us, "percent": 100.0 * r.total_ns / profiled_total}
+                    for r in profiler.top(top)],
+        "by_type": {op: {"calls_per_run": calls / runs, "us_per_run": ns / runs / 1e3,
+                         "percent": 100.0 * ns / profiled_total}
+                    for op, (calls, ns) in sorted(profiler.by_opcode().items(),
+                                                 key=lambda kv: -kv[1][1])},
+    }
+
+
+def render(r):
+    lines = [
+        f"{r['model']} [{r['signature']}] inputs {r['input_shapes']}, {r['ops']} ops",
+        f"  init {r['init_ms']:.2f} ms, first run {r['first_run_ms']:.2f} ms",
+        f"  {r['runs']} runs: mean {r['mean_us']:.1f} us, std {r['std_us']:.1f}, "
+        f"p50 {r['p50_us']:.1f}, p99 {r['p99_us']:.1f}, min {r['min_us']:.1f}",
+        f"  arena {r['arena_bytes']:,} bytes",
+        "  top ops by time:",
+    ]
+    lines += [f"    {o['percent']:5.1f}%  {o['mean_us']:9.1f} us  {o['type']:12} -> {o['output']}"
+              for o in r["top_ops"]]
+    lines.append("  by op type:")
+    lines += [f"    {v['percent']:5.1f}%  {v['us_per_run']:9.1f} us/run  {op} x{v['calls_per_run']:g}"
+              for op, v in r["by_type"].items()]
+    return "\n".join(lines)

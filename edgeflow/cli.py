@@ -1,0 +1,136 @@
+"""The `edgeflow` command: inspect, run, bench and quickstart (more verbs come with features)."""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+from .bench import pick_signature
+from .errors import EdgeflowError
+
+
+def _add_inputs_args(p):
+    p.add_argument("--signature", "-s", help="signature key (default: the only one, or 'infer')")
+    p.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy",
+                   help="an input array from a .npy file; repeat for each input")
+
+
+def _parse_inputs(items):
+    out = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise EdgeflowError(f"--input expects NAME=FILE.npy, got {item!r}")
+        try:
+            out[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise EdgeflowError(f"--input {name}: cannot read {path!r} as .npy ({e})") from None
+    return out
+
+
+def cmd_inspect(args):
+    from .summary import describe, render
+    info = describe(args.model)
+    print(json.dumps(info, indent=2) if args.json else render(info))
+
+
+def cmd_run(args):
+    from .interp import Interpreter
+    interp = Interpreter(args.model)
+    runner = pick_signature(interp, args.signature)
+    outputs = runner(**_parse_inputs(args.input))
+    for name, value in outputs.items():
+        print(f"{name}: {value.dtype}{list(value.shape)}")
+        print(np.array2string(value, threshold=20, edgeitems=3, precision=5))
+        if args.output_dir:
+            os.makedirs(args.output_dir, exist_ok=True)
+            np.save(os.path.join(args.output_dir, f"{name}.npy"), value)
+    if args.output_dir:
+        print(f"wrote {len(outputs)} output(s) to {args.output_dir}/")
+
+
+def cmd_bench(args):
+    from .bench import bench_model, render
+    result = bench_model(args.model, runs=args.runs, warmup=args.warmup, signature=args.signature,
+                         inputs=_parse_inputs(args.input), top=args.top)
+    print(json.dumps(result, indent=2) if args.json else render(result))
+
+
+def cmd_quickstart(args):
+    from .quickstart import main as quickstart
+    quickstart(args.dir)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="edgeflow", description="Package, inspect, run and benchmark edgeflow models (.efl).")
+    parser.add_argument("--version", action="version", version=f"edgeflow {_version()}")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    p = verbs.add_parser("inspect", help="show a model's signatures, ops, tensors and sizes",
+                         description="Show a model's signatures, ops by type, tensors, "
+                                     "parameters, bytes and arena size.")
+    p.add_argument("model", help="a .efl file")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(fn=cmd_inspect)
+
+    p = verbs.add_parser("run", help="run a signature on inputs from .npy files",
+                         description="Run a signature; inputs come from .npy files.")
+    p.add_argument("model", help="a .efl file")
+    _add_inputs_args(p)
+    p.add_argument("--output-dir", "-o", help="also save each output as NAME.npy here")
+    p.set_defaults(fn=cmd_run)
+
+    p = verbs.add_parser("bench", help="time a model as TFLite's benchmark_model does",
+                         description="Time init, first run and steady-state runs; inputs not "
+                                     "given are random, dynamic dimensions 1.")
+    p.add_argument("model", help="a .efl file")
+    _add_inputs_args(p)
+    p.add_argument("--runs", type=_positive, default=50, help="timed runs (default 50)")
+    p.add_argument("--warmup", type=_non_negative, default=3, help="untimed runs first (default 3)")
+    p.add_argument("--top", type=_positive, default=10, help="ops to list by time (default 10)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(fn=cmd_bench)
+
+    p = verbs.add_parser("quickstart", help="build, package, inspect and run a small model",
+                         description="An end-to-end tour: build a small model with the graph "
+                                     "API, package it, inspect it and run it.")
+    p.add_argument("--dir", default=None, help="where to write files (default: a temp dir)")
+    p.set_defaults(fn=cmd_quickstart)
+    return parser
+
+
+def _positive(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def _non_negative(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text}")
+    return value
+
+
+def _version():
+    from . import __version__
+    return __version__
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        args.fn(args)
+    except (EdgeflowError, OSError) as e:
+        print(f"edgeflow {args.verb}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""What `edgeflow inspect` reports about a model: signatures, ops, tensors, sizes."""
+import os
+from collections import Counter
+
+import numpy as np
+
+
+def _dims(shape):
+    return [None if d == -1 else int(d) for d in shape]
+
+
+def describe(path):
+    """A JSON-ready summary of the model at `path`."""
+    from .format import reader
+    from .interp import Interpreter
+    interp = Interpreter(path)
+    model = interp.model
+    sub = model.subgraphs[0]
+    consts = [t for t in sub.tensors if t.data is not None and not t.is_variable]
+    variables = [t for t in sub.tensors if t.is_variable]
+    produced = {t for op in sub.operators for t in op.outputs}
+
+    def kind(i, t):
+        if t.is_variable:
+            return "variable"
+        if t.data is not None:
+            return "constant"
+        if i in sub.inputs:
+            return "input"
+        return "output" if i in sub.outputs else ("intermediate" if i in produced else "unused")
+
+    signatures = {}
+    for sig in model.signatures:
+        plan = interp.plan_for(list(sig.inputs.values()), list(sig.outputs.values()),
+                               {i: tuple(max(d, 1) for d in sub.tensors[i].shape)
+                                for i in sig.inputs.values()})
+        signatures[sig.key] = {
+            "inputs": {n: {"dtype": str(sub.tensors[i].dtype), "shape": _dims(sub.tensors[i].shape)}
+                       for n, i in sig.inputs.items()},
+            "outputs": {n: {"dtype": str(sub.tensors[i].dtype), "shape": _dims(sub.tensors[i].shape)}
+                        for n, i in sig.outputs.items()},
+            "ops": len(plan.order),
+            "arena_bytes": plan.arena.nbytes,
+            "arena_lower_bound_bytes": plan.lower_bound,
+        }
+    sizes = reader.file_info(path)
+    return {
+        "file": os.fspath(path),
+        "version": model.version,
+        "producer": model.producer,
+        "description": model.description,
+        "file_bytes": sizes.file_bytes,
+        "weight_bytes": sizes.weight_bytes,
+        "overhead_bytes": sizes.file_bytes - sizes.weight_bytes,
+        "parameters": int(sum(np.prod(t.shape, dtype=np.int64) for t in consts if t.dtype.kind == "f")),
+        "variables": int(sum(np.prod(t.shape, dtype=np.int64) for t in variables)),
+        "signatures": signatures,
+        "ops_by_type": dict(Counter(op.opcode for op in sub.operators).most_common()),
+        "tensors": [{"index": i, "name": t.name, "dtype": str(t.dtype), "shape": _dims(t.shape),
+                     "kind": kind(i, t)} for i, t in enumerate(sub.tensors)],
+        "metadata": {k: len(v) for k, v in model.metadata.items()},
+    }
+
+
+def _shape(dims):
+    return "(" + ", ".join("?" if d is None else str(d) for d in dims) + ")"
+
+
+def _mib(n):
+    return f"{n:,} B" if n < 1 << 20 else f"{n / (1 << 20):,.2f} MiB"
+
+
+def render(info, max_tensors=30):
+    """The summary as a readable text report."""
+    lines = [f"{info['file']}: edgeflow model v{info['version']} by {info['producer']}"]
+    if info["description"]:
+        lines.append(f"  {info['description']}")
+    lines.append(f"  file {_mib(info['file_bytes'])}, weights {_mib(info['weight_bytes'])}, "
+                 f"overhead {_mib(info['overhead_bytes'])}; {info['parameters']:,} parameters"
+                 + (f", {info['variables']:,} variable elements" if info["variables"] else ""))
+    lines.append("signatures:")
+    for key, sig in info["signatures"].items():
+        lines.append(f"  {key}: {sig['ops']} ops, arena {_mib(sig['arena_bytes'])} "
+                     f"(lower bound {_mib(sig['arena_lower_bound_bytes'])}, dynamic dims = 1)")
+        for side in ("inputs", "outputs"):
+            for name, t in sig[side].items():
+                lines.append(f"    {side[:-1]:6} {name}: {t['dtype']}{_shape(t['shape'])}")
+    lines.append("ops by type:")
+    lines.extend(f"  {op:16} {n}" for op, n in info["ops_by_type"].items())
+    tensors = info["tensors"]
+    lines.append(f"tensors ({len(tensors)}):")
+    for t in tensors[:max_tensors]:
+        lines.append(f"  {t['index']:4} {t['kind']:12} {t['name']}: {t['dtype']}{_shape(t['shape'])}")
+    if len(tensors) > max_tensors:
+        lines.append(f"  ... {len(tensors) - max_tensors} more (--json lists all)")
+    return "\n".join(lines)
