@@ -174,12 +174,6 @@ class Interpreter:
         return [self._details(i, tuple(max(d, 1) for d in t.shape))
                 for i, t in enumerate(self._subgraph.tensors)]
 
-    @property
-    def arena_bytes(self):
-        """Arena size of the most recent plan (0 before the first)."""
-        plan = self._plan or (next(reversed(self._plans.values())) if self._plans else None)
-        return plan.arena.nbytes if plan else 0
-
 
 class SignatureRunner:
     """Calls one signature: `runner(x=array, ...) -> {"y": array, ...}` (fresh arrays)."""

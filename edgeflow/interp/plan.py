@@ -112,7 +112,7 @@ class Plan:
         self.lower_bound = lower_bound(requests)
         for t, offset in self.offsets.items():
             self.arrays[t] = self.arena.view(offset, specs[t].shape, specs[t].dtype)
-        self._specs, self.root = specs, root
+        self._specs = specs
 
     def _bind(self):
         steps, step_ops = [], []
