@@ -403,12 +403,16 @@ def _operator(where, index, raw, opdefs, tensors):
         opdef.check_arity(len(inputs))
     except GraphError as e:
         _fail(here, str(e))
-    if len(outputs) != opdef.num_outputs:
-        _fail(here, f"{opdef.name} has {opdef.num_outputs} outputs, the file lists {len(outputs)}")
+    attrs = _attrs(here, opdef, raw["attrs"])
+    try:
+        count = opdef.output_count(attrs)
+    except (GraphError, TypeError, ValueError) as e:
+        _fail(here, f"attributes do not give an output count: {e}")
+    if len(outputs) != count:
+        _fail(here, f"{opdef.name} has {count} outputs, the file lists {len(outputs)}")
     if raw["placement"] not in PLACEMENTS:
         _fail(here, f"placement {raw['placement'][:40]!r} is not one of {PLACEMENTS}")
-    return OperatorDef(opdef.name, inputs, outputs, _attrs(here, opdef, raw["attrs"]),
-                       raw["placement"])
+    return OperatorDef(opdef.name, inputs, outputs, attrs, raw["placement"])
 
 
 def _attrs(where, opdef, raws):

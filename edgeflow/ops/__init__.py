@@ -1,5 +1,5 @@
 """Op definitions, one registry for the whole project (see registry.py)."""
 from .registry import REQUIRED, Attr, AttrKind, OpDef, TensorSpec, define, find, get, names
-from . import math, nn, array, reduce  # noqa: F401  (each module registers its ops)
+from . import math, nn, array, reduce, shape, conv, pool, norm, image, activations, einsum, rnn  # noqa: F401,E501  (each module registers its ops)
 
 __all__ = ["REQUIRED", "Attr", "AttrKind", "OpDef", "TensorSpec", "define", "find", "get", "names"]

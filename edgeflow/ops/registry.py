@@ -6,8 +6,8 @@ attributes with their defaults, and shape/dtype inference. Kernels (numpy in
 ops up by name; none of them re-describes one.
 """
 import enum
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -38,10 +38,17 @@ class Attr:
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Shape (ints, None where unknown) and dtype of a value flowing along an edge."""
+    """Shape (ints, None where unknown) and dtype of a value flowing along an edge.
+
+    `value` is the array itself when it is known before running: a constant, or a
+    value computed from shapes (`shape(x)`) and constants. Ops whose output shape
+    depends on an operand's value (reshape to a computed shape, range, tile, ...) read
+    it here; it is None when unknown.
+    """
 
     shape: tuple
     dtype: np.dtype
+    value: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
 
     @property
     def rank(self):
@@ -73,11 +80,25 @@ def _coerce(kind, value):
     raise TypeError(f"unknown attribute kind {kind}")
 
 
+# The `activation` attribute of ops that can apply one to their output in place (conv,
+# matmul, add, ...), so that the graph optimizer can fuse a following activation op.
+ACTIVATIONS = ("", "relu", "relu6")
+
+
+def activation_attr():
+    return Attr(AttrKind.STRING, "")
+
+
+def check_activation(op, attrs):
+    if attrs.get("activation", "") not in ACTIVATIONS:
+        raise GraphError(f"{op}: activation must be one of {ACTIVATIONS}, got {attrs['activation']!r}")
+
+
 @dataclass(frozen=True)
 class OpDef:
     name: str
     num_inputs: tuple  # (min, max); max None means variadic
-    num_outputs: int
+    num_outputs: Any  # an int, or a function of the attrs (split)
     attrs: dict
     infer: Callable  # (list[TensorSpec], attrs) -> list[TensorSpec]
     view: bool  # output 0 is input 0 reinterpreted (reshape-like): no copy, no new bytes
@@ -109,11 +130,14 @@ class OpDef:
             want = f"{lo}" if lo == hi else f"{lo} to {hi if hi is not None else 'any number'}"
             raise GraphError(f"{self.name} takes {want} inputs, got {n}")
 
+    def output_count(self, attrs):
+        return self.num_outputs(attrs) if callable(self.num_outputs) else self.num_outputs
+
     def infer_specs(self, inputs, attrs):
         """Output specs for these input specs; GraphError when they are incompatible."""
         self.check_arity(len(inputs))
         outs = self.infer(list(inputs), attrs)
-        if len(outs) != self.num_outputs:
+        if len(outs) != self.output_count(attrs):
             raise AssertionError(f"{self.name}: inference gave {len(outs)} outputs")
         return outs
 
@@ -124,7 +148,10 @@ _REGISTRY = {}
 def define(name, *, inputs, outputs=1, attrs=None, view=False):
     """Decorator: register the shape/dtype inference function `fn` as op `name`.
 
-    `inputs` is an int or a (min, max) pair, max None for variadic.
+    `inputs` is an int or a (min, max) pair, max None for variadic; `outputs` an int or
+    a function of the attrs. `fn(input_specs, attrs)` returns the output TensorSpecs
+    (with `value` set where it can compute the value itself, as `shape` does) and
+    raises GraphError on inputs the op cannot take.
     """
     arity = (inputs, inputs) if isinstance(inputs, int) else tuple(inputs)
 

@@ -28,4 +28,5 @@ def ufunc(name, fn):
     kernel(name)(lambda ins, outs, attrs: partial(fn, *ins, out=outs[0]))
 
 
-from . import array, math, nn, reduce  # noqa: E402,F401  (registration)
+from . import (activations, array, conv, einsum, image, math, nn, norm, pool, reduce,  # noqa: E402,F401
+               rnn, shape)  # (registration)
