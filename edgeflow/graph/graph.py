@@ -180,7 +180,7 @@ def constant(value, dtype=None, name=None):
         array = array.astype(_PYTHON_DEFAULTS.get(array.dtype, array.dtype))
     dtypes.as_dtype(array.dtype)
     array.setflags(write=False)
-    spec = TensorSpec(array.shape, array.dtype)
+    spec = TensorSpec(array.shape, array.dtype, array)
     return get_default_graph().add_node(CONST, [], {"value": array}, name or "Const", [spec]).outputs[0]
 
 

@@ -1,7 +1,8 @@
 """Builder functions for ops, at the top level as in TensorFlow (`ef.exp`, `ef.matmul`, ...).
 
 Each one adds a node to the graph of its tensor inputs (the default graph when none is
-a Tensor); the op itself is defined in edgeflow.ops.
+a Tensor); the op itself is defined in edgeflow.ops. TensorFlow's names `abs`, `pow`, `slice` and
+`range` are defined here, so code in this module must write `builtins.range` for Python's.
 """
 import numpy as np
 
@@ -13,7 +14,7 @@ __all__ = ["add", "subtract", "sub", "multiply", "mul", "divide", "div", "pow", 
            "equal", "less", "greater", "negative", "neg", "abs", "exp", "log", "sqrt", "sigmoid",
            "tanh", "matmul", "where", "cast", "reduce_sum", "reduce_mean", "reduce_max", "argmax",
            "reshape", "transpose", "concat", "squeeze", "expand_dims", "slice", "strided_slice",
-           "gather"]
+           "gather", "shape", "fill", "range", "broadcast_to", "tile", "split"]
 
 
 def apply(op, inputs, attrs=None, name=None):
@@ -118,8 +119,68 @@ def argmax(x, axis=0, keepdims=False, name=None):
 
 
 def reshape(x, shape, name=None):
-    """Same elements, new shape; one dimension may be -1."""
+    """Same elements, new shape (a list, or an int tensor such as one from ef.shape);
+    one dimension may be -1."""
+    if isinstance(shape, Tensor):
+        return apply("reshape", [x, shape], name=name)
     return apply("reshape", [x], {"shape": tuple(int(d) for d in shape)}, name)
+
+
+def _int_operand(value, like):
+    """An int64 tensor operand: a Tensor as is, a list or number as a constant."""
+    if isinstance(value, Tensor):
+        return value
+    return convert_to_tensor_like(np.asarray(value, np.int64), like) if isinstance(like, Tensor) \
+        else convert_to_tensor(np.asarray(value, np.int64))
+
+
+def shape(x, name=None):
+    """The shape of x as an int64 vector (known while building when x's shape is)."""
+    return apply("shape", [x], name=name)
+
+
+def fill(dims, value, dtype=None, name=None):
+    """A tensor of shape `dims` (a list or an int tensor) filled with `value`."""
+    dtype = dtypes.as_dtype(dtype) if dtype is not None else np.asarray(value).dtype
+    dtype = dtypes.float32 if dtype == np.float64 else dtypes.int32 if dtype == np.int64 else dtype
+    return apply("constant_of_shape", [_int_operand(dims, dims)],
+                 {"value": float(value), "dtype": dtype}, name)
+
+
+def range(start, limit=None, delta=1, dtype=None, name=None):  # noqa: A001  (TensorFlow's name)
+    """start, start + delta, ... below limit (`range(n)` counts from 0), as tf.range."""
+    if limit is None:
+        start, limit = 0, start
+    values = [start, limit, delta]
+    tensors = [v for v in values if isinstance(v, Tensor)]
+    dt = dtypes.as_dtype(dtype) if dtype is not None else (
+        tensors[0].dtype if tensors else np.asarray(values).dtype)
+    dt = dtypes.float32 if dt == np.float64 else dtypes.int32 if dt == np.int64 and not tensors else dt
+    like = tensors[0] if tensors else None
+    ops = [v if isinstance(v, Tensor) else
+           (convert_to_tensor_like(np.asarray(v, dt), like) if like is not None else
+            convert_to_tensor(np.asarray(v, dt))) for v in values]
+    return apply("range", ops, name=name)
+
+
+def broadcast_to(x, shape, name=None):
+    """x broadcast to `shape` (a list or an int tensor)."""
+    return apply("expand", [x, _int_operand(shape, x)], name=name)
+
+
+def tile(x, multiples, name=None):
+    """x repeated multiples[i] times along axis i."""
+    return apply("tile", [x, _int_operand(multiples, x)], name=name)
+
+
+def split(x, num_or_size_splits, axis=0, name=None):
+    """A list of pieces of x along `axis`: `n` near-equal ones, or of the sizes given."""
+    if isinstance(num_or_size_splits, (int, np.integer)):
+        attrs = {"axis": axis, "num_outputs": int(num_or_size_splits)}
+    else:
+        attrs = {"axis": axis, "sizes": tuple(int(n) for n in num_or_size_splits)}
+    out = apply("split", [x], attrs, name)
+    return list(out) if isinstance(out, tuple) else [out]
 
 
 def transpose(x, perm=None, name=None):

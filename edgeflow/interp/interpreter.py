@@ -34,10 +34,11 @@ class Interpreter:
         self.model = reader.load(model)
         self._subgraph = self.model.subgraphs[0]
         self._check_kernels()
-        self._persistent = {}
-        for i, t in enumerate(self._subgraph.tensors):
-            if t.data is not None:
-                self._persistent[i] = np.array(t.data) if t.is_variable else t.data
+        tensors = self._subgraph.tensors
+        self._constants = {i: t.data for i, t in enumerate(tensors)
+                           if t.data is not None and not t.is_variable}
+        self._variables = {i: np.array(t.data) for i, t in enumerate(tensors) if t.is_variable}
+        self._folded = {}  # values computed from constants while preparing, shared by plans
         self._signatures = {s.key: s for s in self.model.signatures}
         self._plans = OrderedDict()
         self._preserve_all = preserve_all_tensors
@@ -60,8 +61,8 @@ class Interpreter:
         key = (tuple(inputs), tuple(outputs), tuple(shapes[i] for i in inputs))
         plan = self._plans.get(key)
         if plan is None:
-            plan = Plan(self._subgraph, inputs, outputs, shapes,
-                        self._persistent, self._preserve_all)
+            plan = Plan(self._subgraph, inputs, outputs, shapes, self._constants,
+                        self._variables, self._folded, self._preserve_all)
             self._plans[key] = plan
             if len(self._plans) > _PLAN_CACHE_SIZE:
                 self._plans.popitem(last=False)
@@ -157,12 +158,13 @@ class Interpreter:
         """A copy of a tensor's value: an input, output, constant or variable (every
         tensor with preserve_all_tensors=True)."""
         plan = self._plan
-        keep = set(self._subgraph.inputs) | set(self._subgraph.outputs) | set(self._persistent)
+        keep = set(self._subgraph.inputs) | set(self._subgraph.outputs)
         if not 0 <= tensor_index < len(self._subgraph.tensors):
             raise InvalidInputError(f"tensor index {tensor_index} out of range "
                                     f"[0, {len(self._subgraph.tensors)})")
-        if tensor_index in self._persistent:
-            return np.array(self._persistent[tensor_index])
+        for known in (self._variables, self._folded, self._constants):
+            if tensor_index in known:
+                return np.array(known[tensor_index])
         if plan is None or tensor_index not in plan.arrays or not (
                 tensor_index in keep or self._preserve_all):
             name = self._subgraph.tensors[tensor_index].name

@@ -44,42 +44,108 @@ def needed_operators(subgraph, outputs, producer):
     return order
 
 
-class Plan:
-    """Arrays and bound kernel calls for one signature at one set of input shapes."""
+def dequantize(tensor):
+    """The real values of a quantized constant: scale * (q - zero_point), as float32."""
+    q = tensor.quantization
+    shape = [1] * len(tensor.shape)
+    if q.axis >= 0:
+        shape[q.axis] = -1
+    scale = np.asarray(q.scale, np.float32).reshape(shape)
+    zero = np.asarray(q.zero_point, np.float32).reshape(shape)
+    out = (tensor.data.astype(np.float32) - zero) * scale
+    out.setflags(write=False)
+    return out
 
-    def __init__(self, subgraph, inputs, outputs, input_shapes, persistent, preserve_all=False):
+
+def _check_declared(index, declared, spec, opcode):
+    fits = len(declared.shape) == spec.rank and all(
+        d in (-1, s) for d, s in zip(declared.shape, spec.shape))
+    if spec.dtype != declared.dtype or not fits:
+        raise FormatError(f"tensor {index} {declared.name!r} is declared {declared.dtype}"
+                          f"{fmt(declared.shape)} but op {opcode} makes {spec.dtype}{fmt(spec.shape)}")
+
+
+class Plan:
+    """Arrays and bound kernel calls for one signature at one set of input shapes.
+
+    `constants` and `variables` map tensor indices to arrays; `folded` is the
+    interpreter's cache of values computed from constants alone (quantized weights
+    dequantized, ops on constants), shared by all its plans. Ops whose operands are all
+    known while preparing (constants, shapes) run here, once, and not when invoked.
+    """
+
+    def __init__(self, subgraph, inputs, outputs, input_shapes, constants, variables, folded,
+                 preserve_all=False):
         self.subgraph, self.inputs, self.outputs = subgraph, list(inputs), list(outputs)
         producer = {t: i for i, op in enumerate(subgraph.operators) for t in op.outputs}
         fed = set(inputs)
-        self.order = needed_operators(subgraph, outputs, producer)
-        specs = self._infer(input_shapes, persistent)
-        self.arrays = dict(persistent)  # constants and variables: not in the arena
+        self.arrays = dict(variables)  # variables, constants and folded values: not in the arena
+        specs = self._infer(needed_operators(subgraph, outputs, producer), input_shapes,
+                            constants, variables, folded)
         self._allocate(specs, preserve_all, fed)
-        self.steps, self.step_ops = self._bind()
+        self.steps, self.step_ops = self._bind(specs)
 
-    def _infer(self, input_shapes, persistent):
+    def _infer(self, order, input_shapes, constants, variables, folded):
+        """Specs of every tensor; folds what is known now; sets self.order to what remains."""
         tensors = self.subgraph.tensors
         specs = {t: TensorSpec(tuple(shape), tensors[t].dtype) for t, shape in input_shapes.items()}
-        specs.update((t, TensorSpec(a.shape, a.dtype)) for t, a in persistent.items())
-        for i in self.order:
+        specs.update((t, TensorSpec(a.shape, a.dtype)) for t, a in variables.items())
+        static = set()  # tensors whose value follows from constants alone
+        for t, data in constants.items():
+            if tensors[t].quantization is not None:
+                if t not in folded:
+                    folded[t] = dequantize(tensors[t])
+                data = folded[t]
+            specs[t] = TensorSpec(data.shape, data.dtype, data)
+            self.arrays[t] = data
+            static.add(t)
+        self.order = []
+        for i in order:
             op = self.subgraph.operators[i]
             missing = [tensors[t].name for t in op.inputs if t not in specs]
             if missing:
                 raise InvalidInputError(f"op {i} ({op.opcode}) needs {missing}, which no input feeds")
+            ins = [specs[t] for t in op.inputs]
             try:
-                outs = ops.get(op.opcode).infer_specs([specs[t] for t in op.inputs], op.attrs)
+                outs = ops.get(op.opcode).infer_specs(ins, op.attrs)
             except GraphError as e:
-                raise InvalidInputError(f"op {i} ({op.opcode}) rejects these input shapes: {e}") from None
+                raise InvalidInputError(f"op {i} ({op.opcode}) rejects these inputs: {e}") from None
             for t, spec in zip(op.outputs, outs):
-                declared = tensors[t]
-                fits = len(declared.shape) == spec.rank and all(
-                    d in (-1, s) for d, s in zip(declared.shape, spec.shape))
-                if spec.dtype != declared.dtype or not fits:
-                    raise FormatError(f"tensor {t} {declared.name!r} is declared {declared.dtype}"
-                                      f"{fmt(declared.shape)} but op {op.opcode} makes "
-                                      f"{spec.dtype}{fmt(spec.shape)}")
-                specs[t] = spec
+                if None in spec.shape:
+                    raise InvalidInputError(
+                        f"op {i} ({op.opcode}): the shape of {tensors[t].name!r} depends on input "
+                        f"values, not only on input shapes; operands that set shapes must be "
+                        f"known before running (constants, or computed from shapes)")
+                _check_declared(t, tensors[t], spec, op.opcode)
+            if all(s.value is not None for s in ins) or all(s.value is not None for s in outs):
+                is_static = all(t in static for t in op.inputs)
+                values = self._fold(i, op, ins, outs, folded if is_static else {})
+                outs = [TensorSpec(s.shape, s.dtype, v) for s, v in zip(outs, values)]
+                self.arrays.update(zip(op.outputs, values))
+                if is_static:
+                    static.update(op.outputs)
+            else:
+                self.order.append(i)
+            specs.update(zip(op.outputs, outs))
         return specs
+
+    @staticmethod
+    def _fold(i, op, ins, outs, cache):
+        """The output values of op `i`, computed now (or taken from `cache`)."""
+        if all(t in cache for t in op.outputs):
+            return [cache[t] for t in op.outputs]
+        if all(s.value is not None for s in outs):
+            values = [s.value for s in outs]
+        elif ops.get(op.opcode).view:
+            values = [ins[0].value.reshape(outs[0].shape)]
+        else:
+            values = [np.empty(s.shape, s.dtype) for s in outs]
+            with np.errstate(all="ignore"):
+                KERNELS[op.opcode]([s.value for s in ins], values, op.attrs)()
+        for t, v in zip(op.outputs, values):
+            v.setflags(write=False)
+            cache[t] = v
+        return values
 
     def _allocate(self, specs, preserve_all, fed):
         """Arena offsets for every tensor that needs bytes; views alias their source's bytes."""
@@ -112,15 +178,14 @@ class Plan:
         self.lower_bound = lower_bound(requests)
         for t, offset in self.offsets.items():
             self.arrays[t] = self.arena.view(offset, specs[t].shape, specs[t].dtype)
-        self._specs = specs
 
-    def _bind(self):
+    def _bind(self, specs):
         steps, step_ops = [], []
         for i in self.order:
             op = self.subgraph.operators[i]
             ins = [self.arrays[t] for t in op.inputs]
             if ops.get(op.opcode).view:
-                self.arrays[op.outputs[0]] = ins[0].reshape(self._specs[op.outputs[0]].shape)
+                self.arrays[op.outputs[0]] = ins[0].reshape(specs[op.outputs[0]].shape)
                 continue
             outs = [self.arrays[t] for t in op.outputs]
             steps.append(KERNELS[op.opcode](ins, outs, op.attrs))

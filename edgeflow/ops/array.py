@@ -7,18 +7,42 @@ from .shapes import fmt, normalize_axes, normalize_axis, num_elements
 INDEX_DTYPES = frozenset((dtypes.int32, dtypes.int64))
 
 
-@define("reshape", inputs=1, attrs={"shape": Attr(AttrKind.INTS)}, view=True)
+def _target_shape(inputs, attrs):
+    """reshape's target: the `shape` attr, or its second operand (which must be known)."""
+    if len(inputs) == 2:
+        from .shape import known_ints, unknown_dims
+        shape = known_ints("reshape", inputs[1], "the target shape")
+        if shape is None:
+            return unknown_dims("reshape", inputs[1], "the target shape")
+    else:
+        shape = attrs["shape"]
+    if attrs["copy_zeros"]:  # ONNX (allowzero=0): a 0 keeps the input's dimension
+        x = inputs[0]
+        if any(d == 0 and i >= x.rank for i, d in enumerate(shape)):
+            raise GraphError(f"reshape: a 0 in {shape} has no input dimension to copy")
+        shape = tuple(x.shape[i] if d == 0 else d for i, d in enumerate(shape))
+    return tuple(shape)
+
+
+@define("reshape", inputs=(1, 2), view=True,
+        attrs={"shape": Attr(AttrKind.INTS, ()), "copy_zeros": Attr(AttrKind.BOOL, False)})
 def _reshape(inputs, attrs):
-    """Same elements in a new shape; at most one dimension may be -1 (inferred)."""
-    x, shape = inputs[0], attrs["shape"]
-    if sum(d == -1 for d in shape) > 1 or any(d < -1 for d in shape):
+    """Same elements in a new shape: the `shape` attr, or the second operand's value.
+
+    At most one dimension may be -1 (inferred). With copy_zeros, a 0 keeps the input
+    dimension at that position, as in ONNX's Reshape; otherwise it is a zero dimension.
+    """
+    x, shape = inputs[0], _target_shape(inputs, attrs)
+    if None in shape:
+        return [TensorSpec(shape, x.dtype)]
+    if sum(d == -1 for d in shape) > 1 or any(d is not None and d < -1 for d in shape):
         raise GraphError(f"reshape: bad target shape {shape}; dims must be >= 0 with at most one -1")
     n, known = num_elements(x.shape), num_elements([d for d in shape if d != -1])
     if -1 not in shape:
-        if n is not None and n != known:
+        if n is not None and known is not None and n != known:
             raise GraphError(f"reshape: cannot reshape {fmt(x.shape)} ({n} elements) to {shape}")
-        return [TensorSpec(tuple(shape), x.dtype)]
-    if n is None:
+        return [TensorSpec(shape, x.dtype)]
+    if n is None or known is None:
         inferred = None
     elif known == 0 or n % known:
         raise GraphError(f"reshape: cannot reshape {fmt(x.shape)} ({n} elements) to {shape}")
@@ -89,18 +113,40 @@ def slice_length(dim, start, end, step):
     return None if dim is None else len(range(*slice(start, end, step).indices(dim)))
 
 
-@define("slice", inputs=1, attrs={"starts": Attr(AttrKind.INTS), "ends": Attr(AttrKind.INTS),
-                                  "axes": Attr(AttrKind.INTS, ()), "steps": Attr(AttrKind.INTS, ())})
-def _slice(inputs, attrs):
-    """x[starts:ends:steps] along `axes` (default the first len(starts) axes), clamped as Python does."""
-    x = inputs[0]
-    starts, ends = attrs["starts"], attrs["ends"]
-    axes = attrs["axes"] or tuple(range(len(starts)))
-    steps = attrs["steps"] or (1,) * len(starts)
+def slice_params(inputs, attrs):
+    """(starts, ends, axes, steps): from the attrs, or from operands 1-4 when given."""
+    if len(inputs) > 1:
+        from .shape import known_ints
+        names = ("starts", "ends", "axes", "steps")
+        given = [known_ints("slice", s, n) for s, n in zip(inputs[1:], names)]
+        if None in given:
+            return None
+        starts, ends = given[0], given[1]
+        axes = given[2] if len(given) > 2 else ()
+        steps = given[3] if len(given) > 3 else ()
+    else:
+        starts, ends, axes, steps = (attrs[k] for k in ("starts", "ends", "axes", "steps"))
+    axes = axes or tuple(range(len(starts)))
+    steps = steps or (1,) * len(starts)
     if not len(starts) == len(ends) == len(axes) == len(steps):
-        raise GraphError(f"slice: starts, ends, axes and steps differ in length: {attrs}")
+        raise GraphError(f"slice: starts, ends, axes and steps differ in length: "
+                         f"{starts}, {ends}, {axes}, {steps}")
     if 0 in steps:
         raise GraphError("slice: steps must be non-zero")
+    return starts, ends, axes, steps
+
+
+@define("slice", inputs=(1, 5), attrs={"starts": Attr(AttrKind.INTS, ()), "ends": Attr(AttrKind.INTS, ()),
+                                       "axes": Attr(AttrKind.INTS, ()), "steps": Attr(AttrKind.INTS, ())})
+def _slice(inputs, attrs):
+    """x[starts:ends:steps] along `axes` (default the first len(starts) axes), clamped as
+    Python does. The four come from the attrs, or from operands 1-4 (known values) as in
+    ONNX's Slice."""
+    x = inputs[0]
+    params = slice_params(inputs, attrs)
+    if params is None:  # operands not known yet: any dimension may be cut
+        return [TensorSpec((None,) * x.rank, x.dtype)]
+    starts, ends, axes, steps = params
     normalize_axes(axes, x.rank, "slice")  # rejects repeated axes
     shape = list(x.shape)
     for axis, start, end, step in zip(axes, starts, ends, steps):

@@ -1,1 +1,126 @@
-"""(being written)"""
+"""Ops that make or reshape tensors from shape values: shape, constant_of_shape, range,
+expand, tile, split.
+
+Operands that decide an output's shape (a target shape, a repeat count, a limit) are
+tensors, as in ONNX. While building, their values may be unknown (they depend on a
+dynamic dimension): the dimensions they decide are then None. When a plan is made every
+shape must be known, so such operands must then be constants or computed from shapes,
+which the interpreter works out while preparing.
+"""
+import numpy as np
+
+from .. import dtypes
+from ..errors import GraphError
+from .registry import Attr, AttrKind, TensorSpec, define
+from .shapes import broadcast, fmt, normalize_axis
+
+INDEX_DTYPES = frozenset((dtypes.int32, dtypes.int64))
+
+
+def known_ints(op, spec, what):
+    """The values of a 1-D or scalar integer operand, or None while they are unknown."""
+    if spec.dtype not in INDEX_DTYPES or spec.rank > 1:
+        raise GraphError(f"{op}: {what} must be an int32 or int64 vector, got "
+                         f"{spec.dtype}{fmt(spec.shape)}")
+    if spec.value is None:
+        return None
+    return tuple(int(v) for v in np.asarray(spec.value).reshape(-1))
+
+
+def vector_length(op, spec, what):
+    """How many values a 1-D operand holds; GraphError if not even that is known."""
+    n = spec.shape[0] if spec.rank == 1 else 1
+    if n is None:
+        raise GraphError(f"{op}: the length of {what} must be known (it sets the output rank)")
+    return n
+
+
+def unknown_dims(op, spec, what):
+    return (None,) * vector_length(op, spec, what)
+
+
+@define("shape", inputs=1, attrs={"start": Attr(AttrKind.INT, 0), "end": Attr(AttrKind.INT, 2**62)})
+def _shape(inputs, attrs):
+    """The shape of x (dims start:end) as int64; its value is known once x's shape is."""
+    dims = inputs[0].shape[slice(attrs["start"], attrs["end"])]
+    value = None if None in dims else np.array(dims, np.int64)
+    return [TensorSpec((len(dims),), dtypes.int64, value)]
+
+
+@define("constant_of_shape", inputs=1, attrs={"value": Attr(AttrKind.FLOAT, 0.0),
+                                              "dtype": Attr(AttrKind.DTYPE, dtypes.float32)})
+def _constant_of_shape(inputs, attrs):
+    """A tensor of shape `shape` (an operand) filled with `value`."""
+    shape = known_ints("constant_of_shape", inputs[0], "the shape")
+    if shape is None:
+        return [TensorSpec(unknown_dims("constant_of_shape", inputs[0], "the shape"), attrs["dtype"])]
+    if any(d < 0 for d in shape):
+        raise GraphError(f"constant_of_shape: negative dimension in {shape}")
+    return [TensorSpec(shape, attrs["dtype"])]
+
+
+@define("range", inputs=3)
+def _range(inputs, attrs):
+    """start, start + delta, ... up to (not including) limit; scalars of one dtype."""
+    dts = {s.dtype for s in inputs}
+    if len(dts) != 1 or any(s.rank not in (0, 1) for s in inputs):
+        raise GraphError("range: start, limit and delta must be scalars of one dtype")
+    dt = dts.pop()
+    if any(s.value is None for s in inputs):
+        return [TensorSpec((None,), dt)]
+    start, limit, delta = (np.asarray(s.value).reshape(()).item() for s in inputs)
+    if delta == 0:
+        raise GraphError("range: delta must not be 0")
+    return [TensorSpec((max(int(np.ceil((limit - start) / delta)), 0),), dt)]
+
+
+@define("expand", inputs=2)
+def _expand(inputs, attrs):
+    """x broadcast against `shape` (an operand), as ONNX Expand does."""
+    x, shape = inputs[0], known_ints("expand", inputs[1], "the shape")
+    if shape is None:
+        shape = unknown_dims("expand", inputs[1], "the shape")
+    return [TensorSpec(broadcast(x.shape, shape), x.dtype)]
+
+
+@define("tile", inputs=2)
+def _tile(inputs, attrs):
+    """x repeated `repeats[i]` times along each axis i."""
+    x, repeats = inputs[0], known_ints("tile", inputs[1], "repeats")
+    if repeats is None:
+        vector_length("tile", inputs[1], "repeats")
+        return [TensorSpec((None,) * x.rank, x.dtype)]
+    if len(repeats) != x.rank or any(r < 0 for r in repeats):
+        raise GraphError(f"tile: repeats {repeats} must give one count >= 0 per axis of {fmt(x.shape)}")
+    return [TensorSpec(tuple(None if d is None else d * r for d, r in zip(x.shape, repeats)), x.dtype)]
+
+
+def split_sizes(dim, sizes, num_outputs):
+    """Sizes of the pieces: as given, or `num_outputs` near-equal ones (the last smaller)."""
+    if sizes:
+        if dim is not None and sum(sizes) != dim:
+            raise GraphError(f"split: sizes {sizes} do not add up to the dimension {dim}")
+        return sizes
+    if dim is None:
+        return (None,) * num_outputs
+    chunk = -(-dim // num_outputs)
+    return tuple(max(min(chunk, dim - i * chunk), 0) for i in range(num_outputs))
+
+
+def _split_outputs(attrs):
+    return len(attrs["sizes"]) or attrs["num_outputs"]
+
+
+@define("split", inputs=1, outputs=_split_outputs,
+        attrs={"axis": Attr(AttrKind.INT, 0), "sizes": Attr(AttrKind.INTS, ()),
+               "num_outputs": Attr(AttrKind.INT, 0)})
+def _split(inputs, attrs):
+    """Cut x along `axis` into pieces of `sizes`, or into `num_outputs` near-equal pieces."""
+    x = inputs[0]
+    if not attrs["sizes"] and attrs["num_outputs"] < 1:
+        raise GraphError("split: give sizes or num_outputs >= 1")
+    if any(s < 0 for s in attrs["sizes"]):
+        raise GraphError(f"split: negative size in {attrs['sizes']}")
+    axis = normalize_axis(attrs["axis"], x.rank, "split")
+    pieces = split_sizes(x.shape[axis], attrs["sizes"], attrs["num_outputs"])
+    return [TensorSpec(x.shape[:axis] + (n,) + x.shape[axis + 1:], x.dtype) for n in pieces]

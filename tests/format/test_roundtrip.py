@@ -289,7 +289,7 @@ def _model_with(**change):
 
 @pytest.mark.parametrize("change, message", [
     (dict(opcode="no_such_op"), r"operator 0 'no_such_op': unknown op"),
-    (dict(opcode="reshape"), r"reshape: attribute 'shape' \(INTS\) is required"),
+    (dict(opcode="cast"), r"cast: attribute 'dtype' \(DTYPE\) is required"),
     (dict(opcode="softmax", attrs={"axis": 1.5}), r"attribute 'axis' must be INT"),
     (dict(opcode="softmax", attrs={"axes": 1}), r"unknown attribute"),
     (dict(opcode="reshape", attrs={"shape": (2**63,)}), r"attribute 'shape'.* fit int64"),

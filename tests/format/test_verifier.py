@@ -242,10 +242,10 @@ def test_attribute_appears_once():
 
 def test_required_attribute_present():
     model = every_feature_model()
-    reshape = next(k for k, op in enumerate(model.subgraphs[0].operators) if op.opcode == "reshape")
-    change = lambda p: p.set_length(p.model.Subgraphs(0).Operators(reshape), "Operator", "attrs", 0)
+    cast = next(k for k, op in enumerate(model.subgraphs[0].operators) if op.opcode == "cast")
+    change = lambda p: p.set_length(p.model.Subgraphs(0).Operators(cast), "Operator", "attrs", 0)
     rejects(patched(model, change),
-            rf"operator {reshape} 'reshape': attribute 'shape' \(INTS\) is required but missing")
+            rf"operator {cast} 'cast': attribute 'dtype' \(DTYPE\) is required but missing")
 
 
 def _attr(p, op, name):

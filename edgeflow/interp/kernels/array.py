@@ -3,6 +3,8 @@ from functools import partial
 
 import numpy as np
 
+from ...ops.array import slice_params
+from ...ops.registry import TensorSpec
 from . import kernel
 
 
@@ -20,11 +22,15 @@ def _concat(ins, outs, attrs):
 def _slice(ins, outs, attrs):
     x = ins[0]
     index = [np.s_[:]] * x.ndim
-    steps = attrs["steps"] or (1,) * len(attrs["starts"])
-    axes = attrs["axes"] or range(len(attrs["starts"]))
-    for axis, start, end, step in zip(axes, attrs["starts"], attrs["ends"], steps):
+    specs = [TensorSpec(a.shape, a.dtype, a) for a in ins]
+    for axis, start, end, step in zip(*_reorder(slice_params(specs, attrs))):
         index[axis] = slice(start, end, step)
     return partial(np.copyto, outs[0], x[tuple(index)])
+
+
+def _reorder(params):
+    starts, ends, axes, steps = params
+    return axes, starts, ends, steps
 
 
 def _gather(params, indices, axis, out):
