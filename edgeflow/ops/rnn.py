@@ -1,1 +1,121 @@
-"""(being written)"""
+"""Recurrent layers: `lstm` and `gru`, with the semantics of ONNX's LSTM and GRU (opset 14).
+
+Layout is ONNX's default: X is [seq, batch, input], Y is [seq, directions, batch, hidden],
+final states are [directions, batch, hidden]. Weights keep ONNX's gate order (LSTM iofc,
+GRU zrh) and stack the directions first, so an ONNX model's initializers load as they are.
+
+ONNX lets optional inputs be absent in the middle of the list; edgeflow ops have
+positional inputs only, so X, W, R come first and then, in ONNX order, those optional
+inputs whose `has_*` attribute is set (absent ones are skipped, not left as holes).
+Activations are the defaults only (sigmoid, tanh, tanh); ONNX's `sequence_lens`,
+peepholes (LSTM input P), non-default `activations` and `layout` 1 have no counterpart
+here, and a converter must reject models that use them.
+"""
+from .. import dtypes
+from ..errors import GraphError
+from .registry import Attr, AttrKind, TensorSpec, define
+from .shapes import fmt
+
+DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
+
+# (input name, the attribute saying it is present), in ONNX's input order.
+LSTM_OPTIONAL = (("B", "has_bias"), ("initial_h", "has_initial_h"), ("initial_c", "has_initial_c"))
+GRU_OPTIONAL = LSTM_OPTIONAL[:2]
+
+
+def named_inputs(op, inputs, attrs, optional):
+    """`inputs` by ONNX name: X, W, R, then the optional ones whose has_* attribute is set."""
+    names = ["X", "W", "R"] + [name for name, flag in optional if attrs[flag]]
+    if len(inputs) != len(names):
+        raise GraphError(f"{op}: with these has_* attributes the inputs are ({', '.join(names)}), "
+                         f"got {len(inputs)} inputs")
+    return dict(zip(names, inputs))
+
+
+def _merge(op, what, dims):
+    """The one known value among `dims` (None if none is known); GraphError if they disagree."""
+    known = {d for d in dims if d is not None}
+    if len(known) > 1:
+        raise GraphError(f"{op}: {what} disagrees between inputs: {sorted(known)}")
+    return known.pop() if known else None
+
+
+def _check_shape(op, name, spec, expected):
+    """GraphError unless `spec` has the rank of `expected` and agrees where both are known."""
+    if spec.rank != len(expected) or any(
+            e is not None and d is not None and e != d for d, e in zip(spec.shape, expected)):
+        raise GraphError(f"{op}: {name} must have shape {fmt(expected)}, got {fmt(spec.shape)}")
+
+
+def _check_attrs(op, attrs):
+    if attrs["hidden_size"] <= 0:
+        raise GraphError(f"{op}: hidden_size must be positive, got {attrs['hidden_size']}")
+    if attrs["direction"] not in DIRECTIONS:
+        raise GraphError(f"{op}: direction must be one of {sorted(DIRECTIONS)}, "
+                         f"got {attrs['direction']!r}")
+    if attrs["clip"] < 0:
+        raise GraphError(f"{op}: clip must be >= 0 (0: no clipping), got {attrs['clip']}")
+
+
+def _infer_recurrent(op, gates, optional, num_outputs):
+    """Inference of a recurrent op whose W stacks `gates` gate matrices per direction."""
+    def infer(inputs, attrs):
+        x = named_inputs(op, inputs, attrs, optional)
+        _check_attrs(op, attrs)
+        dt = x["X"].dtype
+        if {s.dtype for s in x.values()} != {dt} or dt not in dtypes.FLOATS:
+            raise GraphError(f"{op}: inputs must share one float dtype, got "
+                             f"{', '.join(f'{k} {s.dtype}' for k, s in x.items())}")
+        if x["X"].rank != 3:
+            raise GraphError(f"{op}: X must be [seq, batch, input], got {fmt(x['X'].shape)}")
+        seq, batch, size = x["X"].shape
+        states = [x[k] for k in ("initial_h", "initial_c") if k in x and x[k].rank == 3]
+        batch = _merge(op, "the batch size", [batch] + [s.shape[1] for s in states])
+        dirs, hidden = DIRECTIONS[attrs["direction"]], attrs["hidden_size"]
+        expected = {"W": (dirs, gates * hidden, size), "R": (dirs, gates * hidden, hidden),
+                    "B": (dirs, 2 * gates * hidden), "initial_h": (dirs, batch, hidden),
+                    "initial_c": (dirs, batch, hidden)}
+        for name, spec in x.items():
+            if name != "X":
+                _check_shape(op, name, spec, expected[name])
+        state = TensorSpec((dirs, batch, hidden), dt)
+        return [TensorSpec((seq, dirs, batch, hidden), dt)] + [state] * (num_outputs - 1)
+    return infer
+
+
+def _common_attrs(optional):
+    attrs = {"hidden_size": Attr(AttrKind.INT), "direction": Attr(AttrKind.STRING, "forward"),
+             "clip": Attr(AttrKind.FLOAT, 0.0)}
+    attrs.update((flag, Attr(AttrKind.BOOL, False)) for _, flag in optional)
+    return attrs
+
+
+_infer_lstm = _infer_recurrent("lstm", 4, LSTM_OPTIONAL, 3)
+
+
+@define("lstm", inputs=(3, 6), outputs=3,
+        attrs={**_common_attrs(LSTM_OPTIONAL), "input_forget": Attr(AttrKind.BOOL, False)})
+def _lstm(inputs, attrs):
+    """ONNX LSTM: inputs X, W [dirs, 4H, I], R [dirs, 4H, H], then if present (has_bias,
+    has_initial_h, has_initial_c) B [dirs, 8H] (Wb then Rb), initial_h and initial_c
+    [dirs, batch, H]; absent states are zeros. Gate order iofc. Outputs Y
+    [seq, dirs, batch, H], Y_h and Y_c [dirs, batch, H]. `clip` > 0 bounds the gates'
+    pre-activations to [-clip, clip]; `input_forget` couples the forget gate to 1 - input.
+    """
+    return _infer_lstm(inputs, attrs)
+
+
+_infer_gru = _infer_recurrent("gru", 3, GRU_OPTIONAL, 2)
+
+
+@define("gru", inputs=(3, 5), outputs=2,
+        attrs={**_common_attrs(GRU_OPTIONAL), "linear_before_reset": Attr(AttrKind.INT, 0)})
+def _gru(inputs, attrs):
+    """ONNX GRU: inputs X, W [dirs, 3H, I], R [dirs, 3H, H], then if present (has_bias,
+    has_initial_h) B [dirs, 6H] (Wb then Rb) and initial_h [dirs, batch, H]. Gate order
+    zrh. Outputs Y [seq, dirs, batch, H] and Y_h [dirs, batch, H]. linear_before_reset 1
+    (PyTorch's form) applies the reset gate after the recurrent product: r * (h @ Rh^T + Rbh).
+    """
+    if attrs["linear_before_reset"] not in (0, 1):
+        raise GraphError(f"gru: linear_before_reset must be 0 or 1, got {attrs['linear_before_reset']}")
+    return _infer_gru(inputs, attrs)
