@@ -16,7 +16,10 @@ ALIGNMENT = 64
 
 @dataclass
 class QuantizationDef:
-    """Affine quantization: real = scale * (q - zero_point), per tensor or along `axis`."""
+    """Affine quantization: real = scale * (q - zero_point), per tensor or along `axis`.
+
+    `zero_point` has one entry per scale, or none when all are zero (symmetric).
+    """
 
     scale: tuple
     zero_point: tuple

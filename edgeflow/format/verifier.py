@@ -379,8 +379,9 @@ def _quantization(where, raw, shape):
     if len(scale) != want:
         _fail(where, f"quantization has {len(scale)} scales, expected {want} "
                      f"(1 per tensor, or shape[axis] along axis {axis})")
-    if len(zero_point) != len(scale):
-        _fail(where, f"quantization has {len(zero_point)} zero points for {len(scale)} scales")
+    if zero_point and len(zero_point) != len(scale):
+        _fail(where, f"quantization has {len(zero_point)} zero points for {len(scale)} scales "
+                     f"(give one per scale, or none for all zero)")
     return QuantizationDef(scale, zero_point, axis)
 
 

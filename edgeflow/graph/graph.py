@@ -100,6 +100,8 @@ class Graph:
         except GraphError as e:
             label = f" {name!r}" if name else ""
             raise GraphError(f"op{label}: {e}") from None
+        if inputs and all(t.spec.value is not None for t in inputs):
+            specs = _with_values(op, attrs, inputs, specs)
         return self.add_node(op, inputs, attrs, name, specs)
 
     @contextlib.contextmanager
@@ -127,6 +129,19 @@ class Graph:
                 if t.name == name:
                     return t
         raise GraphError(f"no tensor named {name!r} in the graph")
+
+
+def _with_values(op, attrs, inputs, specs):
+    """Specs with their values, computed now: every operand is known (constants, static
+    shapes), so shape operands downstream are known too, as TensorFlow's constant_value."""
+    from ..interp.kernels import evaluate
+    try:
+        values = evaluate(op, attrs, [t.spec.value for t in inputs], specs)
+    except (IndexError, ValueError) as e:
+        raise GraphError(f"{op} on constant operands failed: {e}") from None
+    for v in values:
+        v.setflags(write=False)
+    return [TensorSpec(s.shape, s.dtype, v) for s, v in zip(specs, values)]
 
 
 _local = threading.local()

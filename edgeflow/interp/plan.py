@@ -13,7 +13,7 @@ from ..errors import FormatError, GraphError, InvalidInputError
 from ..ops.registry import TensorSpec
 from ..ops.shapes import fmt
 from .arena import Arena, lower_bound, place
-from .kernels import KERNELS
+from .kernels import KERNELS, evaluate
 
 
 def needed_operators(subgraph, outputs, producer):
@@ -51,7 +51,7 @@ def dequantize(tensor):
     if q.axis >= 0:
         shape[q.axis] = -1
     scale = np.asarray(q.scale, np.float32).reshape(shape)
-    zero = np.asarray(q.zero_point, np.float32).reshape(shape)
+    zero = np.asarray(q.zero_point or (0,), np.float32).reshape(shape if q.zero_point else ())
     out = (tensor.data.astype(np.float32) - zero) * scale
     out.setflags(write=False)
     return out
@@ -134,14 +134,7 @@ class Plan:
         """The output values of op `i`, computed now (or taken from `cache`)."""
         if all(t in cache for t in op.outputs):
             return [cache[t] for t in op.outputs]
-        if all(s.value is not None for s in outs):
-            values = [s.value for s in outs]
-        elif ops.get(op.opcode).view:
-            values = [ins[0].value.reshape(outs[0].shape)]
-        else:
-            values = [np.empty(s.shape, s.dtype) for s in outs]
-            with np.errstate(all="ignore"):
-                KERNELS[op.opcode]([s.value for s in ins], values, op.attrs)()
+        values = evaluate(op.opcode, op.attrs, [s.value for s in ins], outs)
         for t, v in zip(op.outputs, values):
             v.setflags(write=False)
             cache[t] = v

@@ -1,7 +1,7 @@
 """Elementwise arithmetic, comparisons, selection, casting and matrix products."""
 from .. import dtypes
 from ..errors import GraphError
-from .registry import Attr, AttrKind, TensorSpec, define
+from .registry import Attr, AttrKind, TensorSpec, activation_attr, check_activation, define
 from .shapes import broadcast, fmt
 
 NUMERIC = dtypes.FLOATS | dtypes.INTEGERS
@@ -18,16 +18,18 @@ def _same_dtype(op, specs, allowed):
     return dt
 
 
-def _elementwise(name, arity, allowed, result=None):
+def _elementwise(name, arity, allowed, result=None, attrs=None):
     """Define an op whose output broadcasts its inputs; dtype kept unless `result` is given."""
     def infer(inputs, attrs):
         dt = _same_dtype(name, inputs, allowed)
+        check_activation(name, attrs)
         return [TensorSpec(broadcast(*(s.shape for s in inputs)), result or dt)]
     infer.__doc__ = f"{name}: elementwise with numpy broadcasting"
-    define(name, inputs=arity)(infer)
+    define(name, inputs=arity, attrs=attrs)(infer)
 
 
-for _name in ("add", "sub", "mul", "div", "maximum", "minimum"):
+_elementwise("add", 2, NUMERIC, attrs={"activation": activation_attr()})
+for _name in ("sub", "mul", "div", "maximum", "minimum"):
     _elementwise(_name, 2, NUMERIC)
 _elementwise("pow", 2, dtypes.FLOATS)
 for _name in ("neg", "abs"):
@@ -59,11 +61,13 @@ def _swap_last(shape, swap):
 
 
 @define("matmul", inputs=2, attrs={"transpose_a": Attr(AttrKind.BOOL, False),
-                                    "transpose_b": Attr(AttrKind.BOOL, False)})
+                                    "transpose_b": Attr(AttrKind.BOOL, False),
+                                    "activation": activation_attr()})
 def _matmul(inputs, attrs):
     """Batched matrix product with numpy's matmul rules; transpose_* swap the last two axes."""
     a, b = inputs
     dt = _same_dtype("matmul", inputs, NUMERIC)
+    check_activation("matmul", attrs)
     if a.rank == 0 or b.rank == 0:
         raise GraphError(f"matmul: operands must have rank >= 1, got {fmt(a.shape)} and {fmt(b.shape)}")
     sa, sb = _swap_last(a.shape, attrs["transpose_a"]), _swap_last(b.shape, attrs["transpose_b"])

@@ -5,8 +5,9 @@ import numpy as np
 
 from ... import dtypes
 from . import kernel, ufunc
+from .fused import with_activation
 
-for _name, _fn in (("add", np.add), ("sub", np.subtract), ("mul", np.multiply),
+for _name, _fn in (("sub", np.subtract), ("mul", np.multiply),
                    ("maximum", np.maximum), ("minimum", np.minimum), ("pow", np.power),
                    ("neg", np.negative), ("abs", np.absolute), ("exp", np.exp), ("log", np.log),
                    ("sqrt", np.sqrt), ("tanh", np.tanh), ("equal", np.equal), ("less", np.less),
@@ -18,6 +19,11 @@ def _truncating_divide(a, b, out):
     # Integer division rounds toward zero (C, ONNX), not toward -inf as numpy's // does.
     np.floor_divide(a, b, out=out)
     out += (np.remainder(a, b) != 0) & ((a < 0) != (b < 0))
+
+
+@kernel("add")
+def _add(ins, outs, attrs):
+    return with_activation(partial(np.add, *ins, out=outs[0]), attrs["activation"], outs[0])
 
 
 @kernel("div")
@@ -62,4 +68,4 @@ def _matmul(ins, outs, attrs):
         a = np.swapaxes(a, -1, -2)
     if attrs["transpose_b"] and b.ndim >= 2:
         b = np.swapaxes(b, -1, -2)
-    return partial(np.matmul, a, b, outs[0])
+    return with_activation(partial(np.matmul, a, b, out=outs[0]), attrs["activation"], outs[0])

@@ -1,0 +1,78 @@
+"""Weight quantization of a ModelDef: fp16 storage, or int8 with affine scales.
+
+fp16: each large float32 constant is stored as float16 and a `cast` back to float32 is
+inserted; the interpreter folds the cast once, while preparing. int8: each large float32
+constant is stored as int8 with the format's quantization fields (symmetric, zero point
+0): per output channel for conv weights (axis 0) and matmul weights (the output axis),
+per tensor otherwise; the interpreter dequantizes it once, while preparing.
+"""
+import copy
+
+import numpy as np
+
+from .. import dtypes
+from .model import OperatorDef, QuantizationDef, TensorDef
+
+MIN_ELEMENTS = 64  # smaller constants (biases, norm scales) stay float32: they weigh little
+
+
+def quantize(model, mode):
+    """A copy of `model` with its weights stored as `mode` ("fp16" or "int8")."""
+    if mode not in ("fp16", "int8"):
+        raise ValueError(f"quantization mode must be 'fp16' or 'int8', got {mode!r}")
+    model = copy.copy(model)
+    model.subgraphs = [_quantize_subgraph(sg, mode) for sg in model.subgraphs]
+    model.metadata = {**model.metadata, "quantization": mode.encode()}
+    return model
+
+
+def _weights(subgraph):
+    """Indices of the float32 constants worth quantizing."""
+    return [i for i, t in enumerate(subgraph.tensors)
+            if t.data is not None and not t.is_variable and t.quantization is None
+            and t.dtype == dtypes.float32 and t.data.size >= MIN_ELEMENTS]
+
+
+def channel_axis(subgraph, index):
+    """The output-channel axis of weight `index` if every consumer agrees on one, else None."""
+    axes = set()
+    for op in subgraph.operators:
+        for position, t in enumerate(op.inputs):
+            if t != index:
+                continue
+            rank = len(subgraph.tensors[t].shape)
+            if op.opcode == "conv" and position == 1:
+                axes.add(0)
+            elif op.opcode == "matmul" and position == 1 and rank >= 2:
+                axes.add(rank - 2 if op.attrs.get("transpose_b") else rank - 1)
+            else:
+                axes.add(None)
+    return axes.pop() if len(axes) == 1 else None
+
+
+def int8_symmetric(data, axis):
+    """(q, scales): data ~= q * scale, q in [-127, 127], scale per slice along `axis`."""
+    reduce_axes = tuple(a for a in range(data.ndim) if a != axis) if axis is not None else None
+    peak = np.abs(data).max(axis=reduce_axes, keepdims=True) if data.size else np.zeros(1)
+    scale = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
+    q = np.clip(np.rint(data / scale), -127, 127).astype(np.int8)
+    return q, scale.reshape(-1)
+
+
+def _quantize_subgraph(sg, mode):
+    tensors, operators = list(sg.tensors), list(sg.operators)
+    for i in _weights(sg):
+        t = tensors[i]
+        if mode == "int8":
+            axis = channel_axis(sg, i)
+            q, scale = int8_symmetric(t.data, axis)
+            tensors[i] = TensorDef(t.name, dtypes.int8, t.shape, q,
+                                   QuantizationDef(tuple(scale.tolist()), (),
+                                                   -1 if axis is None else axis))
+        else:
+            half = len(tensors)
+            tensors.append(TensorDef(f"{t.name}/fp16", dtypes.float16, t.shape, t.data.astype(np.float16)))
+            tensors[i] = TensorDef(t.name, t.dtype, t.shape)
+            # The cast goes first: it must run before any consumer, and needs no input.
+            operators.insert(0, OperatorDef("cast", [half], [i], {"dtype": dtypes.float32}))
+    return type(sg)(sg.name, tensors, operators, list(sg.inputs), list(sg.outputs))

@@ -1,0 +1,144 @@
+"""Graph rewrites applied when packaging: constant folding, BatchNorm folding into the
+conv or dense layer before it, and fusing an activation into the op that produces its
+input. Dead nodes need no pass: `to_model` writes only what the signatures need.
+
+Each pass mutates the graph and returns the signatures with replaced tensors updated.
+"""
+import numpy as np
+
+from .graph import CONST, PLACEHOLDER, Node, Tensor
+
+FUSABLE = ("conv", "matmul", "add")
+
+
+def optimize(graph, signatures):
+    """All passes, in an order where each one's output feeds the next."""
+    signatures = fold_constants(graph, signatures)
+    signatures = fold_batch_norm(graph, signatures)
+    signatures = fuse_activations(graph, signatures)
+    return signatures
+
+
+def _consumers(graph, signatures):
+    uses = {}
+    for node in graph.nodes:
+        for t in node.inputs:
+            uses.setdefault(t, []).append(node)
+    for sig in signatures.values():
+        for t in sig[1].values():
+            uses.setdefault(t, []).append(None)  # a signature output: used outside the graph
+    return uses
+
+
+def _replace(graph, signatures, old, new):
+    """Every use of tensor `old` now reads `new`."""
+    for node in graph.nodes:
+        if old in node.inputs:
+            node.inputs = [new if t is old else t for t in node.inputs]
+    return {key: (sig[0], {n: new if t is old else t for n, t in sig[1].items()}, *sig[2:])
+            for key, sig in signatures.items()}
+
+
+def _insert_const(graph, before, value, name):
+    """A constant node placed just before `before`, so the node order stays topological."""
+    from ..ops.registry import TensorSpec
+    value = np.ascontiguousarray(value)
+    value.setflags(write=False)
+    node = Node(graph, CONST, graph.unique_name(name), [], {"value": value}, before.device)
+    node.outputs = [Tensor(node, 0, TensorSpec(value.shape, value.dtype, value))]
+    graph.nodes.insert(graph.nodes.index(before), node)
+    return node.outputs[0]
+
+
+def fold_constants(graph, signatures):
+    """Ops whose values are known (operands all constant, or static shapes) become constants."""
+    for node in list(graph.nodes):
+        if node.op in (CONST, PLACEHOLDER) or any(t.spec.value is None for t in node.outputs):
+            continue
+        if len(node.outputs) == 1:
+            node.op, node.inputs = CONST, []
+            node.attrs = {"value": node.outputs[0].spec.value}
+            continue
+        for t in node.outputs:
+            signatures = _replace(graph, signatures, t, _insert_const(graph, node, t.spec.value, t.name))
+    return signatures
+
+
+def _const(t):
+    return t.spec.value if t is not None and t.node.op == CONST else None
+
+
+def _bn_factors(bn):
+    """(f, shift) with batch_norm(y) == y * f + shift per channel, or None."""
+    scale, beta, mean, var = (_const(t) for t in bn.inputs[1:5])
+    if any(v is None for v in (scale, beta, mean, var)):
+        return None
+    f = scale / np.sqrt(var + np.asarray(bn.attrs["epsilon"], var.dtype))
+    return f, beta - mean * f
+
+
+def fold_batch_norm(graph, signatures):
+    """conv -> batch_norm and matmul -> add(bias) -> batch_norm become one conv / matmul + add."""
+    uses = _consumers(graph, signatures)
+    for bn in [n for n in graph.nodes if n.op == "batch_norm"]:
+        x = bn.inputs[0]
+        factors = _bn_factors(bn)
+        if factors is None or len(uses.get(x, ())) != 1:
+            continue
+        f, shift = factors
+        producer = x.node
+        if producer.op == "conv" and not producer.attrs["activation"] and _const(producer.inputs[1]) is not None:
+            w = _const(producer.inputs[1])
+            bias = _const(producer.inputs[2]) if len(producer.inputs) > 2 else np.zeros(w.shape[0], w.dtype)
+            if bias is None:
+                continue
+            new_w = w * f.reshape((-1,) + (1,) * (w.ndim - 1))
+            new_b = bias * f + shift
+            producer.inputs = [producer.inputs[0],
+                               _insert_const(graph, producer, new_w.astype(w.dtype), f"{producer.name}/w"),
+                               _insert_const(graph, producer, new_b.astype(w.dtype), f"{producer.name}/b")]
+        elif producer.op == "add" and not producer.attrs["activation"] and len(x.shape) == 2:
+            mm, bias = producer.inputs[0].node, _const(producer.inputs[1])
+            if mm.op != "matmul" or mm.attrs["activation"] or bias is None \
+                    or _const(mm.inputs[1]) is None or len(uses.get(mm.outputs[0], ())) != 1:
+                continue
+            w = _const(mm.inputs[1])
+            scaled = w * (f[:, None] if mm.attrs["transpose_b"] else f[None, :])
+            mm.inputs = [mm.inputs[0], _insert_const(graph, mm, scaled.astype(w.dtype), f"{mm.name}/w")]
+            producer.inputs = [producer.inputs[0],
+                               _insert_const(graph, producer, (bias * f + shift).astype(w.dtype),
+                                             f"{producer.name}/b")]
+        else:
+            continue
+        signatures = _replace(graph, signatures, bn.outputs[0], x)
+        graph.nodes.remove(bn)
+    return signatures
+
+
+def _activation_of(node):
+    """The fused-activation name equal to this op, or None."""
+    if node.op == "relu":
+        return "relu"
+    if node.op == "clip" and node.attrs["min"] == 0.0:
+        if node.attrs["max"] == 6.0:
+            return "relu6"
+        if node.attrs["max"] == float("inf"):
+            return "relu"
+    return None
+
+
+def fuse_activations(graph, signatures):
+    """relu / relu6 right after a conv, matmul or add runs inside that op's kernel."""
+    uses = _consumers(graph, signatures)
+    for act in [n for n in graph.nodes if _activation_of(n)]:
+        x = act.inputs[0]
+        producer = x.node
+        if producer.op not in FUSABLE or producer.attrs.get("activation") or len(uses.get(x, ())) != 1:
+            continue
+        if x.dtype.kind != "f":
+            continue
+        producer.attrs = {**producer.attrs, "activation": _activation_of(act)}
+        signatures = _replace(graph, signatures, act.outputs[0], x)
+        graph.nodes.remove(act)
+        uses = _consumers(graph, signatures)
+    return signatures
