@@ -1,0 +1,194 @@
+"""ONNX -> edgeflow: `convert(src, dst)` turns an ONNX model into a `.efl` package.
+
+Initializers become constants, graph inputs placeholders (symbolic dimensions stay
+dynamic), and the graph's inputs and outputs the `infer` signature under their ONNX
+names. Each node goes through the handler registered for its op type
+(converters/onnx/handlers); a model with unsupported ops fails with one
+UnsupportedOpError that lists them all.
+"""
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+from edgeflow.errors import ConversionError, EdgeflowError, GraphError, UnsupportedOpError
+
+MIN_OPSET = 13
+
+
+@dataclass
+class Conversion:
+    """What `convert` made, and figures for the report."""
+
+    model: object  # edgeflow.format.model.ModelDef
+    onnx_ops: Counter
+    ops: Counter
+    parameters: int
+    onnx_bytes: int
+    efl_bytes: int = 0
+    path: str = ""
+    notes: list = field(default_factory=list)
+
+
+def load(src):
+    """An onnx.ModelProto from a path or a ModelProto; ConversionError if malformed."""
+    import onnx
+    if isinstance(src, onnx.ModelProto):
+        model = src
+    else:
+        try:
+            model = onnx.load(os.fspath(src), load_external_data=True)
+        except FileNotFoundError:
+            raise
+        except Exception as e:  # onnx raises DecodeError, ValueError, OSError...
+            raise ConversionError(f"{os.fspath(src)}: not a readable ONNX model ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0] if str(e) else 'no detail'})") from None
+    try:
+        onnx.checker.check_model(model)
+    except Exception as e:
+        raise ConversionError(f"invalid ONNX model: {str(e).splitlines()[0]}") from None
+    return _at_supported_opset(model)
+
+
+def _opset(model):
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _at_supported_opset(model):
+    if _opset(model) >= MIN_OPSET:
+        return model
+    from onnx import version_converter
+    try:
+        return version_converter.convert_version(model, MIN_OPSET)
+    except Exception as e:
+        raise ConversionError(f"the model uses opset {_opset(model)}; edgeflow reads opset "
+                              f">= {MIN_OPSET} and ONNX's version converter failed: {e}") from None
+
+
+def _shape(value_info):
+    dims = value_info.type.tensor_type.shape.dim
+    if not value_info.type.tensor_type.HasField("shape"):
+        raise ConversionError(f"graph input {value_info.name!r} has no shape; give it one when exporting")
+    return [d.dim_value if d.HasField("dim_value") else None for d in dims]
+
+
+def _dtype(value_info):
+    from onnx import helper
+    return helper.tensor_dtype_to_np_dtype(value_info.type.tensor_type.elem_type)
+
+
+def unsupported_nodes(model):
+    """(op_type, opset, node name) of every node no handler converts."""
+    from .handlers import HANDLERS
+    opset = _opset(model)
+    return [(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}", opset,
+             n.name or n.output[0])
+            for n in model.graph.node
+            if n.domain not in ("", "ai.onnx") or n.op_type not in HANDLERS]
+
+
+def _raise_unsupported(found):
+    by_type = {}
+    for op_type, opset, name, *why in found:
+        by_type.setdefault((op_type, opset, why[0] if why else ""), []).append(name)
+    lines = [f"  {op} (opset {opset}){': ' + why if why else ''}: {', '.join(names[:8])}"
+             + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+             for (op, opset, why), names in sorted(by_type.items())]
+    raise UnsupportedOpError(f"{len(by_type)} unsupported op type(s) in {len(found)} node(s):\n"
+                             + "\n".join(lines), found)
+
+
+def to_graph(model, progress=False):
+    """(graph, inputs, outputs): the ONNX graph as an edgeflow Graph, with its inputs and
+    outputs as dicts of ONNX name -> Tensor."""
+    import edgeflow as ef
+    from onnx import numpy_helper
+    from .context import Context, Node
+    from .handlers import HANDLERS
+
+    found = unsupported_nodes(model)
+    if found:
+        _raise_unsupported(found)
+    g = ef.Graph()
+    ctx = Context(g)
+    opset = _opset(model)
+    with g.as_default():
+        initializers = {init.name for init in model.graph.initializer}
+        for init in model.graph.initializer:
+            ctx.tensors[init.name] = ef.constant(numpy_helper.to_array(init), name=init.name)
+        inputs = {}
+        for vi in model.graph.input:
+            if vi.name not in initializers:
+                inputs[vi.name] = ctx.tensors[vi.name] = ef.placeholder(_dtype(vi), _shape(vi), name=vi.name)
+        failed = []
+        for proto in _progress(model.graph.node, progress):
+            node = Node(proto, opset)
+            try:
+                outs = HANDLERS[node.op_type](ctx, node)
+            except UnsupportedOpError as e:
+                failed.extend(e.ops)
+                continue
+            except (GraphError, ConversionError) as e:
+                raise ConversionError(f"{node.where()}: {e}") from None
+            outs = outs if isinstance(outs, list) else [outs]
+            for name, t in zip(node.outputs, outs):
+                if name:
+                    ctx.tensors[name] = t
+        if failed:
+            _raise_unsupported(failed)
+        outputs = {vi.name: ctx.tensors[vi.name] for vi in model.graph.output}
+    return g, inputs, outputs
+
+
+def _progress(nodes, enabled):
+    if not enabled or len(nodes) < 200:
+        return nodes
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return nodes
+    return tqdm(nodes, desc="converting", unit="node", leave=False)
+
+
+def convert(src, dst=None, quantize=None, optimize=True, progress=False):
+    """Convert an ONNX model (path or ModelProto) to edgeflow; write it to `dst` if given.
+
+    quantize: None, "fp16" (weights stored as float16) or "int8" (weights stored int8,
+    per-channel for conv and matmul weights). optimize: constant folding, BatchNorm
+    folding, activation fusion (dead nodes are never written).
+    """
+    import edgeflow as ef
+    from edgeflow.graph import optimize as passes
+    from edgeflow.format import quantize as quantization
+
+    if quantize not in (None, "fp16", "int8"):
+        raise ConversionError(f"quantize must be None, 'fp16' or 'int8', got {quantize!r}")
+    proto = load(src)
+    graph, inputs, outputs = to_graph(proto, progress)
+    signatures = {"infer": (inputs, outputs)}
+    if optimize:
+        signatures = passes.optimize(graph, signatures)
+    try:
+        model = ef.to_model(graph, signatures, description=f"converted from ONNX "
+                            f"({proto.producer_name or 'unknown producer'}, opset {_opset(proto)})")
+    except GraphError as e:
+        raise ConversionError(str(e)) from None
+    model.producer = "edgeflow converters.onnx"
+    if quantize:
+        model = quantization.quantize(model, quantize)
+    result = Conversion(model, Counter(n.op_type for n in proto.graph.node),
+                        Counter(op.opcode for op in model.subgraphs[0].operators),
+                        _parameters(model), proto.ByteSize())
+    if dst is not None:
+        from edgeflow.format import writer
+        try:
+            writer.write(model, dst)
+        except EdgeflowError:
+            raise
+        result.path, result.efl_bytes = os.fspath(dst), os.path.getsize(dst)
+    return result
+
+
+def _parameters(model):
+    import numpy as np
+    return int(sum(np.prod(t.shape, dtype=np.int64) for t in model.subgraphs[0].tensors
+                   if t.data is not None and t.data.dtype.kind == "f" or t.quantization is not None))

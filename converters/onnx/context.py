@@ -1,0 +1,70 @@
+"""What an ONNX op handler sees: the node with decoded attributes, and the conversion
+context that maps ONNX value names to edgeflow tensors."""
+import numpy as np
+
+from edgeflow.errors import ConversionError
+
+
+class Node:
+    """An ONNX NodeProto with its attributes decoded to Python values."""
+
+    def __init__(self, proto, opset):
+        from onnx import helper
+        self.proto, self.opset = proto, opset
+        self.op_type, self.domain = proto.op_type, proto.domain or "ai.onnx"
+        self.name = proto.name or (proto.output[0] if proto.output else proto.op_type)
+        self.inputs, self.outputs = list(proto.input), list(proto.output)
+        self.attrs = {}
+        for a in proto.attribute:
+            value = helper.get_attribute_value(a)
+            if isinstance(value, bytes):
+                value = value.decode("utf-8", "replace")
+            elif isinstance(value, list) and value and isinstance(value[0], bytes):
+                value = [v.decode("utf-8", "replace") for v in value]
+            self.attrs[a.name] = value
+
+    def attr(self, name, default=None):
+        return self.attrs.get(name, default)
+
+    def where(self):
+        return f"{self.op_type} node {self.name!r}"
+
+
+class Context:
+    """ONNX names -> edgeflow Tensors, in the graph being built."""
+
+    def __init__(self, graph):
+        self.graph = graph
+        self.tensors = {}
+
+    def has(self, node, i):
+        return i < len(node.inputs) and node.inputs[i] != ""
+
+    def input(self, node, i):
+        """Input `i` of `node` as a Tensor, or None if the optional input is absent."""
+        if not self.has(node, i):
+            return None
+        try:
+            return self.tensors[node.inputs[i]]
+        except KeyError:
+            raise ConversionError(f"{node.where()}: input {node.inputs[i]!r} is not defined "
+                                  "before it is used") from None
+
+    def inputs(self, node):
+        return [self.input(node, i) for i in range(len(node.inputs))]
+
+    def value(self, node, i):
+        """The value of input `i` if known while converting (constants, static shapes)."""
+        t = self.input(node, i)
+        return None if t is None else t.spec.value
+
+    def constant(self, node, i, what):
+        """The value of input `i`, which this converter needs as a constant."""
+        value = self.value(node, i)
+        if value is None:
+            raise ConversionError(f"{node.where()}: {what} (input {i}) must be a constant or "
+                                  "computable from static shapes; it depends on input values")
+        return value
+
+    def ints(self, node, i, what):
+        return tuple(int(v) for v in np.asarray(self.constant(node, i, what)).reshape(-1))
