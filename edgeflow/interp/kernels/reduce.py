@@ -18,11 +18,108 @@ def _mean(x, axis, keepdims, out):
     np.copyto(out, np.mean(x, axis=axis, keepdims=keepdims), casting="unsafe")
 
 
+def _in_float32_for_float16(fn):
+    """fn(x, axis, keepdims) into out, computed in float32 when x is float16.
+
+    float16 products and squares overflow (past 65504) where the result often fits.
+    """
+    def reduce(x, axis, keepdims, out):
+        wide = x.astype(np.float32) if x.dtype == np.float16 else x
+        np.copyto(out, fn(wide, axis=axis, keepdims=keepdims), casting="unsafe")
+    return reduce
+
+
+def _l2(x, axis, keepdims):
+    return np.sqrt(np.sum(np.square(x), axis=axis, keepdims=keepdims))
+
+
 kernel("reduce_sum")(_reduction(np.sum))
 kernel("reduce_mean")(_reduction(_mean))
 kernel("reduce_max")(_reduction(np.max))
+kernel("reduce_min")(_reduction(np.min))
+kernel("reduce_prod")(_reduction(_in_float32_for_float16(np.prod)))
+kernel("reduce_l2")(_reduction(_in_float32_for_float16(_l2)))
 
 
 @kernel("argmax")
 def _argmax(ins, outs, attrs):
     return partial(np.argmax, ins[0], axis=attrs["axis"], out=outs[0], keepdims=attrs["keepdims"])
+
+
+def _running_sum(x, axis, out):
+    if out.dtype == np.float16:  # sum in float32, round once
+        np.copyto(out, np.cumsum(x, axis, np.float32), casting="unsafe")
+    else:
+        np.cumsum(x, axis, out.dtype, out)
+
+
+def _exclusive_running_sum(x, axis, first, rest):
+    first.fill(0)
+    _running_sum(x, axis, rest)
+
+
+@kernel("cumsum")
+def _cumsum(ins, outs, attrs):
+    x, out = ins[0], outs[0]
+    axis = attrs["axis"] % x.ndim
+    if attrs["reverse"]:  # a running sum over flipped views runs from the end
+        x, out = np.flip(x, axis), np.flip(out, axis)
+    if not attrs["exclusive"]:
+        return partial(_running_sum, x, axis, out)
+
+    def along(part):
+        return (slice(None),) * axis + (part,)
+    return partial(_exclusive_running_sum, x[along(slice(None, -1))], axis,
+                   out[along(slice(None, 1))], out[along(slice(1, None))])
+
+
+def _selection(rows, kth, largest):
+    """Masks of the elements that rank before `kth` (per row), and of those that tie with it.
+
+    The rank is numpy's sort order, read from the end when `largest`; NaN sorts last.
+    """
+    before = rows > kth if largest else rows < kth
+    tied = rows == kth
+    if rows.dtype.kind == "f":
+        nan, nan_kth = np.isnan(rows), np.isnan(kth)
+        tied |= nan & nan_kth
+        before |= (nan & ~nan_kth) if largest else (~nan & nan_kth)
+    return before, tied
+
+
+def _best_first(values, largest):
+    """The stable order of each row's `values` (given in index order), best first."""
+    if not largest:
+        return np.argsort(values, axis=-1, kind="stable")
+    # Sorting the reversed rows and reversing back keeps equal values in index order.
+    k = values.shape[-1]
+    return k - 1 - np.argsort(values[:, ::-1], axis=-1, kind="stable")[:, ::-1]
+
+
+def _topk(x, k, largest, values, indices):
+    """The top k of `x` along its last axis into `values` and `indices`.
+
+    A partition finds each row's k-th best value in linear time; the elements before it
+    and, of those tied with it, the ones of lowest index make up the k. Only those k
+    are sorted.
+    """
+    n = x.shape[-1]
+    if k == 0 or x.size == 0:
+        return
+    rows = x.reshape(-1, n)
+    at = n - k if largest else k - 1
+    kth = np.partition(rows, at, axis=-1)[:, at, None]
+    before, tied = _selection(rows, kth, largest)
+    tied &= np.cumsum(tied, axis=-1) <= k - before.sum(axis=-1, keepdims=True)
+    chosen = np.nonzero(before | tied)[1].reshape(-1, k)  # per row, in index order
+    order = _best_first(np.take_along_axis(rows, chosen, -1), largest)
+    chosen = np.take_along_axis(chosen, order, -1)
+    indices[...] = chosen.reshape(indices.shape)
+    values[...] = np.take_along_axis(rows, chosen, -1).reshape(values.shape)
+
+
+@kernel("topk")
+def _topk_kernel(ins, outs, attrs):
+    axis = attrs["axis"] % ins[0].ndim
+    last = [np.moveaxis(a, axis, -1) for a in (ins[0], *outs)]
+    return partial(_topk, last[0], attrs["k"], attrs["largest"], *last[1:])
