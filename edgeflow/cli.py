@@ -57,6 +57,29 @@ def cmd_bench(args):
     print(json.dumps(result, indent=2) if args.json else render(result))
 
 
+def cmd_convert(args):
+    try:
+        from converters import onnx as onnx_converter
+    except ImportError as e:
+        raise EdgeflowError(f"edgeflow convert needs the 'convert' extra: pip install 'edgeflow[convert]' ({e})")
+    if not args.model.lower().endswith(".onnx"):
+        raise EdgeflowError(f"{args.model}: expected an .onnx file (TFLite input is not supported yet)")
+    out = args.output or os.path.splitext(args.model)[0] + ".efl"
+    result = onnx_converter.convert(args.model, out, quantize=args.quantize, optimize=args.optimize,
+                                    progress=sys.stderr.isatty())
+    print(f"converted {args.model} -> {out}")
+    print(f"  ONNX ops     {sum(result.onnx_ops.values()):5}  " + _counts(result.onnx_ops))
+    print(f"  edgeflow ops {sum(result.ops.values()):5}  " + _counts(result.ops))
+    print(f"  parameters   {result.parameters:,}")
+    ratio = result.efl_bytes / result.onnx_bytes if result.onnx_bytes else float("nan")
+    print(f"  size         {result.onnx_bytes:,} B (.onnx) -> {result.efl_bytes:,} B (.efl"
+          f"{', ' + args.quantize if args.quantize else ''}), {ratio:.2f}x")
+
+
+def _counts(counter):
+    return ", ".join(f"{op} {n}" for op, n in counter.most_common())
+
+
 def cmd_quickstart(args):
     from .quickstart import main as quickstart
     quickstart(args.dir)
@@ -92,6 +115,18 @@ def build_parser():
     p.add_argument("--top", type=_positive, default=10, help="ops to list by time (default 10)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(fn=cmd_bench)
+
+    p = verbs.add_parser("convert", help="convert an ONNX model to a .efl package",
+                         description="Convert an ONNX model (opset >= 13) to a .efl package: "
+                                     "constants folded, BatchNorm folded, activations fused, "
+                                     "weights optionally quantized.")
+    p.add_argument("model", help="an .onnx file")
+    p.add_argument("-o", "--output", help="the .efl file to write (default: MODEL with .efl)")
+    p.add_argument("--quantize", choices=["fp16", "int8"],
+                   help="store weights as float16, or int8 with per-channel scales")
+    p.add_argument("--optimize", action=argparse.BooleanOptionalAction, default=True,
+                   help="fold constants and BatchNorm, fuse activations (default: on)")
+    p.set_defaults(fn=cmd_convert)
 
     p = verbs.add_parser("quickstart", help="build, package, inspect and run a small model",
                          description="An end-to-end tour: build a small model with the graph "

@@ -28,6 +28,66 @@ def build_classifier(path, seed=0):
     return {"w1": w1.node.attrs["value"], "b1": b1.node.attrs["value"], "w2": w2.node.attrs["value"]}
 
 
+def small_cnn_onnx(seed=0):
+    """A small ONNX CNN: conv-BN-relu, depthwise conv, global pool, dense; dynamic batch."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(seed)
+
+    def init(name, *shape, scale=0.3):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+    inits = [init("w1", 8, 3, 3, 3), init("b1", 8), init("bn_scale", 8), init("bn_bias", 8),
+             init("bn_mean", 8), numpy_helper.from_array(rng.uniform(0.5, 2, 8).astype(np.float32), "bn_var"),
+             init("w2", 8, 1, 3, 3), init("fc_w", 10, 8), init("fc_b", 10)]
+    nodes = [
+        helper.make_node("Conv", ["image", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("BatchNormalization", ["c1", "bn_scale", "bn_bias", "bn_mean", "bn_var"], ["n1"]),
+        helper.make_node("Relu", ["n1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], group=8, pads=[1, 1, 1, 1]),
+        helper.make_node("Clip", ["c2", "zero", "six"], ["r2"]),
+        helper.make_node("GlobalAveragePool", ["r2"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc_w", "fc_b"], ["logits"], transB=1),
+        helper.make_node("Softmax", ["logits"], ["probs"], axis=1),
+    ]
+    inits += [numpy_helper.from_array(np.array(0, np.float32), "zero"),
+              numpy_helper.from_array(np.array(6, np.float32), "six")]
+    graph = helper.make_graph(
+        nodes, "quickstart_cnn",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 3, 16, 16])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 10])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def convert_onnx(directory):
+    try:
+        import onnx
+        from onnx.reference import ReferenceEvaluator
+        from converters import onnx as onnx_converter
+    except ImportError:
+        print("  skipped: needs the 'convert' extra (pip install 'edgeflow[convert]')")
+        return
+    import edgeflow as ef
+    onnx_path = os.path.join(directory, "cnn.onnx")
+    model = small_cnn_onnx()
+    onnx.save(model, onnx_path)
+    x = np.random.default_rng(2).standard_normal((4, 3, 16, 16)).astype(np.float32)
+    reference = ReferenceEvaluator(model).run(None, {"image": x})[0]
+    for quantize in (None, "int8"):
+        out = os.path.join(directory, f"cnn{'-' + quantize if quantize else ''}.efl")
+        result = onnx_converter.convert(onnx_path, out, quantize=quantize)
+        probs = ef.Interpreter(out).get_signature_runner("infer")(image=x)["probs"]
+        err = float(np.abs(probs - reference).max())
+        print(f"  {os.path.basename(out)}: {sum(result.onnx_ops.values())} ONNX ops -> "
+              f"{sum(result.ops.values())} edgeflow ops ({', '.join(sorted(result.ops))}), "
+              f"{result.efl_bytes:,} bytes; max |edgeflow - onnx reference| = {err:.1e}")
+        if err > (1e-5 if quantize is None else 5e-2):
+            raise SystemExit(f"quickstart: converted model differs from the ONNX reference by {err}")
+
+
 def main(directory=None):
     import edgeflow as ef
     from .summary import describe, render
@@ -61,4 +121,8 @@ def main(directory=None):
         from .bench import bench_model
         r = bench_model(path, runs=200)
         print(f"  {r['ops']} ops: p50 {r['p50_us']:.1f} us per run, arena {r['arena_bytes']:,} bytes")
-    print("\nquickstart finished: built, packaged, inspected, ran and benchmarked a model.")
+
+        _step(5, "Convert an ONNX model (a small CNN made on the spot) and run it")
+        convert_onnx(directory)
+    print("\nquickstart finished: built, packaged, inspected, ran and benchmarked a model, and "
+          "converted one from ONNX.")
