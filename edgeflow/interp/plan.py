@@ -185,6 +185,16 @@ class Plan:
             step_ops.append(i)
         return steps, step_ops
 
+    def flops(self):
+        """Arithmetic operations per run of each op that runs, by op index (OpDef.cost)."""
+        out = {}
+        for i in self.order:
+            op = self.subgraph.operators[i]
+            specs = [[TensorSpec(self.arrays[t].shape, self.arrays[t].dtype) for t in ts]
+                     for ts in (op.inputs, op.outputs)]
+            out[i] = ops.get(op.opcode).cost(*specs, op.attrs)
+        return out
+
     def run(self):
         it = iter(self.steps)
         try:

@@ -1,4 +1,6 @@
 """Elementwise arithmetic, comparisons, selection, casting and matrix products."""
+import numpy as np
+
 from .. import dtypes
 from ..errors import GraphError
 from .registry import Attr, AttrKind, TensorSpec, activation_attr, check_activation, define
@@ -60,9 +62,15 @@ def _swap_last(shape, swap):
     return shape[:-2] + (shape[-1], shape[-2]) if swap and len(shape) >= 2 else shape
 
 
+def _matmul_flops(inputs, outputs, attrs):
+    a = inputs[0]
+    inner = a.shape[-2] if attrs["transpose_a"] and a.rank >= 2 else a.shape[-1]
+    return 2 * inner * int(np.prod(outputs[0].shape, dtype=np.int64))
+
+
 @define("matmul", inputs=2, attrs={"transpose_a": Attr(AttrKind.BOOL, False),
                                     "transpose_b": Attr(AttrKind.BOOL, False),
-                                    "activation": activation_attr()})
+                                    "activation": activation_attr()}, flops=_matmul_flops)
 def _matmul(inputs, attrs):
     """Batched matrix product with numpy's matmul rules; transpose_* swap the last two axes."""
     a, b = inputs

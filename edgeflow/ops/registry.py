@@ -103,6 +103,14 @@ class OpDef:
     infer: Callable  # (list[TensorSpec], attrs) -> list[TensorSpec]
     view: bool  # output 0 is input 0 reinterpreted (reshape-like): no copy, no new bytes
     doc: str
+    flops: Callable = None  # (input specs, output specs, attrs) -> arithmetic operations
+
+    def cost(self, inputs, outputs, attrs):
+        """Arithmetic operations (a multiply-add counts 2) for concrete shapes; one per
+        output element unless the op says otherwise. Cost models and benchmarks read it."""
+        if self.flops is not None:
+            return int(self.flops(inputs, outputs, attrs))
+        return 0 if self.view else sum(int(np.prod(s.shape, dtype=np.int64)) for s in outputs)
 
     def check_attrs(self, given):
         """Attributes with defaults filled in and values coerced; GraphError on a bad one."""
@@ -145,7 +153,7 @@ class OpDef:
 _REGISTRY = {}
 
 
-def define(name, *, inputs, outputs=1, attrs=None, view=False):
+def define(name, *, inputs, outputs=1, attrs=None, view=False, flops=None):
     """Decorator: register the shape/dtype inference function `fn` as op `name`.
 
     `inputs` is an int or a (min, max) pair, max None for variadic; `outputs` an int or
@@ -159,7 +167,7 @@ def define(name, *, inputs, outputs=1, attrs=None, view=False):
         if name in _REGISTRY:
             raise AssertionError(f"op {name!r} defined twice")
         _REGISTRY[name] = OpDef(name, arity, outputs, dict(attrs or {}), fn, view,
-                                (fn.__doc__ or "").strip())
+                                (fn.__doc__ or "").strip(), flops)
         return fn
 
     return register

@@ -93,7 +93,15 @@ def _common_attrs(optional):
 _infer_lstm = _infer_recurrent("lstm", 4, LSTM_OPTIONAL, 3)
 
 
-@define("lstm", inputs=(3, 6), outputs=3,
+def _recurrent_flops(gates):
+    def flops(inputs, outputs, attrs):
+        seq, dirs, batch, hidden = outputs[0].shape
+        features = inputs[0].shape[-1]
+        return 2 * seq * dirs * batch * gates * hidden * (features + hidden)
+    return flops
+
+
+@define("lstm", inputs=(3, 6), outputs=3, flops=_recurrent_flops(4),
         attrs={**_common_attrs(LSTM_OPTIONAL), "input_forget": Attr(AttrKind.BOOL, False)})
 def _lstm(inputs, attrs):
     """ONNX LSTM: inputs X, W [dirs, 4H, I], R [dirs, 4H, H], then if present (has_bias,
@@ -108,7 +116,7 @@ def _lstm(inputs, attrs):
 _infer_gru = _infer_recurrent("gru", 3, GRU_OPTIONAL, 2)
 
 
-@define("gru", inputs=(3, 5), outputs=2,
+@define("gru", inputs=(3, 5), outputs=2, flops=_recurrent_flops(3),
         attrs={**_common_attrs(GRU_OPTIONAL), "linear_before_reset": Attr(AttrKind.INT, 0)})
 def _gru(inputs, attrs):
     """ONNX GRU: inputs X, W [dirs, 3H, I], R [dirs, 3H, H], then if present (has_bias,

@@ -70,13 +70,28 @@ def erfc(x):
     return out
 
 
+_special = []
+
+
+def special_functions():
+    """(erf, erfc): scipy.special's ufuncs where scipy is installed (far faster on small
+    arrays, within 3 ulps in float64), else the numpy series above. Imported lazily, once:
+    the device path needs numpy only."""
+    if not _special:
+        try:
+            from scipy import special
+            _special.append((special.erf, special.erfc))
+        except ImportError:
+            _special.append((erf, erfc))
+    return _special[0]
+
+
 def _gelu(x, attrs):
     if attrs["approximate"] == "tanh":
         # x / 2 * (1 + tanh(z)) as x * sigmoid(2z): no cancellation for negative x.
         return x / (1 + np.exp(-2 * np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
     # erfc(-x / sqrt 2) rather than 1 + erf(x / sqrt 2): no cancellation for negative x.
-    x = x.astype(np.float64)
-    return x / 2 * erfc(-x / np.sqrt(2))
+    return x / 2 * special_functions()[1](-x / np.sqrt(2).astype(x.dtype))
 
 
 def _elu(x, alpha):
@@ -90,7 +105,7 @@ _FORMULAS = {
     "hard_sigmoid": lambda x, a: np.clip(x * a["alpha"] + a["beta"], 0, 1),
     "hard_swish": lambda x, a: x * np.clip(x / 6 + 0.5, 0, 1),
     "gelu": _gelu,
-    "erf": lambda x, a: erf(x),
+    "erf": lambda x, a: special_functions()[0](x),
     "softplus": lambda x, a: np.logaddexp(0, x),
     "elu": lambda x, a: _elu(x, a["alpha"]),
     "selu": lambda x, a: a["gamma"] * _elu(x, a["alpha"]),
