@@ -1,1 +1,177 @@
-"""(being written)"""
+"""Convolutions over channels-first layouts (N, C, *spatial), as ONNX's Conv and ConvTranspose.
+
+1, 2 or 3 spatial axes. The window arithmetic here (strides, dilations, explicit or
+automatic pads, output sizes) is shared with the pooling ops.
+"""
+from .. import dtypes
+from ..errors import GraphError
+from .registry import Attr, AttrKind, TensorSpec, activation_attr, check_activation, define
+from .shapes import fmt
+
+AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+def window_attrs(dilations=True):
+    """The attributes every sliding-window op takes; empty tuples mean all 1s (pads: all 0s)."""
+    attrs = {"strides": Attr(AttrKind.INTS, ()), "pads": Attr(AttrKind.INTS, ()),
+             "auto_pad": Attr(AttrKind.STRING, "NOTSET")}
+    if dilations:
+        attrs["dilations"] = Attr(AttrKind.INTS, ())
+    return attrs
+
+
+def _per_axis(op, attrs, key, n, default, low):
+    values = attrs.get(key, ()) or (default,) * n
+    if len(values) != n or any(v < low for v in values):
+        raise GraphError(f"{op}: {key} must be {n} ints >= {low}, got {values}")
+    return tuple(values)
+
+
+def window_params(op, attrs, d):
+    """(strides, dilations, pads) for `d` spatial axes, checked; pads are (begin..., end...)."""
+    if attrs["auto_pad"] not in AUTO_PADS:
+        raise GraphError(f"{op}: auto_pad must be one of {AUTO_PADS}, got {attrs['auto_pad']!r}")
+    pads = _per_axis(op, attrs, "pads", 2 * d, 0, 0)
+    if attrs["auto_pad"] != "NOTSET" and any(pads):
+        raise GraphError(f"{op}: give pads or auto_pad={attrs['auto_pad']}, not both")
+    return _per_axis(op, attrs, "strides", d, 1, 1), _per_axis(op, attrs, "dilations", d, 1, 1), pads
+
+
+def same_pads(total, auto_pad):
+    """(begin, end) splitting `total` padding: the odd one goes to the end for SAME_UPPER."""
+    small = total // 2
+    return (small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small)
+
+
+def _window_axis(op, axis, n, k, s, dil, pads, auto_pad, ceil_mode):
+    """(output size, pad begin, pad end) along one axis; None for what unknown `n` decides."""
+    extent = (k - 1) * dil + 1
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        if n is None:
+            return None, None, None
+        out = -(-n // s)
+        return (out,) + same_pads(max(0, (out - 1) * s + extent - n), auto_pad)
+    if n is None:
+        return (None,) + pads
+    span = n + sum(pads) - extent
+    if span < 0:
+        raise GraphError(f"{op}: window extent {extent} (kernel {k}, dilation {dil}) is larger "
+                         f"than spatial axis {axis} of size {n} padded by {pads[0]}+{pads[1]}")
+    if not ceil_mode:
+        return (span // s + 1,) + pads
+    out = -(-span // s) + 1
+    return (out - 1 if (out - 1) * s >= n + pads[0] else out,) + pads
+
+
+def window_geometry(op, sizes, kernel, attrs, ceil_mode=False):
+    """(output sizes, pads begin, pads end) of a sliding window over spatial `sizes`.
+
+    Entries are None where an input size is unknown (and SAME padding depends on it).
+    With ceil_mode the last, partial window counts, unless it would start past the
+    input and the begin padding (PyTorch's and ONNX's rule).
+    """
+    d = len(sizes)
+    strides, dilations, pads = window_params(op, attrs, d)
+    axes = [_window_axis(op, i, n, k, s, dil, (pads[i], pads[i + d]), attrs["auto_pad"], ceil_mode)
+            for i, (n, k, s, dil) in enumerate(zip(sizes, kernel, strides, dilations))]
+    return tuple(zip(*axes))
+
+
+def _floating(op, specs):
+    dts = {s.dtype for s in specs}
+    if len(dts) != 1 or next(iter(dts)) not in dtypes.FLOATS:
+        raise GraphError(f"{op}: inputs must share one float dtype, got "
+                         f"{', '.join(str(s.dtype) for s in specs)}")
+    return dts.pop()
+
+
+def _known_divides(op, what, n, group):
+    if n is not None and n % group:
+        raise GraphError(f"{op}: {what} ({n}) is not divisible by group ({group})")
+
+
+def _check_operands(op, inputs, attrs):
+    """(x, w, bias or None, dtype), checked for rank, dtype, group and activation."""
+    x, w = inputs[:2]
+    bias = inputs[2] if len(inputs) > 2 else None
+    dt = _floating(op, inputs)
+    if not 3 <= x.rank <= 5 or w.rank != x.rank:
+        raise GraphError(f"{op}: x must be (N, C, spatial...) with 1 to 3 spatial axes and w of "
+                         f"the same rank; got x {fmt(x.shape)}, w {fmt(w.shape)}")
+    if attrs["group"] < 1:
+        raise GraphError(f"{op}: group must be >= 1, got {attrs['group']}")
+    if bias is not None and bias.rank != 1:
+        raise GraphError(f"{op}: bias must have rank 1, got {fmt(bias.shape)}")
+    if None in w.shape[2:]:
+        raise GraphError(f"{op}: the kernel's spatial size must be known, got w {fmt(w.shape)}")
+    check_activation(op, attrs)
+    return x, w, bias, dt
+
+
+def _check_bias(op, bias, channels):
+    if bias is not None and None not in (bias.shape[0], channels) and bias.shape[0] != channels:
+        raise GraphError(f"{op}: bias has {bias.shape[0]} elements, expected one per output "
+                         f"channel ({channels})")
+
+
+def _conv_attrs():
+    return {**window_attrs(), "group": Attr(AttrKind.INT, 1), "activation": activation_attr()}
+
+
+@define("conv", inputs=(2, 3), attrs=_conv_attrs())
+def _conv(inputs, attrs):
+    """Cross-correlation of x (N, C, *in) with w (M, C/group, *kernel), plus bias (M,)."""
+    x, w, bias, dt = _check_operands("conv", inputs, attrs)
+    group, channels, per_group = attrs["group"], x.shape[1], w.shape[1]
+    _known_divides("conv", "output channels", w.shape[0], group)
+    if None not in (channels, per_group) and channels != per_group * group:
+        raise GraphError(f"conv: x has {channels} channels but w {fmt(w.shape)} with group {group} "
+                         f"expects {per_group * group}")
+    _check_bias("conv", bias, w.shape[0])
+    out, _, _ = window_geometry("conv", x.shape[2:], w.shape[2:], attrs)
+    return [TensorSpec((x.shape[0], w.shape[0]) + out, dt)]
+
+
+def transposed_geometry(op, sizes, kernel, attrs):
+    """(output sizes, pads begin, pads end) of a transposed convolution; None where unknown."""
+    d = len(sizes)
+    strides, dilations, pads = window_params(op, attrs, d)
+    extra = attrs["output_padding"] or (0,) * d
+    if len(extra) != d or any(not 0 <= e < max(s, dil) for e, s, dil in zip(extra, strides, dilations)):
+        raise GraphError(f"{op}: output_padding must be {d} ints, each below its stride or "
+                         f"dilation, got {extra}")
+    axes = []
+    for i, (n, k, s, dil, e) in enumerate(zip(sizes, kernel, strides, dilations, extra)):
+        if attrs["auto_pad"] in ("SAME_UPPER", "SAME_LOWER"):  # output n * s
+            total = (k - 1) * dil + 1 + e - s
+            if total < 0:
+                raise GraphError(f"{op}: auto_pad {attrs['auto_pad']} needs kernel extent + "
+                                 f"output_padding >= stride on axis {i}")
+            pb, pe = same_pads(total, attrs["auto_pad"])
+        else:
+            pb, pe = pads[i], pads[i + d]
+        out = None if n is None else s * (n - 1) + (k - 1) * dil + 1 + e - pb - pe
+        if out is not None and out < 1:
+            raise GraphError(f"{op}: pads {pb}+{pe} remove the whole output on spatial axis {i}")
+        axes.append((out, pb, pe))
+    return tuple(zip(*axes))
+
+
+@define("conv_transpose", inputs=(2, 3),
+        attrs={**_conv_attrs(), "output_padding": Attr(AttrKind.INTS, ())})
+def _conv_transpose(inputs, attrs):
+    """Gradient of conv w.r.t. its input: x (N, C, *in), w (C, M/group, *kernel) -> (N, M, *out).
+
+    out = stride * (in - 1) + output_padding + (kernel - 1) * dilation + 1 - pads.
+    """
+    x, w, bias, dt = _check_operands("conv_transpose", inputs, attrs)
+    group = attrs["group"]
+    if None not in (x.shape[1], w.shape[0]) and x.shape[1] != w.shape[0]:
+        raise GraphError(f"conv_transpose: x has {x.shape[1]} channels but w {fmt(w.shape)} "
+                         f"expects {w.shape[0]}")
+    _known_divides("conv_transpose", "input channels", w.shape[0], group)
+    channels = None if w.shape[1] is None else w.shape[1] * group
+    _check_bias("conv_transpose", bias, channels)
+    out, _, _ = transposed_geometry("conv_transpose", x.shape[2:], w.shape[2:], attrs)
+    return [TensorSpec((x.shape[0], channels) + out, dt)]
+

@@ -1,1 +1,37 @@
-"""(being written)"""
+"""Max and average pooling over channels-first layouts, as ONNX's MaxPool and AveragePool.
+
+Global average pooling needs no op of its own: it is reduce_mean over the spatial axes.
+"""
+from .. import dtypes
+from ..errors import GraphError
+from .conv import window_attrs, window_geometry
+from .registry import Attr, AttrKind, TensorSpec, define
+from .shapes import fmt
+
+
+def _pool(op, allowed, doc):
+    def infer(inputs, attrs):
+        x = inputs[0]
+        if x.dtype not in allowed:
+            raise GraphError(f"{op}: dtype {x.dtype} not supported")
+        kernel = attrs["kernel_shape"]
+        if not 3 <= x.rank <= 5 or len(kernel) != x.rank - 2 or min(kernel) < 1:
+            raise GraphError(f"{op}: x must be (N, C, spatial...) with 1 to 3 spatial axes and "
+                             f"kernel_shape one positive int per spatial axis; got x "
+                             f"{fmt(x.shape)}, kernel_shape {kernel}")
+        out, _, _ = window_geometry(op, x.shape[2:], kernel, attrs, attrs["ceil_mode"])
+        return [TensorSpec(x.shape[:2] + out, x.dtype)]
+    infer.__doc__ = doc
+    return infer
+
+
+_COMMON = {"kernel_shape": Attr(AttrKind.INTS), "ceil_mode": Attr(AttrKind.BOOL, False)}
+
+define("max_pool", inputs=1, attrs={**window_attrs(), **_COMMON})(
+    _pool("max_pool", dtypes.FLOATS | {dtypes.int8, dtypes.uint8},
+          "Largest element of each window; padding never wins."))
+
+define("avg_pool", inputs=1, attrs={**window_attrs(dilations=False), **_COMMON,
+                                    "count_include_pad": Attr(AttrKind.BOOL, False)})(
+    _pool("avg_pool", dtypes.FLOATS, "Mean of each window; padding counts only with "
+                                     "count_include_pad (never the ceil_mode overhang)."))

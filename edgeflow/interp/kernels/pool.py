@@ -1,1 +1,81 @@
-"""(being written)"""
+"""Kernels of edgeflow/ops/pool.py: reductions over the tap runs of conv.py.
+
+A window's taps are contiguous runs of the padded, phase-split input (see conv.py), so a
+pool is a running maximum or sum over one long unit-stride array per tap (running on
+across channels), then one pass that crops the result into the output (scaling it, for
+the average).
+"""
+import numpy as np
+
+from ...ops.conv import window_geometry, window_params
+from . import kernel
+from .conv import tap_runs
+
+
+def _runs(x, attrs, fill):
+    kernel_shape = attrs["kernel_shape"]
+    strides, dilations, _ = window_params("pool", attrs, x.ndim - 2)
+    out_shape, begin, _ = window_geometry("pool", x.shape[2:], kernel_shape, attrs, attrs["ceil_mode"])
+    return tap_runs(x, kernel_shape, strides, dilations, begin, out_shape, fill)
+
+
+def _accumulate(runs, ufunc, dtype):
+    """(step, outputs): the step folds `ufunc` over the taps' long runs into a buffer whose
+    (N, C, *out_shape) part is the view `outputs`."""
+    first, *rest = runs.long_runs()
+    n, _, c, q = runs.buffers.shape
+    acc = np.empty((n, c * q), dtype)
+    part = acc[:, :first.shape[1]]
+
+    def run():
+        runs.load()
+        np.copyto(part, first)
+        for r in rest:
+            ufunc(part, r, out=part)
+    return run, runs.crop(acc)
+
+
+@kernel("max_pool")
+def _max_pool(ins, outs, attrs):
+    x, out = ins[0], outs[0]
+    lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min  # padding never wins
+    runs = _runs(x, attrs, lowest)
+    reduce, crop = _accumulate(runs, np.maximum, x.dtype)
+
+    def run():
+        reduce()
+        np.copyto(out, crop)
+    return run
+
+
+def _window_counts(sizes, attrs):
+    """Elements each window averages over (spatial shape of the output), as ONNX Runtime counts.
+
+    Padding counts only with count_include_pad, and never the part of a ceil_mode
+    window that hangs past the end padding.
+    """
+    kernel_shape = attrs["kernel_shape"]
+    out_shape, begin, end = window_geometry("avg_pool", sizes, kernel_shape, attrs, attrs["ceil_mode"])
+    strides = attrs["strides"] or (1,) * len(sizes)
+    counts = np.ones(out_shape)
+    for axis, (n, k, s, o, b, e) in enumerate(zip(sizes, kernel_shape, strides, out_shape, begin, end)):
+        start = np.arange(o) * s - b
+        low, high = (-b, n + e) if attrs["count_include_pad"] else (0, n)
+        along = np.minimum(start + k, high) - np.maximum(start, low)
+        counts = counts * along.reshape((-1,) + (1,) * (len(sizes) - 1 - axis))
+    return counts
+
+
+@kernel("avg_pool")
+def _avg_pool(ins, outs, attrs):
+    x, out = ins[0], outs[0]
+    runs = _runs(x, attrs, 0)
+    # float16 sums in float32: a window of large values can overflow where its mean fits.
+    wide = np.float32 if x.dtype == np.float16 else x.dtype
+    reduce, crop = _accumulate(runs, np.add, wide)
+    inverse = (1 / _window_counts(x.shape[2:], attrs)).astype(wide)
+
+    def run():
+        reduce()
+        np.multiply(crop, inverse, out=out, casting="unsafe")
+    return run

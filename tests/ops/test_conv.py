@@ -1,0 +1,254 @@
+"""conv and conv_transpose against onnxruntime's Conv and ConvTranspose (one-node models)."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import edgeflow as ef
+from edgeflow.errors import GraphError
+from edgeflow.graph.math_ops import apply
+
+from . import harness
+from .harness import assert_close
+from .onnx_reference import onnx_node
+
+ACTIVATIONS = {"": lambda y: y, "relu": lambda y: np.maximum(y, 0), "relu6": lambda y: np.clip(y, 0, 6)}
+ONNX_NAMES = {"conv": "Conv", "conv_transpose": "ConvTranspose"}
+
+
+def reference(op, x, w, b, attrs):
+    """onnxruntime's result, then the fused activation (which ONNX has no attribute for)."""
+    onnx_attrs = {k: v for k, v in attrs.items() if k != "activation"}
+    evaluator = "reference" if x.dtype == np.float64 else "onnxruntime"  # no float64 Conv there
+    y = onnx_node(ONNX_NAMES[op], x, [w] + ([b] if b is not None else []), onnx_attrs, evaluator=evaluator)
+    return ACTIVATIONS[attrs.get("activation", "")](y)
+
+
+def edgeflow_op(op, x, w, b, attrs, run=harness.run_op, shape=None):
+    operands = [w] + ([b] if b is not None else [])
+    return run(lambda t: apply(op, [t] + operands, attrs), x, shapes=[shape or x.shape])
+
+
+def operands(rng, x_shape, w_shape, bias, dtype="float32"):
+    x = rng.standard_normal(x_shape).astype(dtype)
+    w = rng.standard_normal(w_shape).astype(dtype)
+    b = rng.standard_normal(w_shape[0] if bias else 0).astype(dtype) if bias else None
+    return x, w, b
+
+
+def check(op, rng, run_op, x_shape, w_shape, attrs, bias=True, dtype="float32", tol=2e-5):
+    x, w, b = operands(rng, x_shape, w_shape, bias, dtype)
+    if op == "conv_transpose" and b is not None:
+        b = rng.standard_normal(w_shape[1] * attrs.get("group", 1)).astype(dtype)
+    got = edgeflow_op(op, x, w, b, attrs, run_op)
+    assert_close(got, reference(op, x, w, b, attrs), dtype, rtol=tol, atol=tol)
+    return got
+
+
+CONV_CASES = {
+    "3x3 same": ((1, 3, 8, 8), (4, 3, 3, 3), {"pads": (1, 1, 1, 1)}),
+    "odd sizes, stride 2": ((2, 3, 9, 7), (5, 3, 3, 3), {"strides": (2, 2)}),
+    "asymmetric pads and strides": ((1, 4, 11, 6), (3, 4, 3, 2), {"strides": (2, 1), "pads": (0, 2, 1, 0)}),
+    "dilations": ((1, 2, 10, 9), (3, 2, 3, 2), {"dilations": (2, 3), "pads": (2, 1, 2, 1)}),
+    "groups 2": ((2, 4, 7, 7), (6, 2, 3, 3), {"group": 2, "pads": (1, 1, 1, 1)}),
+    "depthwise": ((2, 6, 9, 8), (6, 1, 3, 3), {"group": 6, "pads": (1, 1, 1, 1)}),
+    "depthwise stride 2": ((1, 5, 9, 9), (5, 1, 3, 3),
+                           {"group": 5, "strides": (2, 2), "pads": (1, 0, 1, 0)}),
+    "depthwise multiplier 2": ((1, 3, 6, 7), (6, 1, 3, 3), {"group": 3, "dilations": (1, 2)}),
+    "depthwise 5x5": ((1, 4, 12, 12), (4, 1, 5, 5), {"group": 4, "pads": (2, 2, 2, 2)}),
+    "1x1": ((2, 8, 5, 7), (16, 8, 1, 1), {}),
+    "1x1 groups": ((1, 8, 5, 5), (4, 4, 1, 1), {"group": 2}),
+    "1x1 stride 2": ((1, 8, 7, 7), (4, 8, 1, 1), {"strides": (2, 2)}),
+    "1x1 padded": ((1, 3, 4, 4), (2, 3, 1, 1), {"pads": (1, 0, 0, 1)}),
+    "kernel as large as input": ((1, 2, 4, 5), (3, 2, 4, 5), {}),
+    "batch 4": ((4, 3, 6, 6), (2, 3, 3, 3), {"pads": (1, 1, 1, 1), "strides": (2, 2)}),
+    "1-D": ((2, 3, 17), (4, 3, 5), {"strides": (2,), "pads": (2, 1)}),
+    "1-D dilated grouped": ((1, 4, 20), (4, 2, 3), {"dilations": (3,), "group": 2}),
+    "1-D depthwise": ((3, 4, 10), (4, 1, 3), {"group": 4, "pads": (1, 1)}),
+    "3-D": ((1, 2, 5, 6, 4), (3, 2, 3, 3, 2), {"strides": (1, 2, 1), "pads": (1, 0, 1, 0, 1, 0)}),
+    "3-D depthwise": ((1, 3, 4, 5, 5), (3, 1, 2, 3, 3), {"group": 3}),
+    "same upper": ((1, 2, 7, 8), (3, 2, 3, 4), {"auto_pad": "SAME_UPPER", "strides": (2, 3)}),
+    "same lower": ((1, 2, 7, 8), (3, 2, 4, 3), {"auto_pad": "SAME_LOWER", "strides": (2, 1)}),
+    "valid": ((1, 2, 7, 8), (3, 2, 3, 3), {"auto_pad": "VALID", "strides": (2, 2)}),
+}
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no bias"])
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_conv(run_op, rng, case, bias):
+    x_shape, w_shape, attrs = CONV_CASES[case]
+    check("conv", rng, run_op, x_shape, w_shape, attrs, bias)
+
+
+@pytest.mark.parametrize("activation", ["relu", "relu6"])
+@pytest.mark.parametrize("case", ["3x3 same", "depthwise", "1x1", "groups 2"])
+def test_conv_fused_activation(run_op, rng, case, activation):
+    x_shape, w_shape, attrs = CONV_CASES[case]
+    got = check("conv", rng, run_op, x_shape, w_shape, {**attrs, "activation": activation})
+    assert got.min() == 0 and (activation == "relu" or got.max() <= 6)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_conv_dtypes(run_op, rng, dtype):
+    tol = 2e-2 if dtype == "float16" else 1e-12
+    check("conv", rng, run_op, (1, 3, 6, 6), (4, 3, 3, 3), {"pads": (1, 1, 1, 1)}, dtype=dtype, tol=tol)
+    check("conv", rng, run_op, (1, 4, 6, 6), (4, 1, 3, 3), {"group": 4}, dtype=dtype, tol=tol)
+
+
+TRANSPOSE_CASES = {
+    "plain": ((1, 3, 5, 5), (3, 2, 3, 3), {}),
+    "stride 2": ((2, 4, 4, 5), (4, 3, 3, 3), {"strides": (2, 2)}),
+    "stride 2 pads output_padding": ((1, 3, 5, 4), (3, 2, 3, 3),
+                                     {"strides": (2, 2), "pads": (1, 1, 1, 1), "output_padding": (1, 1)}),
+    "asymmetric": ((1, 2, 4, 6), (2, 3, 2, 4), {"strides": (3, 2), "pads": (0, 1, 2, 0),
+                                               "output_padding": (2, 0)}),
+    "output_padding past the taps": ((1, 2, 3, 3), (2, 2, 2, 2),
+                                     {"strides": (3, 3), "output_padding": (2, 1)}),
+    "stride 2 kernel 2": ((1, 4, 6, 6), (4, 4, 2, 2), {"strides": (2, 2)}),
+    "dilations": ((1, 2, 4, 4), (2, 3, 3, 2), {"dilations": (2, 3), "strides": (2, 1)}),
+    "groups 2": ((2, 4, 5, 5), (4, 3, 3, 3), {"group": 2, "strides": (2, 2), "pads": (1, 1, 1, 1)}),
+    "depthwise": ((1, 4, 5, 5), (4, 1, 3, 3), {"group": 4, "strides": (2, 2), "output_padding": (1, 1)}),
+    "1-D": ((2, 3, 7), (3, 2, 4), {"strides": (2,), "pads": (1, 2)}),
+    "3-D": ((1, 2, 3, 4, 3), (2, 2, 2, 3, 2), {"strides": (2, 1, 2)}),
+    "same upper": ((1, 2, 5, 4), (2, 3, 3, 3), {"auto_pad": "SAME_UPPER", "strides": (2, 2)}),
+    "valid": ((1, 2, 5, 4), (2, 3, 3, 3), {"auto_pad": "VALID", "strides": (2, 1)}),
+}
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no bias"])
+@pytest.mark.parametrize("case", TRANSPOSE_CASES)
+def test_conv_transpose(run_op, rng, case, bias):
+    x_shape, w_shape, attrs = TRANSPOSE_CASES[case]
+    check("conv_transpose", rng, run_op, x_shape, w_shape, attrs, bias)
+
+
+def test_conv_transpose_relu(run_op, rng):
+    x_shape, w_shape, attrs = TRANSPOSE_CASES["stride 2 pads output_padding"]
+    got = check("conv_transpose", rng, run_op, x_shape, w_shape, {**attrs, "activation": "relu6"})
+    assert got.min() == 0 and got.max() <= 6
+
+
+@st.composite
+def conv_problems(draw):
+    """A random valid conv: 1 or 2 spatial axes, any group that divides the channels."""
+    d = draw(st.integers(1, 2))
+    group = draw(st.sampled_from([1, 2, 3]))
+    per_group = draw(st.integers(1, 3))
+    outs = group * draw(st.integers(1, 3))
+    kernel = [draw(st.integers(1, 4)) for _ in range(d)]
+    dilations = [draw(st.integers(1, 3)) for _ in range(d)]
+    pads = [draw(st.integers(0, 2)) for _ in range(2 * d)]
+    strides = [draw(st.integers(1, 3)) for _ in range(d)]
+    extents = [(k - 1) * dl + 1 for k, dl in zip(kernel, dilations)]
+    sizes = [draw(st.integers(max(1, e - pads[i] - pads[i + d]), e + 8)) for i, e in enumerate(extents)]
+    batch = draw(st.integers(1, 3))
+    attrs = {"strides": tuple(strides), "dilations": tuple(dilations), "pads": tuple(pads), "group": group}
+    return (batch, group * per_group, *sizes), (outs, per_group, *kernel), attrs, draw(st.booleans())
+
+
+@settings(max_examples=100, deadline=None)
+@given(problem=conv_problems(), seed=st.integers(0, 2**32 - 1))
+def test_conv_random(problem, seed):
+    x_shape, w_shape, attrs, bias = problem
+    check("conv", np.random.default_rng(seed), harness.run_op, x_shape, w_shape, attrs, bias, tol=1e-4)
+
+
+@settings(max_examples=50, deadline=None)
+@given(problem=conv_problems(), seed=st.integers(0, 2**32 - 1), data=st.data())
+def test_conv_transpose_random(problem, seed, data):
+    x_shape, w_shape, attrs, bias = problem
+    group, d = attrs["group"], len(x_shape) - 2
+    w_shape = (x_shape[1], w_shape[0] // group) + w_shape[2:]  # (C, M/group, *kernel)
+    # PyTorch allows output_padding below stride or dilation; onnxruntime only below stride.
+    attrs["output_padding"] = tuple(data.draw(st.integers(0, s - 1)) for s in attrs["strides"])
+    full = [s * (n - 1) + (k - 1) * dl + 1 + e for n, k, s, dl, e in
+            zip(x_shape[2:], w_shape[2:], attrs["strides"], attrs["dilations"], attrs["output_padding"])]
+    attrs["pads"] = tuple(min(p, (f - 1) // 2) for p, f in zip(attrs["pads"], full + full))
+    assert len(full) == d
+    check("conv_transpose", np.random.default_rng(seed), harness.run_op, x_shape, w_shape, attrs, bias,
+          tol=1e-4)
+
+
+def test_conv_dynamic_batch_and_spatial(compile_graph, graph, rng):
+    """Unknown dims at build time; SAME padding is resolved per run from the actual sizes."""
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    x = ef.placeholder("float32", (None, 3, None, None), name="x")
+    attrs = {"auto_pad": "SAME_UPPER", "strides": (2, 2)}
+    y = apply("conv", [x, w, b], attrs)
+    assert y.shape == (None, 4, None, None)
+    z = apply("conv", [x, w], {"strides": (1, 2), "pads": (1, 0, 1, 0)})
+    assert z.shape == (None, 4, None, None)
+    run = compile_graph(graph, {"x": x}, {"y": y, "z": z})
+    for shape in [(1, 3, 8, 8), (3, 3, 7, 5), (2, 3, 12, 9), (1, 3, 8, 8)]:  # the last reuses a plan
+        v = rng.standard_normal(shape).astype(np.float32)
+        got = run(x=v)
+        assert_close(got["y"], reference("conv", v, w, b, attrs), np.float32, 2e-5, 2e-5)
+        assert_close(got["z"], reference("conv", v, w, None, {"strides": (1, 2), "pads": (1, 0, 1, 0)}),
+                     np.float32, 2e-5, 2e-5)
+
+
+def test_conv_transpose_dynamic_batch(compile_graph, graph, rng):
+    w = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    x = ef.placeholder("float32", (None, 3, 4, 5), name="x")
+    attrs = {"strides": (2, 2), "pads": (1, 0, 0, 1), "output_padding": (1, 0)}
+    y = apply("conv_transpose", [x, w], attrs)
+    assert y.shape == (None, 2, 9, 10)
+    run = compile_graph(graph, {"x": x}, {"y": y})
+    for batch in (1, 3):
+        v = rng.standard_normal((batch, 3, 4, 5)).astype(np.float32)
+        assert_close(run(x=v)["y"], reference("conv_transpose", v, w, None, attrs), np.float32, 2e-5, 2e-5)
+
+
+def test_conv_reads_fresh_inputs_each_run(compile_graph, graph, rng):
+    """Buffers bound at prepare time (padding, columns) must not hold on to old inputs."""
+    w = rng.standard_normal((2, 2, 3, 3)).astype(np.float32)
+    x = ef.placeholder("float32", (1, 2, 5, 5), name="x")
+    y = apply("conv", [ef.nn.relu(x), w], {"pads": (1, 1, 1, 1)})
+    run = compile_graph(graph, {"x": x}, {"y": y})
+    for _ in range(3):
+        v = rng.standard_normal((1, 2, 5, 5)).astype(np.float32)
+        assert_close(run(x=v)["y"], reference("conv", np.maximum(v, 0), w, None, {"pads": (1, 1, 1, 1)}),
+                     np.float32, 2e-5, 2e-5)
+
+
+BAD = [
+    ("conv", (1, 3, 8, 8), (4, 2, 3, 3), {}, "channels"),
+    ("conv", (1, 4, 8, 8), (3, 2, 3, 3), {"group": 2}, "divisible"),
+    ("conv", (1, 3, 8, 8), (4, 3, 3, 3), {"group": 0}, "group"),
+    ("conv", (1, 3, 8, 8), (4, 3, 3, 3), {"pads": (1, 1)}, "pads"),
+    ("conv", (1, 3, 8, 8), (4, 3, 3, 3), {"strides": (0, 1)}, "strides"),
+    ("conv", (1, 3, 8, 8), (4, 3, 3, 3), {"dilations": (1, 1, 1)}, "dilations"),
+    ("conv", (1, 3, 8, 8), (4, 3, 3, 3), {"auto_pad": "SAME"}, "auto_pad"),
+    ("conv", (1, 3, 8, 8), (4, 3, 3, 3), {"auto_pad": "VALID", "pads": (1, 1, 1, 1)}, "not both"),
+    ("conv", (1, 3, 8, 8), (4, 3, 9, 3), {}, "larger"),
+    ("conv", (1, 3, 8, 8), (4, 3, 3, 3), {"activation": "tanh"}, "activation"),
+    ("conv", (1, 3, 8, 8), (4, 3, 3), {}, "rank"),
+    ("conv", (3, 8), (4, 3), {}, "spatial"),
+    ("conv_transpose", (1, 3, 4, 4), (2, 3, 3, 3), {}, "channels"),
+    ("conv_transpose", (1, 3, 4, 4), (3, 2, 3, 3), {"group": 2}, "divisible"),
+    ("conv_transpose", (1, 3, 4, 4), (3, 2, 3, 3), {"strides": (2, 2), "output_padding": (2, 0)},
+     "output_padding"),
+    ("conv_transpose", (1, 3, 2, 2), (3, 2, 2, 2), {"pads": (2, 2, 1, 1)}, "remove"),
+]
+
+
+@pytest.mark.parametrize("op, x_shape, w_shape, attrs, message", BAD)
+def test_invalid_shapes_and_attrs(graph, op, x_shape, w_shape, attrs, message):
+    x = ef.placeholder("float32", x_shape)
+    with pytest.raises(GraphError, match=message):
+        apply(op, [x, np.zeros(w_shape, np.float32)], attrs)
+
+
+def test_invalid_bias_and_dtype(graph):
+    x = ef.placeholder("float32", (1, 3, 8, 8))
+    w = np.zeros((4, 3, 3, 3), np.float32)
+    with pytest.raises(GraphError, match="bias"):
+        apply("conv", [x, w, np.zeros(3, np.float32)])
+    with pytest.raises(GraphError, match="bias"):
+        apply("conv", [x, w, np.zeros((4, 1), np.float32)])
+    with pytest.raises(GraphError, match="float"):
+        apply("conv", [x, w.astype(np.float64)])
+    xi = ef.placeholder("int32", (1, 3, 8, 8))
+    with pytest.raises(GraphError, match="float"):
+        apply("conv", [xi, w.astype(np.int32)])

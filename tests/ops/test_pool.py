@@ -1,0 +1,144 @@
+"""max_pool and avg_pool against onnxruntime's MaxPool and AveragePool (one-node models)."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import edgeflow as ef
+from edgeflow.errors import GraphError
+from edgeflow.graph.math_ops import apply
+
+from . import harness
+from .harness import assert_close
+from .onnx_reference import onnx_node
+
+ONNX_NAMES = {"max_pool": "MaxPool", "avg_pool": "AveragePool"}
+
+
+def check(op, x, attrs, run=harness.run_op, tol=1e-6):
+    got = run(lambda t: apply(op, [t], attrs), x)
+    onnx_attrs = {k: int(v) if isinstance(v, bool) else v for k, v in attrs.items()}
+    expected = onnx_node(ONNX_NAMES[op], x, (), onnx_attrs, opset=19 if "dilations" in attrs else 17)
+    assert_close(got, expected, x.dtype, rtol=tol, atol=tol)
+    return got
+
+
+CASES = {
+    "2x2 stride 2": ((1, 3, 8, 8), {"kernel_shape": (2, 2), "strides": (2, 2)}),
+    "3x3 stride 2 odd": ((2, 4, 9, 7), {"kernel_shape": (3, 3), "strides": (2, 2)}),
+    "3x3 stride 1 padded": ((1, 2, 6, 5), {"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}),
+    "asymmetric pads": ((1, 2, 7, 6), {"kernel_shape": (3, 2), "strides": (2, 1), "pads": (0, 1, 2, 0)}),
+    "ceil mode": ((1, 2, 8, 7), {"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": True}),
+    "ceil mode padded": ((2, 2, 7, 9), {"kernel_shape": (3, 2), "strides": (2, 3), "pads": (1, 1, 1, 0),
+                                        "ceil_mode": True}),
+    "ceil mode last window dropped": ((1, 1, 5, 5), {"kernel_shape": (2, 2), "strides": (2, 2),
+                                                     "pads": (1, 1, 1, 1), "ceil_mode": True}),
+    "same upper": ((1, 2, 7, 8), {"kernel_shape": (3, 3), "strides": (2, 2), "auto_pad": "SAME_UPPER"}),
+    "same lower": ((1, 2, 7, 8), {"kernel_shape": (2, 3), "strides": (2, 2), "auto_pad": "SAME_LOWER"}),
+    "valid": ((1, 2, 7, 8), {"kernel_shape": (3, 3), "strides": (2, 2), "auto_pad": "VALID"}),
+    "1-D": ((2, 3, 11), {"kernel_shape": (3,), "strides": (2,), "pads": (1, 0)}),
+    "3-D": ((1, 2, 5, 6, 4), {"kernel_shape": (2, 3, 2), "strides": (2, 2, 1), "pads": (0, 1, 0, 1, 0, 1)}),
+    "global": ((2, 3, 5, 6), {"kernel_shape": (5, 6)}),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_max_pool(run_op, rng, case):
+    shape, attrs = CASES[case]
+    check("max_pool", rng.standard_normal(shape).astype(np.float32), attrs, run_op)
+
+
+@pytest.mark.parametrize("count_include_pad", [False, True])
+@pytest.mark.parametrize("case", CASES)
+def test_avg_pool(run_op, rng, case, count_include_pad):
+    shape, attrs = CASES[case]
+    check("avg_pool", rng.standard_normal(shape).astype(np.float32),
+          {**attrs, "count_include_pad": count_include_pad}, run_op)
+
+
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": (2, 2), "dilations": (2, 2)},
+    {"kernel_shape": (3, 2), "dilations": (2, 3), "strides": (2, 1), "pads": (1, 0, 2, 1)},
+    {"kernel_shape": (2, 2), "dilations": (2, 1), "strides": (2, 2), "ceil_mode": True},
+])
+def test_max_pool_dilations(run_op, rng, attrs):
+    check("max_pool", rng.standard_normal((1, 3, 9, 8)).astype(np.float32), attrs, run_op)
+
+
+def test_max_pool_padding_never_wins(run_op):
+    x = np.full((1, 1, 3, 3), -100.0, np.float32)
+    got = run_op(lambda t: apply("max_pool", [t], {"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}), x)
+    assert (got == -100).all()
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+def test_max_pool_integers(run_op, rng, dtype):
+    x = harness.random_array(rng, (1, 2, 7, 7), dtype, 0 if dtype == "uint8" else -100, 100)
+    check("max_pool", x, {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}, run_op)
+
+
+def test_float16(run_op, rng):
+    x = (rng.standard_normal((1, 2, 8, 8)) * 1000).astype(np.float16)
+    attrs = {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1), "ceil_mode": True}
+    check("max_pool", x, attrs, run_op)
+    got = run_op(lambda t: apply("avg_pool", [t], attrs), x)
+    expected = onnx_node("AveragePool", x.astype(np.float32), (), {**attrs, "ceil_mode": 1})
+    assert_close(got, expected, np.float16, rtol=2e-3, atol=1e-2)
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_pool_random(data):
+    d = data.draw(st.integers(1, 2))
+    kernel = [data.draw(st.integers(1, 4)) for _ in range(d)]
+    pads = [data.draw(st.integers(0, k - 1)) for k in kernel * 2]  # onnxruntime wants pads < kernel
+    sizes = [data.draw(st.integers(max(1, k - pads[i] - pads[i + d]), 12)) for i, k in enumerate(kernel)]
+    attrs = {"kernel_shape": tuple(kernel), "pads": tuple(pads),
+             "strides": tuple(data.draw(st.integers(1, 3)) for _ in range(d)),
+             "ceil_mode": data.draw(st.booleans())}
+    op = data.draw(st.sampled_from(["max_pool", "avg_pool"]))
+    if op == "avg_pool":
+        attrs["count_include_pad"] = data.draw(st.booleans())
+    x = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))).standard_normal(
+        (data.draw(st.integers(1, 2)), 2, *sizes)).astype(np.float32)
+    check(op, x, attrs)
+
+
+def test_dynamic_batch_and_spatial(compile_graph, graph, rng):
+    x = ef.placeholder("float32", (None, 2, None, None), name="x")
+    attrs = {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1), "ceil_mode": True}
+    y = apply("max_pool", [x], attrs)
+    z = apply("avg_pool", [x], {"kernel_shape": (2, 2), "strides": (2, 2), "auto_pad": "SAME_UPPER"})
+    assert y.shape == z.shape == (None, 2, None, None)
+    f = ef.placeholder("float32", (None, 2, 9, 8), name="f")
+    assert apply("max_pool", [f], attrs).shape == (None, 2, 5, 5)
+    run = compile_graph(graph, {"x": x}, {"y": y, "z": z})
+    for shape in [(1, 2, 8, 8), (3, 2, 7, 5), (1, 2, 8, 8)]:  # the last reuses a plan
+        v = rng.standard_normal(shape).astype(np.float32)
+        got = run(x=v)
+        assert_close(got["y"], onnx_node("MaxPool", v, (), {**attrs, "ceil_mode": 1}), np.float32)
+        assert_close(got["z"], onnx_node("AveragePool", v, (), {"kernel_shape": (2, 2), "strides": (2, 2),
+                                                                 "auto_pad": "SAME_UPPER"}), np.float32)
+
+
+@pytest.mark.parametrize("op, shape, attrs, message", [
+    ("max_pool", (1, 2, 4, 4), {"kernel_shape": (3,)}, "kernel_shape"),
+    ("max_pool", (1, 2, 4, 4), {"kernel_shape": (0, 2)}, "kernel_shape"),
+    ("max_pool", (4, 4), {"kernel_shape": (2, 2)}, "spatial"),
+    ("max_pool", (1, 2, 4, 4), {"kernel_shape": (5, 2)}, "larger"),
+    ("max_pool", (1, 2, 4, 4), {"kernel_shape": (2, 2), "strides": (1,)}, "strides"),
+    ("max_pool", (1, 2, 4, 4), {"kernel_shape": (2, 2), "auto_pad": "same"}, "auto_pad"),
+    ("avg_pool", (1, 2, 4, 4), {"kernel_shape": (2, 2), "pads": (1, 1, 1)}, "pads"),
+    ("avg_pool", (1, 2, 4, 4), {"kernel_shape": (2, 2), "dilations": (2, 2)}, "unknown attribute"),
+])
+def test_invalid(graph, op, shape, attrs, message):
+    x = ef.placeholder("float32", shape)
+    with pytest.raises(GraphError, match=message):
+        apply(op, [x], attrs)
+
+
+def test_invalid_dtype(graph):
+    with pytest.raises(GraphError, match="dtype"):
+        apply("avg_pool", [ef.placeholder("int32", (1, 1, 4, 4))], {"kernel_shape": (2, 2)})
+    with pytest.raises(GraphError, match="required"):
+        apply("max_pool", [ef.placeholder("float32", (1, 1, 4, 4))], {})
