@@ -3,6 +3,8 @@
 1, 2 or 3 spatial axes. The window arithmetic here (strides, dilations, explicit or
 automatic pads, output sizes) is shared with the pooling ops.
 """
+import numpy as np
+
 from .. import dtypes
 from ..errors import GraphError
 from .registry import Attr, AttrKind, TensorSpec, activation_attr, check_activation, define
@@ -118,7 +120,19 @@ def _conv_attrs():
     return {**window_attrs(), "group": Attr(AttrKind.INT, 1), "activation": activation_attr()}
 
 
-@define("conv", inputs=(2, 3), attrs=_conv_attrs())
+def _conv_flops(inputs, outputs, attrs):
+    """2 per multiply-add: every output element sums C/group * kernel products."""
+    w = inputs[1].shape
+    return 2 * int(np.prod(outputs[0].shape, dtype=np.int64)) * int(np.prod(w[1:], dtype=np.int64))
+
+
+def _conv_transpose_flops(inputs, outputs, attrs):
+    """2 per multiply-add: every input element scatters into M/group * kernel outputs."""
+    w = inputs[1].shape
+    return 2 * int(np.prod(inputs[0].shape, dtype=np.int64)) * int(np.prod(w[1:], dtype=np.int64))
+
+
+@define("conv", inputs=(2, 3), attrs=_conv_attrs(), flops=_conv_flops)
 def _conv(inputs, attrs):
     """Cross-correlation of x (N, C, *in) with w (M, C/group, *kernel), plus bias (M,)."""
     x, w, bias, dt = _check_operands("conv", inputs, attrs)
@@ -157,7 +171,7 @@ def transposed_geometry(op, sizes, kernel, attrs):
     return tuple(zip(*axes))
 
 
-@define("conv_transpose", inputs=(2, 3),
+@define("conv_transpose", inputs=(2, 3), flops=_conv_transpose_flops,
         attrs={**_conv_attrs(), "output_padding": Attr(AttrKind.INTS, ())})
 def _conv_transpose(inputs, attrs):
     """Gradient of conv w.r.t. its input: x (N, C, *in), w (C, M/group, *kernel) -> (N, M, *out).
