@@ -65,6 +65,10 @@ def _at_supported_opset(model):
 
 
 def _shape(value_info):
+    kind = value_info.type.WhichOneof("value")
+    if kind != "tensor_type":
+        raise ConversionError(f"graph input {value_info.name!r} has type {kind or 'none'}; "
+                              "edgeflow takes tensors only")
     dims = value_info.type.tensor_type.shape.dim
     if not value_info.type.tensor_type.HasField("shape"):
         raise ConversionError(f"graph input {value_info.name!r} has no shape; give it one when exporting")
@@ -118,14 +122,19 @@ def to_graph(model, progress=False):
         inputs = {}
         for vi in model.graph.input:
             if vi.name not in initializers:
-                inputs[vi.name] = ctx.tensors[vi.name] = ef.placeholder(_dtype(vi), _shape(vi), name=vi.name)
-        failed = []
+                shape = _shape(vi)  # first: it rejects inputs that are not tensors
+                inputs[vi.name] = ctx.tensors[vi.name] = ef.placeholder(_dtype(vi), shape, name=vi.name)
+        failed, lost = [], set()  # unsupported nodes; values they would have made
         for proto in _progress(model.graph.node, progress):
             node = Node(proto, opset)
+            if lost.intersection(node.inputs):
+                lost.update(node.outputs)  # cannot convert past an unsupported node
+                continue
             try:
                 outs = HANDLERS[node.op_type](ctx, node)
             except UnsupportedOpError as e:
                 failed.extend(e.ops)
+                lost.update(node.outputs)
                 continue
             except (GraphError, ConversionError) as e:
                 raise ConversionError(f"{node.where()}: {e}") from None

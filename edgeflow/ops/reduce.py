@@ -36,9 +36,11 @@ for _name in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_p
         _reduction(_name, dtypes.FLOATS if _name == "reduce_l2" else NUMERIC))
 
 
-@define("argmax", inputs=1, attrs={"axis": Attr(AttrKind.INT, 0), "keepdims": Attr(AttrKind.BOOL, False)})
+@define("argmax", inputs=1, attrs={"axis": Attr(AttrKind.INT, 0), "keepdims": Attr(AttrKind.BOOL, False),
+                                   "select_last_index": Attr(AttrKind.BOOL, False)})
 def _argmax(inputs, attrs):
-    """Index (int64) of the largest element along `axis`; the first one on ties."""
+    """Index (int64) of the largest element along `axis`; on ties the first one, or the
+    last one if select_last_index."""
     x = inputs[0]
     if x.rank == 0:
         raise GraphError("argmax: input must have rank >= 1")

@@ -2,6 +2,7 @@
 import numpy as np
 
 from edgeflow.graph.math_ops import apply
+from edgeflow.ops.conv import same_pads
 
 from . import handler, unsupported
 
@@ -22,13 +23,36 @@ def _conv(ctx, node):
 
 @handler("ConvTranspose")
 def _conv_transpose(ctx, node):
-    if "output_shape" in node.attrs:
-        raise unsupported(node, "ConvTranspose with output_shape (give pads and output_padding)")
     attrs = {**_window(node), "group": node.attr("group", 1)}
     if "output_padding" in node.attrs:
         attrs["output_padding"] = tuple(node.attr("output_padding"))
     ins = [t for t in ctx.inputs(node) if t is not None]
+    if "output_shape" in node.attrs:
+        attrs.update(_pads_for_output_shape(node, ins[0].shape[2:], ins[1].shape[2:], attrs))
     return apply("conv_transpose", ins, attrs, name=node.outputs[0])
+
+
+def _pads_for_output_shape(node, spatial, kernel, attrs):
+    """pads and output_padding that give ConvTranspose's `output_shape`, by ONNX's rule:
+    the total padding splits in halves, the odd one at the end for SAME_UPPER and at the
+    start otherwise; a negative end pad (output larger than the strides give) becomes
+    output padding."""
+    if None in spatial or None in kernel:
+        raise unsupported(node, "ConvTranspose with output_shape and dynamic spatial dimensions")
+    n, out_shape = len(spatial), node.attr("output_shape")[-len(spatial):]
+    kernel = node.attr("kernel_shape", kernel)
+    strides, dilations = attrs.get("strides", (1,) * n), attrs.get("dilations", (1,) * n)
+    extra = list(attrs.get("output_padding", (0,) * n))
+    begin, end = [], []
+    for i in range(n):
+        total = strides[i] * (spatial[i] - 1) + extra[i] + (kernel[i] - 1) * dilations[i] + 1 - out_shape[i]
+        first, last = same_pads(total, attrs["auto_pad"])
+        if first < 0:
+            raise unsupported(node, f"ConvTranspose output_shape {out_shape} larger than its input allows")
+        extra[i] -= min(last, 0)
+        begin.append(first)
+        end.append(max(last, 0))
+    return {"pads": tuple(begin + end), "output_padding": tuple(extra), "auto_pad": "NOTSET"}
 
 
 @handler("MaxPool")
@@ -44,6 +68,8 @@ def _max_pool(ctx, node):
 
 @handler("AveragePool")
 def _avg_pool(ctx, node):
+    if any(d != 1 for d in node.attr("dilations", ())):
+        raise unsupported(node, "AveragePool with dilations (opset 19)")
     return apply("avg_pool", [ctx.input(node, 0)], {
         **_window(node, dilations=False), "kernel_shape": tuple(node.attr("kernel_shape")),
         "ceil_mode": bool(node.attr("ceil_mode", 0)),
@@ -83,18 +109,32 @@ def _resize(ctx, node):
     for attr, default in (("antialias", 0), ("exclude_outside", 0)):
         if node.attr(attr, default) != default:
             raise unsupported(node, f"Resize with {attr}={node.attr(attr)}")
-    if "axes" in node.attrs or node.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
-        raise unsupported(node, "Resize with axes or keep_aspect_ratio_policy")
+    if node.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+        raise unsupported(node, "Resize with keep_aspect_ratio_policy")
     attrs = {"mode": mode,
              "coordinate_transformation_mode": node.attr("coordinate_transformation_mode", "half_pixel"),
              "nearest_mode": node.attr("nearest_mode", "round_prefer_floor")}
-    if attrs["coordinate_transformation_mode"] == "tf_crop_and_resize":
-        raise unsupported(node, "Resize with tf_crop_and_resize")
+    if attrs["coordinate_transformation_mode"] in ("tf_crop_and_resize", "half_pixel_symmetric"):
+        raise unsupported(node, f"Resize with {attrs['coordinate_transformation_mode']}")
+    x = ctx.input(node, 0)
     scales = ctx.value(node, 2) if ctx.has(node, 2) else None
     if ctx.has(node, 3):
-        attrs["sizes"] = ctx.ints(node, 3, "sizes")
+        attrs["sizes"] = _on_all_axes(node, x, ctx.ints(node, 3, "sizes"), x.shape)
     elif scales is not None and np.size(scales):
-        attrs["scales"] = tuple(float(s) for s in np.asarray(scales).reshape(-1))
+        attrs["scales"] = _on_all_axes(node, x, [float(s) for s in np.asarray(scales).reshape(-1)],
+                                       (1.0,) * len(x.shape))
     else:
         raise unsupported(node, "Resize needs constant scales or sizes")
-    return apply("resize", [ctx.input(node, 0)], attrs, name=node.outputs[0])
+    return apply("resize", [x], attrs, name=node.outputs[0])
+
+
+def _on_all_axes(node, x, values, unchanged):
+    """Scales or sizes given for Resize's `axes` (opset 18), spread over all axes."""
+    if "axes" not in node.attrs:
+        return tuple(values)
+    full = list(unchanged)
+    for axis, v in zip(node.attr("axes"), values):
+        full[axis % len(x.shape)] = v
+    if None in full:
+        raise unsupported(node, "Resize with axes and sizes on a shape with dynamic dimensions")
+    return tuple(full)

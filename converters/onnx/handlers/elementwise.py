@@ -30,7 +30,18 @@ def _same_dtype(ctx, node, a, b):
 @handler(*_BINARY)
 def _binary(ctx, node):
     a, b = ctx.input(node, 0), ctx.input(node, 1)
+    if node.op_type == "Pow" and a.dtype.kind in "iu":
+        return _integer_pow(node, a, b)
     return apply(_BINARY[node.op_type], [a, _same_dtype(ctx, node, a, b)], name=node.outputs[0])
+
+
+def _integer_pow(node, a, b):
+    """Pow of an integer base (int32, int64 in ONNX): edgeflow's pow takes floats, so it
+    runs in float64 (exact below 2**53) and the result is cast back to the base's type."""
+    out, wide = node.outputs[0], np.dtype(np.float64)
+    a64 = apply("cast", [a], {"dtype": wide}, name=f"{out}/base")
+    b64 = apply("cast", [b], {"dtype": wide}, name=f"{out}/exponent")
+    return apply("cast", [apply("pow", [a64, b64], name=f"{out}/float64")], {"dtype": a.dtype}, name=out)
 
 
 @handler("Max", "Min", "Sum", "Mean")

@@ -37,8 +37,13 @@ def _reduce(ctx, node):
     axes = _axes(ctx, node)
     if not axes and node.attr("noop_with_empty_axes", 0):
         return x
-    return apply(_REDUCE[node.op_type], [x], {"axes": axes, "keepdims": bool(node.attr("keepdims", 1))},
-                 name=node.outputs[0])
+    attrs, out = {"axes": axes, "keepdims": bool(node.attr("keepdims", 1))}, node.outputs[0]
+    if x.dtype == np.bool_ and node.op_type in ("ReduceMax", "ReduceMin"):
+        # Any and all (opset 20): edgeflow's reductions are numeric, so reduce 0s and 1s.
+        ints = apply("cast", [x], {"dtype": np.dtype(np.uint8)}, name=f"{out}/uint8")
+        reduced = apply(_REDUCE[node.op_type], [ints], attrs, name=f"{out}/reduced")
+        return apply("cast", [reduced], {"dtype": np.dtype(np.bool_)}, name=out)
+    return apply(_REDUCE[node.op_type], [x], attrs, name=out)
 
 
 @handler("ReduceSumSquare")
@@ -51,11 +56,9 @@ def _reduce_sum_square(ctx, node):
 
 @handler("ArgMax")
 def _argmax(ctx, node):
-    if node.attr("select_last_index", 0):
-        raise unsupported(node, "ArgMax with select_last_index=1")
-    return apply("argmax", [ctx.input(node, 0)], {"axis": node.attr("axis", 0),
-                                                  "keepdims": bool(node.attr("keepdims", 1))},
-                 name=node.outputs[0])
+    attrs = {"axis": node.attr("axis", 0), "keepdims": bool(node.attr("keepdims", 1)),
+             "select_last_index": bool(node.attr("select_last_index", 0))}
+    return apply("argmax", [ctx.input(node, 0)], attrs, name=node.outputs[0])
 
 
 @handler("CumSum")
@@ -85,8 +88,23 @@ def _batch_norm(ctx, node):
 
 @handler("LayerNormalization")
 def _layer_norm(ctx, node):
-    if len([o for o in node.outputs if o]) > 1:
-        raise unsupported(node, "LayerNormalization's mean and inv_std_dev outputs")
     ins = [t for t in ctx.inputs(node) if t is not None]
-    return apply("layer_norm", ins, {"axis": node.attr("axis", -1), "epsilon": node.attr("epsilon", 1e-5)},
-                 name=node.outputs[0])
+    axis, epsilon = node.attr("axis", -1), node.attr("epsilon", 1e-5)
+    y = apply("layer_norm", ins, {"axis": axis, "epsilon": epsilon}, name=node.outputs[0])
+    if len([o for o in node.outputs if o]) == 1:
+        return y
+    return [y, *_layer_norm_statistics(node, ins[0], axis, epsilon)]
+
+
+def _layer_norm_statistics(node, x, axis, epsilon):
+    """LayerNormalization's optional Mean and InvStdDev outputs (kept dims, as ONNX)."""
+    names = node.outputs + [""] * (3 - len(node.outputs))
+    mean_name, inv_name = names[1] or f"{node.name}/mean", names[2] or f"{node.name}/inv_std_dev"
+    reduce = {"axes": tuple(range(axis % len(x.shape), len(x.shape))), "keepdims": True}
+    mean = apply("reduce_mean", [x], reduce, name=mean_name)
+    centered = apply("sub", [x, mean], name=f"{inv_name}/centered")
+    variance = apply("reduce_mean", [apply("mul", [centered, centered], name=f"{inv_name}/square")],
+                     reduce, name=f"{inv_name}/variance")
+    std = apply("sqrt", [apply("add", [variance, np.array(epsilon, x.dtype)], name=f"{inv_name}/eps")],
+                name=f"{inv_name}/std")
+    return [mean, apply("div", [np.array(1, x.dtype), std], name=inv_name)]

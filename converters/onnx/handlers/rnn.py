@@ -13,13 +13,19 @@ def _recurrent(ctx, node, op, optional, extra):
         raise unsupported(node, "sequence_lens (pad sequences to one length instead)")
     if node.op_type == "LSTM" and ctx.has(node, 7):
         raise unsupported(node, "peephole weights (P)")
-    if node.attr("layout", 0) != 0:
-        raise unsupported(node, "layout=1 (batch-major); only layout=0 is supported")
     acts = node.attr("activations")
     directions = 2 if node.attr("direction", "forward") == "bidirectional" else 1
     if acts and [a.lower() for a in acts] != [a.lower() for a in _DEFAULT_ACTIVATIONS[node.op_type] * directions]:
         raise unsupported(node, f"activations {acts} (only the defaults are supported)")
-    ins = [ctx.input(node, 0), ctx.input(node, 1), ctx.input(node, 2)]
+    batch_major = node.attr("layout", 0) == 1
+
+    def operand(i):
+        # layout=1 puts batch first in X, the initial states and the outputs; edgeflow's
+        # ops take them sequence- and direction-major: swap the two leading axes around them.
+        t = ctx.input(node, i)
+        return _swap_leading(t, f"{node.name}/input{i}") if batch_major and i in (0, 5, 6) else t
+
+    ins = [operand(0), operand(1), operand(2)]
     attrs = {"hidden_size": node.attr("hidden_size"), "direction": node.attr("direction", "forward"),
              "clip": float(node.attr("clip", 0.0)), **extra}
     onnx_index = {"B": 3, "initial_h": 5, "initial_c": 6}
@@ -27,9 +33,17 @@ def _recurrent(ctx, node, op, optional, extra):
         present = ctx.has(node, onnx_index[name])
         attrs[flag] = present
         if present:
-            ins.append(ctx.input(node, onnx_index[name]))
-    outs = apply(op, ins, attrs, name=node.outputs[0] or f"{node.name}/Y")
-    return list(outs)
+            ins.append(operand(onnx_index[name]))
+    if not batch_major:
+        return list(apply(op, ins, attrs, name=node.outputs[0] or f"{node.name}/Y"))
+    y, *states = apply(op, ins, attrs, name=f"{node.name}/seq_major")
+    names = [o or f"{node.name}/output{k}" for k, o in enumerate(node.outputs + [""] * 3)]
+    return [apply("transpose", [y], {"perm": (2, 0, 1, 3)}, name=names[0]),
+            *(_swap_leading(t, name) for t, name in zip(states, names[1:]))]
+
+
+def _swap_leading(t, name):
+    return apply("transpose", [t], {"perm": (1, 0, 2)}, name=name)
 
 
 @handler("LSTM")

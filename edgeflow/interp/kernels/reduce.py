@@ -33,17 +33,39 @@ def _l2(x, axis, keepdims):
     return np.sqrt(np.sum(np.square(x), axis=axis, keepdims=keepdims))
 
 
+def _lowest(dtype):
+    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+
+
+def _highest(dtype):
+    return np.inf if dtype.kind == "f" else np.iinfo(dtype).max
+
+
+def _starting_at(fn, initial):
+    """fn started from `initial(dtype)`: an empty set reduces to it (ONNX: -inf for
+    ReduceMax, +inf for ReduceMin) where numpy would raise."""
+    def reduce(x, axis, keepdims, out):
+        fn(x, axis=axis, keepdims=keepdims, out=out, initial=initial(x.dtype))
+    return reduce
+
+
 kernel("reduce_sum")(_reduction(np.sum))
 kernel("reduce_mean")(_reduction(_mean))
-kernel("reduce_max")(_reduction(np.max))
-kernel("reduce_min")(_reduction(np.min))
+kernel("reduce_max")(_reduction(_starting_at(np.max, _lowest)))
+kernel("reduce_min")(_reduction(_starting_at(np.min, _highest)))
 kernel("reduce_prod")(_reduction(_in_float32_for_float16(np.prod)))
 kernel("reduce_l2")(_reduction(_in_float32_for_float16(_l2)))
 
 
+def _last_argmax(x, axis, out, keepdims):
+    np.argmax(np.flip(x, axis), axis=axis, out=out, keepdims=keepdims)
+    np.subtract(x.shape[axis] - 1, out, out=out)
+
+
 @kernel("argmax")
 def _argmax(ins, outs, attrs):
-    return partial(np.argmax, ins[0], axis=attrs["axis"], out=outs[0], keepdims=attrs["keepdims"])
+    fn = _last_argmax if attrs["select_last_index"] else np.argmax
+    return partial(fn, ins[0], axis=attrs["axis"], out=outs[0], keepdims=attrs["keepdims"])
 
 
 def _running_sum(x, axis, out):

@@ -1,0 +1,159 @@
+"""ONNX's own backend node tests (onnx.backend.test), run through converters.onnx and the
+edgeflow interpreter: each test's one-node model is converted with optimize=True, written
+to bytes, loaded by an Interpreter and run on ONNX's inputs; outputs are compared with
+ONNX's expected ones (rtol 1e-3, atol 1e-7, dtype and shape exact). Operands that the
+converter needs as constants are made initializers first (CONSTANT_OPERANDS).
+
+Only node tests of the op types converters.onnx claims (the keys of HANDLERS) run, plus
+their `_expanded` function-body variants when every op of the body is claimed too; the
+variants edgeflow leaves out on purpose are excluded below, each with its reason.
+`python tests/conversion/backend_report.py` prints the results per ONNX op.
+"""
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+
+import onnx.backend.base  # noqa: E402
+import onnx.backend.test  # noqa: E402
+from onnx.backend.test.loader import load_model_tests  # noqa: E402
+
+import edgeflow as ef  # noqa: E402
+from converters import onnx as onnx_converter  # noqa: E402
+from converters.onnx.handlers import HANDLERS  # noqa: E402
+from edgeflow.format import writer  # noqa: E402
+
+
+# Operands that converters.onnx needs as constants (they set shapes, or attributes of
+# edgeflow's ops). Exported models give them as initializers or Constant nodes; ONNX's node
+# tests give them as graph inputs, so the backend makes them initializers holding the
+# test's values before converting: op type -> input positions.
+CONSTANT_OPERANDS = {
+    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
+    "Slice": (1, 2, 3, 4), "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,),
+    "Pad": (1, 2, 3), "Resize": (1, 2, 3), "TopK": (1,), "CumSum": (1,), "Dropout": (1, 2),
+    "Clip": (1, 2),
+    **{op: (1,) for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
+                           "ReduceL2", "ReduceSumSquare")},
+}
+
+
+def _constant_inputs(model):
+    """Names of graph inputs that feed an operand listed in CONSTANT_OPERANDS."""
+    graph_inputs = {vi.name for vi in model.graph.input}
+    return {node.input[i] for node in model.graph.node
+            for i in CONSTANT_OPERANDS.get(node.op_type, ())
+            if i < len(node.input) and node.input[i] in graph_inputs}
+
+
+def _with_initializers(model, values):
+    """A copy of `model` in which the graph inputs named in `values` are initializers."""
+    from onnx import numpy_helper
+    frozen = onnx.ModelProto()
+    frozen.CopyFrom(model)
+    kept = [vi for vi in frozen.graph.input if vi.name not in values]
+    del frozen.graph.input[:]
+    frozen.graph.input.extend(kept)
+    frozen.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), name)
+                                    for name, v in values.items())
+    return frozen
+
+
+class EdgeflowRep(onnx.backend.base.BackendRep):
+    def __init__(self, model):
+        self._model = model
+        initializers = {i.name for i in model.graph.initializer}
+        self._inputs = [vi.name for vi in model.graph.input if vi.name not in initializers]
+        self._outputs = [vi.name for vi in model.graph.output]
+        self._constant = _constant_inputs(model)
+        self._runner = None if self._constant else self._prepare(model)
+
+    @staticmethod
+    def _prepare(model):
+        blob = writer.to_bytes(onnx_converter.convert(model, optimize=True).model)
+        return ef.Interpreter(blob).get_signature_runner("infer")
+
+    def run(self, inputs, **kwargs):
+        feeds = dict(inputs) if isinstance(inputs, dict) else dict(zip(self._inputs, inputs))
+        runner = self._runner
+        if self._constant:
+            runner = self._prepare(_with_initializers(
+                self._model, {n: feeds.pop(n) for n in self._constant}))
+        results = runner(**feeds)
+        return tuple(results[name] for name in self._outputs)
+
+
+class EdgeflowBackend(onnx.backend.base.Backend):
+    @classmethod
+    def prepare(cls, model, device="CPU", **kwargs):
+        return EdgeflowRep(model)
+
+    @classmethod
+    def supports_device(cls, device):
+        return device == "CPU"
+
+
+def _test_ops():
+    """ONNX test name -> the op type it tests. A function op's `_expanded` test (its body
+    spelled in primitive ops) counts under that op when edgeflow claims all the body's ops."""
+    with warnings.catch_warnings():  # ONNX's case generators overflow on purpose
+        warnings.simplefilter("ignore", RuntimeWarning)
+        cases = load_model_tests(kind="node")
+    tested = {c.name: c.model.graph.node[0].op_type for c in cases if len(c.model.graph.node) == 1}
+    ops = {}
+    for c in cases:
+        body = {n.op_type for n in c.model.graph.node}
+        base = re.sub(r"_expanded(_ver\d+)?$", "", c.name)
+        op = tested.get(base)
+        if op in HANDLERS and body <= HANDLERS.keys():
+            ops[c.name] = op
+    return ops
+
+
+TEST_OPS = _test_ops()
+
+# Variants of claimed ops that edgeflow leaves out on purpose (the converter raises
+# UnsupportedOpError or ConversionError naming them): test-name pattern -> reason.
+EXCLUDED = {
+    r"(?i)bfloat16": "bfloat16 is not an edgeflow dtype",
+    r"FLOAT8|FLOAT4E2M1|e8m0": "float8 and float4 are not edgeflow dtypes",
+    r"U?INT[24]_": "2- and 4-bit integers are not edgeflow dtypes",
+    r"_uint(16|32|64)_": "uint16, uint32 and uint64 are not edgeflow dtypes (uint8 is)",
+    r"_string": "strings are not an edgeflow dtype",
+    r"^test_identity_(opt|sequence)_": "optional and sequence values: edgeflow graphs carry tensors",
+    r"^test_batchnorm_.*_training_mode_": "BatchNormalization in training mode (inference graphs only)",
+    r"^test_training_dropout": "Dropout in training mode (inference graphs only)",
+    r"^test_dropout_default_mask": "Dropout's mask output (inference graphs only)",
+    r"^test_maxpool_with_argmax_": "MaxPool's Indices output",
+    r"^test_averagepool_.*dilations": "AveragePool with dilations (opset 19): avg_pool has none",
+    r"^test_lstm_with_peepholes_": "LSTM peephole weights",
+    r"^test_wrap_pad_": "Pad mode wrap",
+    r"^test_resize_.*cubic": "Resize mode cubic",
+    r"^test_resize_.*antialias": "Resize with antialias",
+    r"^test_resize_tf_crop_and_resize": "Resize with tf_crop_and_resize",
+    r"^test_resize_.*half_pixel_symmetric": "Resize with half_pixel_symmetric",
+    r"^test_resize_.*_not_(larger|smaller)_": "Resize with keep_aspect_ratio_policy",
+    r"^test_resize_downsample_scales_linear_align_corners_":
+        "align_corners at a fractional input length * scale: edgeflow divides by the output "
+        "length, as onnxruntime does; ONNX's reference divides by input length * scale",
+}
+
+backend_test = onnx.backend.test.BackendTest(EdgeflowBackend, __name__)
+backend_test.include(rf"^({'|'.join(map(re.escape, TEST_OPS))})_cpu$")
+for pattern in EXCLUDED:
+    backend_test.exclude(pattern)
+
+
+def _node_tests():
+    """ONNX's node-test case class holding only the included tests: the other ~3000 (other
+    ops, the CUDA device, real models that would be downloaded) would only be skipped."""
+    case = backend_test.test_cases["OnnxBackendNodeModelTest"]
+    for name in [a for a in vars(case) if a.startswith("test_") and a.removesuffix("_cpu") not in TEST_OPS]:
+        delattr(case, name)
+    return case
+
+
+OnnxBackendNodeModelTest = _node_tests()
