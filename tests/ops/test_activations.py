@@ -9,30 +9,12 @@ import edgeflow as ef
 from edgeflow.errors import GraphError
 from edgeflow.graph.math_ops import apply
 
+from .onnx_reference import onnx_reference
 from .harness import FLOATS, assert_close, random_array
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import helper  # noqa: E402
-
-
-def onnx_reference(op_type, inputs, output_dtypes, opset=17, **attrs):
-    """Outputs of onnxruntime running one ONNX node `op_type` on `inputs`.
-
-    `inputs` are arrays, or None for an optional input left out.
-    """
-    def info(name, dtype):
-        return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), None)
-    names = ["" if a is None else f"x{i}" for i, a in enumerate(inputs)]
-    feeds = {n: a for n, a in zip(names, inputs) if a is not None}
-    outs = [f"y{i}" for i in range(len(output_dtypes))]
-    graph = helper.make_graph([helper.make_node(op_type, names, outs, **attrs)], "single",
-                              [info(n, a.dtype) for n, a in feeds.items()],
-                              [info(n, d) for n, d in zip(outs, output_dtypes)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8  # what onnxruntime reads, whatever the onnx package writes
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
 
 
 def activation(name, **attrs):

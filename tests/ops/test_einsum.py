@@ -12,7 +12,7 @@ from edgeflow.errors import GraphError, InvalidInputError
 from edgeflow.graph.math_ops import apply
 
 from .harness import FLOATS, assert_close, random_array, run_op as run_in_memory
-from .test_activations import onnx_reference
+from .onnx_reference import onnx_reference
 
 
 def einsum_by_loops(equation, *arrays):

@@ -12,7 +12,7 @@ from edgeflow.errors import GraphError, InvalidInputError
 from edgeflow.graph.math_ops import apply
 
 from .harness import FLOATS, assert_close, random_array, run_op as run_in_memory
-from .test_activations import onnx_reference
+from .onnx_reference import onnx_reference
 
 SHAPE = (2, 3, 4)
 ALL_NUMERIC = FLOATS + ("int8", "int16", "int32", "int64", "uint8")
