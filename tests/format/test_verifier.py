@@ -10,7 +10,7 @@ from edgeflow.format import reader, verifier, writer
 from edgeflow.format.efl import Model as ModelTable
 from edgeflow.format.model import FILE_IDENTIFIER, QuantizationDef, SignatureDef
 
-from .models import every_feature_model, mlp_model, tensor_index
+from .models import every_feature_model, mlp_model
 from .patch import Patcher
 
 
