@@ -60,6 +60,7 @@ class SignatureDef:
     inputs: dict  # signature name -> tensor index
     outputs: dict
     subgraph: int = 0
+    targets: list = field(default_factory=list)  # operator indices run for their effect
 
 
 @dataclass

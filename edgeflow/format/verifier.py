@@ -63,7 +63,7 @@ TABLES = {
                  ("inputs", "[int]"), ("outputs", "[int]")),
     "TensorMap": (("name", "string"), ("tensor", "int")),
     "Signature": (("key", "string"), ("inputs", "[TensorMap]"), ("outputs", "[TensorMap]"),
-                  ("subgraph", "uint")),
+                  ("subgraph", "uint"), ("targets", "[uint]")),
     "Metadata": (("name", "string"), ("data", "[ubyte]")),
     "Model": (("version", "uint"), ("producer", "string"), ("description", "string"),
               ("opcodes", "[string]"), ("subgraphs", "[SubGraph]"), ("buffers", "[Buffer]"),
@@ -330,7 +330,15 @@ def _subgraph(index, raw, opdefs, buffers):
         buffer_of.append(t["buffer"])
     inputs = _indices(f"{where}: inputs", raw["inputs"], tensors)
     outputs = _indices(f"{where}: outputs", raw["outputs"], tensors)
+    for k, t in enumerate(tensors):
+        if t.is_variable and buffer_of[k] < 0:
+            _fail(f"{where}: {_label('tensor', k, t.name)}", "a variable needs a buffer with its initial value")
     operators = [_operator(where, k, op, opdefs, tensors) for k, op in enumerate(raw["operators"])]
+    for k, op in enumerate(operators):
+        written = [t for t in op.outputs if tensors[t].is_variable]
+        if written:
+            _fail(f"{where}: operator {k} {op.opcode!r}", f"outputs variable {written[0]}; variables "
+                                                           "change only through assign ops")
     _check_dataflow(where, tensors, operators, inputs)
     return SubGraphDef(raw["name"], tensors, operators, inputs, outputs), buffer_of
 
@@ -413,6 +421,9 @@ def _operator(where, index, raw, opdefs, tensors):
         _fail(here, f"{opdef.name} has {count} outputs, the file lists {len(outputs)}")
     if raw["placement"] not in PLACEMENTS:
         _fail(here, f"placement {raw['placement'][:40]!r} is not one of {PLACEMENTS}")
+    if opdef.stateful and not tensors[inputs[0]].is_variable:
+        _fail(here, f"{opdef.name} writes tensor {inputs[0]} {tensors[inputs[0]].name[:40]!r}, "
+                    "which is not a variable")
     return OperatorDef(opdef.name, inputs, outputs, attrs, raw["placement"])
 
 
@@ -523,7 +534,12 @@ def _signatures(raws, subgraphs):
         tensors = subgraphs[raw["subgraph"]].tensors
         inputs = _tensor_map(f"{where}: inputs", raw["inputs"], tensors)
         outputs = _tensor_map(f"{where}: outputs", raw["outputs"], tensors)
-        signatures.append(SignatureDef(raw["key"], inputs, outputs, raw["subgraph"]))
+        count = len(subgraphs[raw["subgraph"]].operators)
+        bad = [t for t in raw["targets"] if t >= count]
+        if bad:
+            _fail(where, f"target operator {bad[0]} out of range (subgraph has {count} operators)")
+        signatures.append(SignatureDef(raw["key"], inputs, outputs, raw["subgraph"],
+                                       list(raw["targets"])))
     return signatures
 
 

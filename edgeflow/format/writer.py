@@ -302,6 +302,7 @@ class _Encoder:
             inputs = self.tables([self.tensor_map(n, t) for n, t in s.inputs.items()])
             outputs = self.tables([self.tensor_map(n, t) for n, t in s.outputs.items()])
             subgraph = int(_int_array([s.subgraph], "<u4", "subgraph")[0])
+            targets = self.numbers(_int_array(s.targets, "<u4", "targets")) if s.targets else None
             key = self.string(s.key)
         b = self.b
         Signature.Start(b)
@@ -309,6 +310,8 @@ class _Encoder:
         Signature.AddInputs(b, inputs)
         Signature.AddOutputs(b, outputs)
         Signature.AddSubgraph(b, subgraph)
+        if targets is not None:
+            Signature.AddTargets(b, targets)
         return Signature.End(b)
 
     def tensor_map(self, name, tensor):

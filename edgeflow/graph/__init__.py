@@ -5,7 +5,17 @@ from .graph import (Graph, Node, Tensor, constant, convert_to_tensor, device, ge
 from . import math_ops
 from .math_ops import *  # noqa: F401,F403
 from .math_ops import slice, strided_slice  # noqa: A004
+from .gradients import gradients
 from .save import save, to_model
+from .session import Session
+from .variables import (Operation, Variable, assign, assign_add, assign_sub, global_variables,
+                        global_variables_initializer, glorot_uniform, group, ones, random_normal,
+                        random_uniform, set_random_seed, trainable_variables, variables_initializer,
+                        zeros)
 
 __all__ = ["Graph", "Node", "Tensor", "constant", "convert_to_tensor", "device", "get_default_graph",
-           "placeholder", "reset_default_graph", "nn", "save", "to_model", *math_ops.__all__]
+           "placeholder", "reset_default_graph", "nn", "save", "to_model", "Session", "Operation", "gradients",
+           "Variable", "assign", "assign_add", "assign_sub", "global_variables",
+           "global_variables_initializer", "glorot_uniform", "group", "ones", "random_normal",
+           "random_uniform", "set_random_seed", "trainable_variables", "variables_initializer",
+           "zeros", *math_ops.__all__]

@@ -36,6 +36,10 @@ class Tensor:
         return self.spec.dtype
 
     @property
+    def rank(self):
+        return len(self.spec.shape)
+
+    @property
     def graph(self):
         return self.node.graph
 
@@ -69,6 +73,7 @@ class Graph:
         self.nodes = []
         self._names = {}
         self._device = ""
+        self.seed, self.seed_draws = 0, 0  # for initializers given no seed (set_random_seed)
 
     def unique_name(self, base):
         """`base` if unused, else `base_1`, `base_2`, ... as TensorFlow does."""

@@ -1,12 +1,35 @@
-"""Package a graph as a `.efl` model: only what the signatures need, weights included."""
+"""Package a graph as a `.efl` model: only what the signatures need, weights included.
+
+A signature is `(inputs, outputs)` or `(inputs, outputs, targets)`: dicts of name ->
+Tensor, and a list of Operations run for their effect (a train op). When the model
+holds variables, `save` (variables out) and `restore` (variables in) signatures are
+added, as in LiteRT's on-device training.
+"""
 from ..errors import GraphError
 from ..format import model as fm
-from .graph import CONST, PLACEHOLDER, Tensor
+from .graph import CONST, PLACEHOLDER, Node, Tensor
+from .variables import VARIABLE, Operation
+
+SAVE, RESTORE = "save", "restore"
+
+
+def _targets(key, sig):
+    targets = list(sig[2]) if len(sig) == 3 else []
+    nodes = []
+    for t in targets:
+        if isinstance(t, Operation):
+            nodes.extend(t.nodes)
+        elif isinstance(t, Node):
+            nodes.append(t)
+        else:
+            raise GraphError(f"signature {key!r}: targets must be Operations, got {t!r}")
+    return nodes
 
 
 def _check_signature(key, sig):
     if not isinstance(sig, (tuple, list)) or len(sig) not in (2, 3):
-        raise GraphError(f"signature {key!r}: expected (inputs, outputs) dicts of name -> Tensor")
+        raise GraphError(f"signature {key!r}: expected (inputs, outputs[, targets]) with dicts of "
+                         "name -> Tensor and a list of Operations")
     inputs, outputs = sig[0], sig[1]
     for kind, mapping in (("input", inputs), ("output", outputs)):
         for name, t in mapping.items():
@@ -16,12 +39,12 @@ def _check_signature(key, sig):
         if t.node.op != PLACEHOLDER:
             raise GraphError(f"signature {key!r}: input {name!r} must be a placeholder, "
                              f"got the output of {t.node.op} {t.node.name!r}")
-    return inputs, outputs
+    return inputs, outputs, _targets(key, sig)
 
 
-def _needed_nodes(outputs):
-    """Nodes the outputs depend on, in graph (hence topological) order."""
-    seen, todo = set(), [t.node for t in outputs]
+def needed_nodes(outputs, targets=()):
+    """Nodes the outputs and target nodes depend on (targets included)."""
+    seen, todo = set(), [t.node for t in outputs] + list(targets)
     while todo:
         node = todo.pop()
         if node not in seen:
@@ -30,53 +53,75 @@ def _needed_nodes(outputs):
     return seen
 
 
-def to_model(graph, signatures, description=""):
+def check_fed(key, inputs, outputs, targets):
+    fed = {t.node for t in inputs.values()}
+    missing = sorted(n.name for n in needed_nodes(list(outputs.values()), targets)
+                     if n.op == PLACEHOLDER and n not in fed)
+    if missing:
+        raise GraphError(f"signature {key!r}: its outputs need placeholder(s) {missing}, which "
+                         f"are not among its inputs {sorted(inputs)}")
+
+
+def to_model(graph, signatures, description="", state_signatures=True):
     """A ModelDef with one subgraph holding everything the signatures need."""
     if not signatures:
         raise GraphError("save: give at least one signature, e.g. {'infer': ({'x': x}, {'y': y})}")
     checked = {key: _check_signature(key, sig) for key, sig in signatures.items()}
-    for key, (inputs, outputs) in checked.items():
-        fed = {t.node for t in inputs.values()}
-        for node in _needed_nodes(list(outputs.values())):
-            if node.op == PLACEHOLDER and node not in fed:
-                raise GraphError(f"signature {key!r}: its outputs need placeholder {node.name!r}, "
-                                 f"which is not among its inputs {sorted(inputs)}")
-    every_output = [t for _, outs in checked.values() for t in outs.values()]
-    needed = _needed_nodes(every_output)
-    needed |= {t.node for ins, _ in checked.values() for t in ins.values()}
+    for key, sig in checked.items():
+        check_fed(key, *sig)
+    needed = set()
+    for inputs, outputs, targets in checked.values():
+        needed |= needed_nodes(list(outputs.values()), targets) | {t.node for t in inputs.values()}
 
-    tensors, index, operators = [], {}, []
+    tensors, index, operators, op_index = [], {}, [], {}
     for node in graph.nodes:
         if node not in needed:
             continue
         for t in node.outputs:
             index[t] = len(tensors)
-            data = node.attrs["value"] if node.op == CONST else None
+            data = {CONST: "value", VARIABLE: "initial"}.get(node.op)
             shape = tuple(-1 if d is None else d for d in t.shape)
-            tensors.append(fm.TensorDef(t.name, t.dtype, shape, data))
-        if node.op not in (CONST, PLACEHOLDER):
+            tensors.append(fm.TensorDef(t.name, t.dtype, shape, node.attrs[data] if data else None,
+                                        is_variable=node.op == VARIABLE))
+        if node.op not in (CONST, PLACEHOLDER, VARIABLE):
+            op_index[node] = len(operators)
             operators.append(fm.OperatorDef(node.op, [index[t] for t in node.inputs],
                                             [index[t] for t in node.outputs], dict(node.attrs),
                                             node.device))
 
-    def unique(ts):
-        return list(dict.fromkeys(index[t] for t in ts))
-
-    sub = fm.SubGraphDef(
-        "main", tensors, operators,
-        inputs=unique(t for ins, _ in checked.values() for t in ins.values()),
-        outputs=unique(every_output))
     sigs = [fm.SignatureDef(key, {n: index[t] for n, t in ins.items()},
-                            {n: index[t] for n, t in outs.items()})
-            for key, (ins, outs) in checked.items()]
-    return fm.ModelDef([sub], sigs, description=description)
+                            {n: index[t] for n, t in outs.items()},
+                            targets=list(dict.fromkeys(op_index[n] for n in targets)))
+            for key, (ins, outs, targets) in checked.items()]
+    variables = [i for i, t in enumerate(tensors) if t.is_variable]
+    if state_signatures and variables:
+        if SAVE in checked or RESTORE in checked:
+            raise GraphError(f"signatures {SAVE!r} and {RESTORE!r} are made for models with variables")
+        sigs += _state_signatures(tensors, operators, variables)
+    inputs = list(dict.fromkeys(i for s in sigs for i in s.inputs.values()))
+    outputs = list(dict.fromkeys(i for s in sigs for i in s.outputs.values()))
+    return fm.ModelDef([fm.SubGraphDef("main", tensors, operators, inputs, outputs)], sigs,
+                       description=description)
+
+
+def _state_signatures(tensors, operators, variables):
+    """`save`: every variable out; `restore`: every variable in, through assign ops."""
+    restore_in, targets = {}, []
+    for v in variables:
+        var = tensors[v]
+        restore_in[var.name] = len(tensors)
+        tensors.append(fm.TensorDef(f"{RESTORE}/{var.name}", var.dtype, var.shape))
+        targets.append(len(operators))
+        operators.append(fm.OperatorDef("assign", [v, restore_in[var.name]], [], {}))
+    return [fm.SignatureDef(SAVE, {}, {tensors[v].name: v for v in variables}),
+            fm.SignatureDef(RESTORE, restore_in, {}, targets=targets)]
 
 
 def save(graph, path, signatures, description=""):
     """Write `graph` to `path` as a `.efl` file with these signatures.
 
-    `signatures` maps a key ("infer", ...) to `(inputs, outputs)`, each a dict of
-    signature name -> Tensor. The write is atomic.
+    `signatures` maps a key ("infer", "train", ...) to `(inputs, outputs)` or
+    `(inputs, outputs, targets)`. The write is atomic.
     """
     from ..format import writer
     writer.write(to_model(graph, signatures, description), path)

@@ -42,8 +42,13 @@ class Interpreter:
         self._signatures = {s.key: s for s in self.model.signatures}
         self._plans = OrderedDict()
         self._preserve_all = preserve_all_tensors
+        # The tensor-level API (set_tensor, invoke, ...) serves the first signature, as
+        # TFLite's serves the primary subgraph.
+        first = self.model.signatures[0] if self.model.signatures else None
+        self._io = (list(first.inputs.values()), list(first.outputs.values()), list(first.targets)) \
+            if first else (list(self._subgraph.inputs), list(self._subgraph.outputs), [])
         self._input_shapes = {i: tuple(max(d, 1) for d in self._subgraph.tensors[i].shape)
-                              for i in self._subgraph.inputs}
+                              for i in self._io[0]}
         self._plan = None
         self.profiler = None
         self._threads = _thread_limiter(num_threads)
@@ -56,13 +61,14 @@ class Interpreter:
                                      [(m, "no numpy kernel") for m in missing])
 
     # -- planning ------------------------------------------------------------------
-    def plan_for(self, inputs, outputs, shapes):
-        """The cached Plan computing `outputs` from `inputs` at `shapes` (made if new)."""
-        key = (tuple(inputs), tuple(outputs), tuple(shapes[i] for i in inputs))
+    def plan_for(self, inputs, outputs, shapes, targets=()):
+        """The cached Plan computing `outputs` (and running `targets`) from `inputs` at
+        `shapes` (made if new)."""
+        key = (tuple(inputs), tuple(outputs), tuple(targets), tuple(shapes[i] for i in inputs))
         plan = self._plans.get(key)
         if plan is None:
             plan = Plan(self._subgraph, inputs, outputs, shapes, self._constants,
-                        self._variables, self._folded, self._preserve_all)
+                        self._variables, self._folded, self._preserve_all, targets)
             self._plans[key] = plan
             if len(self._plans) > _PLAN_CACHE_SIZE:
                 self._plans.popitem(last=False)
@@ -114,13 +120,13 @@ class Interpreter:
         }
 
     def get_input_details(self):
-        return [self._details(i, self._input_shapes[i]) for i in self._subgraph.inputs]
+        return [self._details(i, self._input_shapes[i]) for i in self._io[0]]
 
     def get_output_details(self):
         plan = self._plan
         return [self._details(i, plan.arrays[i].shape if plan else
                               tuple(max(d, 1) for d in self._subgraph.tensors[i].shape))
-                for i in self._subgraph.outputs]
+                for i in self._io[1]]
 
     def resize_input_tensor(self, input_index, tensor_size):
         if input_index not in self._input_shapes:
@@ -133,7 +139,7 @@ class Interpreter:
         self._plan = None
 
     def allocate_tensors(self):
-        self._plan = self.plan_for(self._subgraph.inputs, self._subgraph.outputs, self._input_shapes)
+        self._plan = self.plan_for(self._io[0], self._io[1], self._input_shapes, self._io[2])
 
     def set_tensor(self, tensor_index, value):
         if tensor_index not in self._input_shapes:
@@ -158,7 +164,7 @@ class Interpreter:
         """A copy of a tensor's value: an input, output, constant or variable (every
         tensor with preserve_all_tensors=True)."""
         plan = self._plan
-        keep = set(self._subgraph.inputs) | set(self._subgraph.outputs)
+        keep = set(self._io[0]) | set(self._io[1])
         if not 0 <= tensor_index < len(self._subgraph.tensors):
             raise InvalidInputError(f"tensor index {tensor_index} out of range "
                                     f"[0, {len(self._subgraph.tensors)})")
@@ -214,7 +220,8 @@ class SignatureRunner:
         values = {sig.inputs[n]: as_input(self._tensors[sig.inputs[n]], v,
                                           f"signature {sig.key!r} input {n!r}")
                   for n, v in inputs.items()}
-        plan = self._interp.plan_for(self._in, self._out, {i: v.shape for i, v in values.items()})
+        plan = self._interp.plan_for(self._in, self._out, {i: v.shape for i, v in values.items()},
+                                     sig.targets)
         for i, v in values.items():
             np.copyto(plan.arrays[i], v)
         self._interp.run_plan(plan)

@@ -16,9 +16,11 @@ from .arena import Arena, lower_bound, place
 from .kernels import KERNELS, evaluate
 
 
-def needed_operators(subgraph, outputs, producer):
-    """Indices of the operators `outputs` depend on, in an order where inputs come first."""
-    needed, todo = set(), [producer[t] for t in outputs if t in producer]
+def needed_operators(subgraph, outputs, producer, targets=()):
+    """Indices of the operators `outputs` and `targets` depend on (targets included), in
+    an order where inputs come first and ops that write variables come after every op
+    that does not depend on them, so reads in one run see the values from before it."""
+    needed, todo = set(), [producer[t] for t in outputs if t in producer] + list(targets)
     while todo:
         op = todo.pop()
         if op not in needed:
@@ -30,15 +32,18 @@ def needed_operators(subgraph, outputs, producer):
         for t in set(subgraph.operators[op].inputs):
             if t in producer:
                 consumers.setdefault(producer[t], []).append(op)
-    ready = deque(sorted(op for op, n in waiting.items() if n == 0))
+    writes = {op for op in needed if ops.get(subgraph.operators[op].opcode).stateful}
+    ready = [deque(), deque()]  # pure ops first, then writes
+    for op in sorted(op for op, n in waiting.items() if n == 0):
+        ready[op in writes].append(op)
     order = []
-    while ready:
-        op = ready.popleft()
+    while ready[0] or ready[1]:
+        op = (ready[0] or ready[1]).popleft()
         order.append(op)
         for c in consumers.get(op, ()):
             waiting[c] -= 1
             if waiting[c] == 0:
-                ready.append(c)
+                ready[c in writes].append(c)
     if len(order) != len(needed):
         raise FormatError("the graph has a cycle")
     return order
@@ -75,12 +80,12 @@ class Plan:
     """
 
     def __init__(self, subgraph, inputs, outputs, input_shapes, constants, variables, folded,
-                 preserve_all=False):
+                 preserve_all=False, targets=()):
         self.subgraph, self.inputs, self.outputs = subgraph, list(inputs), list(outputs)
         producer = {t: i for i, op in enumerate(subgraph.operators) for t in op.outputs}
         fed = set(inputs)
         self.arrays = dict(variables)  # variables, constants and folded values: not in the arena
-        specs = self._infer(needed_operators(subgraph, outputs, producer), input_shapes,
+        specs = self._infer(needed_operators(subgraph, outputs, producer, targets), input_shapes,
                             constants, variables, folded)
         self._allocate(specs, preserve_all, fed)
         self.steps, self.step_ops = self._bind(specs)
@@ -117,7 +122,9 @@ class Plan:
                         f"values, not only on input shapes; operands that set shapes must be "
                         f"known before running (constants, or computed from shapes)")
                 _check_declared(t, tensors[t], spec, op.opcode)
-            if all(s.value is not None for s in ins) or all(s.value is not None for s in outs):
+            opdef = ops.get(op.opcode)
+            if not opdef.stateful and (all(s.value is not None for s in ins)
+                                       or all(s.value is not None for s in outs)):
                 is_static = all(t in static for t in op.inputs)
                 values = self._fold(i, op, ins, outs, folded if is_static else {})
                 outs = [TensorSpec(s.shape, s.dtype, v) for s, v in zip(outs, values)]

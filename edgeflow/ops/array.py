@@ -1,7 +1,7 @@
 """Ops that move, select or reinterpret elements without arithmetic."""
 from .. import dtypes
 from ..errors import GraphError
-from .registry import Attr, AttrKind, TensorSpec, define
+from .registry import Attr, AttrKind, TensorSpec, define, gradient
 from .shapes import fmt, normalize_axes, normalize_axis, num_elements
 
 INDEX_DTYPES = frozenset((dtypes.int32, dtypes.int64))
@@ -163,3 +163,42 @@ def _gather(inputs, attrs):
         raise GraphError(f"gather: indices must be int32 or int64, got {indices.dtype}")
     axis = normalize_axis(attrs["axis"], params.rank, "gather")
     return [TensorSpec(params.shape[:axis] + indices.shape + params.shape[axis + 1:], params.dtype)]
+
+
+# -- gradients -----------------------------------------------------------------------------
+
+@gradient("reshape", "squeeze", "expand_dims")
+def _reshape_grad(g, op, grads):
+    grad = g("reshape", grads[0], g("shape", op.inputs[0]))
+    return [grad] + [None] * (len(op.inputs) - 1)
+
+
+@gradient("transpose")
+def _transpose_grad(g, op, grads):
+    rank = op.inputs[0].rank
+    perm = op.attrs["perm"] or tuple(reversed(range(rank)))
+    return [g("transpose", grads[0], perm=tuple(perm.index(i) for i in range(rank)))]
+
+
+@gradient("concat")
+def _concat_grad(g, op, grads):
+    axis = normalize_axis(op.attrs["axis"], op.inputs[0].rank, "concat")
+    sizes = [t.shape[axis] for t in op.inputs]
+    if None in sizes:
+        raise GraphError("concat: gradients need the concatenated sizes known while building")
+    if len(sizes) == 1:
+        return [grads[0]]
+    return list(g("split", grads[0], axis=axis, sizes=tuple(sizes)))
+
+
+@gradient("slice")
+def _slice_grad(g, op, grads):
+    if len(op.inputs) > 1:
+        raise GraphError("slice: gradients need starts/ends as attributes, not operands")
+    return [g("slice_grad", grads[0], op.inputs[0], **op.attrs)]
+
+
+@gradient("gather")
+def _gather_grad(g, op, grads):
+    params, indices = op.inputs
+    return [g("gather_grad", grads[0], indices, params, axis=op.attrs["axis"]), None]

@@ -3,7 +3,8 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import GraphError
-from .registry import Attr, AttrKind, TensorSpec, activation_attr, check_activation, define
+from .registry import (Attr, AttrKind, TensorSpec, activation_attr, activation_gradient, check_activation,
+                       define, gradient)
 from .shapes import broadcast, fmt
 
 NUMERIC = dtypes.FLOATS | dtypes.INTEGERS
@@ -85,3 +86,134 @@ def _matmul(inputs, attrs):
     rows = sa[-2:-1] if len(sa) > 1 else ()
     cols = sb[-1:] if len(sb) > 1 else ()
     return [TensorSpec(broadcast(sa[:-2], sb[:-2]) + rows + cols, dt)]
+
+
+# -- gradients -----------------------------------------------------------------------------
+
+@gradient("add")
+def _add_grad(g, op, grads):
+    dy = activation_gradient(g, op, grads[0])
+    return [g.sum_to(dy, op.inputs[0]), g.sum_to(dy, op.inputs[1])]
+
+
+@gradient("sub")
+def _sub_grad(g, op, grads):
+    return [g.sum_to(grads[0], op.inputs[0]), g.sum_to(g("neg", grads[0]), op.inputs[1])]
+
+
+@gradient("mul")
+def _mul_grad(g, op, grads):
+    a, b = op.inputs
+    return [g.sum_to(g("mul", grads[0], b), a), g.sum_to(g("mul", grads[0], a), b)]
+
+
+@gradient("div")
+def _div_grad(g, op, grads):
+    a, b = op.inputs
+    da = g("div", grads[0], b)
+    return [g.sum_to(da, a), g.sum_to(g("neg", g("mul", da, op.outputs[0])), b)]
+
+
+@gradient("pow")
+def _pow_grad(g, op, grads):
+    (a, b), y, dy = op.inputs, op.outputs[0], grads[0]
+    da = g("mul", dy, g("mul", b, g("pow", a, g("sub", b, g.constant(1, b)))))
+    # d/db a^b = a^b log a, taken as 0 where a <= 0 (no real logarithm), as TensorFlow does.
+    positive = g("greater", a, g.constant(0, a))
+    log_a = g("log", g("where", positive, a, g.constant(1, a)))
+    db = g("mul", dy, g("mul", y, log_a))
+    return [g.sum_to(da, a), g.sum_to(db, b)]
+
+
+@gradient("neg")
+def _neg_grad(g, op, grads):
+    return [g("neg", grads[0])]
+
+
+@gradient("abs")
+def _abs_grad(g, op, grads):
+    x, dy = op.inputs[0], grads[0]
+    zero = g.constant(0, x)
+    signed = g("where", g("less", x, zero), g("neg", dy), dy)
+    return [g("where", g("equal", x, zero), zero, signed)]
+
+
+@gradient("exp")
+def _exp_grad(g, op, grads):
+    return [g("mul", grads[0], op.outputs[0])]
+
+
+@gradient("log")
+def _log_grad(g, op, grads):
+    return [g("div", grads[0], op.inputs[0])]
+
+
+@gradient("sqrt")
+def _sqrt_grad(g, op, grads):
+    return [g("div", grads[0], g("mul", op.outputs[0], g.constant(2, op.outputs[0])))]
+
+
+@gradient("sigmoid")
+def _sigmoid_grad(g, op, grads):
+    y = op.outputs[0]
+    return [g("mul", grads[0], g("mul", y, g("sub", g.constant(1, y), y)))]
+
+
+@gradient("tanh")
+def _tanh_grad(g, op, grads):
+    y = op.outputs[0]
+    return [g("mul", grads[0], g("sub", g.constant(1, y), g("mul", y, y)))]
+
+
+def _select_grad(g, op, grads, pick_a):
+    """maximum/minimum: the gradient goes to the chosen operand (to a on ties)."""
+    a, b = op.inputs
+    zero = g.constant(0, grads[0])
+    return [g.sum_to(g("where", pick_a, grads[0], zero), a),
+            g.sum_to(g("where", pick_a, zero, grads[0]), b)]
+
+
+def _not(g, cond):
+    return g("equal", cond, g.constant(False, cond))
+
+
+@gradient("maximum")
+def _maximum_grad(g, op, grads):
+    return _select_grad(g, op, grads, _not(g, g("less", *op.inputs)))
+
+
+@gradient("minimum")
+def _minimum_grad(g, op, grads):
+    return _select_grad(g, op, grads, _not(g, g("greater", *op.inputs)))
+
+
+@gradient("where")
+def _where_grad(g, op, grads):
+    cond, a, b = op.inputs
+    zero = g.constant(0, grads[0])
+    return [None, g.sum_to(g("where", cond, grads[0], zero), a),
+            g.sum_to(g("where", cond, zero, grads[0]), b)]
+
+
+@gradient("cast")
+def _cast_grad(g, op, grads):
+    x = op.inputs[0]
+    return [g("cast", grads[0], dtype=x.dtype) if x.dtype in dtypes.FLOATS else None]
+
+
+@gradient("matmul")
+def _matmul_grad(g, op, grads):
+    (a, b), dy = op.inputs, activation_gradient(g, op, grads[0])
+    if a.rank < 2 or b.rank < 2:
+        raise GraphError("matmul: gradients need operands of rank >= 2")
+    ta, tb = op.attrs["transpose_a"], op.attrs["transpose_b"]
+    if not ta and not tb:
+        da, db = g("matmul", dy, b, transpose_b=True), g("matmul", a, dy, transpose_a=True)
+    elif ta and not tb:
+        da, db = g("matmul", b, dy, transpose_b=True), g("matmul", a, dy)
+    elif not ta and tb:
+        da, db = g("matmul", dy, b), g("matmul", dy, a, transpose_a=True)
+    else:
+        da = g("matmul", b, dy, transpose_a=True, transpose_b=True)
+        db = g("matmul", dy, a, transpose_a=True, transpose_b=True)
+    return [g.sum_to(da, a), g.sum_to(db, b)]

@@ -1,7 +1,7 @@
 """Neural-network activations and normalizing functions."""
 from .. import dtypes
 from ..errors import GraphError
-from .registry import Attr, AttrKind, TensorSpec, define
+from .registry import Attr, AttrKind, TensorSpec, define, gradient
 from .shapes import normalize_axis
 
 
@@ -27,3 +27,26 @@ def _along_axis(name):
 
 define("softmax", inputs=1, attrs={"axis": Attr(AttrKind.INT, -1)})(_along_axis("softmax"))
 define("log_softmax", inputs=1, attrs={"axis": Attr(AttrKind.INT, -1)})(_along_axis("log_softmax"))
+
+
+# -- gradients -----------------------------------------------------------------------------
+
+@gradient("relu")
+def _relu_grad(g, op, grads):
+    x = op.inputs[0]
+    zero = g.constant(0, x)
+    return [g("where", g("greater", x, zero), grads[0], zero)]
+
+
+@gradient("softmax")
+def _softmax_grad(g, op, grads):
+    y, dy, axis = op.outputs[0], grads[0], op.attrs["axis"]
+    inner = g("reduce_sum", g("mul", dy, y), axes=(axis,), keepdims=True)
+    return [g("mul", y, g("sub", dy, inner))]
+
+
+@gradient("log_softmax")
+def _log_softmax_grad(g, op, grads):
+    y, dy, axis = op.outputs[0], grads[0], op.attrs["axis"]
+    total = g("reduce_sum", dy, axes=(axis,), keepdims=True)
+    return [g("sub", dy, g("mul", g("exp", y), total))]

@@ -2,7 +2,7 @@
 from .. import dtypes
 from ..errors import GraphError
 from .math import NUMERIC
-from .registry import Attr, AttrKind, TensorSpec, define
+from .registry import Attr, AttrKind, TensorSpec, define, gradient
 from .shapes import normalize_axes, normalize_axis
 
 
@@ -83,3 +83,43 @@ def _topk(inputs, attrs):
         raise GraphError(f"topk: k must be in [0, {x.shape[axis]}] (the size of axis {axis}), got {k}")
     shape = x.shape[:axis] + (k,) + x.shape[axis + 1:]
     return [TensorSpec(shape, x.dtype), TensorSpec(shape, dtypes.int64)]
+
+
+# -- gradients -----------------------------------------------------------------------------
+
+def reduced_axes(op, x):
+    return normalize_axes(op.attrs["axes"], x.rank, op.name) if op.attrs["axes"] else tuple(range(x.rank))
+
+
+def kept(g, op, t):
+    """`t` (shaped like the reduction's output) with the reduced axes kept as 1s."""
+    if op.attrs["keepdims"]:
+        return t
+    axes = reduced_axes(op, op.inputs[0])
+    return g("expand_dims", t, axes=axes) if axes else t
+
+
+def spread(g, op, t):
+    """`t` with reduced axes kept, broadcast back to the input's shape."""
+    return g("expand", kept(g, op, t), g("shape", op.inputs[0]))
+
+
+@gradient("reduce_sum")
+def _reduce_sum_grad(g, op, grads):
+    return [spread(g, op, grads[0])]
+
+
+@gradient("reduce_mean")
+def _reduce_mean_grad(g, op, grads):
+    x, y = op.inputs[0], op.outputs[0]
+    size = g("div", g("reduce_prod", g("shape", x)), g("reduce_prod", g("shape", y)))
+    return [g("div", spread(g, op, grads[0]), g("cast", size, dtype=x.dtype))]
+
+
+@gradient("reduce_max")
+def _reduce_max_grad(g, op, grads):
+    """Split equally among the elements that tie for the maximum, as TensorFlow does."""
+    x = op.inputs[0]
+    hits = g("cast", g("equal", x, spread(g, op, op.outputs[0])), dtype=x.dtype)
+    count = g("reduce_sum", hits, axes=reduced_axes(op, x), keepdims=True)
+    return [g("mul", hits, g("div", kept(g, op, grads[0]), count))]

@@ -104,6 +104,12 @@ class OpDef:
     view: bool  # output 0 is input 0 reinterpreted (reshape-like): no copy, no new bytes
     doc: str
     flops: Callable = None  # (input specs, output specs, attrs) -> arithmetic operations
+    stateful: bool = False  # writes a variable (input 0): never folded, run after pure ops
+
+    @property
+    def gradient(self):
+        """The gradient rule registered with @gradient(name), or None (not differentiable)."""
+        return _GRADIENTS.get(self.name)
 
     def cost(self, inputs, outputs, attrs):
         """Arithmetic operations (a multiply-add counts 2) for concrete shapes; one per
@@ -153,7 +159,7 @@ class OpDef:
 _REGISTRY = {}
 
 
-def define(name, *, inputs, outputs=1, attrs=None, view=False, flops=None):
+def define(name, *, inputs, outputs=1, attrs=None, view=False, flops=None, stateful=False):
     """Decorator: register the shape/dtype inference function `fn` as op `name`.
 
     `inputs` is an int or a (min, max) pair, max None for variadic; `outputs` an int or
@@ -167,9 +173,32 @@ def define(name, *, inputs, outputs=1, attrs=None, view=False, flops=None):
         if name in _REGISTRY:
             raise AssertionError(f"op {name!r} defined twice")
         _REGISTRY[name] = OpDef(name, arity, outputs, dict(attrs or {}), fn, view,
-                                (fn.__doc__ or "").strip(), flops)
+                                (fn.__doc__ or "").strip(), flops, stateful)
         return fn
 
+    return register
+
+
+_GRADIENTS = {}
+
+
+def gradient(*names):
+    """Decorator: register `rule(g, op, grads) -> list` as the gradient of ops `names`.
+
+    `op` has `.inputs`, `.outputs` (symbolic tensors with `.shape`, `.dtype`) and
+    `.attrs`; `grads` holds one gradient per output (None where no gradient flows).
+    The rule returns one gradient per input (None where the input gets none), built
+    with `g(op_name, *inputs, **attrs)`, which adds an op and returns its output(s);
+    `g.constant(value, like)` makes a constant of `like`'s dtype. Rules live next to
+    their op's definition, and see nothing of the graph machinery.
+    """
+    def register(rule):
+        for name in names:
+            get(name)
+            if name in _GRADIENTS:
+                raise AssertionError(f"two gradient rules for {name!r}")
+            _GRADIENTS[name] = rule
+        return rule
     return register
 
 
@@ -187,3 +216,15 @@ def find(name):
 
 def names():
     return sorted(_REGISTRY)
+
+
+def activation_gradient(g, op, dy):
+    """dy taken back through the op's fused activation (the `activation` attr), if any."""
+    act, y = op.attrs.get("activation", ""), op.outputs[0]
+    if not act:
+        return dy
+    zero = g.constant(0, y)
+    live = g("greater", y, zero)
+    if act == "relu6":
+        live = g("where", live, g("less", y, g.constant(6, y)), live)
+    return g("where", live, dy, zero)

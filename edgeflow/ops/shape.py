@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import GraphError
-from .registry import Attr, AttrKind, TensorSpec, define
+from .registry import Attr, AttrKind, TensorSpec, define, gradient
 from .shapes import broadcast, fmt, normalize_axis
 
 INDEX_DTYPES = frozenset((dtypes.int32, dtypes.int64))
@@ -124,3 +124,27 @@ def _split(inputs, attrs):
     axis = normalize_axis(attrs["axis"], x.rank, "split")
     pieces = split_sizes(x.shape[axis], attrs["sizes"], attrs["num_outputs"])
     return [TensorSpec(x.shape[:axis] + (n,) + x.shape[axis + 1:], x.dtype) for n in pieces]
+
+
+# -- gradients -----------------------------------------------------------------------------
+
+@gradient("split")
+def _split_grad(g, op, grads):
+    pieces = [gr if gr is not None else g.zeros_like(out) for gr, out in zip(grads, op.outputs)]
+    return [g("concat", *pieces, axis=op.attrs["axis"])]
+
+
+@gradient("expand")
+def _expand_grad(g, op, grads):
+    return [g.sum_to(grads[0], op.inputs[0]), None]
+
+
+@gradient("tile")
+def _tile_grad(g, op, grads):
+    """Each tile's gradient, summed: view dy as (r0, d0, r1, d1, ...) and sum the r axes."""
+    x = op.inputs[0]
+    repeats = known_ints("tile", op.inputs[1].spec, "repeats")
+    if repeats is None or None in x.shape:
+        raise GraphError("tile: gradients need the repeats and x's shape known while building")
+    blocks = g("reshape", grads[0], shape=tuple(v for r, d in zip(repeats, x.shape) for v in (r, d)))
+    return [g("reduce_sum", blocks, axes=tuple(range(0, 2 * x.rank, 2)), keepdims=False), None]

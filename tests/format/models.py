@@ -67,7 +67,6 @@ def every_feature_model():
     t("qt", "uint8", (4,), sample("uint8", (4,), rng),
       quantization=QuantizationDef((0.05,), (128,)))
     t("state", "float32", (4,), sample("float32", (4,), rng), is_variable=True)
-    t("state_unset", "float32", (-1,), is_variable=True)
     xw, y, r = t("xw", "float32", (-1, 4)), t("y", "float32", (-1, 4)), t("r", "float32", (-1, 4))
     rs, rc = t("rs", "float32", (-1, 2, 2)), t("rc", "int32", (-1, 2, 2))
     rsum, cat = t("rsum", "int32", (-1, 1, 1)), t("cat", "float32", (-1, 12))

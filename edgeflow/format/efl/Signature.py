@@ -92,8 +92,35 @@ class Signature(object):
             return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
         return 0
 
+    # Signature
+    def Targets(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
+        return 0
+
+    # Signature
+    def TargetsAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Uint32Flags, o)
+        return 0
+
+    # Signature
+    def TargetsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Signature
+    def TargetsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        return o == 0
+
 def SignatureStart(builder):
-    builder.StartObject(4)
+    builder.StartObject(5)
 
 def Start(builder):
     SignatureStart(builder)
@@ -133,6 +160,18 @@ def SignatureAddSubgraph(builder, subgraph):
 
 def AddSubgraph(builder, subgraph):
     SignatureAddSubgraph(builder, subgraph)
+
+def SignatureAddTargets(builder, targets):
+    builder.PrependUOffsetTRelativeSlot(4, flatbuffers.number_types.UOffsetTFlags.py_type(targets), 0)
+
+def AddTargets(builder, targets):
+    SignatureAddTargets(builder, targets)
+
+def SignatureStartTargetsVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def StartTargetsVector(builder, numElems):
+    return SignatureStartTargetsVector(builder, numElems)
 
 def SignatureEnd(builder):
     return builder.EndObject()

@@ -1,0 +1,133 @@
+"""Gradient rules of the core ops against finite differences (float64)."""
+import numpy as np
+import pytest
+
+import edgeflow as ef
+from edgeflow.errors import GraphError
+
+from .gradcheck import check_gradients
+
+rng = np.random.default_rng(0)
+
+
+def r(*shape, low=-2.0, high=2.0):
+    return rng.uniform(low, high, shape)
+
+
+def positive(*shape):
+    return rng.uniform(0.5, 2.0, shape)
+
+
+BINARY = [
+    ("add", lambda a, b: a + b), ("sub", lambda a, b: a - b), ("mul", lambda a, b: a * b),
+    ("div", lambda a, b: a / b), ("maximum", ef.maximum), ("minimum", ef.minimum),
+]
+
+
+@pytest.mark.parametrize("name, fn", BINARY)
+@pytest.mark.parametrize("shapes", [((3, 4), (3, 4)), ((3, 4), (4,)), ((2, 1, 3), (4, 1)), ((), (2, 3))])
+def test_binary_with_broadcasting(name, fn, shapes):
+    a, b = r(*shapes[0]), (positive(*shapes[1]) if name == "div" else r(*shapes[1]))
+    check_gradients(fn, a, b)
+
+
+def test_pow():
+    check_gradients(lambda a, b: a ** b, positive(3, 4), r(4))
+
+
+@pytest.mark.parametrize("fn, x", [
+    (ef.neg, r(3, 4)), (ef.abs, r(3, 4)), (ef.exp, r(3, 4)), (ef.log, positive(3, 4)),
+    (ef.sqrt, positive(3, 4)), (ef.sigmoid, r(3, 4)), (ef.tanh, r(3, 4)), (ef.nn.relu, r(3, 4)),
+    (lambda x: ef.nn.softmax(x, axis=1), r(3, 5)), (lambda x: ef.nn.log_softmax(x, axis=0), r(3, 5)),
+])
+def test_unary(fn, x):
+    check_gradients(fn, x, rtol=1e-4 if fn is not ef.neg else 1e-5)
+
+
+@pytest.mark.parametrize("ta, tb, a, b", [
+    (False, False, (3, 4), (4, 5)), (True, False, (4, 3), (4, 5)), (False, True, (3, 4), (5, 4)),
+    (True, True, (4, 3), (5, 4)), (False, False, (2, 3, 4), (4, 5)), (False, False, (2, 1, 3, 4), (3, 4, 2)),
+])
+def test_matmul(ta, tb, a, b):
+    check_gradients(lambda x, y: ef.matmul(x, y, transpose_a=ta, transpose_b=tb), r(*a), r(*b))
+
+
+@pytest.mark.parametrize("reduce", [ef.reduce_sum, ef.reduce_mean, ef.reduce_max])
+@pytest.mark.parametrize("axis, keepdims", [(None, False), (1, False), ([0, 2], True), (-1, True)])
+def test_reductions(reduce, axis, keepdims):
+    check_gradients(lambda x: reduce(x, axis=axis, keepdims=keepdims), r(3, 4, 5))
+
+
+def test_cast_passes_gradients_between_float_types():
+    g = ef.Graph()
+    with g.as_default():
+        p = ef.placeholder(ef.float64, [3])
+        (grad,) = ef.gradients(ef.reduce_sum(ef.cast(p, ef.float32) * 2.0), [p])
+        out = ef.Session().run(grad, {p: r(3)})
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out, [2, 2, 2])
+
+
+def test_reduce_max_splits_ties():
+    x = np.array([[1.0, 3.0, 3.0], [2.0, 0.0, -1.0]])
+    g = ef.Graph()
+    with g.as_default():
+        p = ef.placeholder(ef.float64, [2, 3])
+        (grad,) = ef.gradients(ef.reduce_sum(ef.reduce_max(p, axis=1)), [p])
+        out = ef.Session().run(grad, {p: x})
+    np.testing.assert_array_equal(out, [[0, 0.5, 0.5], [1, 0, 0]])
+
+
+@pytest.mark.parametrize("fn, shape", [
+    (lambda x: ef.reshape(x, [4, -1]), (2, 6)), (lambda x: ef.transpose(x, [2, 0, 1]), (2, 3, 4)),
+    (lambda x: ef.squeeze(x, [1]), (3, 1, 2)), (lambda x: ef.expand_dims(x, 1), (3, 2)),
+    (lambda x: x[1:, ::2], (4, 5)), (lambda x: x[::-1, 1], (4, 3)),
+    (lambda x: ef.gather(x, [2, 0, 2], axis=1), (3, 4)),
+    (lambda x: ef.gather(x, np.array([[0, 1], [1, 1]]), axis=0), (3, 2)),
+    (lambda x: ef.concat([x, x * 2.0, ef.exp(x)], axis=1), (2, 3)),
+    (lambda x: ef.split(x, [1, 3], axis=1)[1], (2, 4)),
+    (lambda x: ef.tile(x, [2, 3]), (2, 3)), (lambda x: ef.broadcast_to(x, [4, 3]), (1, 3)),
+    (lambda x: ef.where(ef.greater(x, ef.constant(0.0, ef.float64)), x * x, -x), (3, 4)),
+])
+def test_shape_ops(fn, shape):
+    check_gradients(fn, r(*shape))
+
+
+def test_dynamic_batch_gradients():
+    """Gradients built with a None batch dimension run at any batch size."""
+    w0 = r(4, 3)
+    g = ef.Graph()
+    with g.as_default():
+        x = ef.placeholder(ef.float64, [None, 4])
+        w = ef.Variable(w0)
+        loss = ef.reduce_mean(ef.nn.relu(x @ w + ef.constant(np.ones(3))))
+        (grad,) = ef.gradients(loss, [w])
+        sess = ef.Session()
+        sess.run(ef.global_variables_initializer())
+    for n in (1, 5):
+        xv = r(n, 4)
+        live = (xv @ w0 + 1) > 0
+        expected = xv.T @ (live / (n * 3))
+        np.testing.assert_allclose(sess.run(grad, {x: xv}), expected, rtol=1e-10)
+
+
+def test_gradients_sum_over_paths_and_skip_unrelated():
+    g = ef.Graph()
+    with g.as_default():
+        x = ef.placeholder(ef.float64, [3])
+        other = ef.placeholder(ef.float64, [3])
+        y = ef.reduce_sum(x * x + ef.exp(x))
+        gx, gother = ef.gradients(y, [x, other])
+        xv = r(3)
+        np.testing.assert_allclose(ef.Session().run(gx, {x: xv}), 2 * xv + np.exp(xv))
+    assert gother is None
+
+
+def test_missing_rule_is_named():
+    g = ef.Graph()
+    with g.as_default():
+        x = ef.placeholder(ef.float32, [3, 4])
+        y = ef.reduce_sum(ef.cast(ef.argmax(x, axis=1), ef.float32) * 1.0)
+        assert ef.gradients(y, [x]) == [None]  # argmax is a function of order only: no path
+        with pytest.raises(GraphError, match="only float tensors"):
+            ef.gradients(ef.argmax(x, axis=1), [x])
