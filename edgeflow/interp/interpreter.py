@@ -88,6 +88,39 @@ class Interpreter:
         self.profiler = Profiler()
         return self.profiler
 
+    # -- trainable state -------------------------------------------------------------
+    def variables(self):
+        """{name: copy of the current value} of every variable."""
+        tensors = self._subgraph.tensors
+        return {tensors[i].name: np.array(a) for i, a in self._variables.items()}
+
+    def save_checkpoint(self, path):
+        """Write every variable's value to `path` atomically (temp file, fsync, rename)."""
+        from . import checkpoint
+        checkpoint.write(path, self.variables())
+
+    def restore_checkpoint(self, path):
+        """Set every variable from a checkpoint; a torn or mismatched one raises FormatError
+        and leaves the variables as they were."""
+        from . import checkpoint
+        tensors = self._subgraph.tensors
+        expected = {tensors[i].name: (a.dtype, a.shape) for i, a in self._variables.items()}
+        values = checkpoint.read(path, expected)
+        for i, a in self._variables.items():
+            np.copyto(a, values[tensors[i].name])
+
+    def export(self, path):
+        """Write a new `.efl` model whose variables start at their current values."""
+        import copy
+        from ..format import writer
+        model = copy.copy(self.model)
+        sub = copy.copy(self._subgraph)
+        sub.tensors = [copy.copy(t) for t in sub.tensors]
+        for i, a in self._variables.items():
+            sub.tensors[i].data = np.array(a)
+        model.subgraphs = [sub] + list(self.model.subgraphs[1:])
+        writer.write(model, path)
+
     # -- signatures ----------------------------------------------------------------
     def get_signature_list(self):
         return {s.key: {"inputs": list(s.inputs), "outputs": list(s.outputs)}
