@@ -80,6 +80,64 @@ def _counts(counter):
     return ", ".join(f"{op} {n}" for op, n in counter.most_common())
 
 
+def cmd_train(args):
+    from . import trainer
+    from .interp import Interpreter
+    interp = Interpreter(args.model)
+    if "train" not in interp.get_signature_list():
+        raise EdgeflowError(f"{args.model} has no 'train' signature; make one with ef.save(..., "
+                            "signatures={'train': ...}) or edgeflow convert --trainable")
+    try:
+        with np.load(args.data, allow_pickle=False) as archive:
+            data = {k: archive[k] for k in archive.files}
+    except (OSError, ValueError) as e:
+        raise EdgeflowError(f"--data: cannot read {args.data!r} as .npz ({e})") from None
+    n = len(next(iter(data.values()))) if data else 0
+    steps = args.epochs * -(-n // args.batch_size)
+    bar = _progress(steps, "training")
+
+    def on_step(epoch, step, loss):
+        bar.update(1)
+        bar.set_postfix(epoch=epoch + 1, loss=f"{loss:.4f}")
+    history = trainer.fit(interp, data, args.epochs, args.batch_size, args.seed, args.checkpoint_dir,
+                          args.checkpoint_every, on_step)
+    bar.close()
+    if history:
+        print(f"trained {len(history)} steps: loss {history[0][1]:.4f} -> {history[-1][1]:.4f}")
+    else:
+        print("nothing to do: the checkpoint is already at the last epoch")
+    if args.output:
+        interp.export(args.output)
+        print(f"wrote the trained model to {args.output}")
+
+
+class _Bar:
+    """A minimal progress line when tqdm is not installed."""
+
+    def __init__(self, total, desc):
+        self.total, self.desc, self.n, self.post = total, desc, 0, {}
+
+    def update(self, k):
+        self.n += k
+        if self.n == self.total or self.n % max(self.total // 20, 1) == 0:
+            post = ", ".join(f"{k}={v}" for k, v in self.post.items())
+            print(f"{self.desc}: {self.n}/{self.total} {post}", file=sys.stderr)
+
+    def set_postfix(self, **kw):
+        self.post = kw
+
+    def close(self):
+        pass
+
+
+def _progress(total, desc):
+    try:
+        from tqdm import tqdm
+        return tqdm(total=total, desc=desc, unit="step", disable=not sys.stderr.isatty())
+    except ImportError:
+        return _Bar(total, desc)
+
+
 def cmd_quickstart(args):
     from .quickstart import main as quickstart
     quickstart(args.dir)
@@ -127,6 +185,20 @@ def build_parser():
     p.add_argument("--optimize", action=argparse.BooleanOptionalAction, default=True,
                    help="fold constants and BatchNorm, fuse activations (default: on)")
     p.set_defaults(fn=cmd_convert)
+
+    p = verbs.add_parser("train", help="train a model on the device through its train signature",
+                         description="Train through the model's 'train' signature on arrays from "
+                                     "an .npz file (keys = the signature's input names), with "
+                                     "checkpoints to resume from.")
+    p.add_argument("model", help="a trainable .efl file")
+    p.add_argument("--data", required=True, help=".npz with one array per train input")
+    p.add_argument("--epochs", type=_positive, default=1)
+    p.add_argument("--batch-size", type=_positive, default=32)
+    p.add_argument("--seed", type=int, default=0, help="data order seed (default 0)")
+    p.add_argument("--checkpoint-dir", help="save checkpoints here and resume from the last one")
+    p.add_argument("--checkpoint-every", type=_positive, default=50, help="steps between checkpoints")
+    p.add_argument("-o", "--output", help="export the trained model to this .efl")
+    p.set_defaults(fn=cmd_train)
 
     p = verbs.add_parser("quickstart", help="build, package, inspect and run a small model",
                          description="An end-to-end tour: build a small model with the graph "
