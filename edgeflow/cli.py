@@ -231,6 +231,9 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         args.fn(args)
+    except BrokenPipeError:  # `edgeflow inspect m.efl | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (EdgeflowError, OSError) as e:
         print(f"edgeflow {args.verb}: error: {e}", file=sys.stderr)
         return 2

@@ -33,7 +33,7 @@ def describe(path):
     for sig in model.signatures:
         plan = interp.plan_for(list(sig.inputs.values()), list(sig.outputs.values()),
                                {i: tuple(max(d, 1) for d in sub.tensors[i].shape)
-                                for i in sig.inputs.values()})
+                                for i in sig.inputs.values()}, sig.targets)
         signatures[sig.key] = {
             "inputs": {n: {"dtype": str(sub.tensors[i].dtype), "shape": _dims(sub.tensors[i].shape)}
                        for n, i in sig.inputs.items()},
@@ -52,7 +52,8 @@ def describe(path):
         "file_bytes": sizes.file_bytes,
         "weight_bytes": sizes.weight_bytes,
         "overhead_bytes": sizes.file_bytes - sizes.weight_bytes,
-        "parameters": int(sum(np.prod(t.shape, dtype=np.int64) for t in consts if t.dtype.kind == "f")),
+        "parameters": int(sum(np.prod(t.shape, dtype=np.int64) for t in consts + variables
+                              if t.dtype.kind == "f" or t.quantization is not None)),
         "variables": int(sum(np.prod(t.shape, dtype=np.int64) for t in variables)),
         "signatures": signatures,
         "ops_by_type": dict(Counter(op.opcode for op in sub.operators).most_common()),
@@ -77,7 +78,7 @@ def render(info, max_tensors=30):
         lines.append(f"  {info['description']}")
     lines.append(f"  file {_mib(info['file_bytes'])}, weights {_mib(info['weight_bytes'])}, "
                  f"overhead {_mib(info['overhead_bytes'])}; {info['parameters']:,} parameters"
-                 + (f", {info['variables']:,} variable elements" if info["variables"] else ""))
+                 + (f" ({info['variables']:,} in variables)" if info["variables"] else ""))
     lines.append("signatures:")
     for key, sig in info["signatures"].items():
         lines.append(f"  {key}: {sig['ops']} ops, arena {_mib(sig['arena_bytes'])} "
