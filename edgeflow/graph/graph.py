@@ -105,7 +105,7 @@ class Graph:
         except GraphError as e:
             label = f" {name!r}" if name else ""
             raise GraphError(f"op{label}: {e}") from None
-        if inputs and all(t.spec.value is not None for t in inputs):
+        if inputs and not opdef.random and all(t.spec.value is not None for t in inputs):
             specs = _with_values(op, attrs, inputs, specs)
         return self.add_node(op, inputs, attrs, name, specs)
 
@@ -210,9 +210,9 @@ _PYTHON_DEFAULTS = {np.dtype(np.float64): dtypes.float32, np.dtype(np.int64): dt
 def convert_to_tensor(value, dtype_hint=None):
     """A Tensor as is; anything else becomes a constant.
 
-    A Python scalar or list next to a tensor takes that tensor's dtype (`dtype_hint`),
-    but only when the conversion loses nothing: `x_int + 1.5` is an error, as in
-    TensorFlow.
+    A Python scalar or list next to a tensor takes that tensor's dtype (`dtype_hint`):
+    rounded for float tensors, exactly or not at all for integer ones (`x_int + 1.5` is
+    an error, as in TensorFlow).
     """
     if isinstance(value, Tensor):
         return value
@@ -221,7 +221,10 @@ def convert_to_tensor(value, dtype_hint=None):
     source = np.asarray(value)
     with np.errstate(all="ignore"):
         converted = source.astype(dtype_hint)
-    if source.dtype.kind not in "biuf" or not np.array_equal(converted, source):
+    # Floats may round (0.1 in float32); integers and bools must convert exactly.
+    exact = np.dtype(dtype_hint).kind == "f" and np.all(np.isfinite(converted) == np.isfinite(source)) \
+        if source.dtype.kind in "biuf" else False
+    if not exact and (source.dtype.kind not in "biuf" or not np.array_equal(converted, source)):
         raise GraphError(f"cannot use {value!r} with a {np.dtype(dtype_hint)} tensor: the value "
                          f"does not convert to {np.dtype(dtype_hint)} exactly; cast one side")
     return constant(converted)

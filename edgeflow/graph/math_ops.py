@@ -153,9 +153,13 @@ def range(start, limit=None, delta=1, dtype=None, name=None):  # noqa: A001  (Te
         start, limit = 0, start
     values = [start, limit, delta]
     tensors = [v for v in values if isinstance(v, Tensor)]
-    dt = dtypes.as_dtype(dtype) if dtype is not None else (
-        tensors[0].dtype if tensors else np.asarray(values).dtype)
-    dt = dtypes.float32 if dt == np.float64 else dtypes.int32 if dt == np.int64 and not tensors else dt
+    if dtype is not None:
+        dt = dtypes.as_dtype(dtype)
+    elif tensors:
+        dt = tensors[0].dtype
+    else:  # Python numbers: float32 or int32, as in TensorFlow
+        dt = {np.dtype(np.float64): dtypes.float32, np.dtype(np.int64): dtypes.int32}.get(
+            np.asarray(values).dtype, np.asarray(values).dtype)
     like = tensors[0] if tensors else None
     ops = [v if isinstance(v, Tensor) else
            (convert_to_tensor_like(np.asarray(v, dt), like) if like is not None else

@@ -123,8 +123,8 @@ class Plan:
                         f"known before running (constants, or computed from shapes)")
                 _check_declared(t, tensors[t], spec, op.opcode)
             opdef = ops.get(op.opcode)
-            if not opdef.stateful and (all(s.value is not None for s in ins)
-                                       or all(s.value is not None for s in outs)):
+            if not (opdef.stateful or opdef.random) and (all(s.value is not None for s in ins)
+                                                         or all(s.value is not None for s in outs)):
                 is_static = all(t in static for t in op.inputs)
                 values = self._fold(i, op, ins, outs, folded if is_static else {})
                 outs = [TensorSpec(s.shape, s.dtype, v) for s, v in zip(outs, values)]

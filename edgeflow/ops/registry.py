@@ -105,6 +105,7 @@ class OpDef:
     doc: str
     flops: Callable = None  # (input specs, output specs, attrs) -> arithmetic operations
     stateful: bool = False  # writes a variable (input 0): never folded, run after pure ops
+    random: bool = False  # draws new values every run: never folded
 
     @property
     def gradient(self):
@@ -159,7 +160,7 @@ class OpDef:
 _REGISTRY = {}
 
 
-def define(name, *, inputs, outputs=1, attrs=None, view=False, flops=None, stateful=False):
+def define(name, *, inputs, outputs=1, attrs=None, view=False, flops=None, stateful=False, random=False):
     """Decorator: register the shape/dtype inference function `fn` as op `name`.
 
     `inputs` is an int or a (min, max) pair, max None for variadic; `outputs` an int or
@@ -173,7 +174,7 @@ def define(name, *, inputs, outputs=1, attrs=None, view=False, flops=None, state
         if name in _REGISTRY:
             raise AssertionError(f"op {name!r} defined twice")
         _REGISTRY[name] = OpDef(name, arity, outputs, dict(attrs or {}), fn, view,
-                                (fn.__doc__ or "").strip(), flops, stateful)
+                                (fn.__doc__ or "").strip(), flops, stateful, random)
         return fn
 
     return register

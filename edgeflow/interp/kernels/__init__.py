@@ -47,4 +47,4 @@ def ufunc(name, fn):
 
 
 from . import (activations, array, conv, einsum, image, math, nn, norm, pool, reduce,  # noqa: E402,F401
-               rnn, shape, state, backprop)  # (registration)
+               random, rnn, shape, state, backprop)  # (registration)
