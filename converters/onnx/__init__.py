@@ -10,7 +10,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
-from edgeflow.errors import ConversionError, EdgeflowError, GraphError, UnsupportedOpError
+from edgeflow.errors import ConversionError, GraphError, UnsupportedOpError
 
 MIN_OPSET = 13
 
@@ -101,9 +101,10 @@ def _raise_unsupported(found):
                              + "\n".join(lines), found)
 
 
-def to_graph(model, progress=False):
-    """(graph, inputs, outputs): the ONNX graph as an edgeflow Graph, with its inputs and
-    outputs as dicts of ONNX name -> Tensor."""
+def to_graph(model, progress=False, variables=()):
+    """(graph, inputs, outputs, context): the ONNX graph as an edgeflow Graph, with its
+    inputs and outputs as dicts of ONNX name -> Tensor. Initializers named in `variables`
+    become ef.Variables; the others constants."""
     import edgeflow as ef
     from onnx import numpy_helper
     from .context import Context, Node
@@ -118,7 +119,8 @@ def to_graph(model, progress=False):
     with g.as_default():
         initializers = {init.name for init in model.graph.initializer}
         for init in model.graph.initializer:
-            ctx.tensors[init.name] = ef.constant(numpy_helper.to_array(init), name=init.name)
+            make = ef.Variable if init.name in variables else ef.constant
+            ctx.tensors[init.name] = make(numpy_helper.to_array(init), name=init.name)
         inputs = {}
         for vi in model.graph.input:
             if vi.name not in initializers:
@@ -145,7 +147,7 @@ def to_graph(model, progress=False):
         if failed:
             _raise_unsupported(failed)
         outputs = {vi.name: ctx.tensors[vi.name] for vi in model.graph.output}
-    return g, inputs, outputs
+    return g, inputs, outputs, ctx
 
 
 def _progress(nodes, enabled):
@@ -158,21 +160,29 @@ def _progress(nodes, enabled):
     return tqdm(nodes, desc="converting", unit="node", leave=False)
 
 
-def convert(src, dst=None, quantize=None, optimize=True, progress=False):
+def convert(src, dst=None, quantize=None, optimize=True, progress=False, trainable=False,
+            loss="cross_entropy", optimizer="sgd:0.01", freeze=()):
     """Convert an ONNX model (path or ModelProto) to edgeflow; write it to `dst` if given.
 
     quantize: None, "fp16" (weights stored as float16) or "int8" (weights stored int8,
     per-channel for conv and matmul weights). optimize: constant folding, BatchNorm
     folding, activation fusion (dead nodes are never written).
+
+    trainable: also make `train`, `save` and `restore` signatures, as onnxruntime's
+    training artifacts do: float initializers become variables (except those named in
+    `freeze`, and operands whose values set shapes), `loss` ("cross_entropy" on integer
+    labels, or "mse") applies to the first graph output against a new `labels` input, and
+    `optimizer` ("sgd:LR", "momentum:LR", "adam:LR", "adamw:LR", "adagrad:LR",
+    "rmsprop:LR") updates the variables.
     """
+    if trainable:
+        return _convert_trainable(src, dst, quantize, progress, loss, optimizer, freeze)
     import edgeflow as ef
     from edgeflow.graph import optimize as passes
-    from edgeflow.format import quantize as quantization
 
-    if quantize not in (None, "fp16", "int8"):
-        raise ConversionError(f"quantize must be None, 'fp16' or 'int8', got {quantize!r}")
+    _check_quantize(quantize)
     proto = load(src)
-    graph, inputs, outputs = to_graph(proto, progress)
+    graph, inputs, outputs, _ = to_graph(proto, progress)
     signatures = {"infer": (inputs, outputs)}
     if optimize:
         signatures = passes.optimize(graph, signatures)
@@ -181,6 +191,16 @@ def convert(src, dst=None, quantize=None, optimize=True, progress=False):
                             f"({proto.producer_name or 'unknown producer'}, opset {_opset(proto)})")
     except GraphError as e:
         raise ConversionError(str(e)) from None
+    return _finish(model, proto, dst, quantize)
+
+
+def _check_quantize(quantize):
+    if quantize not in (None, "fp16", "int8"):
+        raise ConversionError(f"quantize must be None, 'fp16' or 'int8', got {quantize!r}")
+
+
+def _finish(model, proto, dst, quantize):
+    from edgeflow.format import quantize as quantization, writer
     model.producer = "edgeflow converters.onnx"
     if quantize:
         model = quantization.quantize(model, quantize)
@@ -188,13 +208,69 @@ def convert(src, dst=None, quantize=None, optimize=True, progress=False):
                         Counter(op.opcode for op in model.subgraphs[0].operators),
                         _parameters(model), proto.ByteSize())
     if dst is not None:
-        from edgeflow.format import writer
-        try:
-            writer.write(model, dst)
-        except EdgeflowError:
-            raise
+        writer.write(model, dst)
         result.path, result.efl_bytes = os.fspath(dst), os.path.getsize(dst)
     return result
+
+
+OPTIMIZERS = {"sgd": "GradientDescent", "momentum": "Momentum", "adam": "Adam", "adamw": "AdamW",
+              "adagrad": "Adagrad", "rmsprop": "RMSProp"}
+
+
+def make_optimizer(spec):
+    """An ef.train optimizer from "name:learning_rate" (momentum uses 0.9)."""
+    import edgeflow as ef
+    name, _, rate = spec.partition(":")
+    if name not in OPTIMIZERS:
+        raise ConversionError(f"optimizer must be one of {sorted(OPTIMIZERS)} as NAME:LR, got {spec!r}")
+    try:
+        lr = float(rate) if rate else 0.01
+    except ValueError:
+        raise ConversionError(f"optimizer {spec!r}: the learning rate must be a number") from None
+    cls = getattr(ef.train, OPTIMIZERS[name])
+    return cls(lr, 0.9) if name == "momentum" else cls(lr)
+
+
+def _convert_trainable(src, dst, quantize, progress, loss, optimizer, freeze):
+    import numpy as np
+    import edgeflow as ef
+    from onnx import numpy_helper
+    from edgeflow.graph.optimize import fold_constants
+
+    _check_quantize(quantize)
+    if loss not in ("cross_entropy", "mse"):
+        raise ConversionError(f"loss must be 'cross_entropy' or 'mse', got {loss!r}")
+    proto = load(src)
+    names = {init.name for init in proto.graph.initializer}
+    unknown = sorted(set(freeze) - names)
+    if unknown:
+        raise ConversionError(f"--freeze: no initializer named {unknown}; the model has "
+                              f"{sorted(names)[:10]}{' ...' if len(names) > 10 else ''}")
+    # A first pass finds the initializers read as values (shapes, scales): those stay constants.
+    *_, ctx = to_graph(proto)
+    trainable = {init.name for init in proto.graph.initializer
+                 if init.name not in freeze and init.name not in ctx.values_read
+                 and numpy_helper.to_array(init).dtype.kind == "f"}
+    graph, inputs, outputs, _ = to_graph(proto, progress, variables=trainable)
+    first_name, first = next(iter(outputs.items()))
+    with graph.as_default():
+        if loss == "cross_entropy":
+            labels = ef.placeholder(ef.int64, [first.shape[0]], name="labels")
+            objective = ef.losses.softmax_cross_entropy(labels, first)
+        else:
+            labels = ef.placeholder(first.dtype, first.shape, name="labels")
+            objective = ef.losses.mean_squared_error(labels, first)
+        objective = ef.add(objective, np.zeros((), first.dtype), name="loss")
+        train_op = make_optimizer(optimizer).minimize(objective)
+    signatures = {"infer": (inputs, outputs),
+                  "train": ({**inputs, "labels": labels}, {"loss": objective}, [train_op])}
+    signatures = fold_constants(graph, signatures)
+    try:
+        model = ef.to_model(graph, signatures, description=f"trainable, converted from ONNX "
+                            f"(loss {loss}, optimizer {optimizer}, {len(trainable)} variables)")
+    except GraphError as e:
+        raise ConversionError(str(e)) from None
+    return _finish(model, proto, dst, quantize)
 
 
 def _parameters(model):

@@ -36,6 +36,7 @@ class Context:
     def __init__(self, graph):
         self.graph = graph
         self.tensors = {}
+        self.values_read = set()  # ONNX names whose values conversion needed (shape operands)
 
     def has(self, node, i):
         return i < len(node.inputs) and node.inputs[i] != ""
@@ -56,6 +57,8 @@ class Context:
     def value(self, node, i):
         """The value of input `i` if known while converting (constants, static shapes)."""
         t = self.input(node, i)
+        if t is not None:
+            self.values_read.add(node.inputs[i])
         return None if t is None else t.spec.value
 
     def constant(self, node, i, what):
