@@ -3,7 +3,7 @@ import math
 
 from .. import dtypes
 from ..errors import GraphError
-from .registry import Attr, AttrKind, TensorSpec, define
+from .registry import Attr, AttrKind, TensorSpec, define, gradient
 
 _F = AttrKind.FLOAT
 
@@ -63,3 +63,104 @@ def _clip(inputs, attrs):
         if x.dtype in dtypes.INTEGERS and math.isfinite(bound) and bound != int(bound):
             raise GraphError(f"clip: {key} {bound} is not an integer, but the input is {x.dtype}")
     return _pointwise("clip", x, dtypes.FLOATS | dtypes.INTEGERS)
+
+
+# -- gradients -----------------------------------------------------------------------------
+
+def _masked(g, dy, drop):
+    """dy with zeros where `drop` holds."""
+    return g("where", drop, g.constant(0, dy), dy)
+
+
+@gradient("clip")
+def _clip_grad(g, op, grads):
+    """dy inside [min, max] (bounds included), 0 outside; 0 everywhere if min > max."""
+    x, dy = op.inputs[0], grads[0]
+    low, high = op.attrs["min"], op.attrs["max"]
+    if low > high:
+        return [g.zeros_like(x)]
+    if low > -math.inf:
+        dy = _masked(g, dy, g("less", x, g.constant(low, x)))
+    if high < math.inf:
+        dy = _masked(g, dy, g("greater", x, g.constant(high, x)))
+    return [dy]
+
+
+@gradient("leaky_relu")
+def _leaky_relu_grad(g, op, grads):
+    x, dy = op.inputs[0], grads[0]
+    negative = g("less", x, g.constant(0, x))
+    return [g("where", negative, g("mul", dy, g.constant(op.attrs["alpha"], x)), dy)]
+
+
+@gradient("hard_sigmoid")
+def _hard_sigmoid_grad(g, op, grads):
+    """alpha * dy where the output is strictly inside (0, 1)."""
+    y, dy = op.outputs[0], grads[0]
+    zero = g.constant(0, y)
+    slope = g("mul", dy, g.constant(op.attrs["alpha"], y))
+    slope = g("where", g("greater", y, zero), slope, zero)
+    return [g("where", g("less", y, g.constant(1, y)), slope, zero)]
+
+
+@gradient("hard_swish")
+def _hard_swish_grad(g, op, grads):
+    """x / 3 + 1 / 2 on (-3, 3), 0 below, 1 above."""
+    x, dy = op.inputs[0], grads[0]
+    slope = g("add", g("div", x, g.constant(3, x)), g.constant(0.5, x))
+    slope = g("where", g("greater", x, g.constant(3, x)), g.constant(1, x), slope)
+    slope = g("where", g("less", x, g.constant(-3, x)), g.constant(0, x), slope)
+    return [g("mul", dy, slope)]
+
+
+def _gaussian(g, x, scale):
+    """scale * exp(-x ** 2 / 2)."""
+    return g("mul", g("exp", g("mul", g("mul", x, x), g.constant(-0.5, x))), g.constant(scale, x))
+
+
+@gradient("gelu")
+def _gelu_grad(g, op, grads):
+    x, dy = op.inputs[0], grads[0]
+    half, one = g.constant(0.5, x), g.constant(1, x)
+    if op.attrs["approximate"] == "tanh":
+        # d/dx x/2 (1 + tanh u) = (1 + tanh u)/2 + x/2 (1 - tanh^2 u) u', u = c (x + a x^3)
+        c, a = math.sqrt(2 / math.pi), 0.044715
+        x2 = g("mul", x, x)
+        u = g("mul", g("add", x, g("mul", g("mul", x2, x), g.constant(a, x))), g.constant(c, x))
+        du = g("mul", g("add", one, g("mul", x2, g.constant(3 * a, x))), g.constant(c, x))
+        t = g("tanh", u)
+        outer = g("mul", g("add", one, t), half)
+        inner = g("mul", g("mul", g("mul", x, half), g("sub", one, g("mul", t, t))), du)
+        return [g("mul", dy, g("add", outer, inner))]
+    # Phi(x) + x phi(x): the normal distribution function and density.
+    cdf = g("mul", g("add", one, g("erf", g("mul", x, g.constant(math.sqrt(0.5), x)))), half)
+    return [g("mul", dy, g("add", cdf, g("mul", x, _gaussian(g, x, 1 / math.sqrt(2 * math.pi)))))]
+
+
+@gradient("erf")
+def _erf_grad(g, op, grads):
+    x = op.inputs[0]
+    return [g("mul", grads[0], _gaussian(g, g("mul", x, g.constant(math.sqrt(2), x)), 2 / math.sqrt(math.pi)))]
+
+
+@gradient("softplus")
+def _softplus_grad(g, op, grads):
+    return [g("mul", grads[0], g("sigmoid", op.inputs[0]))]
+
+
+def _exponential_grad(g, op, dy, gamma):
+    """gamma * dy for x > 0, else dy * (y + gamma * alpha) = dy * gamma * alpha * exp(x)."""
+    x, y = op.inputs[0], op.outputs[0]
+    below = g("mul", dy, g("add", y, g.constant(gamma * op.attrs["alpha"], y)))
+    above = dy if gamma == 1 else g("mul", dy, g.constant(gamma, y))
+    return [g("where", g("greater", x, g.constant(0, x)), above, below)]
+
+
+@gradient("elu")
+def _elu_grad(g, op, grads):
+    return _exponential_grad(g, op, grads[0], 1.0)
+
+
+@gradient("selu")
+def _selu_grad(g, op, grads):
+    return _exponential_grad(g, op, grads[0], op.attrs["gamma"])

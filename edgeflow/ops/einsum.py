@@ -3,7 +3,7 @@ import string
 
 from ..errors import GraphError
 from .math import NUMERIC, _same_dtype
-from .registry import Attr, AttrKind, TensorSpec, define
+from .registry import Attr, AttrKind, TensorSpec, define, gradient
 from .shapes import broadcast, fmt
 
 ELLIPSIS = "."  # stands for '...' in a parsed term
@@ -106,3 +106,72 @@ def _einsum(inputs, attrs):
     for label in out:
         shape += ellipsis if label == ELLIPSIS else (sizes[label],)
     return [TensorSpec(shape, dtype)]
+
+
+# -- gradients -----------------------------------------------------------------------------
+
+def _positions(term, rank):
+    """label -> its axes in an operand of `rank` that `term` describes."""
+    head, _, tail = term.partition(ELLIPSIS) if ELLIPSIS in term else (term, "", "")
+    axes = {}
+    for i, c in enumerate(head):
+        axes.setdefault(c, []).append(i)
+    for i, c in enumerate(tail):
+        axes.setdefault(c, []).append(rank - len(tail) + i)
+    return axes
+
+
+def _diagonal(g, operand, axes):
+    """1 where the indices along `axes` are all equal, else 0; broadcasts against operand."""
+    n = g("shape", operand, start=axes[0], end=axes[0] + 1)
+    index = g("range", g.constant(0, n), n, g.constant(1, n))
+
+    def along(axis):
+        return g("reshape", index, shape=tuple(-1 if i == axis else 1 for i in range(operand.rank)))
+    first, mask = along(axes[0]), None
+    for axis in axes[1:]:
+        same = g("cast", g("equal", first, along(axis)), dtype=operand.dtype)
+        mask = same if mask is None else g("mul", mask, same)
+    return mask
+
+
+def _operand_gradient(g, dy, out, operand, term, others):
+    """d(sum of dy * y)/d(operand): dy contracted with the other operands onto `term`.
+
+    `others` are (tensor, term) pairs. The contraction cannot name the labels of `term`
+    that occur nowhere else (they were summed over) nor a label's repeats after its first
+    (a diagonal): the result gets size-1 axes there, stretched to the operand's shape, and
+    diagonals are masked out of it. Axes that broadcasting stretched (size 1 in the
+    operand, or '...' axes it lacks) are summed back by sum_to.
+    """
+    terms = [out] + [t for _, t in others]
+    named = set("".join(terms))
+    kept = [i for i, c in enumerate(term) if c in named and term.index(c) == i]
+    target = "".join(term[i] for i in kept)
+    if ELLIPSIS not in named:  # the operand's '...' stands for no axes
+        target = target.replace(ELLIPSIS, "")
+    elif ELLIPSIS not in target:  # the others' '...' axes, to be summed by sum_to
+        target = ELLIPSIS + target
+    equation = (",".join(terms) + "->" + target).replace(ELLIPSIS, "...")
+    grad = g("einsum", dy, *(t for t, _ in others), equation=equation)
+    # Axes to insert, as positions in the result: counted from the front before the
+    # operand's '...', from the back after it (the result's '...' may be wider).
+    split = term.find(ELLIPSIS) if ELLIPSIS in term else 0
+    missing = [i if i < split else i - len(term) for i, c in enumerate(term)
+               if c != ELLIPSIS and i not in kept]
+    if missing:
+        grad = g("expand", g("expand_dims", grad, axes=tuple(missing)), g("shape", operand))
+    grad = g.sum_to(grad, operand)
+    for axes in _positions(term, operand.rank).values():
+        if len(axes) > 1:
+            grad = g("mul", grad, _diagonal(g, operand, axes))
+    return grad
+
+
+@gradient("einsum")
+def _einsum_grad(g, op, grads):
+    """Each operand's gradient is an einsum of dy with the other operands."""
+    terms, out = parse(op.attrs["equation"], len(op.inputs))
+    pairs = list(zip(op.inputs, terms))
+    return [_operand_gradient(g, grads[0], out, x, term, pairs[:i] + pairs[i + 1:])
+            for i, (x, term) in enumerate(pairs)]

@@ -116,10 +116,78 @@ def _reduce_mean_grad(g, op, grads):
     return [g("div", spread(g, op, grads[0]), g("cast", size, dtype=x.dtype))]
 
 
-@gradient("reduce_max")
+@gradient("reduce_max", "reduce_min")
 def _reduce_max_grad(g, op, grads):
-    """Split equally among the elements that tie for the maximum, as TensorFlow does."""
+    """Split equally among the elements that tie for the maximum (minimum), as TensorFlow does."""
     x = op.inputs[0]
     hits = g("cast", g("equal", x, spread(g, op, op.outputs[0])), dtype=x.dtype)
     count = g("reduce_sum", hits, axes=reduced_axes(op, x), keepdims=True)
     return [g("mul", hits, g("div", kept(g, op, grads[0]), count))]
+
+
+@gradient("reduce_prod")
+def _reduce_prod_grad(g, op, grads):
+    """The product of the other elements: y / x where no element is 0; where one is, the
+    product of the rest for that element and 0 for the others; 0 where two or more are."""
+    x = op.inputs[0]
+    axes, zero, one = reduced_axes(op, x), g.constant(0, x), g.constant(1, x)
+    is_zero = g("equal", x, zero)
+    nonzero = g("where", is_zero, one, x)
+    rest = g("div", g("reduce_prod", nonzero, axes=axes, keepdims=True), nonzero)
+    zeros = g("reduce_sum", g("cast", is_zero, dtype=x.dtype), axes=axes, keepdims=True)
+    # An element gets `rest` if no other element is 0, that is if zeros - is_zero == 0.
+    others_zero = g("sub", zeros, g("cast", is_zero, dtype=x.dtype))
+    live = g("equal", others_zero, zero)
+    return [g("mul", g("where", live, rest, zero), kept(g, op, grads[0]))]
+
+
+@gradient("reduce_l2")
+def _reduce_l2_grad(g, op, grads):
+    """dy * x / y, taken as 0 where y is 0 (the subgradient of least norm)."""
+    x, y = op.inputs[0], kept(g, op, op.outputs[0])
+    zero = g.constant(0, y)
+    empty = g("equal", y, zero)
+    scale = g("where", empty, zero, g("div", kept(g, op, grads[0]), g("where", empty, g.constant(1, y), y)))
+    return [g("mul", x, scale)]
+
+
+@gradient("cumsum")
+def _cumsum_grad(g, op, grads):
+    """Each x reaches the sums after it (before it, if reverse): a running sum the other way."""
+    return [g("cumsum", grads[0], axis=op.attrs["axis"], exclusive=op.attrs["exclusive"],
+              reverse=not op.attrs["reverse"])]
+
+
+@gradient("argmax")
+def _argmax_grad(g, op, grads):
+    return [None]  # piecewise constant in x
+
+
+@gradient("topk")
+def _topk_grad(g, op, grads):
+    """dy of the values scattered back to the places they were taken from.
+
+    With the axis moved last and x flattened, element j of row m is element m * n + j, so
+    one gather_grad along the only axis does the scattering.
+    """
+    x, dy = op.inputs[0], grads[0]
+    if dy is None:
+        return [None]
+    if op.attrs["k"] == 0:
+        return [g.zeros_like(x)]
+    axis = normalize_axis(op.attrs["axis"], x.rank, "topk")
+    perm = tuple(i for i in range(x.rank) if i != axis) + (axis,)
+    moved = perm != tuple(range(x.rank))
+    x_last, dy_last, indices = x, dy, op.outputs[1]
+    if moved:
+        x_last, dy_last, indices = (g("transpose", t, perm=perm) for t in (x, dy, indices))
+    flat_x = g("reshape", x_last, shape=(-1,))
+    n = g("shape", x_last, start=-1)
+    starts = g("range", g.constant(0, n), g("reduce_prod", g("shape", flat_x)), n)
+    flat_indices = g("reshape", g("add", g("reshape", indices, shape=(-1, op.attrs["k"])),
+                                  g("expand_dims", starts, axes=(1,))), shape=(-1,))
+    grad = g("gather_grad", g("reshape", dy_last, shape=(-1,)), flat_indices, flat_x, axis=0)
+    grad = g("reshape", grad, g("shape", x_last))
+    if moved:
+        grad = g("transpose", grad, perm=tuple(perm.index(i) for i in range(x.rank)))
+    return [grad]

@@ -13,7 +13,7 @@ here, and a converter must reject models that use them.
 """
 from .. import dtypes
 from ..errors import GraphError
-from .registry import Attr, AttrKind, TensorSpec, define
+from .registry import Attr, AttrKind, TensorSpec, define, gradient
 from .shapes import fmt
 
 DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
@@ -127,3 +127,63 @@ def _gru(inputs, attrs):
     if attrs["linear_before_reset"] not in (0, 1):
         raise GraphError(f"gru: linear_before_reset must be 0 or 1, got {attrs['linear_before_reset']}")
     return _infer_gru(inputs, attrs)
+
+
+# -- gradients -----------------------------------------------------------------------------
+# Backpropagation through time is one op per layer, lstm_grad or gru_grad: its kernel
+# runs the forward recurrence again, keeping every step's gates, then walks the steps
+# back (about three times the forward's work). Its inputs are the forward op's, then one
+# gradient per forward output; its outputs are the gradients of the forward op's inputs,
+# in their order.
+
+def _infer_recurrent_grad(op, forward, num_outputs):
+    def infer(inputs, attrs):
+        ins, dys = inputs[:-num_outputs], inputs[-num_outputs:]
+        for name, dy, out in zip(("dY", "dY_h", "dY_c"), dys, forward(ins, attrs)):
+            if dy.dtype != out.dtype:
+                raise GraphError(f"{op}: {name} must be {out.dtype}, got {dy.dtype}")
+            _check_shape(op, name, dy, out.shape)
+        return [TensorSpec(s.shape, s.dtype) for s in ins]
+    return infer
+
+
+def _grad_outputs(optional):
+    return lambda attrs: 3 + sum(attrs[flag] for _, flag in optional)
+
+
+def _grad_flops(gates, num_outputs):
+    return lambda ins, outs, attrs: 3 * _recurrent_flops(gates)(ins, ins[-num_outputs:], attrs)
+
+
+_infer_lstm_grad = _infer_recurrent_grad("lstm_grad", _infer_lstm, 3)
+
+
+@define("lstm_grad", inputs=(6, 9), outputs=_grad_outputs(LSTM_OPTIONAL), flops=_grad_flops(4, 3),
+        attrs={**_common_attrs(LSTM_OPTIONAL), "input_forget": Attr(AttrKind.BOOL, False)})
+def _lstm_grad(inputs, attrs):
+    """Gradients of lstm (same attrs) with respect to its inputs: inputs are lstm's, then
+    dY, dY_h, dY_c; outputs dX, dW, dR, then dB, dinitial_h, dinitial_c where present."""
+    return _infer_lstm_grad(inputs, attrs)
+
+
+_infer_gru_grad = _infer_recurrent_grad("gru_grad", _gru, 2)
+
+
+@define("gru_grad", inputs=(5, 7), outputs=_grad_outputs(GRU_OPTIONAL), flops=_grad_flops(3, 2),
+        attrs={**_common_attrs(GRU_OPTIONAL), "linear_before_reset": Attr(AttrKind.INT, 0)})
+def _gru_grad(inputs, attrs):
+    """Gradients of gru (same attrs) with respect to its inputs: inputs are gru's, then
+    dY, dY_h; outputs dX, dW, dR, then dB, dinitial_h where present."""
+    return _infer_gru_grad(inputs, attrs)
+
+
+def _through_time(grad_op):
+    """The rule of a recurrent op: one `grad_op`, given zeros for outputs that get no gradient."""
+    def rule(g, op, grads):
+        dys = [dy if dy is not None else g.zeros_like(out) for dy, out in zip(grads, op.outputs)]
+        return list(g(grad_op, *op.inputs, *dys, **op.attrs))
+    return rule
+
+
+gradient("lstm")(_through_time("lstm_grad"))
+gradient("gru")(_through_time("gru_grad"))

@@ -151,3 +151,200 @@ class _GRU(_Recurrence):
 
 kernel("lstm")(_LSTM)
 kernel("gru")(_GRU)
+
+
+# -- gradients: backpropagation through time ----------------------------------------------
+
+class _Backward:
+    """What lstm_grad and gru_grad share: per direction, the forward recurrence again
+    (keeping each step's states and gates), then the steps walked back.
+
+    A subclass defines `bias(b)` as the forward does; `forward(xw, r, b, initial)`,
+    which runs the steps (in processing order) into its buffers; and `backward(r, b, dy,
+    dfinal)`, which returns the gradients of each step's input projection (`da`, [seq,
+    batch, gates * H]), of R[d], of R's half of B[d], and of the initial states. What
+    the input projection X @ W^T + bias passes on (to X, W and W's half of B) is common.
+    Step buffers are allocated once, when the kernel is made.
+    """
+
+    gates = optional = None
+    states = ("initial_h",)
+
+    def __init__(self, op, ins, outs, attrs):
+        count = len(self.states) + 1
+        x = named_inputs(op, ins[:-count], attrs, self.optional)
+        self.dy, self.dfinal = ins[-count], ins[-count + 1:]
+        self.X, self.W, self.R, self.B = x["X"], x["W"], x["R"], x.get("B")
+        self.initial = [x.get(name) for name in self.states]
+        self.outs = dict(zip(x, outs))
+        self.clip, self.dtype = attrs["clip"], np.result_type(self.X.dtype, np.float32)
+        seq, batch, _ = self.X.shape
+        self.hidden = n = self.W.shape[1] // self.gates
+        reverse = attrs["direction"] == "reverse"
+        self.directions = [(d, reverse or d == 1) for d in range(self.W.shape[0])]
+        self.h = np.empty((seq + 1, batch, n), self.dtype)  # h[k]: the state before step k
+        self.act = np.empty((seq, batch, self.gates * n), self.dtype)  # gates after activation
+        self.live = np.empty(self.act.shape, bool) if self.clip else None  # not clipped
+        self.da = np.empty(self.act.shape, self.dtype)
+
+    def clipped(self, a, live):
+        if self.clip:
+            np.less_equal(np.abs(a), self.clip, out=live)
+            np.clip(a, -self.clip, self.clip, out=a)
+        return a
+
+    def unclipped(self, da, live):
+        if self.clip:
+            da *= live
+        return da
+
+    def __call__(self):
+        seq, batch, size = self.X.shape
+        dt, n = self.dtype, self.hidden
+        grads = {name: np.zeros(out.shape, dt) for name, out in self.outs.items()}
+        for d, backward in self.directions:
+            order = np.arange(seq)[::-1] if backward else np.arange(seq)
+            x = self.X[order].astype(dt, copy=False).reshape(seq * batch, size)
+            w, r = self.W[d].astype(dt, copy=False), self.R[d].astype(dt, copy=False)
+            b = None if self.B is None else self.B[d].astype(dt, copy=False)
+            xw = (x @ w.T).reshape(seq, batch, -1)
+            if b is not None:
+                xw += self.bias(b)
+            initial = [np.zeros((batch, n), dt) if s is None else s[d].astype(dt) for s in self.initial]
+            self.forward(xw, r, b, initial)
+            dfinal = [s[d].astype(dt) for s in self.dfinal]
+            da, dr, drb, dinitial = self.backward(r, b, self.dy[order, d].astype(dt, copy=False), dfinal)
+            da = da.reshape(seq * batch, -1)
+            grads["X"][order] += (da @ w).reshape(seq, batch, size)
+            grads["W"][d] = da.T @ x
+            grads["R"][d] = dr
+            if "B" in grads:
+                grads["B"][d] = np.concatenate([da.sum(0), drb])
+            for name, value in zip(self.states, dinitial):
+                if name in grads:
+                    grads[name][d] = value
+        for name, out in self.outs.items():
+            np.copyto(out, grads[name], casting="unsafe")
+
+
+class _LSTMBackward(_Backward):
+    gates, optional = 4, LSTM_OPTIONAL
+    states = ("initial_h", "initial_c")
+
+    def __init__(self, ins, outs, attrs):
+        super().__init__("lstm", ins, outs, attrs)
+        self.input_forget = attrs["input_forget"]
+        self.c = np.empty_like(self.h)
+
+    def bias(self, b):
+        return b[:4 * self.hidden] + b[4 * self.hidden:]
+
+    def forward(self, xw, r, b, initial):
+        h, c, n = self.h, self.c, self.hidden
+        h[0], c[0] = initial
+        for k in range(len(xw)):
+            a = self.act[k]
+            np.matmul(h[k], r.T, out=a)
+            a += xw[k]
+            self.clipped(a, None if self.live is None else self.live[k])
+            _sigmoid(a[:, :3 * n])
+            np.tanh(a[:, 3 * n:], out=a[:, 3 * n:])
+            i, o, f, cell = a[:, :n], a[:, n:2 * n], a[:, 2 * n:3 * n], a[:, 3 * n:]
+            if self.input_forget:
+                np.subtract(1, i, out=f)
+            np.multiply(f, c[k], out=c[k + 1])
+            c[k + 1] += i * cell
+            np.multiply(o, np.tanh(c[k + 1]), out=h[k + 1])
+
+    def backward(self, r, b, dy, dfinal):
+        n = self.hidden
+        dh, dc = dfinal
+        for k in reversed(range(len(dy))):
+            dh = dh + dy[k]
+            i, o, f, cell = (self.act[k, :, j * n:(j + 1) * n] for j in range(4))
+            tanh_c = np.tanh(self.c[k + 1])
+            dc = dc + dh * o * (1 - tanh_c * tanh_c)
+            da = self.da[k]
+            di, df = dc * cell, dc * self.c[k]
+            if self.input_forget:  # f = 1 - i
+                di -= df
+                df[...] = 0
+            da[:, :n] = di * i * (1 - i)
+            da[:, n:2 * n] = dh * tanh_c * o * (1 - o)
+            da[:, 2 * n:3 * n] = df * f * (1 - f)
+            da[:, 3 * n:] = dc * i * (1 - cell * cell)
+            self.unclipped(da, None if self.live is None else self.live[k])
+            dh, dc = da @ r, dc * f
+        da = self.da.reshape(-1, 4 * n)
+        return self.da, da.T @ self.h[:-1].reshape(-1, n), da.sum(0), (dh, dc)
+
+
+class _GRUBackward(_Backward):
+    gates, optional = 3, GRU_OPTIONAL
+
+    def __init__(self, ins, outs, attrs):
+        super().__init__("gru", ins, outs, attrs)
+        self.linear_before_reset = attrs["linear_before_reset"]
+        self.q = np.empty_like(self.h[1:])  # h @ Rh^T + Rbh, where the reset gate comes after it
+
+    bias = _GRU.bias
+
+    def rbh(self, b):
+        return b[5 * self.hidden:] if b is not None and self.linear_before_reset else 0
+
+    def forward(self, xw, r, b, initial):
+        h, n = self.h, self.hidden
+        h[0] = initial[0]
+        for k in range(len(xw)):
+            a, live = self.act[k], None if self.live is None else self.live[k]
+            np.matmul(h[k], r[:2 * n].T, out=a[:, :2 * n])
+            a[:, :2 * n] += xw[k, :, :2 * n]
+            _sigmoid(self.clipped(a[:, :2 * n], None if live is None else live[:, :2 * n]))
+            z, reset, cand = a[:, :n], a[:, n:2 * n], a[:, 2 * n:]
+            if self.linear_before_reset:
+                np.matmul(h[k], r[2 * n:].T, out=self.q[k])
+                self.q[k] += self.rbh(b)
+                np.multiply(reset, self.q[k], out=cand)
+            else:
+                np.matmul(reset * h[k], r[2 * n:].T, out=cand)
+            cand += xw[k, :, 2 * n:]
+            np.tanh(self.clipped(cand, None if live is None else live[:, 2 * n:]), out=cand)
+            h[k + 1] = cand + z * (h[k] - cand)
+
+    def backward(self, r, b, dy, dfinal):
+        n, (dh,) = self.hidden, dfinal
+        r_h = r[2 * n:]
+        dr_h, drbh = np.zeros_like(r_h), np.zeros(n, self.dtype)
+        for k in reversed(range(len(dy))):
+            dh = dh + dy[k]
+            z, reset, cand = (self.act[k, :, j * n:(j + 1) * n] for j in range(3))
+            h, da = self.h[k], self.da[k]
+            da[:, 2 * n:] = dh * (1 - z) * (1 - cand * cand)
+            if self.live is not None:
+                da[:, 2 * n:] *= self.live[k, :, 2 * n:]
+            dcand = da[:, 2 * n:]
+            if self.linear_before_reset:
+                dreset, dq = dcand * self.q[k], dcand * reset
+                dh_prev = dh * z + dq @ r_h
+                dr_h += dq.T @ h
+                drbh += dq.sum(0)
+            else:
+                dgated = dcand @ r_h  # of reset * h
+                dreset = dgated * h
+                dh_prev = dh * z + dgated * reset
+                dr_h += dcand.T @ (reset * h)
+            da[:, :n] = dh * (h - cand) * z * (1 - z)
+            da[:, n:2 * n] = dreset * reset * (1 - reset)
+            if self.live is not None:
+                da[:, :2 * n] *= self.live[k, :, :2 * n]
+            dh = dh_prev + da[:, :2 * n] @ r[:2 * n]
+        da = self.da.reshape(-1, 3 * n)
+        dr = np.concatenate([da[:, :2 * n].T @ self.h[:-1].reshape(-1, n), dr_h])
+        drb = da.sum(0)
+        if self.linear_before_reset:
+            drb[2 * n:] = drbh
+        return self.da, dr, drb, (dh,)
+
+
+kernel("lstm_grad")(_LSTMBackward)
+kernel("gru_grad")(_GRUBackward)
