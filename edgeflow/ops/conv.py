@@ -7,7 +7,8 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import GraphError
-from .registry import Attr, AttrKind, TensorSpec, activation_attr, check_activation, define
+from .registry import (Attr, AttrKind, TensorSpec, activation_attr, activation_gradient, check_activation,
+                       define, gradient)
 from .shapes import fmt
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -189,3 +190,40 @@ def _conv_transpose(inputs, attrs):
     out, _, _ = transposed_geometry("conv_transpose", x.shape[2:], w.shape[2:], attrs)
     return [TensorSpec((x.shape[0], channels) + out, dt)]
 
+
+
+def _window_only(attrs):
+    """The attrs of conv's gradient ops: the window and the group, not the activation."""
+    return {k: attrs[k] for k in ("strides", "dilations", "pads", "auto_pad", "group")}
+
+
+def _bias_grad(g, op, dy):
+    """The bias's gradient (dy summed over all but the channel axis), if the op has a bias."""
+    if len(op.inputs) < 3:
+        return []
+    return [g("reduce_sum", dy, axes=(0,) + tuple(range(2, dy.rank)))]
+
+
+@gradient("conv")
+def _conv_grad(g, op, grads):
+    (x, w), dy = op.inputs[:2], activation_gradient(g, op, grads[0])
+    attrs = _window_only(op.attrs)
+    return [g("conv_input_grad", dy, w, x, **attrs), g("conv_filter_grad", x, dy, w, **attrs)] + \
+        _bias_grad(g, op, dy)
+
+
+@gradient("conv_transpose")
+def _conv_transpose_grad(g, op, grads):
+    """conv_transpose is conv's input gradient, so its gradients are conv and conv's filter
+    gradient, of dy padded as conv would pad it: by the pads conv_transpose cropped, less
+    output_padding at the end (the outputs there are zeros that no input reaches)."""
+    (x, w), dy = op.inputs[:2], activation_gradient(g, op, grads[0])
+    d = x.rank - 2
+    _, begin, end = transposed_geometry("conv_transpose", x.shape[2:], w.shape[2:], op.attrs)
+    end = tuple(e - extra for e, extra in zip(end, op.attrs["output_padding"] or (0,) * d))
+    cropped = dy
+    if min(end) < 0:
+        cropped = g("pad", dy, pads=(0,) * (d + 2) + (0, 0) + tuple(min(e, 0) for e in end))
+    attrs = {**_window_only(op.attrs), "auto_pad": "NOTSET", "pads": begin + tuple(max(e, 0) for e in end)}
+    return [g("conv", cropped, w, **attrs), g("conv_filter_grad", cropped, x, w, **attrs)] + \
+        _bias_grad(g, op, dy)

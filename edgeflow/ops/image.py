@@ -3,7 +3,7 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import GraphError
-from .registry import Attr, AttrKind, TensorSpec, define
+from .registry import Attr, AttrKind, TensorSpec, define, gradient
 from .shapes import fmt
 
 PAD_MODES = ("constant", "reflect", "edge")
@@ -91,3 +91,17 @@ def _resize(inputs, attrs):
         if any(s is not None and s < 1 for s in sizes):
             raise GraphError(f"resize: scales {scales} shrink {fmt(x.shape)} to nothing")
     return [TensorSpec(x.shape[:2] + sizes, x.dtype)]
+
+
+@gradient("pad")
+def _pad_grad(g, op, grads):
+    """Constant padding's gradient is dy cropped (and zero-padded where pad cropped): pad by
+    the negated pads. Reflect and edge also add each border's gradient to its source."""
+    if op.attrs["mode"] == "constant":
+        return [g("pad", grads[0], pads=tuple(-p for p in op.attrs["pads"]))]
+    return [g("pad_grad", grads[0], op.inputs[0], **op.attrs)]
+
+
+@gradient("resize")
+def _resize_grad(g, op, grads):
+    return [g("resize_grad", grads[0], op.inputs[0], **op.attrs)]

@@ -5,7 +5,7 @@ Global average pooling needs no op of its own: it is reduce_mean over the spatia
 from .. import dtypes
 from ..errors import GraphError
 from .conv import window_attrs, window_geometry
-from .registry import Attr, AttrKind, TensorSpec, define
+from .registry import Attr, AttrKind, TensorSpec, define, gradient
 from .shapes import fmt
 
 
@@ -35,3 +35,13 @@ define("avg_pool", inputs=1, attrs={**window_attrs(dilations=False), **_COMMON,
                                     "count_include_pad": Attr(AttrKind.BOOL, False)})(
     _pool("avg_pool", dtypes.FLOATS, "Mean of each window; padding counts only with "
                                      "count_include_pad (never the ceil_mode overhang)."))
+
+
+@gradient("max_pool")
+def _max_pool_grad(g, op, grads):
+    return [g("max_pool_grad", op.inputs[0], grads[0], **op.attrs)]
+
+
+@gradient("avg_pool")
+def _avg_pool_grad(g, op, grads):
+    return [g("avg_pool_grad", grads[0], op.inputs[0], **op.attrs)]
