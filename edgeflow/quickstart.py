@@ -88,6 +88,37 @@ def convert_onnx(directory):
             raise SystemExit(f"quickstart: converted model differs from the ONNX reference by {err}")
 
 
+def train_on_device(directory):
+    """y = 0.1 x + 0.3: package a trainable model, train it with the interpreter, export it."""
+    import edgeflow as ef
+    from .trainer import fit
+    path = os.path.join(directory, "linear.efl")
+    g = ef.Graph()
+    with g.as_default():
+        x = ef.placeholder(ef.float32, [None], name="x")
+        y = ef.placeholder(ef.float32, [None], name="y")
+        w = ef.Variable(ef.random_uniform([1], -1.0, 1.0, seed=0), name="W")
+        b = ef.Variable(ef.zeros([1]), name="b")
+        pred = ef.add(w * x, b, name="pred")
+        loss = ef.losses.mean_squared_error(y, pred)
+        step = ef.train.GradientDescent(0.5).minimize(loss)
+    ef.save(g, path, signatures={"infer": ({"x": x}, {"pred": pred}),
+                                 "train": ({"x": x, "y": y}, {"loss": loss}, [step])})
+    rng = np.random.default_rng(0)
+    xs = rng.random(100).astype(np.float32)
+    data = {"x": xs, "y": (0.1 * xs + 0.3 + rng.normal(0, 0.01, 100)).astype(np.float32)}
+    interp = ef.Interpreter(path)
+    history = fit(interp, data, epochs=200, batch_size=100,
+                  checkpoint_dir=os.path.join(directory, "checkpoints"), checkpoint_every=10)
+    state = interp.variables()
+    print(f"  {len(history)} steps on the device: loss {history[0][1]:.4f} -> {history[-1][1]:.6f}; "
+          f"W = {state['W'][0]:.3f} (0.1), b = {state['b'][0]:.3f} (0.3)")
+    interp.export(os.path.join(directory, "linear-trained.efl"))
+    print(f"  checkpointed to {directory}/checkpoints, exported linear-trained.efl")
+    if abs(state["W"][0] - 0.1) > 0.02 or abs(state["b"][0] - 0.3) > 0.02:
+        raise SystemExit("quickstart: training did not recover W and b")
+
+
 def main(directory=None):
     import edgeflow as ef
     from .summary import describe, render
@@ -124,5 +155,8 @@ def main(directory=None):
 
         _step(5, "Convert an ONNX model (a small CNN made on the spot) and run it")
         convert_onnx(directory)
-    print("\nquickstart finished: built, packaged, inspected, ran and benchmarked a model, and "
-          "converted one from ONNX.")
+
+        _step(6, "Train on the device: the seeds' linear regression through a train signature")
+        train_on_device(directory)
+    print("\nquickstart finished: built, packaged, inspected, ran and benchmarked a model, "
+          "converted one from ONNX, and trained one on the device.")
