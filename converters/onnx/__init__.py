@@ -177,7 +177,6 @@ def convert(src, dst=None, quantize=None, optimize=True, progress=False, trainab
     """
     if trainable:
         return _convert_trainable(src, dst, quantize, progress, loss, optimizer, freeze)
-    import edgeflow as ef
     from edgeflow.graph import optimize as passes
 
     _check_quantize(quantize)
@@ -186,12 +185,8 @@ def convert(src, dst=None, quantize=None, optimize=True, progress=False, trainab
     signatures = {"infer": (inputs, outputs)}
     if optimize:
         signatures = passes.optimize(graph, signatures)
-    try:
-        model = ef.to_model(graph, signatures, description=f"converted from ONNX "
-                            f"({proto.producer_name or 'unknown producer'}, opset {_opset(proto)})")
-    except GraphError as e:
-        raise ConversionError(str(e)) from None
-    return _finish(model, proto, dst, quantize)
+    return _package(graph, signatures, f"converted from ONNX ({proto.producer_name or 'unknown producer'}, "
+                    f"opset {_opset(proto)})", proto, dst, quantize)
 
 
 def _check_quantize(quantize):
@@ -199,8 +194,14 @@ def _check_quantize(quantize):
         raise ConversionError(f"quantize must be None, 'fp16' or 'int8', got {quantize!r}")
 
 
-def _finish(model, proto, dst, quantize):
+def _package(graph, signatures, description, proto, dst, quantize):
+    """The ModelDef of `graph`, quantized if asked, written to `dst` if given."""
+    import edgeflow as ef
     from edgeflow.format import quantize as quantization, writer
+    try:
+        model = ef.to_model(graph, signatures, description=description)
+    except GraphError as e:
+        raise ConversionError(str(e)) from None
     model.producer = "edgeflow converters.onnx"
     if quantize:
         model = quantization.quantize(model, quantize)
@@ -265,15 +266,11 @@ def _convert_trainable(src, dst, quantize, progress, loss, optimizer, freeze):
     signatures = {"infer": (inputs, outputs),
                   "train": ({**inputs, "labels": labels}, {"loss": objective}, [train_op])}
     signatures = fold_constants(graph, signatures)
-    try:
-        model = ef.to_model(graph, signatures, description=f"trainable, converted from ONNX "
-                            f"(loss {loss}, optimizer {optimizer}, {len(trainable)} variables)")
-    except GraphError as e:
-        raise ConversionError(str(e)) from None
-    return _finish(model, proto, dst, quantize)
+    return _package(graph, signatures, f"trainable, converted from ONNX (loss {loss}, optimizer "
+                    f"{optimizer}, {len(trainable)} variables)", proto, dst, quantize)
 
 
 def _parameters(model):
     import numpy as np
     return int(sum(np.prod(t.shape, dtype=np.int64) for t in model.subgraphs[0].tensors
-                   if t.data is not None and t.data.dtype.kind == "f" or t.quantization is not None))
+                   if t.data is not None and (t.data.dtype.kind == "f" or t.quantization is not None)))
