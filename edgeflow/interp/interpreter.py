@@ -1,5 +1,6 @@
 """The Interpreter: loads a `.efl` model and runs its signatures, with TFLite's API."""
 import contextlib
+import logging
 from collections import OrderedDict
 
 import numpy as np
@@ -13,6 +14,7 @@ from .plan import Plan
 from .profiler import Profiler
 
 _PLAN_CACHE_SIZE = 8
+_log = logging.getLogger("edgeflow")
 
 
 def _describe(tensor, shape=None):
@@ -21,16 +23,17 @@ def _describe(tensor, shape=None):
 
 
 class Interpreter:
-    """Runs a `.efl` model on the CPU with numpy kernels.
+    """Runs a `.efl` model with numpy kernels, and delegates for the ops they claim.
 
     `model` is a path (mapped, not read: opening costs O(1) in the weights' size) or the
-    file's bytes. `preserve_all_tensors` keeps every intermediate readable with
-    `get_tensor` (no arena reuse), for debugging.
+    file's bytes. `delegates` (e.g. `[edgeflow.accel.OpenCLDelegate()]`) run partitions of
+    consecutive ops they support on their device; the rest runs on the CPU.
+    `preserve_all_tensors` keeps every intermediate readable with `get_tensor` (no arena
+    reuse), for debugging.
     """
 
     def __init__(self, model, delegates=(), num_threads=None, preserve_all_tensors=False):
-        if delegates:
-            raise TypeError("delegates are not available in this version of edgeflow")
+        self.delegates = list(delegates)
         self.model = reader.load(model)
         self._subgraph = self.model.subgraphs[0]
         self._check_kernels()
@@ -68,7 +71,9 @@ class Interpreter:
         plan = self._plans.get(key)
         if plan is None:
             plan = Plan(self._subgraph, inputs, outputs, shapes, self._constants,
-                        self._variables, self._folded, self._preserve_all, targets)
+                        self._variables, self._folded, self._preserve_all, targets, self.delegates)
+            if self.delegates:
+                _log.info("%s", plan.placement_summary())
             self._plans[key] = plan
             if len(self._plans) > _PLAN_CACHE_SIZE:
                 self._plans.popitem(last=False)

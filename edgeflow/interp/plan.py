@@ -80,7 +80,7 @@ class Plan:
     """
 
     def __init__(self, subgraph, inputs, outputs, input_shapes, constants, variables, folded,
-                 preserve_all=False, targets=()):
+                 preserve_all=False, targets=(), delegates=()):
         self.subgraph, self.inputs, self.outputs = subgraph, list(inputs), list(outputs)
         producer = {t: i for i, op in enumerate(subgraph.operators) for t in op.outputs}
         fed = set(inputs)
@@ -88,7 +88,12 @@ class Plan:
         specs = self._infer(needed_operators(subgraph, outputs, producer, targets), input_shapes,
                             constants, variables, folded)
         self._allocate(specs, preserve_all, fed)
-        self.steps, self.step_ops = self._bind(specs)
+        self._views(specs)
+        self.placement, self.fallbacks, self.partitions = {}, {}, 0
+        if delegates:
+            self.steps, self.step_ops = self._bind_delegated(delegates, constants, folded)
+        else:
+            self.steps, self.step_ops = self._bind()
 
     def _infer(self, order, input_shapes, constants, variables, folded):
         """Specs of every tensor; folds what is known now; sets self.order to what remains."""
@@ -179,18 +184,54 @@ class Plan:
         for t, offset in self.offsets.items():
             self.arrays[t] = self.arena.view(offset, specs[t].shape, specs[t].dtype)
 
-    def _bind(self, specs):
-        steps, step_ops = [], []
+    def _views(self, specs):
+        """Outputs of reshape-like ops: views of their inputs' arrays, no step."""
         for i in self.order:
             op = self.subgraph.operators[i]
-            ins = [self.arrays[t] for t in op.inputs]
             if ops.get(op.opcode).view:
-                self.arrays[op.outputs[0]] = ins[0].reshape(specs[op.outputs[0]].shape)
+                self.arrays[op.outputs[0]] = self.arrays[op.inputs[0]].reshape(specs[op.outputs[0]].shape)
+
+    def _bind(self, indices=None):
+        """Numpy kernel steps for ops `indices` (default: all), bound to their arrays."""
+        steps, step_ops = [], []
+        for i in self.order if indices is None else indices:
+            op = self.subgraph.operators[i]
+            if ops.get(op.opcode).view:
                 continue
+            ins = [self.arrays[t] for t in op.inputs]
             outs = [self.arrays[t] for t in op.outputs]
             steps.append(KERNELS[op.opcode](ins, outs, op.attrs))
             step_ops.append(i)
         return steps, step_ops
+
+    def _bind_delegated(self, delegates, constants, folded):
+        """Steps where each delegate partition is one step; the rest as in _bind."""
+        from .delegate import make_partition, partition
+        groups, self.fallbacks = partition(self, delegates)
+        persistent = set(constants) | set(folded) | {t for t, a in self.arrays.items()
+                                                     if t not in self.offsets and not a.flags.writeable}
+        steps, step_ops = [], []
+        for owner, indices in groups:
+            if owner is None:
+                more, more_ops = self._bind(indices)
+                steps += more
+                step_ops += more_ops
+                self.placement.update((i, "cpu") for i in indices)
+                continue
+            steps.append(owner.compile(make_partition(self, indices, persistent)))
+            step_ops.append(indices[0])
+            self.placement.update((i, owner.name) for i in indices)
+            self.partitions += 1
+        return steps, step_ops
+
+    def placement_summary(self):
+        """"N ops on <delegate> in K partitions, M on CPU" for this plan."""
+        counts = {}
+        for where in self.placement.values():
+            counts[where] = counts.get(where, 0) + 1
+        cpu = counts.pop("cpu", 0)
+        parts = [f"{n} ops on {name} in {self.partitions} partition(s)" for name, n in counts.items()]
+        return ", ".join(parts + [f"{cpu} on CPU"])
 
     def flops(self):
         """Arithmetic operations per run of each op that runs, by op index (OpDef.cost)."""

@@ -1,0 +1,79 @@
+// Elementwise ops with numpy broadcasting. OP (binary) or UOP (unary) and ACT select the
+// arithmetic at build time (-D), so each variant is a straight-line kernel.
+// Broadcasting: out index -> per-dimension coordinates -> operand offsets, with stride 0
+// along the dimensions an operand broadcasts.
+
+#define MAX_RANK 8
+
+inline float activate(float x) {
+#if ACT == 1
+    return fmax(x, 0.0f);
+#elif ACT == 2
+    return clamp(x, 0.0f, 6.0f);
+#else
+    return x;
+#endif
+}
+
+inline float binary_op(float x, float y) {
+#if OP == 0
+    return x + y;
+#elif OP == 1
+    return x - y;
+#elif OP == 2
+    return x * y;
+#elif OP == 3
+    return x / y;
+#elif OP == 4
+    return fmax(x, y);
+#elif OP == 5
+    return fmin(x, y);
+#else
+    return pow(x, y);
+#endif
+}
+
+inline float unary_op(float x) {
+#if UOP == 0
+    return -x;
+#elif UOP == 1
+    return fabs(x);
+#elif UOP == 2
+    return exp(x);
+#elif UOP == 3
+    return log(x);
+#elif UOP == 4
+    return sqrt(x);
+#elif UOP == 5
+    return fmax(x, 0.0f);
+#elif UOP == 6
+    return 1.0f / (1.0f + exp(-x));
+#else
+    return tanh(x);
+#endif
+}
+
+__kernel void binary_same(__global const float* a, __global const float* b, __global float* out, const int n) {
+    int i = get_global_id(0);
+    if (i < n) out[i] = activate(binary_op(a[i], b[i]));
+}
+
+__kernel void binary_broadcast(__global const float* a, __global const float* b, __global float* out,
+                               const int n, const int rank, __constant int* dims,
+                               __constant int* stride_a, __constant int* stride_b) {
+    int i = get_global_id(0);
+    if (i >= n) return;
+    int rest = i, ia = 0, ib = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+        int k = rest % dims[d];
+        rest /= dims[d];
+        ia += k * stride_a[d];
+        ib += k * stride_b[d];
+    }
+    out[i] = activate(binary_op(a[ia], b[ib]));
+}
+
+__kernel void unary(__global const float* a, __global float* out, const int n) {
+    int i = get_global_id(0);
+    if (i < n) out[i] = unary_op(a[i]);
+}

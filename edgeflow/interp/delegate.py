@@ -1,0 +1,81 @@
+"""Delegates: backends that run partitions of a plan on another device.
+
+A delegate claims the ops it supports; consecutive claimed ops (in execution order)
+form one partition, which becomes a single step of the plan: it copies the partition's
+inputs to the device, runs its kernels there (intermediates never come back), and copies
+back only what ops outside it or the caller read. Unclaimed ops run on the CPU, and the
+plan records why each one fell back.
+"""
+from dataclasses import dataclass, field
+
+
+class Delegate:
+    """The interface a backend implements (see edgeflow.accel.OpenCLDelegate)."""
+
+    name = "delegate"
+
+    def unsupported(self, op, ins, outs):
+        """None if the delegate runs `op` (an OperatorDef) on these host arrays, else why not."""
+        raise NotImplementedError
+
+    def compile(self, partition):
+        """A zero-argument step running `partition` (a Partition) and writing its outputs."""
+        raise NotImplementedError
+
+
+@dataclass
+class Partition:
+    """Consecutive ops for one delegate. `arrays` maps tensor index -> host array (the
+    plan's: arena views, constants, variables); `inputs` are read from the host each run,
+    `constants` once; `outputs` are copied back to the host after each run."""
+
+    ops: list  # (op index, OperatorDef), in execution order
+    arrays: dict
+    inputs: list
+    constants: list
+    outputs: list
+    views: dict = field(default_factory=dict)  # op index -> True for reshape-like ops
+
+
+def partition(plan, delegates):
+    """Group the plan's ops into [(delegate or None, [op indices])], and the reasons for
+    ops no delegate took: {op index: "delegate: reason"}."""
+    from .. import ops as registry
+    groups, fallbacks = [], {}
+    for i in plan.order:
+        op = plan.subgraph.operators[i]
+        ins = [plan.arrays[t] for t in op.inputs]
+        outs = [plan.arrays.get(t) for t in op.outputs]
+        owner = None
+        if not registry.get(op.opcode).stateful:
+            for d in delegates:
+                why = d.unsupported(op, ins, outs)
+                if why is None:
+                    owner = d
+                    break
+                fallbacks[i] = f"{d.name}: {why}"
+        else:
+            fallbacks[i] = "writes a variable: runs on the CPU"
+        if owner is not None:
+            fallbacks.pop(i, None)
+        if groups and groups[-1][0] is owner and owner is not None:
+            groups[-1][1].append(i)
+        else:
+            groups.append((owner, [i]))
+    return groups, fallbacks
+
+
+def make_partition(plan, indices, persistent):
+    """The Partition of ops `indices`: what it reads from and writes back to the host."""
+    subgraph = plan.subgraph
+    inside = set(indices)
+    produced = {t for i in indices for t in subgraph.operators[i].outputs}
+    read_outside = {t for i in plan.order if i not in inside for t in subgraph.operators[i].inputs}
+    read_outside |= set(plan.outputs)
+    reads = list(dict.fromkeys(t for i in indices for t in subgraph.operators[i].inputs if t not in produced))
+    return Partition(
+        ops=[(i, subgraph.operators[i]) for i in indices], arrays=plan.arrays,
+        inputs=[t for t in reads if t not in persistent],
+        constants=[t for t in reads if t in persistent],
+        outputs=[t for t in dict.fromkeys(t for i in indices for t in subgraph.operators[i].outputs)
+                 if t in read_outside])
