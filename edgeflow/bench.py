@@ -29,16 +29,18 @@ def random_inputs(runner, given, seed=0):
     return out
 
 
-def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10):
+def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, delegates=()):
     """Init time, first run, steady-state statistics (us), arena bytes and the slowest ops.
 
     Steady-state runs are timed without the profiler; a separate profiled pass of the
-    same length attributes time to ops, so profiling does not inflate the totals.
+    same length attributes time to ops, so profiling does not inflate the totals. With
+    `delegates`, also where ops run and the host<->device copies per run.
     """
+    from .accel import transfers
     from .interp import Interpreter
 
     t0 = time.perf_counter()
-    interp = Interpreter(path)
+    interp = Interpreter(path, delegates=delegates)
     init_s = time.perf_counter() - t0
     runner = pick_signature(interp, signature)
     feed = random_inputs(runner, inputs or {})
@@ -49,10 +51,12 @@ def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10):
     for _ in range(warmup):
         runner(**feed)
     times = np.empty(runs)
+    copied = transfers(delegates)
     for r in range(runs):
         t0 = time.perf_counter()
         runner(**feed)
         times[r] = time.perf_counter() - t0
+    uploads, downloads = (n - before for n, before in zip(transfers(delegates), copied))
     profiler = interp.enable_profiling()
     for _ in range(runs):
         runner(**feed)
@@ -60,7 +64,7 @@ def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10):
     plan = runner.last_plan
     us = times * 1e6
     profiled_total = sum(r.total_ns for r in profiler.records.values()) or 1
-    return {
+    result = {
         "model": str(path),
         "signature": runner.key,
         "input_shapes": {n: list(v.shape) for n, v in feed.items()},
@@ -82,6 +86,11 @@ def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10):
                     for op, (calls, ns) in sorted(profiler.by_opcode().items(),
                                                  key=lambda kv: -kv[1][1])},
     }
+    if delegates:
+        result["placement"] = plan.placement_summary()
+        result["uploads_per_run"] = uploads / runs
+        result["downloads_per_run"] = downloads / runs
+    return result
 
 
 def render(r):
@@ -91,8 +100,11 @@ def render(r):
         f"  {r['runs']} runs: mean {r['mean_us']:.1f} us, std {r['std_us']:.1f}, "
         f"p50 {r['p50_us']:.1f}, p99 {r['p99_us']:.1f}, min {r['min_us']:.1f}",
         f"  arena {r['arena_bytes']:,} bytes",
-        "  top ops by time:",
     ]
+    if "placement" in r:
+        lines.append(f"  placement: {r['placement']}; per run {r['uploads_per_run']:g} upload(s), "
+                     f"{r['downloads_per_run']:g} download(s) host<->device")
+    lines.append("  top ops by time:")
     lines += [f"    {o['percent']:5.1f}%  {o['mean_us']:9.1f} us  {o['type']:12} -> {o['output']}"
               for o in r["top_ops"]]
     lines.append("  by op type:")

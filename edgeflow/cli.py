@@ -29,15 +29,35 @@ def _parse_inputs(items):
     return out
 
 
+def _add_accel_args(p):
+    p.add_argument("--accel", choices=["none", "opencl", "auto"], default="none",
+                   help="run supported ops on an OpenCL device (opencl), on one if there is one "
+                        "(auto), or with numpy only (none, the default)")
+    p.add_argument("--device", metavar="NAME",
+                   help="with --accel: the OpenCL device, a name substring or an index "
+                        "(default: EDGEFLOW_OPENCL_DEVICE, else the first GPU, else the first device)")
+
+
+def _delegates(args):
+    """The delegates --accel asks for; 'auto' without a device says so on stderr."""
+    from .accel import delegates_for
+    delegates = delegates_for(args.accel, args.device)
+    if args.accel == "auto":
+        print(f"edgeflow {args.verb}: " + (f"using OpenCL on {delegates[0].device_name}" if delegates
+                                            else "no OpenCL device found: running with numpy"),
+              file=sys.stderr)
+    return delegates
+
+
 def cmd_inspect(args):
     from .summary import describe, render
-    info = describe(args.model)
+    info = describe(args.model, delegates=_delegates(args))
     print(json.dumps(info, indent=2) if args.json else render(info))
 
 
 def cmd_run(args):
     from .interp import Interpreter
-    interp = Interpreter(args.model)
+    interp = Interpreter(args.model, delegates=_delegates(args))
     runner = pick_signature(interp, args.signature)
     outputs = runner(**_parse_inputs(args.input))
     for name, value in outputs.items():
@@ -53,7 +73,8 @@ def cmd_run(args):
 def cmd_bench(args):
     from .bench import bench_model, render
     result = bench_model(args.model, runs=args.runs, warmup=args.warmup, signature=args.signature,
-                         inputs=_parse_inputs(args.input), top=args.top)
+                         inputs=_parse_inputs(args.input), top=args.top,
+                         delegates=_delegates(args))
     print(json.dumps(result, indent=2) if args.json else render(result))
 
 
@@ -88,7 +109,7 @@ def _counts(counter):
 def cmd_train(args):
     from . import trainer
     from .interp import Interpreter
-    interp = Interpreter(args.model)
+    interp = Interpreter(args.model, delegates=_delegates(args))
     if "train" not in interp.get_signature_list():
         raise EdgeflowError(f"{args.model} has no 'train' signature; make one with ef.save(..., "
                             "signatures={'train': ...}) or edgeflow convert --trainable")
@@ -159,6 +180,7 @@ def build_parser():
                                      "parameters, bytes and arena size.")
     p.add_argument("model", help="a .efl file")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _add_accel_args(p)
     p.set_defaults(fn=cmd_inspect)
 
     p = verbs.add_parser("run", help="run a signature on inputs from .npy files",
@@ -166,6 +188,7 @@ def build_parser():
     p.add_argument("model", help="a .efl file")
     _add_inputs_args(p)
     p.add_argument("--output-dir", "-o", help="also save each output as NAME.npy here")
+    _add_accel_args(p)
     p.set_defaults(fn=cmd_run)
 
     p = verbs.add_parser("bench", help="time a model as TFLite's benchmark_model does",
@@ -177,6 +200,7 @@ def build_parser():
     p.add_argument("--warmup", type=_non_negative, default=3, help="untimed runs first (default 3)")
     p.add_argument("--top", type=_positive, default=10, help="ops to list by time (default 10)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _add_accel_args(p)
     p.set_defaults(fn=cmd_bench)
 
     p = verbs.add_parser("convert", help="convert an ONNX model to a .efl package",
@@ -212,6 +236,7 @@ def build_parser():
     p.add_argument("--checkpoint-dir", help="save checkpoints here and resume from the last one")
     p.add_argument("--checkpoint-every", type=_positive, default=50, help="steps between checkpoints")
     p.add_argument("-o", "--output", help="export the trained model to this .efl")
+    _add_accel_args(p)
     p.set_defaults(fn=cmd_train)
 
     p = verbs.add_parser("quickstart", help="build, package, inspect and run a small model",

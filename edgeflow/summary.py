@@ -9,11 +9,12 @@ def _dims(shape):
     return [None if d == -1 else int(d) for d in shape]
 
 
-def describe(path):
-    """A JSON-ready summary of the model at `path`."""
+def describe(path, delegates=()):
+    """A JSON-ready summary of the model at `path`; with `delegates`, also where each
+    signature's ops run and why the rest fell back to the CPU."""
     from .format import reader
     from .interp import Interpreter
-    interp = Interpreter(path)
+    interp = Interpreter(path, delegates=delegates)
     model = interp.model
     sub = model.subgraphs[0]
     consts = [t for t in sub.tensors if t.data is not None and not t.is_variable]
@@ -43,6 +44,11 @@ def describe(path):
             "arena_bytes": plan.arena.nbytes,
             "arena_lower_bound_bytes": plan.lower_bound,
         }
+        if delegates:
+            signatures[sig.key]["placement"] = plan.placement_summary()
+            signatures[sig.key]["fallbacks"] = [
+                {"op": i, "type": sub.operators[i].opcode, "reason": why}
+                for i, why in sorted(plan.fallbacks.items())]
     sizes = reader.file_info(path)
     return {
         "file": os.fspath(path),
@@ -86,6 +92,9 @@ def render(info, max_tensors=30):
         for side in ("inputs", "outputs"):
             for name, t in sig[side].items():
                 lines.append(f"    {side[:-1]:6} {name}: {t['dtype']}{_shape(t['shape'])}")
+        if "placement" in sig:
+            lines.append(f"    placement: {sig['placement']}")
+            lines.extend(f"    fallback op {f['op']:4} {f['type']:16} {f['reason']}" for f in sig["fallbacks"])
     lines.append("ops by type:")
     lines.extend(f"  {op:16} {n}" for op, n in info["ops_by_type"].items())
     tensors = info["tensors"]

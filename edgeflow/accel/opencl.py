@@ -43,14 +43,31 @@ def available():
         return False
 
 
+def _pyopencl_ctx():
+    """The device PYOPENCL_CTX selects ("platform[:device]" indices), as pyopencl reads it."""
+    spec = os.environ.get("PYOPENCL_CTX")
+    if not spec:
+        return None
+    cl = _pyopencl()
+    try:
+        platform, _, device = spec.partition(":")
+        return cl.get_platforms()[int(platform or 0)].get_devices()[int(device or 0)]
+    except (ValueError, IndexError, cl.Error):
+        raise EdgeflowError(f"PYOPENCL_CTX={spec!r} names no OpenCL device (expected "
+                            "'platform:device' indices)") from None
+
+
 def pick_device(name=None):
     """The device named (a substring of its or its platform's name, or an index), else
-    EDGEFLOW_OPENCL_DEVICE, else the first GPU, else the first device."""
+    EDGEFLOW_OPENCL_DEVICE, else pyopencl's PYOPENCL_CTX, else the first GPU, else the
+    first device."""
     found = devices()
     if not found:
         raise EdgeflowError(f"no OpenCL platform found; {INSTALL_HINT}")
     name = name if name is not None else os.environ.get("EDGEFLOW_OPENCL_DEVICE")
     cl = _pyopencl()
+    if name is None and _pyopencl_ctx() is not None:
+        return _pyopencl_ctx()
     if name is not None:
         if str(name).isdigit() and int(name) < len(found):
             return found[int(name)][1]
