@@ -141,8 +141,11 @@ class OpenCLDelegate(Delegate):
         entry = CL_KERNELS.get(op.opcode)
         if entry is None:
             return "no OpenCL kernel"
-        for a in list(ins) + [o for o in outs if o is not None]:
-            if a.dtype != np.float32 and not (a.dtype.kind in "iu" and entry.int_inputs):
+        arrays = list(ins) + [o for o in outs if o is not None]
+        if any(a.size == 0 for a in arrays):
+            return "an empty tensor (nothing to run)"
+        for a in arrays:
+            if a.dtype != np.float32 and not (a.dtype.kind in "iub" and entry.int_inputs):
                 return f"dtype {a.dtype} (OpenCL kernels take float32)"
         return entry.unsupported(op.attrs, ins, outs) if entry.unsupported else None
 

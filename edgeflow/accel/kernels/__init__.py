@@ -38,3 +38,5 @@ for _view in ("reshape", "squeeze", "expand_dims"):
     CL_KERNELS[_view] = Entry(None, None, True)
 
 from . import elementwise  # noqa: E402,F401  (registration)
+from . import conv, pool, norm, image  # noqa: E402,F401
+from . import gemm, nn  # noqa: E402,F401

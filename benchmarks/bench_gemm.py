@@ -1,0 +1,56 @@
+"""GFLOP/s of the OpenCL matmul kernel (edgeflow/accel/kernels/gemm.cl) vs numpy's BLAS,
+square float32 matrices, medians of several runs, side by side.
+
+    python benchmarks/bench_gemm.py [--sizes 256 1024 2048] [--repeats 5] [--device NAME]
+"""
+import argparse
+import time
+
+import numpy as np
+
+
+def median_seconds(fn, repeats):
+    fn()  # warm: builds, first-touch
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024, 2048])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", default=None)
+    args = parser.parse_args()
+
+    import pyopencl.array as cla
+    from edgeflow.accel import OpenCLDelegate
+    from edgeflow.accel.kernels import CL_KERNELS, gemm  # noqa: F401  (registration)
+
+    rt = OpenCLDelegate(args.device).rt
+    _, tile, per_item = gemm.matmul_kernel(rt)
+    print(f"device: {rt.device.name}; tile {tile}x{tile}, {per_item}x{per_item} per work-item")
+    print(f"{'n':>6} {'opencl GFLOP/s':>15} {'numpy GFLOP/s':>14} {'opencl/numpy':>13} {'max |diff|':>11}")
+    rng = np.random.default_rng(0)
+    for n in args.sizes:
+        a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+        da, db, dc = cla.to_device(rt.queue, a), cla.to_device(rt.queue, b), cla.empty(rt.queue, (n, n), np.float32)
+        step = CL_KERNELS["matmul"].make(rt, [da, db], [dc], {"transpose_a": False, "transpose_b": False,
+                                                               "activation": ""})
+
+        def on_device():
+            step()
+            rt.queue.finish()
+        out = np.empty((n, n), np.float32)
+        flops = 2.0 * n ** 3
+        t_cl = median_seconds(on_device, args.repeats)
+        t_np = median_seconds(lambda: np.matmul(a, b, out=out), args.repeats)
+        diff = float(np.abs(dc.get() - out).max())
+        print(f"{n:>6} {flops / t_cl / 1e9:>15.1f} {flops / t_np / 1e9:>14.1f} {t_np / t_cl:>13.2f} {diff:>11.2e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""OpenCL kernels of edgeflow/ops/pool.py (pool.cl): max and average pooling, 1-D and 2-D."""
+import numpy as np
+
+from ...ops.conv import window_geometry, window_params
+from . import cl_kernel
+from .conv import constant_ints, launcher, too_large
+
+
+def _unsupported(attrs, ins, outs):
+    if ins[0].ndim not in (3, 4):
+        return "3-D pooling (only 1-D and 2-D run on OpenCL)"
+    return too_large(ins, outs)
+
+
+def _geometry(op, attrs, x_shape):
+    """H, W, OH, OW, KH, KW, strides, dilations, pads begin, pads end: 1-D gets H = 1."""
+    d = len(x_shape) - 2
+    strides, dilations, _ = window_params(op, attrs, d)
+    out_shape, begin, end = window_geometry(op, x_shape[2:], attrs["kernel_shape"], attrs, attrs["ceil_mode"])
+    lift, zero = (1,) * (2 - d), (0,) * (2 - d)
+    return (lift + tuple(x_shape[2:]) + lift + tuple(out_shape) + lift + tuple(attrs["kernel_shape"])
+            + lift + strides + lift + dilations + zero + begin + zero + end)
+
+
+def _pool(name, *extra):
+    def make(rt, ins, outs, attrs):
+        x, out = ins[0], outs[0]
+        geo = constant_ints(rt, _geometry(name, attrs, x.shape))
+        total = int(out.size)
+        kernel = rt.kernel(rt.program("pool"), name)
+        step = launcher(rt, kernel, total, x.data, out.data, geo.data, np.int32(total),
+                        *(np.int32(attrs[k]) for k in extra))
+        return lambda keep=geo: step()
+    return make
+
+
+cl_kernel("max_pool", unsupported=_unsupported)(_pool("max_pool"))
+cl_kernel("avg_pool", unsupported=_unsupported)(_pool("avg_pool", "count_include_pad"))

@@ -1,0 +1,155 @@
+"""The OpenCL conv, pooling, batch_norm and pad kernels against the numpy kernels: each op
+alone in a model, run by the interpreter with and without the OpenCL delegate."""
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import edgeflow as ef
+import edgeflow.accel
+from edgeflow.accel.kernels import conv as conv_kernels
+from edgeflow.format import writer
+from edgeflow.graph import math_ops
+
+pytestmark = pytest.mark.skipif(not edgeflow.accel.available(), reason="no OpenCL device")
+SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(scope="module")
+def delegate():
+    return edgeflow.accel.OpenCLDelegate()
+
+
+def one_op_model(op, arrays, attrs):
+    g = ef.Graph()
+    with g.as_default():
+        inputs = {f"in{i}": ef.placeholder(ef.float32, a.shape, name=f"in{i}") for i, a in enumerate(arrays)}
+        y = math_ops.apply(op, list(inputs.values()), attrs)
+    return writer.to_bytes(ef.to_model(g, {"infer": (inputs, {"y": y})}))
+
+
+def check(delegate, op, arrays, attrs, tol=1e-4):
+    """The op on OpenCL equals the numpy kernel's result, and really ran on OpenCL."""
+    model = one_op_model(op, arrays, attrs)
+    feeds = {f"in{i}": a for i, a in enumerate(arrays)}
+    expected = ef.Interpreter(model).get_signature_runner("infer")(**feeds)["y"]
+    runner = ef.Interpreter(model, delegates=[delegate]).get_signature_runner("infer")
+    got = runner(**feeds)["y"]
+    assert set(runner.last_plan.placement.values()) == {"opencl"}, runner.last_plan.fallbacks
+    np.testing.assert_allclose(got, expected, rtol=tol, atol=tol)
+    return runner
+
+
+def normal(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+ACTIVATION = st.sampled_from(["", "relu", "relu6"])
+
+
+@st.composite
+def windows(draw, rank, dilations=True):
+    """(kernel, attrs) of a sliding window over `rank` spatial axes of sizes that fit it."""
+    kernel = tuple(draw(st.integers(1, 4)) for _ in range(rank))
+    attrs = {"strides": tuple(draw(st.integers(1, 3)) for _ in range(rank))}
+    if dilations:
+        attrs["dilations"] = tuple(draw(st.integers(1, 2)) for _ in range(rank))
+    attrs["auto_pad"] = draw(st.sampled_from(["NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
+    if attrs["auto_pad"] == "NOTSET":
+        attrs["pads"] = tuple(draw(st.integers(0, k - 1)) for k in kernel * 2)
+    return kernel, attrs
+
+
+def spatial(draw, kernel, attrs):
+    dil = attrs.get("dilations") or (1,) * len(kernel)
+    return tuple(draw(st.integers((k - 1) * d + 1, (k - 1) * d + 9)) for k, d in zip(kernel, dil))
+
+
+@given(data=st.data(), rank=st.sampled_from([1, 2, 2]), seed=st.integers(0, 2**31))
+@SETTINGS
+def test_conv(delegate, data, rank, seed):
+    kernel, attrs = data.draw(windows(rank))
+    group = data.draw(st.integers(1, 3))
+    cpg, mpg = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 6))  # mpg crosses the 4-channel tile
+    rng = np.random.default_rng(seed)
+    x = normal(rng, data.draw(st.integers(1, 2)), group * cpg, *spatial(data.draw, kernel, attrs))
+    arrays = [x, normal(rng, group * mpg, cpg, *kernel)]
+    if data.draw(st.booleans()):
+        arrays.append(normal(rng, group * mpg))
+    check(delegate, "conv", arrays, {**attrs, "group": group, "activation": data.draw(ACTIVATION)})
+
+
+@given(data=st.data(), seed=st.integers(0, 2**31))
+@SETTINGS
+def test_depthwise_conv(delegate, data, seed):
+    kernel, attrs = data.draw(windows(2))
+    c, multiplier = data.draw(st.integers(2, 9)), data.draw(st.integers(1, 2))
+    rng = np.random.default_rng(seed)
+    x = normal(rng, data.draw(st.integers(1, 2)), c, *spatial(data.draw, kernel, attrs))
+    arrays = [x, normal(rng, c * multiplier, 1, *kernel), normal(rng, c * multiplier)]
+    check(delegate, "conv", arrays[:data.draw(st.integers(2, 3))],
+          {**attrs, "group": c, "activation": data.draw(ACTIVATION)})
+
+
+@given(n=st.integers(1, 2), group=st.sampled_from([1, 1, 2]), cpg=st.integers(1, 20), mpg=st.integers(1, 40),
+       h=st.integers(1, 11), w=st.integers(1, 13), bias=st.booleans(), activation=ACTIVATION,
+       tiled=st.booleans(), seed=st.integers(0, 2**31))
+@SETTINGS
+def test_pointwise_conv(delegate, n, group, cpg, mpg, h, w, bias, activation, tiled, seed):
+    """1x1 stride-1 convs: a GEMM over channels, tiles crossing every edge of the sizes, by
+    the local-memory kernel (what GPUs run) and the direct one (what CPUs run)."""
+    rng = np.random.default_rng(seed)
+    arrays = [normal(rng, n, group * cpg, h, w), normal(rng, group * mpg, cpg, 1, 1), normal(rng, group * mpg)]
+    with mock.patch.object(conv_kernels, "LOCAL_TILING", tiled):
+        check(delegate, "conv", arrays[:2 + bias], {"group": group, "activation": activation})
+
+
+@given(data=st.data(), rank=st.sampled_from([1, 2, 2]), ceil_mode=st.booleans(), seed=st.integers(0, 2**31))
+@SETTINGS
+def test_max_pool(delegate, data, rank, ceil_mode, seed):
+    kernel, attrs = data.draw(windows(rank))
+    x = normal(np.random.default_rng(seed), 2, 3, *spatial(data.draw, kernel, attrs))
+    check(delegate, "max_pool", [x], {**attrs, "kernel_shape": kernel, "ceil_mode": ceil_mode})
+
+
+@given(data=st.data(), rank=st.sampled_from([1, 2, 2]), ceil_mode=st.booleans(), include=st.booleans(),
+       seed=st.integers(0, 2**31))
+@SETTINGS
+def test_avg_pool(delegate, data, rank, ceil_mode, include, seed):
+    kernel, attrs = data.draw(windows(rank, dilations=False))
+    x = normal(np.random.default_rng(seed), 2, 3, *spatial(data.draw, kernel, attrs))
+    check(delegate, "avg_pool", [x], {**attrs, "kernel_shape": kernel, "ceil_mode": ceil_mode,
+                                      "count_include_pad": include})
+
+
+@given(shape=st.lists(st.integers(1, 7), min_size=2, max_size=5), eps=st.sampled_from([1e-5, 1e-3]),
+       seed=st.integers(0, 2**31))
+@SETTINGS
+def test_batch_norm(delegate, shape, eps, seed):
+    rng = np.random.default_rng(seed)
+    c = shape[1]
+    arrays = [normal(rng, *shape), normal(rng, c), normal(rng, c), normal(rng, c),
+              rng.uniform(0.1, 2, c).astype(np.float32)]
+    check(delegate, "batch_norm", arrays, {"epsilon": eps})
+
+
+@given(data=st.data(), mode=st.sampled_from(["constant", "reflect", "edge"]), seed=st.integers(0, 2**31))
+@SETTINGS
+def test_pad(delegate, data, mode, seed):
+    shape = data.draw(st.lists(st.integers(1, 6), min_size=1, max_size=4))
+    low = -2 if mode == "constant" else 0
+    pads = [data.draw(st.integers(max(low, -(n // 2)), 4)) for n in shape]  # crops leave >= 1
+    pads += [data.draw(st.integers(max(low, -((n - 1) // 2)), 4)) for n in shape]
+    x = normal(np.random.default_rng(seed), *shape)
+    check(delegate, "pad", [x], {"pads": tuple(pads), "mode": mode, "value": 1.5}, tol=0)
+
+
+def test_conv_3d_falls_back_with_its_reason(delegate):
+    rng = np.random.default_rng(0)
+    model = one_op_model("conv", [normal(rng, 1, 2, 4, 4, 4), normal(rng, 3, 2, 2, 2, 2)], {})
+    runner = ef.Interpreter(model, delegates=[delegate]).get_signature_runner("infer")
+    runner(in0=normal(rng, 1, 2, 4, 4, 4), in1=normal(rng, 3, 2, 2, 2, 2))
+    assert set(runner.last_plan.placement.values()) == {"cpu"}
+    assert "3-D convolution" in next(iter(runner.last_plan.fallbacks.values()))
