@@ -74,6 +74,7 @@ class Graph:
         self._names = {}
         self._device = ""
         self.seed, self.seed_draws = 0, 0  # for initializers given no seed (set_random_seed)
+        self.update_ops = []  # Operations layers want run with each train step (batch_norm)
 
     def unique_name(self, base):
         """`base` if unused, else `base_1`, `base_2`, ... as TensorFlow does."""

@@ -163,7 +163,7 @@ def update_ops(graph=None):
     `ef.group(opt.minimize(loss), *ef.layers.update_ops())`."""
     from .graph import get_default_graph
     graph = graph or get_default_graph()
-    return vars(graph).setdefault("update_ops", [])
+    return graph.update_ops
 
 
 def batch_norm(inputs, training=False, momentum=0.99, epsilon=1e-3, axis=1, name=None):

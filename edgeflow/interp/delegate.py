@@ -6,21 +6,22 @@ inputs to the device, runs its kernels there (intermediates never come back), an
 back only what ops outside it or the caller read. Unclaimed ops run on the CPU, and the
 plan records why each one fell back.
 """
+import abc
 from dataclasses import dataclass, field
 
 
-class Delegate:
+class Delegate(abc.ABC):
     """The interface a backend implements (see edgeflow.accel.OpenCLDelegate)."""
 
     name = "delegate"
 
+    @abc.abstractmethod
     def unsupported(self, op, ins, outs):
         """None if the delegate runs `op` (an OperatorDef) on these host arrays, else why not."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def compile(self, partition):
         """A zero-argument step running `partition` (a Partition) and writing its outputs."""
-        raise NotImplementedError
 
 
 @dataclass
