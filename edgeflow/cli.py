@@ -153,7 +153,7 @@ class _Bar:
         self.post = kw
 
     def close(self):
-        pass
+        """Nothing to release: each update printed its own line."""
 
 
 def _progress(total, desc):

@@ -7,6 +7,7 @@ directory fsynced), so a crash leaves the old checkpoint or the new one, never a
 one. Reading loads and checks every array (checksum, name, dtype, shape) before
 returning, so a bad checkpoint changes nothing.
 """
+import contextlib
 import os
 import tempfile
 import zipfile
@@ -41,9 +42,8 @@ def _fsync_dir(folder):
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):  # some filesystems cannot sync a directory
+            os.fsync(fd)
     finally:
         os.close(fd)
 
