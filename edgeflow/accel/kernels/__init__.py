@@ -40,3 +40,4 @@ for _view in ("reshape", "squeeze", "expand_dims"):
 from . import elementwise  # noqa: E402,F401  (registration)
 from . import conv, pool, norm, image  # noqa: E402,F401
 from . import gemm, nn  # noqa: E402,F401
+from . import backprop, compare  # noqa: E402,F401

@@ -1,0 +1,187 @@
+"""OpenCL gradient and comparison kernels against the numpy kernels: each op in a one-op
+model, run with and without the OpenCL delegate; then a small CNN trained with both."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import edgeflow as ef
+import edgeflow.accel
+from edgeflow.format.writer import to_bytes
+from edgeflow.graph.math_ops import apply
+
+if not edgeflow.accel.available():
+    pytest.skip("no OpenCL device", allow_module_level=True)
+
+from edgeflow.accel.kernels import CL_KERNELS, backprop, compare  # noqa: E402,F401  (registration)
+
+SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+OURS = ("sum_to", "slice_grad", "gather_grad", "max_pool_grad", "avg_pool_grad", *compare.COMPARISONS)
+shapes = st.lists(st.integers(1, 5), min_size=0, max_size=4)
+
+
+@pytest.fixture(scope="module")
+def delegate():
+    return edgeflow.accel.OpenCLDelegate()
+
+
+def run_both(delegate, op, arrays, attrs=None):
+    """(numpy result, OpenCL result) of op on `arrays` (all fed as inputs), asserting it ran on OpenCL."""
+    g = ef.Graph()
+    with g.as_default():
+        feeds = {f"x{i}": ef.placeholder(a.dtype, a.shape, name=f"x{i}") for i, a in enumerate(arrays)}
+        y = apply(op, list(feeds.values()), attrs)
+    model = to_bytes(ef.to_model(g, {"infer": (feeds, {"y": y})}))
+    values = {f"x{i}": a for i, a in enumerate(arrays)}
+    want = ef.Interpreter(model).get_signature_runner("infer")(**values)["y"]
+    runner = ef.Interpreter(model, delegates=[delegate]).get_signature_runner("infer")
+    got = runner(**values)["y"]
+    plan = runner.last_plan
+    assert set(plan.placement.values()) == {"opencl"}, (plan.placement_summary(), plan.fallbacks)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    return want, got
+
+
+def randn(rng, shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+@SETTINGS
+@given(shape=shapes, lead=st.lists(st.integers(1, 3), max_size=2), keep=st.lists(st.booleans(), min_size=4, max_size=4),
+       seed=st.integers(0, 2 ** 16))
+def test_sum_to(delegate, shape, lead, keep, seed):
+    rng = np.random.default_rng(seed)
+    like = tuple(d if k else 1 for d, k in zip(shape, keep))
+    want, got = run_both(delegate, "sum_to", [randn(rng, tuple(lead) + tuple(shape)), randn(rng, like)])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@SETTINGS
+@given(data=st.data(), shape=st.lists(st.integers(1, 7), min_size=1, max_size=4), seed=st.integers(0, 2 ** 16))
+def test_slice_grad(delegate, data, shape, seed):
+    rng = np.random.default_rng(seed)
+    axes = data.draw(st.lists(st.integers(-len(shape), len(shape) - 1), min_size=1, max_size=len(shape),
+                              unique_by=lambda a: a % len(shape)))
+    bound = st.integers(-8, 8)
+    starts, ends = data.draw(st.lists(bound, min_size=len(axes), max_size=len(axes))), \
+        data.draw(st.lists(bound, min_size=len(axes), max_size=len(axes)))
+    steps = data.draw(st.lists(st.sampled_from([-3, -2, -1, 1, 2, 3]), min_size=len(axes), max_size=len(axes)))
+    index = [slice(None)] * len(shape)
+    for a, s, e, t in zip(axes, starts, ends, steps):
+        index[a] = slice(s, e, t)
+    taken = np.zeros(shape)[tuple(index)].shape
+    if 0 in taken:
+        return  # an empty gradient: nothing runs
+    attrs = {"starts": starts, "ends": ends, "axes": axes, "steps": steps}
+    want, got = run_both(delegate, "slice_grad", [randn(rng, taken), randn(rng, shape)], attrs)
+    np.testing.assert_array_equal(got, want)
+
+
+@SETTINGS
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=3), indices=st.lists(st.integers(1, 4), max_size=2),
+       data=st.data(), dtype=st.sampled_from([np.int32, np.int64]), seed=st.integers(0, 2 ** 16))
+def test_gather_grad(delegate, shape, indices, data, dtype, seed):
+    rng = np.random.default_rng(seed)
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1))
+    n = shape[axis]
+    index = rng.integers(-n, n, indices).astype(dtype)  # repeats and negatives
+    grad_shape = tuple(shape[:axis % len(shape)]) + index.shape + tuple(shape[axis % len(shape) + 1:])
+    want, got = run_both(delegate, "gather_grad", [randn(rng, grad_shape), index, randn(rng, shape)], {"axis": axis})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def pool_case(data, rng, dilated):
+    """(x, attrs) for a 2-D pool with random window, strides, pads and ceil mode."""
+    kernel = data.draw(st.tuples(st.integers(1, 3), st.integers(1, 3)))
+    strides = data.draw(st.tuples(st.integers(1, 3), st.integers(1, 3)))
+    dilations = data.draw(st.tuples(st.integers(1, 2), st.integers(1, 2))) if dilated else (1, 1)
+    pads = [data.draw(st.integers(0, k - 1)) for k in kernel * 2]
+    size = [data.draw(st.integers((k - 1) * d + 1, 9)) for k, d in zip(kernel, dilations)]
+    x = randn(rng, (data.draw(st.integers(1, 2)), data.draw(st.integers(1, 3)), *size))
+    attrs = {"kernel_shape": kernel, "strides": strides, "pads": pads, "ceil_mode": data.draw(st.booleans())}
+    if dilated:
+        attrs["dilations"] = dilations
+    return x, attrs
+
+
+@SETTINGS
+@given(data=st.data(), ties=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_max_pool_grad(delegate, data, ties, seed):
+    rng = np.random.default_rng(seed)
+    x, attrs = pool_case(data, rng, dilated=True)
+    if ties:
+        x = np.round(x).astype(np.float32)  # equal maxima: the first in kernel order wins
+    dy_shape = forward_shape("max_pool", x, attrs)
+    want, got = run_both(delegate, "max_pool_grad", [x, randn(rng, dy_shape)], attrs)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@SETTINGS
+@given(data=st.data(), include=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_avg_pool_grad(delegate, data, include, seed):
+    rng = np.random.default_rng(seed)
+    x, attrs = pool_case(data, rng, dilated=False)
+    attrs["count_include_pad"] = int(include)
+    dy_shape = forward_shape("avg_pool", x, attrs)
+    want, got = run_both(delegate, "avg_pool_grad", [randn(rng, dy_shape), x], attrs)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def forward_shape(op, x, attrs):
+    g = ef.Graph()
+    with g.as_default():
+        return tuple(apply(op, [ef.placeholder(x.dtype, x.shape, name="x")], attrs).shape)
+
+
+@SETTINGS
+@given(op=st.sampled_from(sorted(compare.COMPARISONS)), a=shapes, b=shapes,
+       dtype=st.sampled_from([np.float32, np.int32, np.bool_]), seed=st.integers(0, 2 ** 16))
+def test_comparisons_broadcast(delegate, op, a, b, dtype, seed):
+    rng = np.random.default_rng(seed)
+    b = [d if i >= len(a) or a[-1 - i] == 1 or d == 1 else a[-1 - i] for i, d in enumerate(b[::-1])][::-1]
+    xa, xb = (rng.integers(-2, 3, s).astype(dtype) for s in (a, b))  # small integers: many equal pairs
+    want, got = run_both(delegate, op, [xa, xb])
+    np.testing.assert_array_equal(got, want)
+
+
+# -- a small CNN trained on the device and off it ------------------------------------------
+
+def cnn_package():
+    g = ef.Graph()
+    with g.as_default():
+        x = ef.placeholder(ef.float32, [4, 1, 8, 8], name="x")
+        labels = ef.placeholder(ef.int32, [4], name="labels")
+        h = ef.layers.conv2d(x, 4, 3, padding="same", activation=ef.nn.relu)
+        h = ef.layers.max_pool2d(h, 2, 2)
+        logits = ef.layers.dense(ef.layers.flatten(h), 3)
+        loss = ef.losses.softmax_cross_entropy(labels, logits)
+        step = ef.train.GradientDescent(0.1).minimize(loss)
+    return to_bytes(ef.to_model(g, {"infer": ({"x": x}, {"logits": logits}),
+                                    "train": ({"x": x, "labels": labels}, {"loss": loss}, [step])}))
+
+
+def train(package, delegates, batches):
+    interp = ef.Interpreter(package, delegates=delegates)
+    runner = interp.get_signature_runner("train")
+    losses = [float(runner(x=xv, labels=yv)["loss"]) for xv, yv in batches]
+    return losses, interp.get_signature_runner("save")(), runner.last_plan
+
+
+def test_cnn_training_matches_and_runs_more_on_opencl(delegate, monkeypatch):
+    rng = np.random.default_rng(1)
+    batches = [(randn(rng, (4, 1, 8, 8)), rng.integers(0, 3, 4).astype(np.int32)) for _ in range(3)]
+    package = cnn_package()
+    want_losses, want, _ = train(package, [], batches)
+    got_losses, got, after = train(package, [delegate], batches)
+    np.testing.assert_allclose(got_losses, want_losses, rtol=1e-4)
+    assert set(got) == set(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    for name in OURS:
+        monkeypatch.delitem(CL_KERNELS, name)
+    _, _, before = train(package, [delegate], batches)
+    on_device = [sum(p == "opencl" for p in plan.placement.values()) for plan in (before, after)]
+    print(f"train without these kernels: {before.placement_summary()}")
+    print(f"train with them:             {after.placement_summary()}")
+    print("still on CPU:", sorted(set(after.fallbacks.values())))
+    assert on_device[1] > on_device[0]
