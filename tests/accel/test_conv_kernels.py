@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import edgeflow as ef
 import edgeflow.accel
 from edgeflow.accel.kernels import conv as conv_kernels
+from edgeflow.accel.kernels import gemm
 from edgeflow.format import writer
 from edgeflow.graph import math_ops
 
@@ -67,9 +68,10 @@ def spatial(draw, kernel, attrs):
     return tuple(draw(st.integers((k - 1) * d + 1, (k - 1) * d + 9)) for k, d in zip(kernel, dil))
 
 
-@given(data=st.data(), rank=st.sampled_from([1, 2, 2]), seed=st.integers(0, 2**31))
+@given(data=st.data(), rank=st.sampled_from([1, 2, 2]), cpu=st.booleans(), seed=st.integers(0, 2**31))
 @SETTINGS
-def test_conv(delegate, data, rank, seed):
+def test_conv(delegate, data, rank, cpu, seed):
+    """By the direct kernel, and by im2col + the register-blocked GEMM (the CPU path)."""
     kernel, attrs = data.draw(windows(rank))
     group = data.draw(st.integers(1, 3))
     cpg, mpg = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 6))  # mpg crosses the 4-channel tile
@@ -78,7 +80,8 @@ def test_conv(delegate, data, rank, seed):
     arrays = [x, normal(rng, group * mpg, cpg, *kernel)]
     if data.draw(st.booleans()):
         arrays.append(normal(rng, group * mpg))
-    check(delegate, "conv", arrays, {**attrs, "group": group, "activation": data.draw(ACTIVATION)})
+    with mock.patch.object(gemm, "CPU_PATH", cpu):
+        check(delegate, "conv", arrays, {**attrs, "group": group, "activation": data.draw(ACTIVATION)})
 
 
 @given(data=st.data(), seed=st.integers(0, 2**31))
@@ -95,14 +98,15 @@ def test_depthwise_conv(delegate, data, seed):
 
 @given(n=st.integers(1, 2), group=st.sampled_from([1, 1, 2]), cpg=st.integers(1, 20), mpg=st.integers(1, 40),
        h=st.integers(1, 11), w=st.integers(1, 13), bias=st.booleans(), activation=ACTIVATION,
-       tiled=st.booleans(), seed=st.integers(0, 2**31))
+       tiled=st.booleans(), cpu=st.booleans(), seed=st.integers(0, 2**31))
 @SETTINGS
-def test_pointwise_conv(delegate, n, group, cpg, mpg, h, w, bias, activation, tiled, seed):
+def test_pointwise_conv(delegate, n, group, cpg, mpg, h, w, bias, activation, tiled, cpu, seed):
     """1x1 stride-1 convs: a GEMM over channels, tiles crossing every edge of the sizes, by
-    the local-memory kernel (what GPUs run) and the direct one (what CPUs run)."""
+    the local-memory kernel (what GPUs run), the register-blocked GEMM on the input (what
+    CPUs run) and the direct one."""
     rng = np.random.default_rng(seed)
     arrays = [normal(rng, n, group * cpg, h, w), normal(rng, group * mpg, cpg, 1, 1), normal(rng, group * mpg)]
-    with mock.patch.object(conv_kernels, "LOCAL_TILING", tiled):
+    with mock.patch.object(conv_kernels, "LOCAL_TILING", tiled), mock.patch.object(gemm, "CPU_PATH", cpu):
         check(delegate, "conv", arrays[:2 + bias], {"group": group, "activation": activation})
 
 

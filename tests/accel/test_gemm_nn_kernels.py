@@ -1,5 +1,7 @@
 """OpenCL matmul, normalizing, reduction and data-movement kernels against the numpy
 kernels: each op in a one-op model, run with and without the OpenCL delegate."""
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -52,25 +54,28 @@ def randn(rng, shape):
 
 @SETTINGS
 @given(m=dims, n=dims, k=dims, ta=st.booleans(), tb=st.booleans(),
-       act=st.sampled_from(["", "relu", "relu6"]), seed=st.integers(0, 2 ** 16))
-def test_matmul_2d(delegate, m, n, k, ta, tb, act, seed):
+       act=st.sampled_from(["", "relu", "relu6"]), cpu=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_matmul_2d(delegate, m, n, k, ta, tb, act, cpu, seed):
+    """Both kernels whatever the device: local-memory tiles (GPUs) and register blocks (CPUs)."""
     rng = np.random.default_rng(seed)
     a = randn(rng, (k, m) if ta else (m, k))
     b = randn(rng, (n, k) if tb else (k, n))
-    want, got, _ = run_both(delegate, "matmul", [a, b], {"transpose_a": ta, "transpose_b": tb, "activation": act})
+    with mock.patch.object(gemm, "CPU_PATH", cpu):
+        want, got, _ = run_both(delegate, "matmul", [a, b], {"transpose_a": ta, "transpose_b": tb, "activation": act})
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
 
 @SETTINGS
 @given(batch_a=st.lists(st.sampled_from([1, 2, 3]), max_size=2), batch_b=st.lists(st.sampled_from([1, 2, 3]), max_size=2),
-       m=small, n=small, k=dims, ta=st.booleans(), tb=st.booleans(), seed=st.integers(0, 2 ** 16))
-def test_matmul_batched_broadcast(delegate, batch_a, batch_b, m, n, k, ta, tb, seed):
+       m=small, n=small, k=dims, ta=st.booleans(), tb=st.booleans(), cpu=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_matmul_batched_broadcast(delegate, batch_a, batch_b, m, n, k, ta, tb, cpu, seed):
     rng = np.random.default_rng(seed)
     batch_b = [d if i >= len(batch_a) or batch_a[-1 - i] == 1 or d == 1 else batch_a[-1 - i]
                for i, d in enumerate(batch_b[::-1])][::-1]
     a = randn(rng, tuple(batch_a) + ((k, m) if ta else (m, k)))
     b = randn(rng, tuple(batch_b) + ((n, k) if tb else (k, n)))
-    want, got, _ = run_both(delegate, "matmul", [a, b], {"transpose_a": ta, "transpose_b": tb})
+    with mock.patch.object(gemm, "CPU_PATH", cpu):
+        want, got, _ = run_both(delegate, "matmul", [a, b], {"transpose_a": ta, "transpose_b": tb})
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
 

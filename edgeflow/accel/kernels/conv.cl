@@ -167,3 +167,26 @@ void conv_pointwise(__global const float* x, __global const float* w, __global c
         }
     }
 }
+
+// The CPU path's lowering of a conv to a GEMM (gemm.cl's matmul_blocked): per image and
+// group, cols (C/G * KH * KW, OH * OW) with row (ci, kh, kw) holding the input under that
+// tap for every output pixel (zero in the padding), so out (M/G, P) = w (M/G, C/G*KH*KW)
+// @ cols. One work-item per element of cols, output pixels fastest.
+__kernel void im2col(__global const float* x, __global float* cols, __constant const int* geo,
+                     const int total) {
+    int gid = get_global_id(0);
+    if (gid >= total) return;
+    const int C = geo[0], H = geo[1], W = geo[2], OH = geo[4], OW = geo[5];
+    const int KH = geo[6], KW = geo[7], sh = geo[8], sw = geo[9], dh = geo[10], dw = geo[11];
+    const int ph = geo[12], pw = geo[13];
+    const int ow = gid % OW;
+    int rest = gid / OW;
+    const int oh = rest % OH;
+    rest /= OH;
+    const int kw = rest % KW;
+    rest /= KW;
+    const int kh = rest % KH;
+    const int nc = rest / KH;  // image * C + channel
+    const int ih = oh * sh - ph + kh * dh, iw = ow * sw - pw + kw * dw;
+    cols[gid] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[((size_t)nc * H + ih) * W + iw] : 0.0f;
+}

@@ -1,7 +1,10 @@
 """OpenCL kernels of edgeflow/ops/conv.py (conv.cl): 2-D conv (1-D lifted to H = 1) by a
 direct register-tiled kernel, a depthwise one, and a local-memory tiled GEMM for 1x1
 stride-1 convs on devices with on-chip local memory; bias and the fused activation
-applied on the way out.
+applied on the way out. On CPU devices (gemm.cpu_path) non-depthwise convs instead run
+as gemm.cl's register-blocked GEMM: 1x1 stride-1 unpadded ones straight on the input,
+others after an im2col kernel fills a columns buffer allocated once per conv at make
+time.
 
 `launcher` (a 1-D launch over `total` work-items), `constant_ints` and `too_large` are
 shared by the pooling and pad kernels.
@@ -10,6 +13,7 @@ import numpy as np
 
 from ...ops.conv import window_geometry, window_params
 from . import cl_kernel
+from . import gemm
 from .elementwise import ACTIVATIONS
 
 TILES = {"CO": 8, "PX": 4, "TILE": 8}  # conv.cl's register and local-memory tiles
@@ -17,6 +21,8 @@ TILES = {"CO": 8, "PX": 4, "TILE": 8}  # conv.cl's register and local-memory til
 # off where local memory is on-chip (GPUs); CPU runtimes emulate it in global memory,
 # where the direct kernel is faster (PoCL: 2-3x).
 LOCAL_TILING = None
+# Columns buffers larger than this (floats) run the direct kernel instead of im2col.
+MAX_COLUMNS = 2**26
 
 
 def launcher(rt, kernel, total, *args, group=None, cap=128):
@@ -86,6 +92,10 @@ def _conv(rt, ins, outs, attrs):
                             geo.data, np.int32(0), *tail, group=tile * tile)
             return lambda keep=geo: step()
     geo = constant_ints(rt, (c, h, wd, m, oh, ow, kh, kw, sh, sw, dh, dw, ph, pw, group))
+    taps, pixels = kh * kw, oh * ow
+    if gemm.cpu_path(rt) and not (group == c and group > 1) and (pointwise or n * c * taps * pixels <= MAX_COLUMNS):
+        return _conv_gemm(rt, program, geo, x, w, bias, out, n, c, m, group, taps, pixels, pointwise,
+                          ACTIVATIONS[attrs["activation"]])
     wtiles = -(-ow // px)
     if group == c and group > 1:
         kernel = rt.kernel(program, "conv_depthwise")
@@ -95,3 +105,27 @@ def _conv(rt, ins, outs, attrs):
         total = n * group * -(-(m // group) // co) * oh * wtiles
     step = launcher(rt, kernel, total, x.data, w.data, bias_data, out.data, geo.data, np.int32(total), *tail)
     return lambda keep=geo: step()
+
+
+def _conv_gemm(rt, program, geo, x, w, bias, out, n, c, m, group, taps, pixels, pointwise, act):
+    """The CPU path: per image and group, out = w @ cols (cols = x when pointwise)."""
+    cpg, mpg = c // group, m // group
+    depth = cpg * taps  # the GEMM's K
+    steps = []
+    if pointwise:
+        cols = x
+    else:
+        cols = rt.empty((n * c * taps * pixels,), np.float32)  # reused by every run
+        total = cols.size
+        steps.append(launcher(rt, rt.kernel(program, "im2col"), total, x.data, cols.data, geo.data,
+                              np.int32(total)))
+    batch = np.arange(n * group)
+    g = batch % group
+    table = np.stack([g * mpg * depth, batch * depth * pixels, g * mpg], 1)
+    steps.append(gemm.blocked_matmul(rt, w.data, cols.data, out.data, mpg, pixels, depth, table,
+                                     bias=None if bias is None else bias.data, act=act))
+
+    def run(keep=(geo, cols)):
+        for step in steps:
+            step()
+    return run

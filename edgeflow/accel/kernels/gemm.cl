@@ -7,6 +7,7 @@
 // from the device's local memory and work-group limits; transposes and the activation
 // are run-time arguments, uniform across the launch, so one build serves every matmul.
 
+#ifdef TM
 #define WX (TN / RN)
 #define WY (TM / RM)
 
@@ -61,3 +62,105 @@ void matmul(__global const float* A, __global const float* B, __global float* C,
         }
     }
 }
+#endif
+
+// ---- The CPU path: register blocking, no local memory, no barriers -----------------------
+// Where local memory is emulated in global memory (CPU runtimes such as PoCL), staging
+// tiles and synchronising work-groups costs more than it saves. Instead each work-item
+// computes an BM x BN block of C on its own: for every k it broadcasts BM values of A
+// against one BN-wide vector of B (a vector load from B's row k, or BN strided loads
+// when B is transposed), so the accumulators are BM registers of BN floats. Blocks that
+// cross the edge of C clamp their reads and guard their writes. TA and TB (the
+// transposes) are -D defines so the inner loop has no branches. A bias per row of C
+// (conv's output channels) is added before the activation; `offsets` holds three ints
+// per batch: the element offsets into A, B and the bias.
+#ifdef BM
+#define VEC_(n) float##n
+#define VEC(n) VEC_(n)
+#define VLOAD_(n) vload##n
+#define VLOAD(n) VLOAD_(n)
+#define VSTORE_(n) vstore##n
+#define VSTORE(n) VSTORE_(n)
+#define VN VEC(BN)
+
+__kernel void matmul_blocked(__global const float* A, __global const float* B, __global float* C,
+                             const int M, const int N, const int K, __global const int* offsets,
+                             __global const float* bias, const int has_bias, const int act) {
+    const int n0 = get_global_id(0) * BN, m0 = get_global_id(1) * BM, batch = get_global_id(2);
+    if (n0 >= N || m0 >= M) return;
+    A += offsets[3 * batch];
+    B += offsets[3 * batch + 1];
+    C += (long)batch * M * N;
+    const bool full_n = n0 + BN <= N, full_m = m0 + BM <= M;
+    VN acc[BM];
+    for (int r = 0; r < BM; ++r) acc[r] = (VN)(0.0f);
+#if TA
+    // A is K x M: the block's BM values of A at k are contiguous.
+    __global const float* a = A + m0;
+#define A_AT(r, k) a[(k) * M + min(r, M - 1 - m0)]
+#else
+    __global const float* arow[BM];
+    for (int r = 0; r < BM; ++r) arow[r] = A + (long)min(m0 + r, M - 1) * K;
+#define A_AT(r, k) arow[r][k]
+#endif
+#if TB
+    // B is N x K: BN rows, each read along k.
+    __global const float* brow[BN];
+    for (int c = 0; c < BN; ++c) brow[c] = B + (long)min(n0 + c, N - 1) * K;
+#endif
+
+    if (full_n && full_m) {
+#pragma unroll 4
+        for (int k = 0; k < K; ++k) {
+#if TB
+            float bs[BN];
+            for (int c = 0; c < BN; ++c) bs[c] = brow[c][k];
+            const VN bv = VLOAD(BN)(0, bs);
+#else
+            const VN bv = VLOAD(BN)(0, B + (long)k * N + n0);
+#endif
+#if TA
+            float av[BM];
+            for (int r = 0; r < BM; ++r) av[r] = a[(long)k * M + r];
+#endif
+            for (int r = 0; r < BM; ++r) {
+#if TA
+                acc[r] += av[r] * bv;
+#else
+                acc[r] += arow[r][k] * bv;
+#endif
+            }
+        }
+    } else {
+        for (int k = 0; k < K; ++k) {
+            float bs[BN];
+            for (int c = 0; c < BN; ++c) {
+#if TB
+                bs[c] = brow[c][k];
+#else
+                bs[c] = B[(long)k * N + min(n0 + c, N - 1)];
+#endif
+            }
+            const VN bv = VLOAD(BN)(0, bs);
+            for (int r = 0; r < BM; ++r) acc[r] += A_AT(r, k) * bv;
+        }
+    }
+
+    for (int r = 0; r < BM; ++r) {
+        const int m = m0 + r;
+        if (m >= M) break;
+        VN v = acc[r];
+        if (has_bias) v += (VN)(bias[offsets[3 * batch + 2] + m]);
+        if (act == 1) v = fmax(v, (VN)(0.0f));
+        else if (act == 2) v = clamp(v, (VN)(0.0f), (VN)(6.0f));
+        __global float* crow = C + (long)m * N + n0;
+        if (full_n) {
+            VSTORE(BN)(v, 0, crow);
+        } else {
+            float vs[BN];
+            VSTORE(BN)(v, 0, vs);
+            for (int c = 0; c < BN && n0 + c < N; ++c) crow[c] = vs[c];
+        }
+    }
+}
+#endif
