@@ -31,8 +31,12 @@ def main():
     from edgeflow.accel.kernels import CL_KERNELS, gemm  # noqa: F401  (registration)
 
     rt = OpenCLDelegate(args.device).rt
-    _, tile, per_item = gemm.matmul_kernel(rt)
-    print(f"device: {rt.device.name}; tile {tile}x{tile}, {per_item}x{per_item} per work-item")
+    if gemm.cpu_path(rt):
+        print(f"device: {rt.device.name}; CPU path: register blocks of "
+              f"{gemm.BLOCK['BM']}x{gemm.BLOCK['BN']} per work-item, no local memory")
+    else:
+        _, tile, per_item = gemm.matmul_kernel(rt)
+        print(f"device: {rt.device.name}; tile {tile}x{tile}, {per_item}x{per_item} per work-item")
     print(f"{'n':>6} {'opencl GFLOP/s':>15} {'numpy GFLOP/s':>14} {'opencl/numpy':>13} {'max |diff|':>11}")
     rng = np.random.default_rng(0)
     for n in args.sizes:
