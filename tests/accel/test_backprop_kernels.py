@@ -16,7 +16,8 @@ if not edgeflow.accel.available():
 from edgeflow.accel.kernels import CL_KERNELS, backprop, compare  # noqa: E402,F401  (registration)
 
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-OURS = ("sum_to", "slice_grad", "gather_grad", "max_pool_grad", "avg_pool_grad", *compare.COMPARISONS)
+OURS = ("sum_to", "slice_grad", "gather_grad", "max_pool_grad", "avg_pool_grad", "conv_input_grad", "conv_filter_grad",
+        *compare.COMPARISONS)
 shapes = st.lists(st.integers(1, 5), min_size=0, max_size=4)
 
 
@@ -125,6 +126,53 @@ def test_avg_pool_grad(delegate, data, include, seed):
     dy_shape = forward_shape("avg_pool", x, attrs)
     want, got = run_both(delegate, "avg_pool_grad", [randn(rng, dy_shape), x], attrs)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def conv_case(data, rng):
+    """(x, w, attrs, dy shape) for a 2-D conv with random window, strides, dilations, pads and groups."""
+    group = data.draw(st.integers(1, 3))
+    c, m = group * data.draw(st.integers(1, 2)), group * data.draw(st.integers(1, 3))
+    kernel = data.draw(st.tuples(st.integers(1, 3), st.integers(1, 3)))
+    dilations = data.draw(st.tuples(st.integers(1, 2), st.integers(1, 2)))
+    attrs = {"strides": data.draw(st.tuples(st.integers(1, 3), st.integers(1, 3))), "dilations": dilations,
+             "group": group}
+    auto_pad = data.draw(st.sampled_from(["NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
+    if auto_pad == "NOTSET":
+        attrs["pads"] = [data.draw(st.integers(0, 2)) for _ in range(4)]
+    else:
+        attrs["auto_pad"] = auto_pad
+    size = [data.draw(st.integers((k - 1) * d + 1, 9)) for k, d in zip(kernel, dilations)]
+    x = randn(rng, (data.draw(st.integers(1, 2)), c, *size))
+    w = randn(rng, (m, c // group, *kernel))
+    g = ef.Graph()
+    with g.as_default():
+        y = apply("conv", [ef.placeholder(x.dtype, x.shape, name="x"), ef.placeholder(w.dtype, w.shape, name="w")],
+                  attrs)
+    return x, w, attrs, tuple(y.shape)
+
+
+@SETTINGS
+@given(data=st.data(), seed=st.integers(0, 2 ** 16))
+def test_conv_input_grad(delegate, data, seed):
+    rng = np.random.default_rng(seed)
+    x, w, attrs, dy_shape = conv_case(data, rng)
+    want, got = run_both(delegate, "conv_input_grad", [randn(rng, dy_shape), w, x], attrs)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@SETTINGS
+@given(data=st.data(), seed=st.integers(0, 2 ** 16))
+def test_conv_filter_grad(delegate, data, seed):
+    rng = np.random.default_rng(seed)
+    x, w, attrs, dy_shape = conv_case(data, rng)
+    want, got = run_both(delegate, "conv_filter_grad", [x, randn(rng, dy_shape), w], attrs)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_grads_1d_stay_on_cpu():
+    reason = backprop._conv_grad_unsupported({}, [np.zeros((1, 1, 5), np.float32)] * 2,
+                                             [np.zeros((1, 1, 5), np.float32)])
+    assert reason and "1-D" in reason
 
 
 def forward_shape(op, x, attrs):

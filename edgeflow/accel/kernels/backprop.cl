@@ -134,3 +134,63 @@ __kernel void avg_pool_grad(__global const float* dy, __global float* dx, __cons
     }
     dx[gid] = s;
 }
+
+// conv geometry as conv.cl's: C, H, W, M, OH, OW, KH, KW, stride h, w, dilation h, w,
+// pad h, w (begin), groups. 2-D NCHW; w is (M, C / groups, KH, KW).
+#define CONV_GEOMETRY                                                                           \
+    const int C = geo[0], H = geo[1], W = geo[2], M = geo[3], OH = geo[4], OW = geo[5];          \
+    const int KH = geo[6], KW = geo[7], sh = geo[8], sw = geo[9], dh = geo[10], dw = geo[11];    \
+    const int ph = geo[12], pw = geo[13], G = geo[14], cpg = C / G, mpg = M / G;
+
+// One work-item per element of dx: the filters of its group and the output positions whose
+// windows read it, summed in (m, kh, kw) order.
+__kernel void conv_input_grad(__global const float* dy, __global const float* w, __global float* dx,
+                              __constant const int* geo, const int total) {
+    int gid = get_global_id(0);
+    if (gid >= total) return;
+    CONV_GEOMETRY
+    const int iw = gid % W, ih = (gid / W) % H, c = (gid / (W * H)) % C, n = gid / (W * H * C);
+    const int g = c / cpg, ci = c % cpg;
+    float s = 0.0f;
+    for (int m = g * mpg; m < (g + 1) * mpg; ++m) {
+        __global const float* dym = dy + ((size_t)n * M + m) * OH * OW;
+        __global const float* wm = w + ((size_t)m * cpg + ci) * KH * KW;
+        for (int kh = 0; kh < KH; ++kh) {
+            const int h = ih + ph - kh * dh;
+            if (h < 0 || h % sh || h / sh >= OH) continue;
+            for (int kw = 0; kw < KW; ++kw) {
+                const int x = iw + pw - kw * dw;
+                if (x < 0 || x % sw || x / sw >= OW) continue;
+                s = fma(dym[(h / sh) * OW + x / sw], wm[kh * KW + kw], s);
+            }
+        }
+    }
+    dx[gid] = s;
+}
+
+// One work-item per element of dw: x under that tap times dy, summed over the batch and
+// the output positions in (n, oh, ow) order.
+__kernel void conv_filter_grad(__global const float* x, __global const float* dy, __global float* dw_,
+                               __constant const int* geo, const int total, const int N) {
+    int gid = get_global_id(0);
+    if (gid >= total) return;
+    CONV_GEOMETRY
+    const int kw = gid % KW, kh = (gid / KW) % KH, ci = (gid / (KW * KH)) % cpg, m = gid / (KW * KH * cpg);
+    const int c = (m / mpg) * cpg + ci;
+    // output rows/cols whose tap stays inside x: oh * sh - ph + kh * dh in [0, H)
+    float s = 0.0f;
+    for (int n = 0; n < N; ++n) {
+        __global const float* xc = x + ((size_t)n * C + c) * H * W;
+        __global const float* dym = dy + ((size_t)n * M + m) * OH * OW;
+        for (int oh = 0; oh < OH; ++oh) {
+            const int ih = oh * sh - ph + kh * dh;
+            if (ih < 0 || ih >= H) continue;
+            for (int ow = 0; ow < OW; ++ow) {
+                const int iw = ow * sw - pw + kw * dw;
+                if (iw < 0 || iw >= W) continue;
+                s = fma(xc[ih * W + iw], dym[oh * OW + ow], s);
+            }
+        }
+    }
+    dw_[gid] = s;
+}
