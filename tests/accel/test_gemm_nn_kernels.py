@@ -228,6 +228,13 @@ def test_cast(delegate, src, dst):
     np.testing.assert_array_equal(got, want)
 
 
+def test_bool_to_float_cast(delegate):
+    x = np.random.default_rng(1).standard_normal(41) > 0
+    want, got, _ = run_both(delegate, "cast", [x], {"dtype": np.dtype(np.float32)})
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+
+
 def test_a_chain_stays_on_the_device(delegate):
     """matmul -> softmax -> reduce_max -> concat: one partition, right numbers."""
     rng = np.random.default_rng(3)

@@ -148,3 +148,9 @@ __kernel void cast_to_float(__global const int* x, __global float* out, const in
     const int i = get_global_id(0);
     if (i < n) out[i] = (float)x[i];
 }
+
+// bool (one byte, 0 or 1) to float: the masks of gradient graphs (ties, one-hot labels).
+__kernel void bool_to_float(__global const uchar* x, __global float* out, const int n) {
+    const int i = get_global_id(0);
+    if (i < n) out[i] = x[i] ? 1.0f : 0.0f;
+}

@@ -258,13 +258,14 @@ def _where(rt, ins, outs, attrs):
 
 
 CASTS = {(np.dtype(np.float32), np.dtype(np.int32)): "cast_to_int",
-         (np.dtype(np.int32), np.dtype(np.float32)): "cast_to_float"}
+         (np.dtype(np.int32), np.dtype(np.float32)): "cast_to_float",
+         (np.dtype(np.bool_), np.dtype(np.float32)): "bool_to_float"}
 
 
 def _cast_unsupported(attrs, ins, outs):
     pair = (ins[0].dtype, outs[0].dtype)
     if pair not in CASTS and not (pair[0] == pair[1] and pair[0] in ALIGNED):
-        return f"cast {pair[0]} -> {pair[1]} (float32 <-> int32 only)"
+        return f"cast {pair[0]} -> {pair[1]} (float32 <-> int32 and bool -> float32 only)"
     return None
 
 
