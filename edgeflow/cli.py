@@ -239,9 +239,10 @@ def build_parser():
     _add_accel_args(p)
     p.set_defaults(fn=cmd_train)
 
-    p = verbs.add_parser("quickstart", help="build, package, inspect and run a small model",
+    p = verbs.add_parser("quickstart", help="an end-to-end tour: build, convert, run and train models",
                          description="An end-to-end tour: build a small model with the graph "
-                                     "API, package it, inspect it and run it.")
+                                     "API, package, inspect, run and benchmark it; convert an "
+                                     "ONNX model; train a model on the device.")
     p.add_argument("--dir", default=None, help="where to write files (default: a temp dir)")
     p.set_defaults(fn=cmd_quickstart)
     return parser

@@ -80,6 +80,11 @@ def pick_device(name=None):
     return (gpus or [d for _, d in found])[0]
 
 
+def _read(path):
+    with open(path) as f:
+        return f.read() + "\n"
+
+
 class Runtime:
     """The context, queue and built programs of one device."""
 
@@ -92,12 +97,11 @@ class Runtime:
         self.uploads = self.downloads = 0
 
     def program(self, name, **defines):
-        """The program built from kernels/NAME.cl with -D defines (cached)."""
+        """The program built from kernels/common.cl + kernels/NAME.cl with -D defines (cached)."""
         key = (name, tuple(sorted(defines.items())))
         if key not in self._programs:
-            path = os.path.join(os.path.dirname(__file__), "kernels", f"{name}.cl")
-            with open(path) as f:
-                source = f.read()
+            folder = os.path.join(os.path.dirname(__file__), "kernels")
+            source = "".join(_read(os.path.join(folder, f)) for f in ("common.cl", f"{name}.cl"))
             options = [f"-D{k}={v}" for k, v in sorted(defines.items())]
             self._programs[key] = self.cl.Program(self.ctx, source).build(options=options)
         return self._programs[key]

@@ -10,6 +10,8 @@ import edgeflow.accel
 from edgeflow.format.writer import to_bytes
 from edgeflow.graph.math_ops import apply
 
+from .harness import randn, run_both
+
 if not edgeflow.accel.available():
     pytest.skip("no OpenCL device", allow_module_level=True)
 
@@ -26,34 +28,13 @@ def delegate():
     return edgeflow.accel.OpenCLDelegate()
 
 
-def run_both(delegate, op, arrays, attrs=None):
-    """(numpy result, OpenCL result) of op on `arrays` (all fed as inputs), asserting it ran on OpenCL."""
-    g = ef.Graph()
-    with g.as_default():
-        feeds = {f"x{i}": ef.placeholder(a.dtype, a.shape, name=f"x{i}") for i, a in enumerate(arrays)}
-        y = apply(op, list(feeds.values()), attrs)
-    model = to_bytes(ef.to_model(g, {"infer": (feeds, {"y": y})}))
-    values = {f"x{i}": a for i, a in enumerate(arrays)}
-    want = ef.Interpreter(model).get_signature_runner("infer")(**values)["y"]
-    runner = ef.Interpreter(model, delegates=[delegate]).get_signature_runner("infer")
-    got = runner(**values)["y"]
-    plan = runner.last_plan
-    assert set(plan.placement.values()) == {"opencl"}, (plan.placement_summary(), plan.fallbacks)
-    assert got.dtype == want.dtype and got.shape == want.shape
-    return want, got
-
-
-def randn(rng, shape):
-    return rng.standard_normal(shape).astype(np.float32)
-
-
 @SETTINGS
 @given(shape=shapes, lead=st.lists(st.integers(1, 3), max_size=2), keep=st.lists(st.booleans(), min_size=4, max_size=4),
        seed=st.integers(0, 2 ** 16))
 def test_sum_to(delegate, shape, lead, keep, seed):
     rng = np.random.default_rng(seed)
     like = tuple(d if k else 1 for d, k in zip(shape, keep))
-    want, got = run_both(delegate, "sum_to", [randn(rng, tuple(lead) + tuple(shape)), randn(rng, like)])
+    want, got, _ = run_both(delegate, "sum_to", [randn(rng, tuple(lead) + tuple(shape)), randn(rng, like)])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -74,7 +55,7 @@ def test_slice_grad(delegate, data, shape, seed):
     if 0 in taken:
         return  # an empty gradient: nothing runs
     attrs = {"starts": starts, "ends": ends, "axes": axes, "steps": steps}
-    want, got = run_both(delegate, "slice_grad", [randn(rng, taken), randn(rng, shape)], attrs)
+    want, got, _ = run_both(delegate, "slice_grad", [randn(rng, taken), randn(rng, shape)], attrs)
     np.testing.assert_array_equal(got, want)
 
 
@@ -87,7 +68,7 @@ def test_gather_grad(delegate, shape, indices, data, dtype, seed):
     n = shape[axis]
     index = rng.integers(-n, n, indices).astype(dtype)  # repeats and negatives
     grad_shape = tuple(shape[:axis % len(shape)]) + index.shape + tuple(shape[axis % len(shape) + 1:])
-    want, got = run_both(delegate, "gather_grad", [randn(rng, grad_shape), index, randn(rng, shape)], {"axis": axis})
+    want, got, _ = run_both(delegate, "gather_grad", [randn(rng, grad_shape), index, randn(rng, shape)], {"axis": axis})
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -113,7 +94,7 @@ def test_max_pool_grad(delegate, data, ties, seed):
     if ties:
         x = np.round(x).astype(np.float32)  # equal maxima: the first in kernel order wins
     dy_shape = forward_shape("max_pool", x, attrs)
-    want, got = run_both(delegate, "max_pool_grad", [x, randn(rng, dy_shape)], attrs)
+    want, got, _ = run_both(delegate, "max_pool_grad", [x, randn(rng, dy_shape)], attrs)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -124,7 +105,7 @@ def test_avg_pool_grad(delegate, data, include, seed):
     x, attrs = pool_case(data, rng, dilated=False)
     attrs["count_include_pad"] = int(include)
     dy_shape = forward_shape("avg_pool", x, attrs)
-    want, got = run_both(delegate, "avg_pool_grad", [randn(rng, dy_shape), x], attrs)
+    want, got, _ = run_both(delegate, "avg_pool_grad", [randn(rng, dy_shape), x], attrs)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -156,7 +137,7 @@ def conv_case(data, rng):
 def test_conv_input_grad(delegate, data, seed):
     rng = np.random.default_rng(seed)
     x, w, attrs, dy_shape = conv_case(data, rng)
-    want, got = run_both(delegate, "conv_input_grad", [randn(rng, dy_shape), w, x], attrs)
+    want, got, _ = run_both(delegate, "conv_input_grad", [randn(rng, dy_shape), w, x], attrs)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -165,7 +146,7 @@ def test_conv_input_grad(delegate, data, seed):
 def test_conv_filter_grad(delegate, data, seed):
     rng = np.random.default_rng(seed)
     x, w, attrs, dy_shape = conv_case(data, rng)
-    want, got = run_both(delegate, "conv_filter_grad", [x, randn(rng, dy_shape), w], attrs)
+    want, got, _ = run_both(delegate, "conv_filter_grad", [x, randn(rng, dy_shape), w], attrs)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -188,7 +169,7 @@ def test_comparisons_broadcast(delegate, op, a, b, dtype, seed):
     rng = np.random.default_rng(seed)
     b = [d if i >= len(a) or a[-1 - i] == 1 or d == 1 else a[-1 - i] for i, d in enumerate(b[::-1])][::-1]
     xa, xb = (rng.integers(-2, 3, s).astype(dtype) for s in (a, b))  # small integers: many equal pairs
-    want, got = run_both(delegate, op, [xa, xb])
+    want, got, _ = run_both(delegate, op, [xa, xb])
     np.testing.assert_array_equal(got, want)
 
 

@@ -12,6 +12,8 @@ import edgeflow.accel
 from edgeflow.format.writer import to_bytes
 from edgeflow.graph.math_ops import apply
 
+from .harness import randn, run_both
+
 if not edgeflow.accel.available():
     pytest.skip("no OpenCL device", allow_module_level=True)
 
@@ -25,29 +27,6 @@ small = st.integers(1, 5)
 @pytest.fixture(scope="module")
 def delegate():
     return edgeflow.accel.OpenCLDelegate()
-
-
-def run_both(delegate, op, arrays, attrs=None, on_device=True):
-    """(numpy result, OpenCL result, plan) of op on `arrays` (all fed as inputs)."""
-    g = ef.Graph()
-    with g.as_default():
-        feeds = {f"x{i}": ef.placeholder(a.dtype, a.shape, name=f"x{i}") for i, a in enumerate(arrays)}
-        y = apply(op, list(feeds.values()), attrs)
-    model = to_bytes(ef.to_model(g, {"infer": (feeds, {"y": y})}))
-    values = {f"x{i}": a for i, a in enumerate(arrays)}
-    want = ef.Interpreter(model).get_signature_runner("infer")(**values)["y"]
-    runner = ef.Interpreter(model, delegates=[delegate]).get_signature_runner("infer")
-    got = runner(**values)["y"]
-    plan = runner.last_plan
-    if not want.size:
-        assert all("empty tensor" in why for why in plan.fallbacks.values()), plan.fallbacks
-    elif on_device:
-        assert set(plan.placement.values()) == {"opencl"}, (plan.placement_summary(), plan.fallbacks)
-    return want, got, plan
-
-
-def randn(rng, shape):
-    return rng.standard_normal(shape).astype(np.float32)
 
 
 # -- matmul ------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-// equal, less and greater with numpy broadcasting (as elementwise.cl's binary_broadcast):
+// equal, less and greater with numpy broadcasting (broadcast_offsets, in common.cl):
 // T is the operands' type (float, int or uchar for bool), OP the comparison (0 equal,
 // 1 less, 2 greater); out is bool as uchar.
 
@@ -7,13 +7,8 @@ __kernel void compare(__global const T* a, __global const T* b, __global uchar* 
                       __constant const int* stride_b) {
     int i = get_global_id(0);
     if (i >= n) return;
-    int rest = i, ia = 0, ib = 0;
-    for (int d = rank - 1; d >= 0; --d) {
-        int k = rest % dims[d];
-        rest /= dims[d];
-        ia += k * stride_a[d];
-        ib += k * stride_b[d];
-    }
+    int ia, ib;
+    broadcast_offsets(i, rank, dims, stride_a, stride_b, &ia, &ib);
 #if OP == 0
     out[i] = a[ia] == b[ib];
 #elif OP == 1

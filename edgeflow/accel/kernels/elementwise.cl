@@ -63,13 +63,8 @@ __kernel void binary_broadcast(__global const float* a, __global const float* b,
                                __constant int* stride_a, __constant int* stride_b) {
     int i = get_global_id(0);
     if (i >= n) return;
-    int rest = i, ia = 0, ib = 0;
-    for (int d = rank - 1; d >= 0; --d) {
-        int k = rest % dims[d];
-        rest /= dims[d];
-        ia += k * stride_a[d];
-        ib += k * stride_b[d];
-    }
+    int ia, ib;
+    broadcast_offsets(i, rank, dims, stride_a, stride_b, &ia, &ib);
     out[i] = activate(binary_op(a[ia], b[ib]));
 }
 
