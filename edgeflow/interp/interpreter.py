@@ -53,6 +53,7 @@ class Interpreter:
         self._input_shapes = {i: tuple(max(d, 1) for d in self._subgraph.tensors[i].shape)
                               for i in self._io[0]}
         self._plan = None
+        self._names = None
         self.profiler = None
         self._threads = _thread_limiter(num_threads)
 
@@ -141,6 +142,30 @@ class Interpreter:
             raise InvalidInputError(f"no signature {signature_key!r}; the model has "
                                     f"{sorted(self._signatures)}")
         return SignatureRunner(self, self._signatures[signature_key])
+
+    # -- any tensors in, any tensors out ---------------------------------------------
+    def tensor_index(self, name):
+        """The index of the tensor called `name`, else InvalidInputError."""
+        if self._names is None:
+            self._names = {t.name: i for i, t in enumerate(self._subgraph.tensors)}
+        if name not in self._names:
+            raise InvalidInputError(f"the model has no tensor {name!r}")
+        return self._names[name]
+
+    def run(self, fetches, feeds):
+        """{name: value} of the tensors `fetches`, computed from `feeds` ({tensor name:
+        array}), which may be intermediate tensors: only the ops between them run, as in a
+        TensorFlow Session. Serves split inference, where each side runs part of a graph."""
+        values = {}
+        for name, v in feeds.items():
+            i = self.tensor_index(name)
+            values[i] = as_input(self._subgraph.tensors[i], v, f"feed {name!r}")
+        outs = [self.tensor_index(n) for n in fetches]
+        plan = self.plan_for(list(values), outs, {i: v.shape for i, v in values.items()})
+        for i, v in values.items():
+            np.copyto(plan.arrays[i], v)
+        self.run_plan(plan)
+        return {n: np.array(plan.arrays[i]) for n, i in zip(fetches, outs)}
 
     # -- TFLite's tensor-level API (the subgraph's own inputs and outputs) ------------
     def _details(self, index, shape):

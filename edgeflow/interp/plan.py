@@ -82,8 +82,8 @@ class Plan:
     def __init__(self, subgraph, inputs, outputs, input_shapes, constants, variables, folded,
                  preserve_all=False, targets=(), delegates=()):
         self.subgraph, self.inputs, self.outputs = subgraph, list(inputs), list(outputs)
-        producer = {t: i for i, op in enumerate(subgraph.operators) for t in op.outputs}
-        fed = set(inputs)
+        fed = set(inputs)  # may be intermediates: what produces them then does not run
+        producer = {t: i for i, op in enumerate(subgraph.operators) for t in op.outputs if t not in fed}
         self.arrays = dict(variables)  # variables, constants and folded values: not in the arena
         specs = self._infer(needed_operators(subgraph, outputs, producer, targets), input_shapes,
                             constants, variables, folded)
