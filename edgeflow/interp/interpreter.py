@@ -10,10 +10,11 @@ from ..errors import EdgeflowError, InvalidInputError, UnsupportedOpError
 from ..format import reader
 from ..ops.shapes import fmt
 from .kernels import KERNELS
-from .plan import Plan
+from .plan import Plan, ShapeDependsOnValues
 from .profiler import Profiler
 
 _PLAN_CACHE_SIZE = 8
+SHAPE_LIKE_MAX = 16  # elements: a fed integer tensor up to this size may set shapes
 _log = logging.getLogger("edgeflow")
 
 
@@ -29,12 +30,19 @@ class Interpreter:
     file's bytes. `delegates` (e.g. `[edgeflow.accel.OpenCLDelegate()]`) run partitions of
     consecutive ops they support on their device; the rest runs on the CPU.
     `preserve_all_tensors` keeps every intermediate readable with `get_tensor` (no arena
-    reuse), for debugging.
+    reuse), for debugging. `cloud` ("host:port", with `token` and `root_cert` for TLS)
+    runs a device package made by `edgeflow split` together with `edgeflow serve`.
     """
 
-    def __init__(self, model, delegates=(), num_threads=None, preserve_all_tensors=False):
+    def __init__(self, model, delegates=(), num_threads=None, preserve_all_tensors=False,
+                 cloud=None, token=None, root_cert=None, cloud_timeout=None):
         self.delegates = list(delegates)
         self.model = reader.load(model)
+        self.cloud = None
+        if cloud is not None:  # a device package from `edgeflow split`: send/recv reach the server
+            from ..cloud.sendrecv import attach
+            self.cloud = attach(self, cloud, token, root_cert, cloud_timeout)
+            self._cloud_target = cloud if isinstance(cloud, str) else getattr(cloud, "target", "the cloud")
         self._subgraph = self.model.subgraphs[0]
         self._check_kernels()
         tensors = self._subgraph.tensors
@@ -54,25 +62,31 @@ class Interpreter:
                               for i in self._io[0]}
         self._plan = None
         self._names = None
+        self._value_routes = set()  # (feeds, fetches) whose plans need small int feeds' values
         self.profiler = None
         self._threads = _thread_limiter(num_threads)
 
     def _check_kernels(self):
         missing = sorted({op.opcode for sg in self.model.subgraphs for op in sg.operators
-                          if op.opcode not in KERNELS and not ops.get(op.opcode).view})
+                          if op.opcode not in KERNELS and not ops.get(op.opcode).view
+                          and not ops.get(op.opcode).remote})
         if missing:
             raise UnsupportedOpError(f"no numpy kernel for op(s): {', '.join(missing)}",
                                      [(m, "no numpy kernel") for m in missing])
 
     # -- planning ------------------------------------------------------------------
-    def plan_for(self, inputs, outputs, shapes, targets=()):
+    def plan_for(self, inputs, outputs, shapes, targets=(), known=None):
         """The cached Plan computing `outputs` (and running `targets`) from `inputs` at
-        `shapes` (made if new)."""
-        key = (tuple(inputs), tuple(outputs), tuple(targets), tuple(shapes[i] for i in inputs))
+        `shapes` (made if new). `known` gives inputs whose values the plan may assume
+        (small integer tensors that set shapes); a new value makes a new plan."""
+        known = known or {}
+        key = (tuple(inputs), tuple(outputs), tuple(targets), tuple(shapes[i] for i in inputs),
+               tuple((i, v.tobytes()) for i, v in sorted(known.items())))
         plan = self._plans.get(key)
         if plan is None:
             plan = Plan(self._subgraph, inputs, outputs, shapes, self._constants,
-                        self._variables, self._folded, self._preserve_all, targets, self.delegates)
+                        self._variables, self._folded, self._preserve_all, targets, self.delegates,
+                        known)
             if self.delegates:
                 _log.info("%s", plan.placement_summary())
             self._plans[key] = plan
@@ -141,7 +155,13 @@ class Interpreter:
         if signature_key not in self._signatures:
             raise InvalidInputError(f"no signature {signature_key!r}; the model has "
                                     f"{sorted(self._signatures)}")
-        return SignatureRunner(self, self._signatures[signature_key])
+        runner = SignatureRunner(self, self._signatures[signature_key])
+        if self.cloud is not None and signature_key == self.cloud.signature:
+            from ..cloud.sendrecv import SplitRunner
+            local = self.cloud.local_signature
+            return SplitRunner(self, runner, SignatureRunner(self, self._signatures[local])
+                               if local in self._signatures else None, self._cloud_target)
+        return runner
 
     # -- any tensors in, any tensors out ---------------------------------------------
     def tensor_index(self, name):
@@ -161,7 +181,19 @@ class Interpreter:
             i = self.tensor_index(name)
             values[i] = as_input(self._subgraph.tensors[i], v, f"feed {name!r}")
         outs = [self.tensor_index(n) for n in fetches]
-        plan = self.plan_for(list(values), outs, {i: v.shape for i, v in values.items()})
+        shapes = {i: v.shape for i, v in values.items()}
+        # A fed small integer tensor may be a shape computed upstream (Shape -> Gather ->
+        # Concat), as when the other side of a split sends it: then plan for its value.
+        known = {i: v for i, v in values.items() if v.dtype.kind in "iu" and v.size <= SHAPE_LIKE_MAX}
+        routes = (tuple(values), tuple(outs))
+        try:
+            plan = self.plan_for(list(values), outs, shapes,
+                                 known=known if routes in self._value_routes else None)
+        except ShapeDependsOnValues:
+            if not known or routes in self._value_routes:
+                raise
+            self._value_routes.add(routes)
+            plan = self.plan_for(list(values), outs, shapes, known=known)
         for i, v in values.items():
             np.copyto(plan.arrays[i], v)
         self.run_plan(plan)

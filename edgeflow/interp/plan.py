@@ -9,11 +9,15 @@ from collections import deque
 import numpy as np
 
 from .. import ops
-from ..errors import FormatError, GraphError, InvalidInputError
+from ..errors import EdgeflowError, FormatError, GraphError, InvalidInputError
 from ..ops.registry import TensorSpec
 from ..ops.shapes import fmt
 from .arena import Arena, lower_bound, place
 from .kernels import KERNELS, evaluate
+
+
+class ShapeDependsOnValues(InvalidInputError):
+    """An output's shape depends on an input's value, which the plan does not know."""
 
 
 def needed_operators(subgraph, outputs, producer, targets=()):
@@ -80,13 +84,13 @@ class Plan:
     """
 
     def __init__(self, subgraph, inputs, outputs, input_shapes, constants, variables, folded,
-                 preserve_all=False, targets=(), delegates=()):
+                 preserve_all=False, targets=(), delegates=(), known=None):
         self.subgraph, self.inputs, self.outputs = subgraph, list(inputs), list(outputs)
         fed = set(inputs)  # may be intermediates: what produces them then does not run
         producer = {t: i for i, op in enumerate(subgraph.operators) for t in op.outputs if t not in fed}
         self.arrays = dict(variables)  # variables, constants and folded values: not in the arena
         specs = self._infer(needed_operators(subgraph, outputs, producer, targets), input_shapes,
-                            constants, variables, folded)
+                            constants, variables, folded, known or {})
         self._allocate(specs, preserve_all, fed)
         self._views(specs)
         self.placement, self.fallbacks, self.partitions = {}, {}, 0
@@ -95,10 +99,12 @@ class Plan:
         else:
             self.steps, self.step_ops = self._bind()
 
-    def _infer(self, order, input_shapes, constants, variables, folded):
-        """Specs of every tensor; folds what is known now; sets self.order to what remains."""
+    def _infer(self, order, input_shapes, constants, variables, folded, known):
+        """Specs of every tensor; folds what is known now; sets self.order to what remains.
+        `known` inputs' values are assumed (this plan serves only those values)."""
         tensors = self.subgraph.tensors
-        specs = {t: TensorSpec(tuple(shape), tensors[t].dtype) for t, shape in input_shapes.items()}
+        specs = {t: TensorSpec(tuple(shape), tensors[t].dtype, known.get(t))
+                 for t, shape in input_shapes.items()}
         specs.update((t, TensorSpec(a.shape, a.dtype)) for t, a in variables.items())
         static = set()  # tensors whose value follows from constants alone
         for t, data in constants.items():
@@ -122,13 +128,13 @@ class Plan:
                 raise InvalidInputError(f"op {i} ({op.opcode}) rejects these inputs: {e}") from None
             for t, spec in zip(op.outputs, outs):
                 if None in spec.shape:
-                    raise InvalidInputError(
+                    raise ShapeDependsOnValues(
                         f"op {i} ({op.opcode}): the shape of {tensors[t].name!r} depends on input "
                         f"values, not only on input shapes; operands that set shapes must be "
                         f"known before running (constants, or computed from shapes)")
                 _check_declared(t, tensors[t], spec, op.opcode)
             opdef = ops.get(op.opcode)
-            if not (opdef.stateful or opdef.random) and (all(s.value is not None for s in ins)
+            if not (opdef.stateful or opdef.random or opdef.remote) and (all(s.value is not None for s in ins)
                                                          or all(s.value is not None for s in outs)):
                 is_static = all(t in static for t in op.inputs)
                 values = self._fold(i, op, ins, outs, folded if is_static else {})
@@ -198,6 +204,11 @@ class Plan:
             op = self.subgraph.operators[i]
             if ops.get(op.opcode).view:
                 continue
+            if ops.get(op.opcode).remote:
+                raise EdgeflowError(
+                    f"op {i} ({op.opcode} {op.attrs.get('key')!r}) exchanges tensors with the cloud: "
+                    "create the Interpreter with cloud='host:port' (or run a signature that "
+                    "runs on the device alone, such as 'infer_local')")
             ins = [self.arrays[t] for t in op.inputs]
             outs = [self.arrays[t] for t in op.outputs]
             steps.append(KERNELS[op.opcode](ins, outs, op.attrs))

@@ -106,6 +106,8 @@ class OpDef:
     flops: Callable = None  # (input specs, output specs, attrs) -> arithmetic operations
     stateful: bool = False  # writes a variable (input 0): never folded, run after pure ops
     random: bool = False  # draws new values every run: never folded
+    remote: bool = False  # exchanges tensors with another process (send/recv): no numpy
+    #                       kernel; a delegate that reaches the peer runs it
 
     @property
     def gradient(self):
@@ -160,7 +162,8 @@ class OpDef:
 _REGISTRY = {}
 
 
-def define(name, *, inputs, outputs=1, attrs=None, view=False, flops=None, stateful=False, random=False):
+def define(name, *, inputs, outputs=1, attrs=None, view=False, flops=None, stateful=False, random=False,
+           remote=False):
     """Decorator: register the shape/dtype inference function `fn` as op `name`.
 
     `inputs` is an int or a (min, max) pair, max None for variadic; `outputs` an int or
@@ -174,7 +177,7 @@ def define(name, *, inputs, outputs=1, attrs=None, view=False, flops=None, state
         if name in _REGISTRY:
             raise AssertionError(f"op {name!r} defined twice")
         _REGISTRY[name] = OpDef(name, arity, outputs, dict(attrs or {}), fn, view,
-                                (fn.__doc__ or "").strip(), flops, stateful, random)
+                                (fn.__doc__ or "").strip(), flops, stateful, random, remote)
         return fn
 
     return register

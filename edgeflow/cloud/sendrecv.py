@@ -1,0 +1,151 @@
+"""The device side of a split: send/recv kernels that talk to the cloud service.
+
+`Interpreter(device_package, cloud="host:port", token=...)` attaches a `CloudDelegate`,
+which claims the package's send and recv ops (edgeflow/ops/comm.py). A send copies its
+tensor aside under its rendezvous key; the first recv of a run makes one call to the
+server with every tensor sent and fetches every tensor the run receives; later recvs of
+the run take theirs from that reply. Each request names the cloud package's model id
+and SHA-256, so a device package paired with another cloud package is refused.
+
+`SplitRunner` serves the split signature: when the server cannot be reached and the
+package also holds the whole graph (`infer_local`), it runs on the device alone and says
+so once (then tries the cloud again after `retry_s`); when the cloud package hosts the
+whole graph too, it re-chooses the cut from the link it measures (see edgeflow.split.adaptive).
+"""
+import logging
+import time
+
+import numpy as np
+
+from ..errors import EdgeflowError, RemoteError
+from ..interp.delegate import Delegate
+
+_log = logging.getLogger("edgeflow")
+UNREACHABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+
+
+class _Exchange:
+    """One plan's round trip: tensors sent so far, the keys it receives, the reply."""
+
+    def __init__(self):
+        self.sent, self.fetches, self.reply = {}, [], {}
+
+
+class CloudDelegate(Delegate):
+    """Runs send/recv ops through a cloud `Client` (edgeflow.cloud.client)."""
+
+    name = "cloud"
+
+    def __init__(self, client, model_id, sha256=None, timeout=None):
+        self.client, self.model_id, self.sha256, self.timeout = client, model_id, sha256, timeout
+        self._compiling = None  # (plan arrays, _Exchange) of the plan being compiled
+        self.signature, self.local_signature = "infer", None
+        self.calls = 0
+
+    def unsupported(self, op, ins, outs):
+        return None if op.opcode in ("send", "recv") else "runs on the device"
+
+    def compile(self, partition):
+        if self._compiling is None or self._compiling[0] is not partition.arrays:
+            self._compiling = (partition.arrays, _Exchange())  # a new plan: its own exchange
+        exchange = self._compiling[1]
+        steps = []
+        for _, op in partition.ops:
+            key = op.attrs["key"]
+            if op.opcode == "send":
+                steps.append(self._sender(exchange, key, partition.arrays[op.inputs[0]]))
+            else:
+                exchange.fetches.append(key)
+                steps.append(self._receiver(exchange, key, partition.arrays[op.outputs[0]]))
+
+        def run():
+            for step in steps:
+                step()
+        return run
+
+    @staticmethod
+    def _sender(exchange, key, source):
+        def send():
+            exchange.reply = {}  # a new run: nothing left over from a failed one
+            exchange.sent[key] = np.array(source)  # its arena bytes may be reused before recv
+        return send
+
+    def _receiver(self, exchange, key, out):
+        def recv():
+            if key not in exchange.reply:
+                sent, exchange.sent = exchange.sent, {}
+                exchange.reply = self.client.run(self.model_id, sent, exchange.fetches,
+                                                 sha256=self.sha256, timeout=self.timeout)
+                self.calls += 1
+            value = exchange.reply.pop(key, None)
+            if value is None:
+                raise RemoteError(f"the cloud's reply has no tensor {key!r}")
+            if value.shape != out.shape or value.dtype != out.dtype:
+                raise RemoteError(f"the cloud returned {value.dtype}{list(value.shape)} for {key!r}, "
+                                  f"expected {out.dtype}{list(out.shape)}")
+            np.copyto(out, value)
+        return recv
+
+
+def attach(interp, cloud, token=None, root_cert=None, timeout=None):
+    """Make `interp` (an Interpreter of a device package) exchange tensors with `cloud`
+    ("host:port" or a Client); returns the CloudDelegate."""
+    from ..split.partition import split_info
+    info = split_info(interp.model)
+    if info is None or info.get("role") != "device":
+        raise EdgeflowError("cloud= needs a device package made by `edgeflow split` (this model "
+                            "has no 'edgeflow.split' metadata)")
+    if isinstance(cloud, str):
+        from .client import Client
+        client = Client(cloud, token=token, root_cert=root_cert,
+                        **({"timeout": timeout} if timeout else {}))
+    else:
+        client = cloud
+    delegate = CloudDelegate(client, info["cloud_model_id"], info["cloud_sha256"], timeout)
+    delegate.signature, delegate.local_signature = info["signature"], info.get("local_signature")
+    interp.delegates.insert(0, delegate)
+    return delegate
+
+
+class SplitRunner:
+    """Calls the split signature, falling back to `infer_local` while the cloud is unreachable."""
+
+    def __init__(self, interp, split_runner, local_runner, target, retry_s=30.0):
+        self._interp, self._split, self._local = interp, split_runner, local_runner
+        self._target, self.retry_s = target, retry_s
+        self._local_until = 0.0
+        self.fallbacks = 0
+        self._warned = False
+
+    @property
+    def key(self):
+        return self._split.key
+
+    @property
+    def last_plan(self):
+        return self._split.last_plan
+
+    def get_input_details(self):
+        return self._split.get_input_details()
+
+    def get_output_details(self):
+        return self._split.get_output_details()
+
+    def __call__(self, **inputs):
+        if self._local is not None and time.monotonic() < self._local_until:
+            return self._run_local(inputs)
+        try:
+            return self._split(**inputs)
+        except RemoteError as e:
+            if self._local is None or getattr(e, "code", None) not in UNREACHABLE:
+                raise
+            if not self._warned:
+                _log.warning("the cloud at %s is unreachable (%s): running on the device only",
+                             self._target, e)
+                self._warned = True
+            self._local_until = time.monotonic() + self.retry_s
+            return self._run_local(inputs)
+
+    def _run_local(self, inputs):
+        self.fallbacks += 1
+        return self._local(**inputs)

@@ -1,0 +1,165 @@
+"""Partitioning a model at a cut: the device package (send/recv) and the cloud package,
+run together through an in-process transport, equal the unsplit model exactly.
+
+The transport here calls the cloud package's Interpreter directly; tests/cloud runs the
+same pairs through the gRPC server in another process.
+"""
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+import edgeflow as ef
+from converters import onnx as onnx_converter
+from edgeflow.errors import EdgeflowError, PlacementError
+from edgeflow.format import reader
+from edgeflow.split import partition
+
+MODELS_DIR = pathlib.Path(__file__).resolve().parents[1] / "data" / "onnx"
+
+MODELS = ("mlp", "mobilenetv2", "resnet", "transformer", "lstm")
+
+
+class InProcess:
+    """A stand-in for edgeflow.cloud.client.Client that runs the cloud package here."""
+
+    target = "in-process"
+
+    def __init__(self, path):
+        self.interp = ef.Interpreter(path)
+        self.requests = []
+
+    def run(self, model_id, feeds, fetches, sha256=None, timeout=None):
+        self.requests.append((model_id, sha256, sorted(feeds), list(fetches)))
+        return self.interp.run(fetches, feeds)
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("models")
+    paths = {}
+    for name in MODELS:
+        paths[name] = out / f"{name}.efl"
+        onnx_converter.convert(MODELS_DIR / f"{name}.onnx", paths[name])
+    return paths
+
+
+def _feeds(interp, batch, seed=0):
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for name, d in interp.get_signature_runner("infer").get_input_details().items():
+        shape = [batch if s == -1 and k == 0 else (5 if s == -1 else s)
+                 for k, s in enumerate(d["shape_signature"])]
+        feeds[name] = (rng.standard_normal(shape).astype(np.float32) if d["dtype"] == np.float32
+                       else rng.integers(0, 5, shape).astype(d["dtype"]))
+    return feeds
+
+
+def _random_device_side(cut, rng):
+    """A random valid device side: random ops, closed under the ops they depend on."""
+    sub = cut.subgraph
+    producer = {t: i for i in cut.ops for t in sub.operators[i].outputs}
+    side = {i for i in cut.ops if rng.random() < 0.4}
+    todo = list(side)
+    while todo:
+        for t in sub.operators[todo.pop()].inputs:
+            p = producer.get(t)
+            if p is not None and p not in side:
+                side.add(p)
+                todo.append(p)
+    return side
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_split_pairs_equal_the_whole_model(name, converted, tmp_path):
+    model = reader.load(converted[name])
+    whole = ef.Interpreter(converted[name]).get_signature_runner("infer")
+    ops = partition.Cut(model, set()).ops
+    rng = np.random.default_rng(1)
+    sides = [set(), set(ops[:len(ops) // 2]), set(ops), _random_device_side(partition.Cut(model, set()), rng)]
+    graphs = [("full", "full"), ("cut", "cut"), ("full", "cut"), ("cut", "full")]
+    for k, (side, (device_graph, cloud_graph)) in enumerate(zip(sides, graphs)):
+        out = tmp_path / f"{k}"
+        out.mkdir()
+        cut, sha = partition.write_pair(model, side, out, model_id=name, device_graph=device_graph,
+                                        cloud_graph=cloud_graph)
+        cloud = InProcess(out / "cloud.efl")
+        device = ef.Interpreter(out / "device.efl", cloud=cloud)
+        runner = device.get_signature_runner("infer")
+        for batch in (1, 3):
+            feeds = _feeds(device, batch, seed=batch)
+            want = whole(**feeds)
+            got = runner(**feeds)
+            assert set(got) == set(want)
+            for key in want:
+                np.testing.assert_array_equal(got[key], want[key], err_msg=f"{name} cut {k} {key}")
+        sent = {s for _, _, feeds_sent, _ in cloud.requests for s in feeds_sent}
+        assert sent == set(cut.names(cut.uploads))
+        if not cut.cloud:
+            assert not cloud.requests  # everything ran on the device
+        else:
+            assert all(r[0] == name and r[1] == sha for r in cloud.requests)
+            assert len(cloud.requests) == 2  # one round trip per run
+
+
+def test_a_tensor_read_by_several_cloud_ops_is_sent_once(tmp_path):
+    g = ef.Graph()
+    with g.as_default():
+        x = ef.placeholder(ef.float32, [None, 4], name="x")
+        h = ef.nn.relu(x * 2.0, name="h")
+        a = ef.sigmoid(h, name="a")
+        b = ef.tanh(h, name="b")
+        y = ef.add(a, b, name="y")
+    ef.save(g, tmp_path / "m.efl", signatures={"infer": ({"x": x}, {"y": y, "h": h})})
+    model = reader.load(tmp_path / "m.efl")
+    names = {model.subgraphs[0].tensors[op.outputs[0]].name: i
+             for i, op in enumerate(model.subgraphs[0].operators)}
+    cut, _ = partition.write_pair(model, {i for n, i in names.items() if n not in ("a", "b", "y")},
+                                  tmp_path, model_id="m")
+    assert cut.names(cut.uploads) == ["h"] and cut.names(cut.downloads) == ["y"]
+    device = reader.load(tmp_path / "device.efl")
+    sends = [op for op in device.subgraphs[0].operators if op.opcode == "send"]
+    assert [op.attrs["key"] for op in sends] == ["h"]
+    cloud = InProcess(tmp_path / "cloud.efl")
+    runner = ef.Interpreter(tmp_path / "device.efl", cloud=cloud).get_signature_runner("infer")
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    got = runner(x=x)
+    h = np.maximum(2 * x, 0)
+    np.testing.assert_allclose(got["h"], h, rtol=1e-6)
+    np.testing.assert_allclose(got["y"], 1 / (1 + np.exp(-h)) + np.tanh(h), rtol=1e-6)
+    assert cloud.requests == [("m", partition.file_sha256(tmp_path / "cloud.efl"), ["h"], ["y"])]
+
+
+def test_metadata_names_the_cloud_package(converted, tmp_path):
+    model = reader.load(converted["mlp"])
+    partition.write_pair(model, set(), tmp_path, model_id="mlp-v1")
+    info = partition.split_info(reader.load(tmp_path / "device.efl"))
+    assert info["cloud_model_id"] == "mlp-v1"
+    assert info["cloud_sha256"] == partition.file_sha256(tmp_path / "cloud.efl")
+    cloud = reader.load(tmp_path / "cloud.efl")
+    assert bytes(cloud.metadata[partition.MODEL_ID_METADATA]).decode() == "mlp-v1"
+    json.dumps(info)
+
+
+def test_bad_cuts_and_missing_cloud(converted, tmp_path):
+    model = reader.load(converted["mlp"])
+    ops = partition.Cut(model, set()).ops
+    with pytest.raises(PlacementError, match="which the cloud computes"):
+        partition.Cut(model, {ops[-1]})  # the last op on the device, what it reads on the cloud
+    with pytest.raises(PlacementError, match="no signature"):
+        partition.Cut(model, set(), signature="nope")
+    partition.write_pair(model, set(ops[:1]), tmp_path, model_id="mlp")
+    with pytest.raises(PlacementError, match="already split"):
+        partition.Cut(reader.load(tmp_path / "device.efl"), set())
+    # Without cloud=, the split signature says what it needs; infer_local runs alone.
+    interp = ef.Interpreter(tmp_path / "device.efl")
+    feeds = _feeds(interp, 2)
+    with pytest.raises(EdgeflowError, match="cloud='host:port'"):
+        interp.get_signature_runner("infer")(**feeds)
+    want = ef.Interpreter(converted["mlp"]).get_signature_runner("infer")(**feeds)
+    got = interp.get_signature_runner("infer_local")(**feeds)
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key])
+    with pytest.raises(EdgeflowError, match="device package"):
+        ef.Interpreter(converted["mlp"], cloud=InProcess(tmp_path / "cloud.efl"))
