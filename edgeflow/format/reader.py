@@ -54,11 +54,11 @@ def _open(source):
         # toreadonly: views of a bytearray must not let callers write the model's weights.
         return view.cast("B").toreadonly()
     if isinstance(source, (str, os.PathLike)):
-        return _map(source)
+        return map_file(source)
     raise TypeError(f"expected a path or a bytes-like object, got {type(source).__name__}")
 
 
-def _map(path):
+def map_file(path):
     # stat first: opening a FIFO or device could block or read forever.
     info = os.stat(path)
     if not stat.S_ISREG(info.st_mode):

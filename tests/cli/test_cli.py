@@ -9,7 +9,7 @@ import pytest
 
 import edgeflow as ef
 
-VERBS = ["inspect", "run", "bench", "quickstart"]
+VERBS = ["inspect", "run", "bench", "quickstart", "serve"]
 
 
 def edgeflow(*args, cwd=None):

@@ -1,0 +1,300 @@
+"""The client of the edgeflow cloud service: what a device's Send/Recv kernels call.
+
+    with Client("server:50051", token=..., root_cert=pem) as cloud:
+        out = cloud.run("model-id", {"h": h}, ["y"], sha256=expected)   # {"y": array}
+
+Every call has a deadline (`timeout`, per client or per call). A failed call raises
+edgeflow.errors.RemoteError whose `.code` is the gRPC status name ("NOT_FOUND",
+"INVALID_ARGUMENT", "UNAVAILABLE" when the server cannot be reached, ...) and whose
+`.details` is the server's reason. The client measures its link as it goes (`link`:
+round-trip time, upload and download throughput of recent transfers), which the
+device runtime reads to re-plan the split.
+"""
+import collections
+import dataclasses
+import threading
+import time
+import uuid
+from typing import Optional
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ..errors import InvalidInputError, RemoteError
+from . import edgeflow_pb2 as pb
+from . import edgeflow_pb2_grpc as pb_grpc
+from . import wire
+
+MIN_SAMPLE_BYTES = 64 << 10  # smaller transfers measure latency, not throughput
+_SAMPLES = 8  # throughput is over this many recent transfers each way
+
+
+def _rate(samples):
+    seconds = sum(s for _, s in samples)
+    return sum(b for b, _ in samples) / seconds if samples and seconds > 0 else None
+
+
+@dataclasses.dataclass
+class Link:
+    """What the client has measured of its link to the server.
+
+    `rtts` holds the round trips of recent empty pings. `up` and `down` hold (bytes,
+    seconds) of recent transfers of at least MIN_SAMPLE_BYTES: Ping payloads (their
+    round trip less the best recent empty one) and Run tensors (upload: from the call's
+    start until gRPC has sent the last chunk; download: from the reply header until the
+    last chunk). Estimates, good enough to plan a split on.
+    """
+
+    rtts: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=_SAMPLES))
+    up: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=_SAMPLES))
+    down: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=_SAMPLES))
+    calls: int = 0  # Run calls that returned
+    bytes_sent: int = 0  # tensor bytes uploaded by those calls
+    bytes_received: int = 0
+    last_call_s: Optional[float] = None  # the last Run's wall time ...
+    last_compute_s: Optional[float] = None  # ... and the part the server spent computing
+
+    @property
+    def rtt_s(self):
+        """The last empty ping's round trip, or None before one."""
+        return self.rtts[-1] if self.rtts else None
+
+    @property
+    def min_rtt_s(self):
+        """The best recent round trip: the latency, with the least queueing in it."""
+        return min(self.rtts) if self.rtts else None
+
+    @property
+    def up_bytes_per_s(self):
+        return _rate(self.up)
+
+    @property
+    def down_bytes_per_s(self):
+        return _rate(self.down)
+
+
+class Client:
+    """Calls an edgeflow server at `target` ("host:port").
+
+    `token`: sent as 'authorization: Bearer <token>'. `root_cert`: PEM of the
+    certificate (or CA) the server's TLS certificate must chain to; without it the
+    channel is plaintext. `timeout`: the default deadline of every call, in seconds.
+    `max_reply_bytes` caps the tensor bytes one reply may carry. Thread-safe: one client
+    serves many threads.
+    """
+
+    def __init__(self, target, token=None, root_cert=None, timeout=30.0, max_reply_bytes=1 << 30):
+        if token is not None and not (token and token.isascii() and token.isprintable() and " " not in token):
+            raise InvalidInputError("Client: expected a token of printable ASCII without spaces")
+        if not timeout or timeout <= 0:
+            raise InvalidInputError(f"Client: expected a timeout > 0 seconds, got {timeout}")
+        self.target, self.timeout, self.max_reply_bytes = target, timeout, max_reply_bytes
+        if root_cert is not None:
+            pem = root_cert.encode() if isinstance(root_cert, str) else bytes(root_cert)
+            self._channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(pem), wire.CHANNEL_OPTIONS)
+        else:
+            self._channel = grpc.insecure_channel(target, wire.CHANNEL_OPTIONS)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._stub = pb_grpc.EdgeflowStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._lock = threading.Lock()
+        self._link = Link()
+
+    # -- calls -----------------------------------------------------------------------
+    def run(self, model_id, feeds, fetches, sha256=None, timeout=None, request_id=None):
+        """{name: array} of the tensors `fetches` of model `model_id`, computed on the server
+        from `feeds` ({tensor name: array}). `sha256`: the package hash the caller expects
+        (FAILED_PRECONDITION if the server hosts another). RemoteError on failure."""
+        fetches = [fetches] if isinstance(fetches, str) else list(fetches)
+        if not all(isinstance(name, str) and name for name in [*feeds, *fetches]):
+            raise InvalidInputError(f"run: expected tensor names (non-empty str) as feed keys and fetches, "
+                                    f"got {list(feeds)} and {fetches}")
+        arrays = {name: wire.as_array(value, f"feed {name!r}") for name, value in feeds.items()}
+        request_id = request_id or uuid.uuid4().hex
+        timeout = self._deadline(timeout)
+        sent = {}
+
+        def requests():
+            yield pb.RunRequest(header=pb.RunHeader(model_id=model_id, model_sha256=sha256 or "",
+                                                    request_id=request_id, fetches=fetches))
+            for name, array in arrays.items():
+                for chunk in wire.chunks(name, array):
+                    yield pb.RunRequest(chunk=chunk)
+            sent["at"] = time.perf_counter()  # gRPC asks for more only once the last send is done
+
+        start = time.perf_counter()
+        replies = self._stub.Run(requests(), timeout=timeout, metadata=self._metadata)
+        try:
+            header, outputs, header_at = self._read_reply(replies, request_id, fetches)
+        except grpc.RpcError as e:
+            raise self._error("Run", e, timeout) from None
+        end = time.perf_counter()
+        up = sum(a.nbytes for a in arrays.values())
+        down = sum(a.nbytes for a in outputs.values())
+        with self._lock:
+            link = self._link
+            link.calls += 1
+            link.bytes_sent += up
+            link.bytes_received += down
+            link.last_call_s, link.last_compute_s = end - start, header.compute_seconds
+            if up >= MIN_SAMPLE_BYTES and "at" in sent:
+                link.up.append((up, sent["at"] - start))
+            if down >= MIN_SAMPLE_BYTES:
+                link.down.append((down, end - header_at))
+        return {name: outputs[name] for name in fetches}
+
+    def _read_reply(self, replies, request_id, fetches):
+        def malformed(reason):
+            replies.cancel()
+            return self._remote_error("INTERNAL", f"malformed reply from {self.target}: {reason}")
+        first = next(replies, None)
+        if first is None or first.WhichOneof("kind") != "header":
+            raise malformed("expected a RunReplyHeader first")
+        header_at = time.perf_counter()
+        if first.header.request_id != request_id:
+            raise malformed(f"expected request id {request_id!r}, got {first.header.request_id!r}")
+        tensors = wire.Assembler(self.max_reply_bytes, what="output")
+        try:
+            for reply in replies:
+                if reply.WhichOneof("kind") != "chunk":
+                    raise InvalidInputError("expected TensorChunk messages after the header")
+                tensors.add(reply.chunk)
+            outputs = tensors.finish()
+        except wire.PayloadTooLarge as e:
+            replies.cancel()
+            raise self._remote_error("RESOURCE_EXHAUSTED", f"the reply from {self.target} is too large: {e}; "
+                                                           "raise Client(max_reply_bytes=...)") from None
+        except InvalidInputError as e:
+            raise malformed(str(e)) from None
+        if sorted(outputs) != sorted(fetches):
+            raise malformed(f"expected tensors {sorted(fetches)}, got {sorted(outputs)}")
+        return first.header, outputs, header_at
+
+    def list_models(self, timeout=None):
+        """{model id: {"sha256", "file_bytes", "description", "signatures": {key: {"inputs":
+        {name: {"tensor", "dtype", "shape"}}, "outputs": {...}}}}} of the hosted models."""
+        timeout = self._deadline(timeout)
+        try:
+            reply = self._stub.ListModels(pb.ListModelsRequest(), timeout=timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise self._error("ListModels", e, timeout) from None
+
+        def tensors(infos):
+            return {t.name: {"tensor": t.tensor, "dtype": t.dtype, "shape": tuple(t.shape)} for t in infos}
+        return {m.id: {"sha256": m.sha256, "file_bytes": m.file_bytes, "description": m.description,
+                       "signatures": {s.key: {"inputs": tensors(s.inputs), "outputs": tensors(s.outputs)}
+                                      for s in m.signatures}}
+                for m in reply.models}
+
+    def ping(self, payload_bytes=0, reply_bytes=0, timeout=None):
+        """Send `payload_bytes` and have `reply_bytes` sent back; the round trip in seconds.
+        An empty ping adds a round trip to `link`; a one-way load a throughput sample."""
+        for what, n in (("payload_bytes", payload_bytes), ("reply_bytes", reply_bytes)):
+            if not 0 <= n <= wire.MAX_PING_BYTES:
+                raise InvalidInputError(f"ping: expected 0 <= {what} <= {wire.MAX_PING_BYTES}, got {n}")
+        request = pb.PingRequest(payload=bytes(payload_bytes), reply_bytes=reply_bytes)
+        timeout = self._deadline(timeout)
+        start = time.perf_counter()
+        try:
+            reply = self._stub.Ping(request, timeout=timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise self._error("Ping", e, timeout) from None
+        seconds = time.perf_counter() - start
+        if len(reply.payload) != reply_bytes:
+            raise self._remote_error("INTERNAL", f"malformed reply from {self.target}: expected a ping "
+                                                 f"payload of {reply_bytes} bytes, got {len(reply.payload)}")
+        with self._lock:
+            link = self._link
+            if not payload_bytes and not reply_bytes:
+                link.rtts.append(seconds)
+            else:  # a transfer takes at least the latency; what it took beyond is the bytes'
+                moving = max(seconds - (link.min_rtt_s or 0.0), 1e-6)
+                if payload_bytes >= MIN_SAMPLE_BYTES and reply_bytes < MIN_SAMPLE_BYTES:
+                    link.up.append((payload_bytes, moving))
+                elif reply_bytes >= MIN_SAMPLE_BYTES and payload_bytes < MIN_SAMPLE_BYTES:
+                    link.down.append((reply_bytes, moving))
+        return seconds
+
+    def measure(self, nbytes=1 << 20, timeout=None):
+        """Measure the link now: three empty pings, then `nbytes` up and `nbytes` down;
+        the updated `link`."""
+        for _ in range(3):
+            self.ping(timeout=timeout)
+        self.ping(payload_bytes=nbytes, timeout=timeout)
+        self.ping(reply_bytes=nbytes, timeout=timeout)
+        return self.link
+
+    @property
+    def link(self):
+        """A snapshot of the link measurements (a Link)."""
+        with self._lock:
+            link = self._link
+            return dataclasses.replace(link, rtts=collections.deque(link.rtts, _SAMPLES),
+                                       up=collections.deque(link.up, _SAMPLES),
+                                       down=collections.deque(link.down, _SAMPLES))
+
+    def health(self, service="", timeout=None):
+        """The server's health status name ("SERVING", "NOT_SERVING", ...) for `service`
+        ("" for the server as a whole, or "edgeflow.v1.Edgeflow")."""
+        timeout = self._deadline(timeout)
+        try:
+            reply = self._health.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.RpcError as e:
+            raise self._error("Health.Check", e, timeout) from None
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+    def wait_ready(self, timeout=None):
+        """Wait until the server is reachable and SERVING; RemoteError (UNAVAILABLE) if it
+        is not within `timeout` seconds."""
+        timeout = self._deadline(timeout)
+        deadline = time.monotonic() + timeout
+        status = "unreachable"
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._remote_error("UNAVAILABLE", f"the server at {self.target} is not ready "
+                                                        f"after {timeout:g} s ({status})")
+            try:
+                reply = self._health.Check(health_pb2.HealthCheckRequest(), timeout=left, wait_for_ready=True)
+            except grpc.RpcError as e:
+                if e.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                    raise self._error("Health.Check", e, timeout) from None
+                continue
+            status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                return
+            time.sleep(min(0.05, max(left, 0)))
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- errors ----------------------------------------------------------------------
+    def _deadline(self, timeout):
+        timeout = self.timeout if timeout is None else timeout
+        if timeout <= 0:
+            raise InvalidInputError(f"expected a timeout > 0 seconds, got {timeout}")
+        return timeout
+
+    def _remote_error(self, code, message, details=None):
+        error = RemoteError(message)
+        error.code, error.details = code, details if details is not None else message
+        return error
+
+    def _error(self, method, e, timeout):
+        """RemoteError for a failed gRPC call, with `.code` its status name."""
+        code = e.code() if hasattr(e, "code") else None
+        name = code.name if code is not None else "UNKNOWN"
+        details = (e.details() if hasattr(e, "details") else None) or str(e)
+        if code == grpc.StatusCode.UNAVAILABLE:
+            message = f"the server at {self.target} is unreachable ({details})"
+        elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            message = f"{method} on {self.target}: no answer within the {timeout:g} s deadline"
+        else:
+            message = f"{method} on {self.target} failed: {name}: {details}"
+        return self._remote_error(name, message, details)

@@ -1,0 +1,141 @@
+"""The models a server hosts: cloud packages loaded once, each with a pool of interpreters.
+
+A model's id is its package's metadata "edgeflow.model_id" (UTF-8) if present, else the
+file's stem; its sha256 is the hex digest of the package's bytes, so a device can check
+that the server runs the package it was split against. Interpreters are not
+thread-safe, so each request borrows one from its model's pool (a new one is made when
+all are busy: there are never more than the server's worker threads). All of a model's
+interpreters share one read-only mapping of the file.
+"""
+import contextlib
+import hashlib
+import logging
+import pathlib
+import queue
+
+from ..errors import EdgeflowError, FormatError, InvalidInputError
+from ..format import reader
+from ..interp import Interpreter
+from ..interp.interpreter import check_shape
+from ..ops.shapes import fmt
+
+MODEL_ID_KEY = "edgeflow.model_id"
+_log = logging.getLogger("edgeflow.cloud")
+
+
+def _describe(tensor):
+    return f"{tensor.dtype.name}{fmt(tuple(None if d == -1 else d for d in tensor.shape))}"
+
+
+class HostedModel:
+    """One cloud package: its id, hash, signatures, tensors, and interpreters to run it."""
+
+    def __init__(self, data, source, model_id=None, default_id=None):
+        self.source = source  # the file, or "<bytes>"
+        self.sha256 = hashlib.sha256(data).hexdigest()
+        self.file_bytes = data.nbytes
+        self._data = data
+        first = Interpreter(data)  # verifies the package and that every op has a kernel
+        self.model = first.model
+        self.id = model_id or _model_id(self.model, default_id)
+        if not self.id:
+            raise EdgeflowError(f"{source}: the package has no {MODEL_ID_KEY!r} metadata; give its id")
+        self._tensors = {t.name: t for t in self.model.subgraphs[0].tensors}
+        self._idle = queue.SimpleQueue()
+        self._idle.put(first)
+
+    @contextlib.contextmanager
+    def interpreter(self):
+        """An interpreter no other request uses until the `with` block ends."""
+        try:
+            interp = self._idle.get_nowait()
+        except queue.Empty:
+            interp = Interpreter(self._data)
+        try:
+            yield interp
+        finally:
+            self._idle.put(interp)
+
+    def signatures(self):
+        """[(key, inputs, outputs)], each of inputs/outputs a list of (signature name, tensor)."""
+        tensors = self.model.subgraphs[0].tensors
+        return [(s.key, [(n, tensors[i]) for n, i in s.inputs.items()],
+                 [(n, tensors[i]) for n, i in s.outputs.items()]) for s in self.model.signatures]
+
+    def _expected(self, kind):
+        names = {t.name: _describe(t) for _, ins, outs in self.signatures()
+                 for _, t in (ins if kind == "inputs" else outs)}
+        return ", ".join(f"{n}: {d}" for n, d in names.items()) or "none"
+
+    def check_feed(self, name, dtype, shape):
+        """InvalidInputError unless the model has a tensor `name` of `dtype` and a shape
+        that fits `shape` (-1 in the declared shape takes any size)."""
+        what = f"feed {name!r}"
+        tensor = self._tensors.get(name)
+        if tensor is None:
+            raise InvalidInputError(f"{what}: model {self.id!r} has no tensor {name!r}; its "
+                                    f"signatures take {self._expected('inputs')}")
+        if dtype != tensor.dtype:
+            raise InvalidInputError(f"{what}: expected dtype {tensor.dtype.name} ({_describe(tensor)}), "
+                                    f"got {dtype.name}")
+        check_shape(tensor, shape, what)
+
+    def check_fetches(self, fetches):
+        """InvalidInputError unless `fetches` names distinct tensors of the model, at least one."""
+        if not fetches:
+            raise InvalidInputError(f"expected at least one fetch; model {self.id!r} outputs "
+                                    f"{self._expected('outputs')}")
+        seen = set()
+        for name in fetches:
+            if name not in self._tensors:
+                raise InvalidInputError(f"fetch {name!r}: model {self.id!r} has no tensor {name!r}; "
+                                        f"its signatures output {self._expected('outputs')}")
+            if name in seen:
+                raise InvalidInputError(f"fetch {name!r} is asked for twice; expected distinct names")
+            seen.add(name)
+
+
+def _model_id(model, fallback):
+    raw = model.metadata.get(MODEL_ID_KEY)
+    if raw is None:
+        return fallback
+    try:
+        model_id = bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        raise FormatError(f"metadata {MODEL_ID_KEY!r} is not UTF-8 text") from None
+    return model_id or fallback
+
+
+def load(source, model_id=None):
+    """A HostedModel from a path or the package's bytes; its id is `model_id` if given,
+    else the package's own (FormatError, UnsupportedOpError or OSError if it is bad)."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return HostedModel(memoryview(bytes(source)), "<bytes>", model_id)
+    path = pathlib.Path(source)
+    return HostedModel(reader.map_file(path), str(path), model_id, path.stem)  # one mapping, shared
+
+
+def load_models(model_dir=None, models=None):
+    """{id: HostedModel}: every `*.efl` in `model_dir` (a bad file is logged and skipped,
+    as is a second file with an id already taken), plus `models` ({id: path or bytes},
+    whose errors raise)."""
+    hosted = {}
+    if model_dir is not None:
+        directory = pathlib.Path(model_dir)
+        if not directory.is_dir():
+            raise EdgeflowError(f"--model-dir {str(directory)!r}: expected a directory of .efl files")
+        for path in sorted(directory.glob("*.efl")):
+            try:
+                model = load(path)
+            except (EdgeflowError, OSError) as e:
+                _log.error("skipping %s: %s", path, e)
+                continue
+            if model.id in hosted:
+                _log.error("skipping %s: model id %r is taken by %s", path, model.id, hosted[model.id].source)
+                continue
+            hosted[model.id] = model
+    for model_id, source in (models or {}).items():
+        if model_id in hosted:
+            raise EdgeflowError(f"model id {model_id!r} is given twice ({hosted[model_id].source})")
+        hosted[model_id] = load(source, model_id)
+    return hosted

@@ -1,0 +1,275 @@
+"""The gRPC server that runs the cloud part of split models (`edgeflow serve`).
+
+`Server` hosts cloud packages, from a model directory or given directly, in this
+process (a device can run one on loopback); `serve(args)` is the command. Every request
+is checked before anything runs, and a bad one gets a status saying what was expected:
+INVALID_ARGUMENT (a tensor's name, dtype, shape or bytes; malformed chunks; fetches),
+NOT_FOUND (model id), FAILED_PRECONDITION (package hash), RESOURCE_EXHAUSTED (request
+bytes over the cap), UNAUTHENTICATED (token); anything unexpected is logged and answered
+INTERNAL. The server keeps serving after each. gRPC's standard health service
+(grpc.health.v1) answers without a token.
+"""
+import hmac
+import logging
+import os
+import signal
+import threading
+import time
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from ..errors import EdgeflowError, GraphError, InvalidInputError
+from . import edgeflow_pb2 as pb
+from . import edgeflow_pb2_grpc as pb_grpc
+from . import wire
+from .models import load_models
+
+DEFAULT_PORT = 50051
+DEFAULT_MAX_REQUEST_BYTES = 256 << 20
+SERVICE = pb.DESCRIPTOR.services_by_name["Edgeflow"].full_name  # "edgeflow.v1.Edgeflow"
+_HEALTH_PREFIX = "/grpc.health.v1.Health/"
+_PING_BLOCK = os.urandom(wire.MAX_PING_BYTES)  # incompressible ping replies
+_log = logging.getLogger("edgeflow.cloud")
+
+
+class _Reject(Exception):
+    """A request refused with this status code and message."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+class _Servicer(pb_grpc.EdgeflowServicer):
+    def __init__(self, models, max_request_bytes):
+        self.models = models
+        self.max_request_bytes = max_request_bytes
+
+    def Run(self, requests, context):
+        request_id = ""
+        try:
+            model, header, feeds = self._read(requests)
+            request_id = header.request_id
+            if not context.is_active():  # cancelled or past its deadline while uploading
+                return
+            start = time.perf_counter()
+            with model.interpreter() as interp:
+                outputs = interp.run(list(header.fetches), feeds)
+            seconds = time.perf_counter() - start
+        except grpc.RpcError:  # the client went away mid-stream; nobody to answer
+            return
+        except _Reject as e:
+            code, message = e.code, str(e)
+        except wire.PayloadTooLarge as e:
+            code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)
+        except (InvalidInputError, GraphError) as e:
+            code, message = grpc.StatusCode.INVALID_ARGUMENT, str(e)
+        except Exception as e:  # a bug or a kernel failure: log it, answer, keep serving
+            _log.exception("Run %s failed", request_id or "(no request id)")
+            code, message = grpc.StatusCode.INTERNAL, f"internal error ({type(e).__name__}: {e}); " \
+                                                      "the server logged it"
+        else:
+            yield pb.RunReply(header=pb.RunReplyHeader(request_id=request_id, model_id=model.id,
+                                                       model_sha256=model.sha256,
+                                                       compute_seconds=seconds))
+            for name in header.fetches:
+                for chunk in wire.chunks(name, outputs[name]):
+                    yield pb.RunReply(chunk=chunk)
+            return
+        _log.info("Run %s: %s: %s", request_id or "(no request id)", code.name, message)
+        context.abort(code, message)
+
+    def _read(self, requests):
+        """The model, header and {name: array} feeds of a Run stream, all checked."""
+        requests = iter(requests)
+        first = next(requests, None)
+        if first is None or first.WhichOneof("kind") != "header":
+            raise _Reject(grpc.StatusCode.INVALID_ARGUMENT,
+                          "expected a Run stream to start with a RunHeader (model_id, fetches), got "
+                          + ("nothing" if first is None else f"a {first.WhichOneof('kind') or 'empty'} message"))
+        header = first.header
+        model = self.models.get(header.model_id)
+        if model is None:
+            raise _Reject(grpc.StatusCode.NOT_FOUND, f"no model {header.model_id!r}; this server hosts "
+                                                     f"{sorted(self.models)}")
+        if header.model_sha256 and header.model_sha256.lower() != model.sha256:
+            raise _Reject(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"model {model.id!r}: expected package sha256 {header.model_sha256}, "
+                          f"this server hosts sha256 {model.sha256}")
+        model.check_fetches(list(header.fetches))
+        tensors = wire.Assembler(self.max_request_bytes, model.check_feed, "feed")
+        for message in requests:
+            if message.WhichOneof("kind") != "chunk":
+                raise _Reject(grpc.StatusCode.INVALID_ARGUMENT,
+                              "expected TensorChunk messages after the RunHeader, got "
+                              f"a {message.WhichOneof('kind') or 'empty'} message")
+            tensors.add(message.chunk)
+        return model, header, tensors.finish()
+
+    def ListModels(self, request, context):
+        return pb.ListModelsReply(models=[_model_info(m) for m in self.models.values()])
+
+    def Ping(self, request, context):
+        if request.reply_bytes > wire.MAX_PING_BYTES:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"expected reply_bytes <= {wire.MAX_PING_BYTES}, got {request.reply_bytes}")
+        return pb.PingReply(payload=_PING_BLOCK[:request.reply_bytes])
+
+
+def _tensor_info(name, tensor):
+    return pb.TensorInfo(name=name, tensor=tensor.name, dtype=tensor.dtype.name, shape=tensor.shape)
+
+
+def _model_info(model):
+    return pb.ModelInfo(
+        id=model.id, sha256=model.sha256, file_bytes=model.file_bytes,
+        description=model.model.description,
+        signatures=[pb.SignatureInfo(key=key, inputs=[_tensor_info(n, t) for n, t in ins],
+                                     outputs=[_tensor_info(n, t) for n, t in outs])
+                    for key, ins, outs in model.signatures()])
+
+
+class _TokenCheck(grpc.ServerInterceptor):
+    """Refuses calls without 'authorization: Bearer <token>' (UNAUTHENTICATED); health
+    checks stay open, so that load balancers and `wait_ready` need no token."""
+
+    def __init__(self, token):
+        self._expected = f"Bearer {token}".encode()
+
+    def intercept_service(self, continuation, details):
+        handler = continuation(details)
+        if handler is None or details.method.startswith(_HEALTH_PREFIX):
+            return handler
+        got = next((v for k, v in details.invocation_metadata or () if k == "authorization"), None)
+        if got is not None and hmac.compare_digest(str(got).encode(), self._expected):
+            return handler
+        reason = ("wrong token in 'authorization: Bearer <token>'" if got is not None else
+                  "expected the metadata 'authorization: Bearer <token>'")
+        return _rejecting(handler, grpc.StatusCode.UNAUTHENTICATED, reason)
+
+
+def _rejecting(handler, code, message):
+    """A handler of the same kind as `handler` that aborts every call with `code`."""
+    def reject(request, context):
+        context.abort(code, message)
+    make = {(False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler}
+    return make[handler.request_streaming, handler.response_streaming](
+        reject, request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer)
+
+
+class Server:
+    """Hosts cloud packages over gRPC.
+
+    `model_dir`: every `*.efl` in it (a bad file is logged and skipped); `models`:
+    {id: path or package bytes} hosted as well (a bad one raises). `token`: callers must
+    send 'authorization: Bearer <token>'. `tls`: (cert_pem, key_pem) bytes to serve TLS.
+    `max_request_bytes` caps the tensor bytes of one Run request. `start()` binds and
+    returns the port (`port=0` picks a free one); use it as a context manager to stop it.
+    """
+
+    def __init__(self, model_dir=None, host="127.0.0.1", port=0, token=None, tls=None, max_workers=8,
+                 models=None, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES):
+        if model_dir is None and not models:
+            raise EdgeflowError("Server: give a model_dir, or models={id: path or bytes}")
+        if tls is not None and (len(tls) != 2 or not all(tls)):
+            raise EdgeflowError("Server: tls expects (certificate PEM, private key PEM)")
+        if token is not None and not token:
+            raise EdgeflowError("Server: the token is empty")
+        self.models = load_models(model_dir, models)
+        self.host, self.port, self.token, self.tls = host, port, token, tls
+        self.max_workers, self.max_request_bytes = max_workers, max_request_bytes
+        self._server = None
+        self._health = None
+
+    @property
+    def address(self):
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    def start(self):
+        """Bind and start serving; the port listened on."""
+        if self._server is not None:
+            raise EdgeflowError(f"the server on {self.address} is already started")
+        server = grpc.server(futures.ThreadPoolExecutor(self.max_workers, thread_name_prefix="edgeflow-rpc"),
+                             options=wire.CHANNEL_OPTIONS + [("grpc.so_reuseport", 0)],
+                             interceptors=[_TokenCheck(self.token)] if self.token else [])
+        pb_grpc.add_EdgeflowServicer_to_server(_Servicer(self.models, self.max_request_bytes), server)
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        try:
+            if self.tls:
+                cert, key = (v.encode() if isinstance(v, str) else bytes(v) for v in self.tls)
+                port = server.add_secure_port(self.address, grpc.ssl_server_credentials([(key, cert)]))
+            else:
+                port = server.add_insecure_port(self.address)
+        except RuntimeError as e:  # grpc's "Failed to bind to address ..."
+            server.stop(None)
+            raise EdgeflowError(f"cannot listen on {self.address}: {e}") from None
+        server.start()
+        self.port, self._server = port, server
+        for service in ("", SERVICE):
+            self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        return port
+
+    def stop(self, grace=None):
+        """Stop: health turns NOT_SERVING, new calls are refused, calls in flight get
+        `grace` seconds to finish (None: they are cancelled now)."""
+        if self._server is None:
+            return
+        self._health.enter_graceful_shutdown()
+        self._server.stop(grace).wait()
+        self._server = None
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def _read_file(path, what):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise EdgeflowError(f"{what}: cannot read {path!r} ({e.strerror})") from None
+
+
+def serve(args):
+    """`edgeflow serve`: host the models in args.model_dir until SIGTERM or SIGINT."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    token = None
+    if args.token_file:
+        token = _read_file(args.token_file, "--token-file").decode("utf-8", "replace").strip()
+        if not token:
+            raise EdgeflowError(f"--token-file {args.token_file!r} is empty")
+    if not args.max_request_mb > 0 or not args.grace >= 0:
+        raise EdgeflowError(f"expected --max-request-mb > 0 and --grace >= 0, got {args.max_request_mb} "
+                            f"and {args.grace}")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise EdgeflowError("--tls-cert and --tls-key go together")
+    tls = (_read_file(args.tls_cert, "--tls-cert"), _read_file(args.tls_key, "--tls-key")) \
+        if args.tls_cert else None
+    server = Server(args.model_dir, host=args.host, port=args.port, token=token, tls=tls,
+                    max_workers=args.max_workers, max_request_bytes=int(args.max_request_mb * (1 << 20)))
+    for model in server.models.values():
+        _log.info("model %r: sha256 %s, %d bytes, from %s", model.id, model.sha256, model.file_bytes,
+                  model.source)
+    server.start()
+    _log.info("serving %d models on %s%s%s", len(server.models), server.address,
+              " with TLS" if tls else "", ", token required" if token else "")
+    stopping = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopping.set())
+    while not stopping.wait(1.0):
+        pass
+    _log.info("stopping: calls in flight get %.0f s to finish", args.grace)
+    server.stop(args.grace)

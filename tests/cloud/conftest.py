@@ -1,0 +1,94 @@
+"""A small model directory, an in-process server on loopback, and a self-signed certificate."""
+import datetime
+import ipaddress
+
+import numpy as np
+import pytest
+
+import edgeflow as ef
+from edgeflow.format import writer
+
+pytest.importorskip("grpc")
+pytest.importorskip("grpc_health")
+
+W = (np.arange(12, dtype=np.float32).reshape(4, 3) - 5) / 4
+TABLE = np.arange(10, dtype=np.float32).reshape(5, 2)
+
+
+def reference(x, idx=None):
+    """What the model computes, in numpy: the independent reference."""
+    h = np.maximum(x @ W, 0)
+    out = {"h": h, "y": np.exp(-h), "double": x * 2}
+    if idx is not None:
+        out["picked"] = TABLE[idx]
+    return out
+
+
+def build_model():
+    """x -> h = relu(x @ W) -> y = exp(-h); double = 2x (exact); picked = TABLE[idx]."""
+    g = ef.Graph()
+    with g.as_default():
+        x = ef.placeholder(ef.float32, [None, 4], name="x")
+        idx = ef.placeholder(ef.int32, [None], name="idx")
+        h = ef.nn.relu(ef.matmul(x, ef.constant(W, name="w")), name="h")
+        y = ef.exp(-h, name="y")
+        double = ef.multiply(x, 2.0, name="double")
+        picked = ef.gather(ef.constant(TABLE, name="table"), idx, name="picked")
+    return ef.to_model(g, {"infer": ({"x": x, "idx": idx}, {"y": y, "double": double, "picked": picked})},
+                       description="cloud test model")
+
+
+@pytest.fixture(scope="package")
+def model_dir(tmp_path_factory):
+    """m.efl (id "m" from its name), named.efl (id "renamed" from its metadata), and a
+    corrupt file the server must skip."""
+    d = tmp_path_factory.mktemp("models")
+    model = build_model()
+    writer.write(model, d / "m.efl")
+    model.metadata = {"edgeflow.model_id": b"renamed"}
+    writer.write(model, d / "named.efl")
+    (d / "corrupt.efl").write_bytes((d / "m.efl").read_bytes()[:100])
+    return d
+
+
+@pytest.fixture(scope="package")
+def server(model_dir):
+    from edgeflow.cloud import Server
+    with Server(model_dir) as s:
+        yield s
+
+
+@pytest.fixture(scope="package")
+def client(server):
+    from edgeflow.cloud import Client
+    with Client(f"127.0.0.1:{server.port}", timeout=30) as c:
+        yield c
+
+
+def self_signed():
+    """(certificate PEM, key PEM): a new self-signed certificate for localhost and 127.0.0.1."""
+    pytest.importorskip("cryptography")
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    return (cert.public_bytes(serialization.Encoding.PEM),
+            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()))
+
+
+@pytest.fixture(scope="package")
+def certificate():
+    return self_signed()
