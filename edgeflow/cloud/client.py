@@ -101,10 +101,13 @@ class Client:
         self._link = Link()
 
     # -- calls -----------------------------------------------------------------------
-    def run(self, model_id, feeds, fetches, sha256=None, timeout=None, request_id=None):
+    def run(self, model_id, feeds, fetches, sha256=None, timeout=None, request_id=None,
+            compression="none"):
         """{name: array} of the tensors `fetches` of model `model_id`, computed on the server
         from `feeds` ({tensor name: array}). `sha256`: the package hash the caller expects
-        (FAILED_PRECONDITION if the server hosts another). RemoteError on failure."""
+        (FAILED_PRECONDITION if the server hosts another). `compression` ("none", "fp16",
+        "int8") shrinks float32 tensors both ways. RemoteError on failure."""
+        encoding = wire.encoding_named(compression)
         fetches = [fetches] if isinstance(fetches, str) else list(fetches)
         if not all(isinstance(name, str) and name for name in [*feeds, *fetches]):
             raise InvalidInputError(f"run: expected tensor names (non-empty str) as feed keys and fetches, "
@@ -116,9 +119,10 @@ class Client:
 
         def requests():
             yield pb.RunRequest(header=pb.RunHeader(model_id=model_id, model_sha256=sha256 or "",
-                                                    request_id=request_id, fetches=fetches))
+                                                    request_id=request_id, fetches=fetches,
+                                                    encoding=encoding))
             for name, array in arrays.items():
-                for chunk in wire.chunks(name, array):
+                for chunk in wire.chunks(name, array, encoding=encoding):
                     yield pb.RunRequest(chunk=chunk)
             sent["at"] = time.perf_counter()  # gRPC asks for more only once the last send is done
 
@@ -129,8 +133,8 @@ class Client:
         except grpc.RpcError as e:
             raise self._error("Run", e, timeout) from None
         end = time.perf_counter()
-        up = sum(a.nbytes for a in arrays.values())
-        down = sum(a.nbytes for a in outputs.values())
+        up = sum(wire.encoded_bytes(a, encoding) for a in arrays.values())
+        down = sum(wire.encoded_bytes(a, encoding) for a in outputs.values())
         with self._lock:
             link = self._link
             link.calls += 1

@@ -24,37 +24,37 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x65\x64geflow/cloud/edgeflow.proto\x12\x0b\x65\x64geflow.v1\"l\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"X\n\tRunHeader\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x14\n\x0cmodel_sha256\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0f\n\x07\x66\x65tches\x18\x04 \x03(\t\"i\n\nRunRequest\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.edgeflow.v1.RunHeaderH\x00\x12)\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x18.edgeflow.v1.TensorChunkH\x00\x42\x06\n\x04kind\"e\n\x0eRunReplyHeader\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x14\n\x0cmodel_sha256\x18\x03 \x01(\t\x12\x17\n\x0f\x63ompute_seconds\x18\x04 \x01(\x01\"l\n\x08RunReply\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1b.edgeflow.v1.RunReplyHeaderH\x00\x12)\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x18.edgeflow.v1.TensorChunkH\x00\x42\x06\n\x04kind\"H\n\nTensorInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06tensor\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\"o\n\rSignatureInfo\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x06inputs\x18\x02 \x03(\x0b\x32\x17.edgeflow.v1.TensorInfo\x12(\n\x07outputs\x18\x03 \x03(\x0b\x32\x17.edgeflow.v1.TensorInfo\"\x80\x01\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x12\n\nfile_bytes\x18\x03 \x01(\x04\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\x12.\n\nsignatures\x18\x05 \x03(\x0b\x32\x1a.edgeflow.v1.SignatureInfo\"\x13\n\x11ListModelsRequest\"9\n\x0fListModelsReply\x12&\n\x06models\x18\x01 \x03(\x0b\x32\x16.edgeflow.v1.ModelInfo\"3\n\x0bPingRequest\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x13\n\x0breply_bytes\x18\x02 \x01(\x04\"\x1c\n\tPingReply\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x32\xcb\x01\n\x08\x45\x64geflow\x12\x39\n\x03Run\x12\x17.edgeflow.v1.RunRequest\x1a\x15.edgeflow.v1.RunReply(\x01\x30\x01\x12J\n\nListModels\x12\x1e.edgeflow.v1.ListModelsRequest\x1a\x1c.edgeflow.v1.ListModelsReply\x12\x38\n\x04Ping\x12\x18.edgeflow.v1.PingRequest\x1a\x16.edgeflow.v1.PingReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x65\x64geflow/cloud/edgeflow.proto\x12\x0b\x65\x64geflow.v1\"\x8d\x01\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x10\n\x08\x65ncoding\x18\x07 \x01(\t\x12\r\n\x05scale\x18\x08 \x01(\x02\"j\n\tRunHeader\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x14\n\x0cmodel_sha256\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0f\n\x07\x66\x65tches\x18\x04 \x03(\t\x12\x10\n\x08\x65ncoding\x18\x05 \x01(\t\"i\n\nRunRequest\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.edgeflow.v1.RunHeaderH\x00\x12)\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x18.edgeflow.v1.TensorChunkH\x00\x42\x06\n\x04kind\"e\n\x0eRunReplyHeader\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x14\n\x0cmodel_sha256\x18\x03 \x01(\t\x12\x17\n\x0f\x63ompute_seconds\x18\x04 \x01(\x01\"l\n\x08RunReply\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1b.edgeflow.v1.RunReplyHeaderH\x00\x12)\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x18.edgeflow.v1.TensorChunkH\x00\x42\x06\n\x04kind\"H\n\nTensorInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06tensor\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\"o\n\rSignatureInfo\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x06inputs\x18\x02 \x03(\x0b\x32\x17.edgeflow.v1.TensorInfo\x12(\n\x07outputs\x18\x03 \x03(\x0b\x32\x17.edgeflow.v1.TensorInfo\"\x80\x01\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x12\n\nfile_bytes\x18\x03 \x01(\x04\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\x12.\n\nsignatures\x18\x05 \x03(\x0b\x32\x1a.edgeflow.v1.SignatureInfo\"\x13\n\x11ListModelsRequest\"9\n\x0fListModelsReply\x12&\n\x06models\x18\x01 \x03(\x0b\x32\x16.edgeflow.v1.ModelInfo\"3\n\x0bPingRequest\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x13\n\x0breply_bytes\x18\x02 \x01(\x04\"\x1c\n\tPingReply\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x32\xcb\x01\n\x08\x45\x64geflow\x12\x39\n\x03Run\x12\x17.edgeflow.v1.RunRequest\x1a\x15.edgeflow.v1.RunReply(\x01\x30\x01\x12J\n\nListModels\x12\x1e.edgeflow.v1.ListModelsRequest\x1a\x1c.edgeflow.v1.ListModelsReply\x12\x38\n\x04Ping\x12\x18.edgeflow.v1.PingRequest\x1a\x16.edgeflow.v1.PingReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'edgeflow.cloud.edgeflow_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TENSORCHUNK']._serialized_start=46
-  _globals['_TENSORCHUNK']._serialized_end=154
-  _globals['_RUNHEADER']._serialized_start=156
-  _globals['_RUNHEADER']._serialized_end=244
-  _globals['_RUNREQUEST']._serialized_start=246
-  _globals['_RUNREQUEST']._serialized_end=351
-  _globals['_RUNREPLYHEADER']._serialized_start=353
-  _globals['_RUNREPLYHEADER']._serialized_end=454
-  _globals['_RUNREPLY']._serialized_start=456
-  _globals['_RUNREPLY']._serialized_end=564
-  _globals['_TENSORINFO']._serialized_start=566
-  _globals['_TENSORINFO']._serialized_end=638
-  _globals['_SIGNATUREINFO']._serialized_start=640
-  _globals['_SIGNATUREINFO']._serialized_end=751
-  _globals['_MODELINFO']._serialized_start=754
-  _globals['_MODELINFO']._serialized_end=882
-  _globals['_LISTMODELSREQUEST']._serialized_start=884
-  _globals['_LISTMODELSREQUEST']._serialized_end=903
-  _globals['_LISTMODELSREPLY']._serialized_start=905
-  _globals['_LISTMODELSREPLY']._serialized_end=962
-  _globals['_PINGREQUEST']._serialized_start=964
-  _globals['_PINGREQUEST']._serialized_end=1015
-  _globals['_PINGREPLY']._serialized_start=1017
-  _globals['_PINGREPLY']._serialized_end=1045
-  _globals['_EDGEFLOW']._serialized_start=1048
-  _globals['_EDGEFLOW']._serialized_end=1251
+  _globals['_TENSORCHUNK']._serialized_start=47
+  _globals['_TENSORCHUNK']._serialized_end=188
+  _globals['_RUNHEADER']._serialized_start=190
+  _globals['_RUNHEADER']._serialized_end=296
+  _globals['_RUNREQUEST']._serialized_start=298
+  _globals['_RUNREQUEST']._serialized_end=403
+  _globals['_RUNREPLYHEADER']._serialized_start=405
+  _globals['_RUNREPLYHEADER']._serialized_end=506
+  _globals['_RUNREPLY']._serialized_start=508
+  _globals['_RUNREPLY']._serialized_end=616
+  _globals['_TENSORINFO']._serialized_start=618
+  _globals['_TENSORINFO']._serialized_end=690
+  _globals['_SIGNATUREINFO']._serialized_start=692
+  _globals['_SIGNATUREINFO']._serialized_end=803
+  _globals['_MODELINFO']._serialized_start=806
+  _globals['_MODELINFO']._serialized_end=934
+  _globals['_LISTMODELSREQUEST']._serialized_start=936
+  _globals['_LISTMODELSREQUEST']._serialized_end=955
+  _globals['_LISTMODELSREPLY']._serialized_start=957
+  _globals['_LISTMODELSREPLY']._serialized_end=1014
+  _globals['_PINGREQUEST']._serialized_start=1016
+  _globals['_PINGREQUEST']._serialized_end=1067
+  _globals['_PINGREPLY']._serialized_start=1069
+  _globals['_PINGREPLY']._serialized_end=1097
+  _globals['_EDGEFLOW']._serialized_start=1100
+  _globals['_EDGEFLOW']._serialized_end=1303
 # @@protoc_insertion_point(module_scope)

@@ -40,6 +40,7 @@ class CloudDelegate(Delegate):
         self.client, self.model_id, self.sha256, self.timeout = client, model_id, sha256, timeout
         self._compiling = None  # (plan arrays, _Exchange) of the plan being compiled
         self.signature, self.local_signature = "infer", None
+        self.compression = "none"  # of float32 tensors on the wire, as the split chose
         self.calls = 0
 
     def unsupported(self, op, ins, outs):
@@ -75,7 +76,8 @@ class CloudDelegate(Delegate):
             if key not in exchange.reply:
                 sent, exchange.sent = exchange.sent, {}
                 exchange.reply = self.client.run(self.model_id, sent, exchange.fetches,
-                                                 sha256=self.sha256, timeout=self.timeout)
+                                                 sha256=self.sha256, timeout=self.timeout,
+                                                 compression=self.compression)
                 self.calls += 1
             value = exchange.reply.pop(key, None)
             if value is None:
@@ -103,6 +105,7 @@ def attach(interp, cloud, token=None, root_cert=None, timeout=None):
         client = cloud
     delegate = CloudDelegate(client, info["cloud_model_id"], info["cloud_sha256"], timeout)
     delegate.signature, delegate.local_signature = info["signature"], info.get("local_signature")
+    delegate.compression = info.get("compression", "none")
     interp.delegates.insert(0, delegate)
     return delegate
 

@@ -75,7 +75,7 @@ class _Servicer(pb_grpc.EdgeflowServicer):
                                                        model_sha256=model.sha256,
                                                        compute_seconds=seconds))
             for name in header.fetches:
-                for chunk in wire.chunks(name, outputs[name]):
+                for chunk in wire.chunks(name, outputs[name], encoding=header.encoding):
                     yield pb.RunReply(chunk=chunk)
             return
         _log.info("Run %s: %s: %s", request_id or "(no request id)", code.name, message)
@@ -99,6 +99,9 @@ class _Servicer(pb_grpc.EdgeflowServicer):
                           f"model {model.id!r}: expected package sha256 {header.model_sha256}, "
                           f"this server hosts sha256 {model.sha256}")
         model.check_fetches(list(header.fetches))
+        if header.encoding not in wire.ENCODINGS.values():
+            raise _Reject(grpc.StatusCode.INVALID_ARGUMENT, f"encoding {header.encoding!r}: expected "
+                                                            "'', 'fp16' or 'int8'")
         tensors = wire.Assembler(self.max_request_bytes, model.check_feed, "feed")
         for message in requests:
             if message.WhichOneof("kind") != "chunk":

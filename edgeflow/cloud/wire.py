@@ -43,14 +43,49 @@ def as_array(value, what):
     return array
 
 
-def chunks(name, array, chunk_bytes=CHUNK_BYTES):
-    """TensorChunk messages carrying `array` (of an edgeflow dtype) as tensor `name`; a
-    tensor without elements is one chunk with no data."""
+ENCODINGS = {"none": "", "fp16": "fp16", "int8": "int8"}  # wire compression -> chunk encoding
+_ENCODED = {"": None, "fp16": np.dtype("<f2"), "int8": np.dtype("i1")}
+
+
+def encoding_named(compression, what="compression"):
+    """The chunk encoding of a wire compression ("none", "fp16", "int8"), else InvalidInputError."""
+    if compression not in ENCODINGS:
+        raise InvalidInputError(f"{what}: expected one of {', '.join(ENCODINGS)}, got {compression!r}")
+    return ENCODINGS[compression]
+
+
+def encode(array, encoding):
+    """(little-endian bytes as uint8, scale) of `array` under `encoding`; only float32
+    tensors are compressed, others travel raw."""
     dtype = DTYPES[array.dtype.name]
-    raw = np.ascontiguousarray(array, dtype.newbyteorder("<")).reshape(-1).view(np.uint8)
+    if encoding and dtype == np.float32:
+        if encoding == "fp16":
+            return np.ascontiguousarray(array, "<f2").reshape(-1).view(np.uint8), 0.0
+        peak = float(np.max(np.abs(array))) if array.size else 0.0
+        scale = peak / 127 if peak > 0 and np.isfinite(peak) else 1.0
+        q = np.clip(np.rint(array / np.float32(scale)), -127, 127).astype(np.int8)
+        return q.reshape(-1).view(np.uint8), scale
+    return np.ascontiguousarray(array, dtype.newbyteorder("<")).reshape(-1).view(np.uint8), 0.0
+
+
+def encoded_bytes(array, encoding):
+    """The bytes `array` takes on the wire under `encoding`."""
+    if encoding and array.dtype == np.float32:
+        return array.size * _ENCODED[encoding].itemsize
+    return array.nbytes
+
+
+def chunks(name, array, chunk_bytes=CHUNK_BYTES, encoding=""):
+    """TensorChunk messages carrying `array` (of an edgeflow dtype) as tensor `name`, a
+    float32 one compressed by `encoding` ("", "fp16", "int8"); a tensor without elements
+    is one chunk with no data."""
+    dtype = DTYPES[array.dtype.name]
+    raw, scale = encode(array, encoding)
+    encoding = encoding if dtype == np.float32 else ""
     total = raw.nbytes
     yield pb.TensorChunk(name=name, dtype=dtype.name, shape=array.shape, offset=0,
-                         total_bytes=total, data=raw[:chunk_bytes].tobytes())
+                         total_bytes=total, data=raw[:chunk_bytes].tobytes(), encoding=encoding,
+                         scale=scale)
     for offset in range(chunk_bytes, total, chunk_bytes):
         yield pb.TensorChunk(name=name, offset=offset, data=raw[offset:offset + chunk_bytes].tobytes())
 
@@ -58,12 +93,17 @@ def chunks(name, array, chunk_bytes=CHUNK_BYTES):
 class _Partial:
     """A tensor whose chunks are still arriving."""
 
-    def __init__(self, name, dtype, shape, total):
+    def __init__(self, name, dtype, shape, total, encoding="", scale=0.0):
         self.name, self.dtype, self.shape = name, dtype, shape
+        self.encoding, self.scale = encoding, scale
         self.buffer = np.empty(total, np.uint8)
         self.received = 0
 
     def array(self):
+        if self.encoding == "fp16":
+            return self.buffer.view("<f2").reshape(self.shape).astype(np.float32)
+        if self.encoding == "int8":
+            return self.buffer.view(np.int8).reshape(self.shape).astype(np.float32) * np.float32(self.scale)
         if self.dtype == dtypes.bool_:  # any nonzero byte is True, as numpy's bool casts say
             return (self.buffer != 0).reshape(self.shape)
         little = self.dtype.newbyteorder("<")
@@ -121,17 +161,24 @@ class Assembler:
         shape = tuple(chunk.shape)
         if any(d < 0 for d in shape):
             raise InvalidInputError(f"{what}: expected a shape of sizes >= 0, got {shape}")
-        size = math.prod(shape) * dtype.itemsize
+        if chunk.encoding not in _ENCODED or (chunk.encoding and dtype != np.float32):
+            raise InvalidInputError(f"{what}: encoding {chunk.encoding!r}: expected none, or fp16 "
+                                    "or int8 for a float32 tensor")
+        if chunk.encoding == "int8" and not (np.isfinite(chunk.scale) and chunk.scale > 0):
+            raise InvalidInputError(f"{what}: an int8 tensor needs a scale > 0, got {chunk.scale}")
+        itemsize = (_ENCODED[chunk.encoding] or dtype).itemsize
+        size = math.prod(shape) * itemsize
         if chunk.total_bytes != size:
             raise InvalidInputError(f"{what}: expected total_bytes {size} (shape {shape} of "
-                                    f"{dtype.name}), got {chunk.total_bytes}")
+                                    f"{dtype.name}{' as ' + chunk.encoding if chunk.encoding else ''}), "
+                                    f"got {chunk.total_bytes}")
         if self.max_bytes is not None and self.total_bytes + size > self.max_bytes:
             raise PayloadTooLarge(f"{what}: {self.total_bytes + size} bytes of tensors exceed the "
                                   f"limit of {self.max_bytes} bytes")
         if self.expect is not None:
             self.expect(name, dtype, shape)
         self.total_bytes += size
-        return _Partial(name, dtype, shape, size)
+        return _Partial(name, dtype, shape, size, chunk.encoding, chunk.scale)
 
     def finish(self):
         """{name: array} of every tensor; InvalidInputError if one is incomplete."""

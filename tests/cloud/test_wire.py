@@ -102,3 +102,45 @@ def test_expect_sees_each_tensor_header_once():
     for m in wire.chunks("x", np.zeros((3, 2), np.int16), chunk_bytes=4):
         tensors.add(m)
     assert seen == [("x", np.dtype(np.int16), (3, 2))]
+
+
+def _encoded_roundtrip(a, encoding, chunk_bytes=wire.CHUNK_BYTES):
+    tensors = wire.Assembler()
+    messages = list(wire.chunks("t", a, chunk_bytes, encoding=encoding))
+    for m in messages:
+        tensors.add(pb.TensorChunk.FromString(m.SerializeToString()))
+    return tensors.finish()["t"], sum(len(m.data) for m in messages)
+
+
+@pytest.mark.parametrize("chunk_bytes", [5, wire.CHUNK_BYTES])
+def test_compressed_float32_within_the_encodings_rounding(chunk_bytes):
+    a = (np.random.default_rng(3).standard_normal((7, 33)) * 3).astype(np.float32)
+    half, n = _encoded_roundtrip(a, "fp16", chunk_bytes)
+    assert half.dtype == np.float32 and n == a.size * 2
+    np.testing.assert_array_equal(half, a.astype(np.float16).astype(np.float32))
+    q, n = _encoded_roundtrip(a, "int8", chunk_bytes)
+    step = np.abs(a).max() / 127
+    assert q.dtype == np.float32 and n == a.size
+    assert np.max(np.abs(q - a)) <= step / 2 * (1 + 1e-5)  # half a quantization step at most
+    zeros, _ = _encoded_roundtrip(np.zeros((2, 3), np.float32), "int8")
+    np.testing.assert_array_equal(zeros, 0)
+
+
+def test_other_dtypes_travel_raw_under_compression():
+    a = np.arange(12, dtype=np.int64).reshape(3, 4)
+    out, n = _encoded_roundtrip(a, "int8")
+    np.testing.assert_array_equal(out, a)
+    assert n == a.nbytes
+
+
+def test_bad_encodings_are_refused():
+    base = dict(name="t", dtype="float32", shape=[4], offset=0)
+    for chunk, reason in [(pb.TensorChunk(**base, total_bytes=4, encoding="zip", data=bytes(4)), "encoding"),
+                          (pb.TensorChunk(**base, total_bytes=4, encoding="int8", data=bytes(4)), "scale"),
+                          (pb.TensorChunk(**base, total_bytes=16, encoding="fp16", data=bytes(16)), "total_bytes"),
+                          (pb.TensorChunk(name="t", dtype="int32", shape=[1], offset=0, total_bytes=2,
+                                          encoding="fp16", data=bytes(2)), "encoding")]:
+        with pytest.raises(InvalidInputError, match=reason):
+            wire.Assembler().add(chunk)
+    with pytest.raises(InvalidInputError, match="compression"):
+        wire.encoding_named("gzip")
