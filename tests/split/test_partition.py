@@ -30,7 +30,7 @@ class InProcess:
         self.interp = ef.Interpreter(path)
         self.requests = []
 
-    def run(self, model_id, feeds, fetches, sha256=None, timeout=None):
+    def run(self, model_id, feeds, fetches, sha256=None, timeout=None, compression="none"):
         self.requests.append((model_id, sha256, sorted(feeds), list(fetches)))
         return self.interp.run(fetches, feeds)
 
