@@ -31,7 +31,8 @@ class Profiler:
             rec = records.get(i)
             if rec is None:
                 op = plan.subgraph.operators[i]
-                rec = records[i] = OpRecord(i, op.opcode, plan.subgraph.tensors[op.outputs[0]].name,
+                name = plan.subgraph.tensors[op.outputs[0]].name if op.outputs else f"{op.opcode}#{i}"
+                rec = records[i] = OpRecord(i, op.opcode, name,
                                             output_bytes=sum(plan.arrays[t].nbytes for t in op.outputs))
             rec.calls += 1
             rec.total_ns += elapsed
