@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 
+from .atomic import write_text
 from .errors import InvalidInputError
 
 STATE = "state.json"
@@ -45,13 +46,7 @@ def _load_state(folder):
 
 
 def _save_state(folder, state):
-    path = os.path.join(folder, STATE)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_text(os.path.join(folder, STATE), json.dumps(state))
 
 
 def fit(interpreter, data, epochs=1, batch_size=32, seed=0, checkpoint_dir=None,

@@ -8,15 +8,14 @@ the reader runs, so the writer cannot produce a file that the reader refuses.
 import contextlib
 import io
 import operator
-import os
 import struct
-import tempfile
 from dataclasses import dataclass
 
 import flatbuffers
 import numpy as np
 
 from .. import dtypes, ops
+from ..atomic import atomic_file
 from ..errors import FormatError, GraphError
 from . import verifier
 from .efl import (Attr, Buffer, Metadata, Model, Operator, Quantization, Signature, SubGraph,
@@ -34,21 +33,8 @@ def to_bytes(model):
 def write(model, path):
     """Write `model` to `path` atomically: readers see the old file or the whole new one."""
     plan = _plan(model)  # a malformed model fails before the filesystem is touched
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            _stream(plan, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the model from other users
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_directory(directory)
+    with atomic_file(path) as f:
+        _stream(plan, f)
 
 
 @dataclass
@@ -115,16 +101,6 @@ def _little_endian_bytes(array):
     if a.dtype != little:
         a = a.astype(little)
     return a.reshape(-1).view(np.uint8)
-
-
-def _fsync_directory(directory):
-    """Make the rename itself durable (POSIX); not every platform allows it."""
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 @contextlib.contextmanager

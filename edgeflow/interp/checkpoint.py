@@ -7,45 +7,20 @@ directory fsynced), so a crash leaves the old checkpoint or the new one, never a
 one. Reading loads and checks every array (checksum, name, dtype, shape) before
 returning, so a bad checkpoint changes nothing.
 """
-import contextlib
 import os
-import tempfile
 import zipfile
 import zlib
 
 import numpy as np
 
+from ..atomic import atomic_file
 from ..errors import FormatError
 
 
 def write(path, arrays):
     """Write {name: array} to `path` atomically."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(folder)
-
-
-def _fsync_dir(folder):
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):  # some filesystems cannot sync a directory
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+    with atomic_file(path) as f:
+        np.savez(f, **arrays)
 
 
 def read(path, expected):

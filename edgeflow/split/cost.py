@@ -28,13 +28,13 @@ import math
 import os
 import platform
 import re
-import tempfile
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import numpy as np
 
-from ..errors import FormatError, GraphError, InvalidInputError
+from ..atomic import write_text
+from ..errors import EdgeflowError, FormatError, GraphError, InvalidInputError
 
 SIDES = ("device", "cloud")
 COMPRESSIONS = ("none", "fp16", "int8")
@@ -182,27 +182,7 @@ class Profile:
                            "device": self.device, "runs": self.runs, "seconds": self.seconds,
                            "shapes": {k: [int(d) for d in v] for k, v in self.shapes.items()}},
                           indent=1, sort_keys=True)
-        path = os.fspath(path)
-        folder = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(prefix=".profile-", suffix=".tmp", dir=folder)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        try:
-            dfd = os.open(folder, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except OSError:  # some filesystems cannot sync a directory
-            pass
+        write_text(path, text)
 
     @classmethod
     def load(cls, path):
@@ -490,6 +470,31 @@ class CostGraph:
         for r, (birth, death) in life.items():
             live[birth:death + 1] += self.tensors[r].nbytes
         return int(sum(weights.values())), int(live.max(initial=0))
+
+    # -- as JSON (a device package carries its cost graph, to re-plan at run time) ---
+    def to_json(self):
+        """A JSON-ready dict from which `from_json` rebuilds this graph."""
+        return {"compression": self.compression,
+                "ops": [{"name": op.name, "opcode": op.opcode, "inputs": list(op.inputs),
+                         "outputs": list(op.outputs), "device_s": op.device_s, "cloud_s": op.cloud_s,
+                         "params": op.params, "pinned": op.pinned, "flops": op.flops,
+                         "operator": op.operator} for op in self.ops],
+                "tensors": [{"name": t.name, "dtype": np.dtype(t.dtype).name, "shape": list(t.shape),
+                             "is_output": t.is_output, "view_of": t.view_of}
+                            for t in self.tensors.values()]}
+
+    @classmethod
+    def from_json(cls, data):
+        """The CostGraph `to_json` described; FormatError if `data` is not one."""
+        try:
+            ops = [Op(o["name"], o["opcode"], tuple(o["inputs"]), tuple(o["outputs"]),
+                      float(o["device_s"]), float(o["cloud_s"]), dict(o["params"]), o["pinned"],
+                      int(o["flops"]), o["operator"]) for o in data["ops"]]
+            tensors = [Tensor(t["name"], np.dtype(t["dtype"]), tuple(t["shape"]), bool(t["is_output"]),
+                              t["view_of"]) for t in data["tensors"]]
+            return cls(ops, tensors, data["compression"])
+        except (KeyError, TypeError, ValueError, EdgeflowError) as e:
+            raise FormatError(f"not a cost graph: {type(e).__name__}: {e}") from None
 
     # -- from a model --------------------------------------------------------------
     @classmethod

@@ -1,0 +1,89 @@
+"""`edgeflow split` as a function: plan a model's split and write the pair of packages.
+
+    result = split_file("model.efl", "out/", link="4g")
+    # out/device.efl, out/cloud.efl, out/plan.json, out/plan.svg; result.table is the report
+
+The cost graph is built from the model (with measured profiles where given), the
+placement planned (or forced at `cut` tensors), and the model cut into a device package
+and a cloud package (edgeflow.split.partition). The device package carries the cost graph
+and the link it was planned for, so that a device can re-plan from the link it measures
+when both packages hold the whole graph (the defaults).
+"""
+import json
+import os
+from dataclasses import dataclass
+
+from ..atomic import write_text
+from ..errors import InvalidInputError
+from ..format import reader
+from . import partition, planner, report
+from .cost import DEFAULT_SERVER_SPEED, CostGraph, Link, Profile
+
+
+@dataclass
+class SplitResult:
+    placement: planner.Placement
+    cost_graph: CostGraph
+    link: Link
+    model_id: str
+    cloud_sha256: str
+    paths: dict  # "device", "cloud", "plan", "svg" -> path
+
+    @property
+    def table(self):
+        return report.table(self.placement, self.cost_graph, self.link)
+
+
+def default_model_id(path):
+    """`<file stem>-<first 12 hex digits of the file's SHA-256>`: one id per model version."""
+    stem = os.path.splitext(os.path.basename(os.fspath(path)))[0]
+    return f"{stem}-{partition.file_sha256(path)[:12]}"
+
+
+def split_file(model_path, out_dir, *, link="4g", objective="latency", device_profile=None,
+               server_profile=None, cut=None, input_shapes=None, compression="none",
+               memory_budget=None, device_graph="full", cloud_graph="full", model_id=None,
+               signature="infer", device_speed=1.0, server_speed=DEFAULT_SERVER_SPEED, pins=None):
+    """Plan and write OUT_DIR/{device.efl, cloud.efl, plan.json, plan.svg}; a SplitResult.
+
+    `device_profile`/`server_profile`: Profile objects or paths to profile JSON. `cut`:
+    tensor names to cut at instead of planning. `device_graph`/`cloud_graph`: "full" keeps
+    the whole graph in that package too (fallback and re-planning), "cut" only its part.
+    """
+    link = Link.parse(link)
+    profiles = [Profile.load(p) if isinstance(p, (str, os.PathLike)) else p
+                for p in (device_profile, server_profile)]
+    model = reader.load(model_path)
+    cost_graph = CostGraph.from_model(model_path, signature, input_shapes, *profiles,
+                                      device_speed=device_speed, server_speed=server_speed,
+                                      compression=compression, pins=pins)
+    if cut:
+        placement = planner.forced(cost_graph, list(cut), link, objective)
+    else:
+        placement = planner.plan(cost_graph, link, objective, memory_budget)
+    device_ops = set(placement.device_operators(cost_graph))
+    os.makedirs(out_dir, exist_ok=True)
+    model_id = model_id or default_model_id(model_path)
+    if not model_id or any(c.isspace() for c in model_id):
+        raise InvalidInputError(f"model id must be a non-empty word, got {model_id!r}")
+    adaptive = device_graph == "full" and cloud_graph == "full"
+    extra = {"compression": compression, "objective": objective, "cloud_graph": cloud_graph,
+             "link": {"up_bps": link.up_bps, "down_bps": link.down_bps, "rtt_s": link.rtt_s},
+             "adaptive": adaptive,
+             "original_tensors": len(model.subgraphs[0].tensors),
+             "source_sha256": partition.file_sha256(model_path)}
+    if adaptive:
+        extra["cost_graph"] = cost_graph.to_json()
+    cut_, sha = partition.write_pair(model, device_ops, out_dir, model_id=model_id, signature=signature,
+                                     device_graph=device_graph, cloud_graph=cloud_graph,
+                                     probe_shapes=input_shapes, extra_metadata=extra)
+    paths = {k: os.path.join(out_dir, f) for k, f in
+             (("device", "device.efl"), ("cloud", "cloud.efl"), ("plan", "plan.json"), ("svg", "plan.svg"))}
+    plan_json = report.to_json(placement, cost_graph, link)
+    plan_json.update({"model_id": model_id, "cloud_sha256": sha, "device_graph": device_graph,
+                      "cloud_graph": cloud_graph, "source": os.fspath(model_path),
+                      "device_sha256": partition.file_sha256(paths["device"])})
+    write_text(paths["plan"], json.dumps(plan_json, indent=1) + "\n")
+    write_text(paths["svg"], report.svg(placement, cost_graph, link))
+    return SplitResult(placement, cost_graph, link, model_id, sha, paths)
+
