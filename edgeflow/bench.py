@@ -3,6 +3,8 @@ import time
 
 import numpy as np
 
+from .errors import InvalidInputError
+
 
 def pick_signature(interp, key=None):
     """The runner for `key`; by default 'infer', or the only signature."""
@@ -12,14 +14,19 @@ def pick_signature(interp, key=None):
     return interp.get_signature_runner(key)
 
 
-def random_inputs(runner, given, seed=0):
-    """Inputs for a runner: the given arrays, random ones (dynamic dims = 1) for the rest."""
+def random_inputs(runner, given, seed=0, shapes=None):
+    """Inputs for a runner: the given arrays, random ones for the rest, of `shapes`
+    ({name: shape}) where given, else of the declared shapes with dynamic dims 1."""
     rng = np.random.default_rng(seed)
     out = dict(given)
+    shapes = shapes or {}
+    unknown = sorted(set(shapes) - set(runner.get_input_details()))
+    if unknown:
+        raise InvalidInputError(f"no input(s) {unknown}; the inputs are {sorted(runner.get_input_details())}")
     for name, d in runner.get_input_details().items():
         if name in out:
             continue
-        dt, shape = np.dtype(d["dtype"]), tuple(d["shape"])
+        dt, shape = np.dtype(d["dtype"]), tuple(shapes.get(name, d["shape"]))
         if dt.kind == "f":
             out[name] = rng.standard_normal(shape).astype(dt)
         elif dt.kind == "b":
@@ -29,7 +36,7 @@ def random_inputs(runner, given, seed=0):
     return out
 
 
-def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, delegates=()):
+def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, delegates=(), **cloud):
     """Init time, first run, steady-state statistics (us), arena bytes and the slowest ops.
 
     Steady-state runs are timed without the profiler; a separate profiled pass of the
@@ -40,7 +47,7 @@ def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, de
     from .interp import Interpreter
 
     t0 = time.perf_counter()
-    interp = Interpreter(path, delegates=delegates)
+    interp = Interpreter(path, delegates=delegates, **cloud)  # cloud=, token=, root_cert=: a split model
     init_s = time.perf_counter() - t0
     runner = pick_signature(interp, signature)
     feed = random_inputs(runner, inputs or {})

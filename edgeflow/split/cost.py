@@ -223,12 +223,16 @@ def op_name(subgraph, index):
     return subgraph.tensors[op.outputs[0]].name if op.outputs else f"{op.opcode}#{index}"
 
 
-def measure_profile(model, signature="infer", inputs=None, runs=20, delegates=(), device=None):
+DEFAULT_RUNS = 20
+
+
+def measure_profile(model, signature="infer", inputs=None, runs=DEFAULT_RUNS, delegates=(), device=None,
+                    input_shapes=None):
     """Profile a model's signature on this machine: mean seconds per op over `runs`
     invocations, after one unprofiled warm-up.
 
     `model`: a path or the file's bytes. `inputs`: {name: array}; missing ones are random
-    at the signature's shapes (dynamic dimensions 1). With `delegates`, a delegated
+    at `input_shapes` ({name: shape}) or the signature's shapes (dynamic dimensions 1). With `delegates`, a delegated
     partition is timed as a whole and its time shared among its ops in proportion to
     their estimated cost.
     """
@@ -238,7 +242,7 @@ def measure_profile(model, signature="infer", inputs=None, runs=20, delegates=()
         raise InvalidInputError(f"runs must be >= 1, got {runs}")
     interp = Interpreter(model, delegates=delegates)
     runner = interp.get_signature_runner(signature)
-    feeds = random_inputs(runner, inputs or {})
+    feeds = random_inputs(runner, inputs or {}, shapes=input_shapes)
     runner(**feeds)
     profiler = interp.enable_profiling()
     for _ in range(runs):
