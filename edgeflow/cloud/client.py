@@ -212,7 +212,9 @@ class Client:
             if not payload_bytes and not reply_bytes:
                 link.rtts.append(seconds)
             else:  # a transfer takes at least the latency; what it took beyond is the bytes'
-                moving = max(seconds - (link.min_rtt_s or 0.0), 1e-6)
+                moving = seconds - (link.min_rtt_s or 0.0)
+                if moving < 0.1 * seconds:  # lost in the latency's noise: bytes / seconds is
+                    moving = seconds        # at least a lower bound on the throughput
                 if payload_bytes >= MIN_SAMPLE_BYTES and reply_bytes < MIN_SAMPLE_BYTES:
                     link.up.append((payload_bytes, moving))
                 elif reply_bytes >= MIN_SAMPLE_BYTES and payload_bytes < MIN_SAMPLE_BYTES:

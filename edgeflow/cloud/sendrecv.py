@@ -111,14 +111,24 @@ def attach(interp, cloud, token=None, root_cert=None, timeout=None):
 
 
 class SplitRunner:
-    """Calls the split signature, falling back to `infer_local` while the cloud is unreachable."""
+    """Calls the split signature, falling back to `infer_local` while the cloud is
+    unreachable, and re-choosing the cut from the measured link when both packages hold
+    the whole graph (`adapt`, edgeflow.split.adaptive)."""
 
-    def __init__(self, interp, split_runner, local_runner, target, retry_s=30.0):
+    def __init__(self, interp, split_runner, local_runner, target, retry_s=30.0, adapt=True):
         self._interp, self._split, self._local = interp, split_runner, local_runner
         self._target, self.retry_s = target, retry_s
         self._local_until = 0.0
         self.fallbacks = 0
         self._warned = False
+        self.interpreter = interp  # the one running the current cut
+        self.replanner = None
+        if adapt:
+            from ..split.partition import split_info
+            info = split_info(interp.model)
+            if info.get("adaptive") and "cost_graph" in info and local_runner is not None:
+                from ..split.adaptive import Replanner
+                self.replanner = Replanner(info)
 
     @property
     def key(self):
@@ -138,7 +148,7 @@ class SplitRunner:
         if self._local is not None and time.monotonic() < self._local_until:
             return self._run_local(inputs)
         try:
-            return self._split(**inputs)
+            out = self._split(**inputs)
         except RemoteError as e:
             if self._local is None or getattr(e, "code", None) not in UNREACHABLE:
                 raise
@@ -148,6 +158,33 @@ class SplitRunner:
                 self._warned = True
             self._local_until = time.monotonic() + self.retry_s
             return self._run_local(inputs)
+        if self.replanner is not None and self.replanner.due():
+            self._replan()
+        return out
+
+    def _replan(self):
+        """Plan again for the measured link; move the cut if another is clearly faster."""
+        from ..format import writer
+        from ..interp.interpreter import Interpreter, SignatureRunner
+        current = self.interpreter
+        client = current.cloud.client
+        try:
+            link = self.replanner.measure(client)
+        except RemoteError as e:
+            _log.info("re-planning skipped: measuring the link failed (%s)", e)
+            return
+        proposed = self.replanner.propose(link)
+        if proposed is None:
+            return
+        before = len(self.replanner.current)
+        model = self.replanner.recut(current.model, proposed)
+        others = [d for d in current.delegates if d is not current.cloud]
+        interp = Interpreter(writer.to_bytes(model), delegates=others, num_threads=current.num_threads,
+                             cloud=client, cloud_timeout=current.cloud.timeout)
+        self._split = SignatureRunner(interp, interp._signatures[current.cloud.signature])
+        self.interpreter = interp
+        _log.info("re-planned the split for the measured link (%s): %d ops on the device, was %d",
+                  link.describe(), len(proposed), before)
 
     def _run_local(self, inputs):
         self.fallbacks += 1

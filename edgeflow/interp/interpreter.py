@@ -64,6 +64,7 @@ class Interpreter:
         self._names = None
         self._value_routes = set()  # (feeds, fetches) whose plans need small int feeds' values
         self.profiler = None
+        self.num_threads = num_threads
         self._threads = _thread_limiter(num_threads)
 
     def _check_kernels(self):

@@ -148,6 +148,8 @@ def device_package(model, cut, cloud_id, cloud_sha256, graph="full", probe_shape
         "device_ops": [sub.tensors[sub.operators[i].outputs[0]].name for i in cut.ops
                        if i in cut.device],
     }
+    if graph == "full":  # the original tensors come first: original_model() strips the rest
+        meta["original_tensors"] = len(sub.tensors)
     meta.update(extra_metadata or {})
     metadata = {k: v for k, v in model.metadata.items() if k not in (SPLIT_METADATA, MODEL_ID_METADATA)}
     metadata[SPLIT_METADATA] = json.dumps(meta, sort_keys=True).encode()
@@ -159,6 +161,25 @@ def split_info(model):
     """The "edgeflow.split" metadata of a device package as a dict, or None."""
     raw = model.metadata.get(SPLIT_METADATA)
     return json.loads(bytes(raw).decode()) if raw is not None else None
+
+
+def original_model(device_model):
+    """The unsplit model inside a device package that holds the whole graph (the device
+    graph "full"): its send/recv ops and their tensors removed, `infer_local` as the
+    signature that was split. PlacementError if the package holds only its part."""
+    info = split_info(device_model)
+    if not info or info.get("local_signature") is None or "original_tensors" not in info:
+        raise PlacementError("the device package holds only its part of the graph (split with "
+                             "--device-graph full to re-plan on the device)")
+    sub = device_model.subgraphs[0]
+    local = next(s for s in device_model.signatures if s.key == info["local_signature"])
+    kept = [op for op in sub.operators if not ops.get(op.opcode).remote]
+    new_sub = SubGraphDef(sub.name, list(sub.tensors[:info["original_tensors"]]), kept,
+                          list(sub.inputs), list(sub.outputs))
+    metadata = {k: v for k, v in device_model.metadata.items() if k != SPLIT_METADATA}
+    return ModelDef([new_sub], [SignatureDef(info["signature"], dict(local.inputs), dict(local.outputs),
+                                             0, list(local.targets))],
+                    metadata, device_model.description)
 
 
 def write_pair(model, device_ops, out_dir, *, model_id, signature="infer", device_graph="full",

@@ -9,7 +9,7 @@ import pytest
 
 import edgeflow as ef
 
-VERBS = ["inspect", "run", "bench", "quickstart", "serve"]
+VERBS = ["inspect", "run", "bench", "quickstart", "serve", "profile", "split"]
 
 
 def edgeflow(*args, cwd=None):

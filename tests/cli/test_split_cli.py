@@ -1,0 +1,85 @@
+"""`edgeflow profile`, `edgeflow split`, `edgeflow serve` and `edgeflow run --cloud`, as a
+user runs them: profile, split, serve the cloud part, run the device part against it."""
+import json
+import re
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import edgeflow as ef
+
+
+def edgeflow(*args):
+    return subprocess.run([sys.executable, "-m", "edgeflow.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+pytest.importorskip("grpc")
+pytest.importorskip("scipy")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    root = tmp_path_factory.mktemp("split-cli")
+    rng = np.random.default_rng(0)
+    w1, w2 = rng.standard_normal((16, 64)).astype(np.float32), rng.standard_normal((64, 4)).astype(np.float32)
+    g = ef.Graph()
+    with g.as_default():
+        x = ef.placeholder(ef.float32, [None, 16], name="x")
+        h = ef.nn.relu(ef.matmul(x, ef.constant(w1, name="w1")), name="h")
+        y = ef.matmul(ef.tanh(h, name="t"), ef.constant(w2, name="w2"), name="y")
+    ef.save(g, root / "m.efl", signatures={"infer": ({"x": x}, {"y": y})})
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    np.save(root / "x.npy", x)
+    return root, x, np.tanh(np.maximum(x @ w1, 0)) @ w2
+
+
+def test_profile_split_serve_run(model):
+    root, x, want = model
+    r = edgeflow("profile", root / "m.efl", "-o", root / "p.json", "--runs", 3, "--input-shape", "x=3,16")
+    assert r.returncode == 0, r.stderr
+    profile = json.loads((root / "p.json").read_text())
+    assert set(profile["seconds"]) == {"matmul", "h", "t", "y"} and profile["runs"] == 3
+    out = root / "out"
+    r = edgeflow("split", root / "m.efl", "-o", out, "--cut", "h", "--link", "wifi",
+                 "--device-profile", root / "p.json", "--server-profile", root / "p.json")
+    assert r.returncode == 0, r.stderr
+    assert "predicted latency" in r.stdout and "wrote" in r.stdout
+    plan = json.loads((out / "plan.json").read_text())
+    assert [u["name"] for u in plan["upload"]] == ["h"] and [d["name"] for d in plan["download"]] == ["y"]
+    assert {o["name"]: o["side"] for o in plan["ops"]} == {"matmul": "device", "h": "device", "t": "cloud",
+                                                           "y": "cloud"}
+    assert (out / "plan.svg").read_text().startswith("<svg")
+    served = root / "served"
+    served.mkdir()
+    (served / "cloud.efl").write_bytes((out / "cloud.efl").read_bytes())
+    server = subprocess.Popen([sys.executable, "-m", "edgeflow.cli", "serve", "--model-dir", served,
+                               "--port", "0"], stderr=subprocess.PIPE, text=True)
+    try:
+        for line in server.stderr:
+            match = re.search(r"serving \d+ models? on [\d.]+:(\d+)", line)
+            if match:
+                break
+        r = edgeflow("run", out / "device.efl", "--cloud", f"127.0.0.1:{match.group(1)}",
+                     "-i", f"x={root / 'x.npy'}", "-o", root / "got")
+        assert r.returncode == 0, r.stderr
+        np.testing.assert_allclose(np.load(root / "got" / "y.npy"), want, rtol=1e-5, atol=1e-5)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+
+
+def test_split_plans_without_profiles_and_reports_errors(model):
+    root, _, _ = model
+    r = edgeflow("split", root / "m.efl", "-o", root / "planned", "--up", "100", "--rtt", "1ms")
+    assert r.returncode == 0, r.stderr
+    assert "predicted latency" in r.stdout and (root / "planned" / "device.efl").exists()
+    for args, message in [(["--cut", "nope"], "unknown tensor"), (["--link", "5g"], "not a link profile"),
+                          (["--input-shape", "x=a,b"], "NAME=D1,D2"),
+                          (["--memory-budget", "0.000001"], "budget")]:
+        r = edgeflow("split", root / "m.efl", "-o", root / "bad", *args)
+        assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
+    r = edgeflow("run", root / "m.efl", "--token-file", root / "p.json")
+    assert r.returncode == 2 and "need --cloud" in r.stderr
