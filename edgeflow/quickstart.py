@@ -119,6 +119,56 @@ def train_on_device(directory):
         raise SystemExit("quickstart: training did not recover W and b")
 
 
+def build_encoder_classifier(path):
+    """DADS's case for a split: a cheap encoder that shrinks a 64x64 image 24x (strided
+    conv, pooling), then heavy dense layers."""
+    import edgeflow as ef
+    g = ef.Graph()
+    with g.as_default():
+        ef.set_random_seed(0)
+        image = ef.placeholder(ef.float32, [None, 3, 64, 64], name="image")
+        h = ef.layers.conv2d(image, 8, 3, strides=2, padding="same", activation=ef.nn.relu, name="encoder")
+        h = ef.layers.flatten(ef.layers.max_pool2d(h, 4, 4, name="pool"), name="features")
+        h = ef.layers.dense(h, 1024, activation=ef.nn.relu, name="fc1")
+        h = ef.layers.dense(h, 1024, activation=ef.nn.relu, name="fc2")
+        probs = ef.nn.softmax(ef.layers.dense(h, 10, name="logits"), name="probs")
+    ef.save(g, path, signatures={"infer": ({"image": image}, {"probs": probs})})
+
+
+def split_with_cloud(directory):
+    """Split a model for a WiFi link and a phone-class device, serve the cloud part on
+    127.0.0.1 in this process, and run a split inference against it."""
+    try:
+        from .cloud import Server
+        from .split.package import split_file
+        import scipy  # noqa: F401  (the planner's max-flow)
+    except ImportError:
+        print("  skipped: needs the 'cloud' and 'split' extras (pip install 'edgeflow[cloud,split]')")
+        return
+    import edgeflow as ef
+    source = os.path.join(directory, "encoder.efl")
+    build_encoder_classifier(source)
+    # Without profiles, op times are estimated from FLOPs and bytes: the device is taken
+    # as 1/100 of this machine's numpy (a low-end phone core), the server as 10x.
+    result = split_file(source, os.path.join(directory, "split"), link="wifi", device_speed=0.01)
+    p = result.placement
+    print(f"  plan for {result.link.describe()}: {len(p.device_ops)} ops on the device, "
+          f"{len(p.cloud_ops)} on the cloud; sends {', '.join(n for n, _ in p.cut_tensors) or 'nothing'} "
+          f"({sum(b for _, b in p.cut_tensors):,} B up)")
+    print(f"  predicted: split {p.predicted['split'] * 1e3:.2f} ms, device-only "
+          f"{p.predicted['device_only'] * 1e3:.2f} ms, cloud-only {p.predicted['cloud_only'] * 1e3:.2f} ms")
+    x = np.random.default_rng(2).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    want = ef.Interpreter(source).get_signature_runner("infer")(image=x)["probs"]
+    with Server(models={result.model_id: result.paths["cloud"]}) as server:
+        device = ef.Interpreter(result.paths["device"], cloud=server.address)
+        got = device.get_signature_runner("infer")(image=x)["probs"]
+        print(f"  served {result.model_id} on {server.address}; split inference made "
+              f"{device.cloud.calls} call(s); max |split - whole| = {float(np.abs(got - want).max()):.1e}")
+    print(f"  wrote {', '.join(os.path.basename(v) for v in result.paths.values())} in {directory}/split")
+    if not np.array_equal(got, want):
+        raise SystemExit("quickstart: the split inference differs from the whole model")
+
+
 def main(directory=None):
     import edgeflow as ef
     from .summary import describe, render
@@ -158,5 +208,8 @@ def main(directory=None):
 
         _step(6, "Train on the device: the seeds' linear regression through a train signature")
         train_on_device(directory)
+
+        _step(7, "Split a model with the cloud: plan, package, serve on 127.0.0.1, infer jointly")
+        split_with_cloud(directory)
     print("\nquickstart finished: built, packaged, inspected, ran and benchmarked a model, "
-          "converted one from ONNX, and trained one on the device.")
+          "converted one from ONNX, trained one on the device, and split one with the cloud.")
