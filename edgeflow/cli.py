@@ -36,12 +36,16 @@ def _add_accel_args(p):
     p.add_argument("--device", metavar="NAME",
                    help="with --accel: the OpenCL device, a name substring or an index "
                         "(default: EDGEFLOW_OPENCL_DEVICE, else the first GPU, else the first device)")
+    p.add_argument("--precision", choices=["fp32", "fp16"], default="fp32",
+                   help="with --accel: how the OpenCL device stores float tensors: fp32 (the default), or "
+                        "fp16 (half: half the device memory and traffic, math still in float32, results "
+                        "within about 1e-3 relative)")
 
 
 def _delegates(args):
     """The delegates --accel asks for; 'auto' without a device says so on stderr."""
     from .accel import delegates_for
-    delegates = delegates_for(args.accel, args.device)
+    delegates = delegates_for(args.accel, args.device, args.precision)
     if args.accel == "auto":
         print(f"edgeflow {args.verb}: " + (f"using OpenCL on {delegates[0].device_name}" if delegates
                                             else "no OpenCL device found: running with numpy"),
@@ -55,9 +59,32 @@ def cmd_inspect(args):
     print(json.dumps(info, indent=2) if args.json else render(info))
 
 
+def _add_cloud_args(p):
+    p.add_argument("--cloud", metavar="HOST:PORT",
+                   help="a device package from `edgeflow split`: run its cloud part on this server")
+    p.add_argument("--token-file", metavar="FILE", help="with --cloud: the server's bearer token")
+    p.add_argument("--root-cert", metavar="PEM", help="with --cloud: use TLS, trusting this certificate")
+
+
+def _cloud(args):
+    """Interpreter keyword arguments for --cloud, --token-file, --root-cert."""
+    if not args.cloud:
+        if args.token_file or args.root_cert:
+            raise EdgeflowError("--token-file and --root-cert need --cloud HOST:PORT")
+        return {}
+    token = _read_file(args.token_file, "rt").strip() if args.token_file else None
+    root = _read_file(args.root_cert, "rb") if args.root_cert else None
+    return {"cloud": args.cloud, "token": token, "root_cert": root}
+
+
+def _read_file(path, mode):
+    with open(path, mode) as f:
+        return f.read()
+
+
 def cmd_run(args):
     from .interp import Interpreter
-    interp = Interpreter(args.model, delegates=_delegates(args))
+    interp = Interpreter(args.model, delegates=_delegates(args), **_cloud(args))
     runner = pick_signature(interp, args.signature)
     outputs = runner(**_parse_inputs(args.input))
     for name, value in outputs.items():
@@ -74,7 +101,7 @@ def cmd_bench(args):
     from .bench import bench_model, render
     result = bench_model(args.model, runs=args.runs, warmup=args.warmup, signature=args.signature,
                          inputs=_parse_inputs(args.input), top=args.top,
-                         delegates=_delegates(args))
+                         delegates=_delegates(args), **_cloud(args))
     print(json.dumps(result, indent=2) if args.json else render(result))
 
 
@@ -169,6 +196,58 @@ def cmd_quickstart(args):
     quickstart(args.dir)
 
 
+def _shapes(items):
+    """{input name: shape} from NAME=D1,D2,... items."""
+    out = {}
+    for item in items:
+        name, sep, dims = item.partition("=")
+        try:
+            out[name] = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            sep = ""
+        if not sep or not name:
+            raise EdgeflowError(f"--input-shape expects NAME=D1,D2,..., got {item!r}")
+    return out
+
+
+def cmd_profile(args):
+    from .split import measure_profile
+    from .split.cost import DEFAULT_RUNS
+    profile = measure_profile(args.model, signature=args.signature or "infer",
+                              inputs=_parse_inputs(args.input) or None, runs=args.runs or DEFAULT_RUNS,
+                              delegates=_delegates(args), device=args.name,
+                              input_shapes=_shapes(args.input_shape) or None)
+    profile.save(args.output)
+    total = sum(profile.seconds.values())
+    print(f"profiled {len(profile.seconds)} ops of {args.model} on {profile.device}: "
+          f"{total * 1e3:.3f} ms per run (mean of {profile.runs} runs) -> {args.output}")
+
+
+def cmd_split(args):
+    from .split.package import split_file
+    link = args.link
+    overrides = [f"{k}={v}" for k, v in (("up", args.up), ("down", args.down), ("rtt", args.rtt)) if v]
+    if overrides:
+        link = ",".join(([link] if link else []) + overrides)
+    elif not link:
+        link = "4g"
+    result = split_file(args.model, args.output, link=link, objective=args.objective,
+                        device_profile=args.device_profile, server_profile=args.server_profile,
+                        cut=[c for c in (args.cut or "").split(",") if c] or None,
+                        input_shapes=_shapes(args.input_shape) or None, compression=args.compression,
+                        memory_budget=int(args.memory_budget * 2**20) if args.memory_budget else None,
+                        device_graph=args.device_graph, cloud_graph=args.cloud_graph,
+                        model_id=args.model_id, signature=args.signature or "infer",
+                        device_speed=args.device_speed, server_speed=args.server_speed)
+    print(result.table)
+    print()
+    for key in ("device", "cloud", "plan", "svg"):
+        print(f"wrote {result.paths[key]}")
+    print(f"cloud model id {result.model_id} (sha256 {result.cloud_sha256[:16]}...): serve it with "
+          f"`edgeflow serve --model-dir DIR` holding cloud.efl; run with `edgeflow run "
+          f"{result.paths['device']} --cloud HOST:PORT`")
+
+
 def cmd_serve(args):
     try:
         from .cloud.server import serve
@@ -197,6 +276,7 @@ def build_parser():
     _add_inputs_args(p)
     p.add_argument("--output-dir", "-o", help="also save each output as NAME.npy here")
     _add_accel_args(p)
+    _add_cloud_args(p)
     p.set_defaults(fn=cmd_run)
 
     p = verbs.add_parser("bench", help="time a model as TFLite's benchmark_model does",
@@ -209,6 +289,7 @@ def build_parser():
     p.add_argument("--top", type=_positive, default=10, help="ops to list by time (default 10)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     _add_accel_args(p)
+    _add_cloud_args(p)
     p.set_defaults(fn=cmd_bench)
 
     p = verbs.add_parser("convert", help="convert an ONNX model to a .efl package",
@@ -253,6 +334,59 @@ def build_parser():
                                      "ONNX model; train a model on the device.")
     p.add_argument("--dir", default=None, help="where to write files (default: a temp dir)")
     p.set_defaults(fn=cmd_quickstart)
+
+    p = verbs.add_parser("profile", help="time every op of a model here, for the split planner",
+                         description="Run a signature and time every op (medians); write a profile "
+                                     "that `edgeflow split --device-profile/--server-profile` reads. "
+                                     "Run it on the device and on the server.")
+    p.add_argument("model", help="a .efl file")
+    p.add_argument("-o", "--output", required=True, help="the profile JSON to write")
+    _add_inputs_args(p)
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D1,D2,...",
+                   help="random inputs of this shape (default: declared, dynamic dimensions 1)")
+    p.add_argument("--runs", type=_positive, help="timed runs (default 20)")
+    p.add_argument("--name", help="what to call this machine in the profile (default: its hostname "
+                                  "and processor)")
+    _add_accel_args(p)
+    p.set_defaults(fn=cmd_profile)
+
+    p = verbs.add_parser("split", help="split a model between the device and a cloud server",
+                         description="Plan where each op runs (exact minimum cut for the link and "
+                                     "the hardware) and write OUTDIR/device.efl, OUTDIR/cloud.efl, "
+                                     "OUTDIR/plan.json and OUTDIR/plan.svg. Serve cloud.efl with "
+                                     "`edgeflow serve`; run device.efl with --cloud HOST:PORT.")
+    p.add_argument("model", help="a .efl file")
+    p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="where to write the packages")
+    p.add_argument("--link", help="3g (1.1 Mbps up), 4g (5.85), wifi (18.88), or "
+                                  "'up=MBPS,down=MBPS,rtt=SECONDS' (default 4g)")
+    p.add_argument("--up", metavar="MBPS", help="uplink bandwidth (overrides --link's)")
+    p.add_argument("--down", metavar="MBPS", help="downlink bandwidth (overrides --link's)")
+    p.add_argument("--rtt", metavar="SECONDS", help="round-trip time, e.g. 0.05 or 50ms (overrides --link's)")
+    p.add_argument("--objective", choices=["latency", "device-time"], default="latency",
+                   help="minimize end-to-end latency (default) or the device's busy time")
+    p.add_argument("--device-profile", metavar="P", help="op times measured on the device (`edgeflow profile`)")
+    p.add_argument("--server-profile", metavar="P", help="op times measured on the server")
+    p.add_argument("--device-speed", type=float, default=1.0,
+                   help="without a device profile: the device's speed relative to this machine (default 1)")
+    p.add_argument("--server-speed", type=float, default=10.0,
+                   help="without a server profile: the server's speed relative to this machine (default 10)")
+    p.add_argument("--cut", metavar="TENSOR,...", help="cut at these tensors instead of planning")
+    p.add_argument("--compression", choices=["none", "fp16", "int8"], default="none",
+                   help="how float32 tensors travel on the link (default none)")
+    p.add_argument("--memory-budget", type=float, metavar="MB",
+                   help="device memory for weights and activations, in MiB")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D1,D2,...",
+                   help="plan for this input shape (default: declared, dynamic dimensions 1)")
+    p.add_argument("--device-graph", choices=["full", "cut"], default="full",
+                   help="full: the device package also holds the whole graph, to run alone when the "
+                        "server is unreachable and to re-plan (default); cut: only its part")
+    p.add_argument("--cloud-graph", choices=["full", "cut"], default="full",
+                   help="full: the cloud package holds the whole graph, so the device may move the "
+                        "cut at run time (default); cut: only its part")
+    p.add_argument("--model-id", help="the cloud package's id on the server (default: "
+                                      "MODEL-<hash prefix>)")
+    p.add_argument("--signature", "-s", help="the signature to split (default infer)")
+    p.set_defaults(fn=cmd_split)
 
     p = verbs.add_parser("serve", help="serve cloud packages over gRPC for split models",
                          description="Serve every .efl in a directory over gRPC (service "

@@ -9,7 +9,8 @@ ACCELS = ("none", "opencl", "auto")
 def delegates_for(accel="none", device=None, precision="fp32"):
     """The delegates `--accel` names: [] for "none"; an OpenCLDelegate for "opencl"
     (EdgeflowError saying how to install a runtime when there is none); for "auto" the
-    OpenCL delegate where a device exists, else [] (numpy kernels)."""
+    OpenCL delegate where a device exists, else [] (numpy kernels). `device` and
+    `precision` ("fp32", or "fp16": half storage) go to OpenCLDelegate."""
     if accel not in ACCELS:
         raise ValueError(f"accel must be one of {ACCELS}, got {accel!r}")
     if accel == "none" or (accel == "auto" and not available()):

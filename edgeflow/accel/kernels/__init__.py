@@ -6,9 +6,16 @@
 `rt.max_group(kernel)`), `ins`/`outs` are pyopencl arrays (contiguous, the op's shapes);
 the step enqueues the kernels (no finish). `unsupported(attrs, ins, outs)` returns why a
 case is not handled (host arrays), or None.
+
+Float tensors are stored as common.cl's `store_t` and read and written through its
+LOAD/STORE macros: float32 buffers by default, float16 (half) buffers in fp16 mode
+(`rt.half`), where the device arrays a step gets have dtype float16 and the math in the
+kernels stays float. Integer and bool tensors are stored as they are.
 """
 from dataclasses import dataclass
 from typing import Callable, Optional
+
+import numpy as np
 
 from ... import ops
 
@@ -21,6 +28,12 @@ class Entry:
 
 
 CL_KERNELS = {}
+
+
+def tensor_dtype(array):
+    """The dtype of the values device array `array` holds: float32 for a float tensor,
+    whether it is stored as float32 or (fp16 mode) as half."""
+    return np.dtype(np.float32) if array.dtype.kind == "f" else array.dtype
 
 
 def cl_kernel(name, unsupported=None, int_inputs=False):

@@ -5,7 +5,7 @@
 
 // sum_to: out element -> grad offset over the kept dims, then a walk over the reduced dims.
 // table rows (MAX_RANK ints each): kept dims, kept grad strides, reduced dims, reduced grad strides
-__kernel void sum_to(__global const float* grad, __global float* out, __constant const int* table,
+__kernel void sum_to(__global const store_t* grad, __global store_t* out, __constant const int* table,
                      const int total, const int n_kept, const int n_reduced, const int count) {
     int gid = get_global_id(0);
     if (gid >= total) return;
@@ -23,14 +23,14 @@ __kernel void sum_to(__global const float* grad, __global float* out, __constant
             offset += (left % rdims[d]) * rstrides[d];
             left /= rdims[d];
         }
-        s += grad[offset];
+        s += LOAD(grad, offset);
     }
-    out[gid] = s;
+    STORE(out, gid, s);
 }
 
 // slice_grad: per axis of out, the slice's first index, step and length, and grad's stride.
 // table rows: out dims, first, step, count, grad strides
-__kernel void slice_grad(__global const float* grad, __global float* out, __constant const int* table,
+__kernel void slice_grad(__global const store_t* grad, __global store_t* out, __constant const int* table,
                          const int total, const int rank) {
     int gid = get_global_id(0);
     if (gid >= total) return;
@@ -40,28 +40,28 @@ __kernel void slice_grad(__global const float* grad, __global float* out, __cons
         rest /= table[d];
         const int from = i - table[MAX_RANK + d], k = from / step;
         if (from % step != 0 || k < 0 || k >= table[3 * MAX_RANK + d]) {
-            out[gid] = 0.0f;
+            STORE(out, gid, 0.0f);
             return;
         }
         offset += k * table[4 * MAX_RANK + d];
     }
-    out[gid] = grad[offset];
+    STORE(out, gid, LOAD(grad, offset));
 }
 
 // gather_grad over (outer, n, inner): out[o, j, i] = sum over k with indices[k] mod n == j
 // of grad[o, k, i], k in index order.
-__kernel void gather_grad(__global const float* grad, __global const INDEX* indices, __global float* out,
+__kernel void gather_grad(__global const store_t* grad, __global const INDEX* indices, __global store_t* out,
                           const int total, const int n, const int count, const int inner) {
     int gid = get_global_id(0);
     if (gid >= total) return;
     const int i = gid % inner, j = (gid / inner) % n, o = gid / (inner * n);
-    __global const float* g = grad + (size_t)o * count * inner + i;
+    __global const store_t* g = grad + (size_t)o * count * inner + i;
     float s = 0.0f;
     for (int k = 0; k < count; ++k) {
         const INDEX t = indices[k] % n;
-        if ((t < 0 ? t + n : t) == j) s += g[(size_t)k * inner];
+        if ((t < 0 ? t + n : t) == j) s += LOAD(g, (size_t)k * inner);
     }
-    out[gid] = s;
+    STORE(out, gid, s);
 }
 
 // geometry as pool.cl's: H, W, OH, OW, KH, KW, stride h, w, dilation h, w, pad begin h, w, pad end h, w
@@ -72,14 +72,14 @@ __kernel void gather_grad(__global const float* grad, __global const INDEX* indi
 
 // The tap (kh * KW + kw) a max_pool window routes its gradient to: the first maximum in
 // kernel order, taps in the padding reading -inf; -1 where the window holds a NaN.
-inline int winner(__global const float* xc, int H, int W, int KH, int KW, int ih0, int iw0, int dh, int dw) {
+inline int winner(__global const store_t* xc, int H, int W, int KH, int KW, int ih0, int iw0, int dh, int dw) {
     float m = -INFINITY;
     int best = 0;
     for (int kh = 0; kh < KH; ++kh) {
         const int ih = ih0 + kh * dh;
         for (int kw = 0; kw < KW; ++kw) {
             const int iw = iw0 + kw * dw;
-            const float v = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? xc[ih * W + iw] : -INFINITY;
+            const float v = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? LOAD(xc, ih * W + iw) : -INFINITY;
             if (isnan(v)) return -1;
             if (v > m) { m = v; best = kh * KW + kw; }
         }
@@ -88,13 +88,13 @@ inline int winner(__global const float* xc, int H, int W, int KH, int KW, int ih
 }
 
 // One work-item per element of x: the windows holding it, each adding its dy where it wins.
-__kernel void max_pool_grad(__global const float* x, __global const float* dy, __global float* dx,
+__kernel void max_pool_grad(__global const store_t* x, __global const store_t* dy, __global store_t* dx,
                             __constant const int* geo, const int total) {
     int gid = get_global_id(0);
     if (gid >= total) return;
     GEOMETRY
-    __global const float* xc = x + (size_t)plane * H * W;
-    __global const float* dyc = dy + (size_t)plane * OH * OW;
+    __global const store_t* xc = x + (size_t)plane * H * W;
+    __global const store_t* dyc = dy + (size_t)plane * OH * OW;
     float s = 0.0f;
     for (int kh = 0; kh < KH; ++kh) {
         const int h = ih + ph - kh * dh;
@@ -104,19 +104,19 @@ __kernel void max_pool_grad(__global const float* x, __global const float* dy, _
             if (w < 0 || w % sw || w / sw >= OW) continue;
             const int oh = h / sh, ow = w / sw;
             if (winner(xc, H, W, KH, KW, oh * sh - ph, ow * sw - pw, dh, dw) == kh * KW + kw)
-                s += dyc[oh * OW + ow];
+                s += LOAD(dyc, oh * OW + ow);
         }
     }
-    dx[gid] = s;
+    STORE(dx, gid, s);
 }
 
 // One work-item per element of x: each window holding it gives dy / its count (as avg_pool divides).
-__kernel void avg_pool_grad(__global const float* dy, __global float* dx, __constant const int* geo,
+__kernel void avg_pool_grad(__global const store_t* dy, __global store_t* dx, __constant const int* geo,
                             const int total, const int count_include_pad) {
     int gid = get_global_id(0);
     if (gid >= total) return;
     GEOMETRY
-    __global const float* dyc = dy + (size_t)plane * OH * OW;
+    __global const store_t* dyc = dy + (size_t)plane * OH * OW;
     const int lh = count_include_pad ? -ph : 0, hh = count_include_pad ? H + geo[12] : H;
     const int lw = count_include_pad ? -pw : 0, hw = count_include_pad ? W + geo[13] : W;
     float s = 0.0f;
@@ -129,10 +129,10 @@ __kernel void avg_pool_grad(__global const float* dy, __global float* dx, __cons
             if (w < 0 || w % sw || w / sw >= OW) continue;
             const int iw0 = (w / sw) * sw - pw;
             const int count = (min(ih0 + KH, hh) - max(ih0, lh)) * (min(iw0 + KW, hw) - max(iw0, lw));
-            s += dyc[(h / sh) * OW + w / sw] * (1.0f / (float)count);
+            s += LOAD(dyc, (h / sh) * OW + w / sw) * (1.0f / (float)count);
         }
     }
-    dx[gid] = s;
+    STORE(dx, gid, s);
 }
 
 // conv geometry as conv.cl's: C, H, W, M, OH, OW, KH, KW, stride h, w, dilation h, w,
@@ -144,7 +144,7 @@ __kernel void avg_pool_grad(__global const float* dy, __global float* dx, __cons
 
 // One work-item per element of dx: the filters of its group and the output positions whose
 // windows read it, summed in (m, kh, kw) order.
-__kernel void conv_input_grad(__global const float* dy, __global const float* w, __global float* dx,
+__kernel void conv_input_grad(__global const store_t* dy, __global const store_t* w, __global store_t* dx,
                               __constant const int* geo, const int total) {
     int gid = get_global_id(0);
     if (gid >= total) return;
@@ -153,24 +153,24 @@ __kernel void conv_input_grad(__global const float* dy, __global const float* w,
     const int g = c / cpg, ci = c % cpg;
     float s = 0.0f;
     for (int m = g * mpg; m < (g + 1) * mpg; ++m) {
-        __global const float* dym = dy + ((size_t)n * M + m) * OH * OW;
-        __global const float* wm = w + ((size_t)m * cpg + ci) * KH * KW;
+        __global const store_t* dym = dy + ((size_t)n * M + m) * OH * OW;
+        __global const store_t* wm = w + ((size_t)m * cpg + ci) * KH * KW;
         for (int kh = 0; kh < KH; ++kh) {
             const int h = ih + ph - kh * dh;
             if (h < 0 || h % sh || h / sh >= OH) continue;
             for (int kw = 0; kw < KW; ++kw) {
                 const int x = iw + pw - kw * dw;
                 if (x < 0 || x % sw || x / sw >= OW) continue;
-                s = fma(dym[(h / sh) * OW + x / sw], wm[kh * KW + kw], s);
+                s = fma(LOAD(dym, (h / sh) * OW + x / sw), LOAD(wm, kh * KW + kw), s);
             }
         }
     }
-    dx[gid] = s;
+    STORE(dx, gid, s);
 }
 
 // One work-item per element of dw: x under that tap times dy, summed over the batch and
 // the output positions in (n, oh, ow) order.
-__kernel void conv_filter_grad(__global const float* x, __global const float* dy, __global float* dw_,
+__kernel void conv_filter_grad(__global const store_t* x, __global const store_t* dy, __global store_t* dw_,
                                __constant const int* geo, const int total, const int N) {
     int gid = get_global_id(0);
     if (gid >= total) return;
@@ -180,17 +180,17 @@ __kernel void conv_filter_grad(__global const float* x, __global const float* dy
     // output rows/cols whose tap stays inside x: oh * sh - ph + kh * dh in [0, H)
     float s = 0.0f;
     for (int n = 0; n < N; ++n) {
-        __global const float* xc = x + ((size_t)n * C + c) * H * W;
-        __global const float* dym = dy + ((size_t)n * M + m) * OH * OW;
+        __global const store_t* xc = x + ((size_t)n * C + c) * H * W;
+        __global const store_t* dym = dy + ((size_t)n * M + m) * OH * OW;
         for (int oh = 0; oh < OH; ++oh) {
             const int ih = oh * sh - ph + kh * dh;
             if (ih < 0 || ih >= H) continue;
             for (int ow = 0; ow < OW; ++ow) {
                 const int iw = ow * sw - pw + kw * dw;
                 if (iw < 0 || iw >= W) continue;
-                s = fma(xc[ih * W + iw], dym[oh * OW + ow], s);
+                s = fma(LOAD(xc, ih * W + iw), LOAD(dym, oh * OW + ow), s);
             }
         }
     }
-    dw_[gid] = s;
+    STORE(dw_, gid, s);
 }

@@ -1,8 +1,17 @@
 // equal, less and greater with numpy broadcasting (broadcast_offsets, in common.cl):
-// T is the operands' type (float, int or uchar for bool), OP the comparison (0 equal,
-// 1 less, 2 greater); out is bool as uchar.
+// FLOAT=1 for float operands (read through LOAD, so half storage works too), else T is
+// the operands' type (int, or uchar for bool); OP the comparison (0 equal, 1 less,
+// 2 greater); out is bool as uchar.
 
-__kernel void compare(__global const T* a, __global const T* b, __global uchar* out, const int n,
+#if FLOAT
+#define OPERAND store_t
+#define READ(p, i) LOAD(p, i)
+#else
+#define OPERAND T
+#define READ(p, i) ((p)[i])
+#endif
+
+__kernel void compare(__global const OPERAND* a, __global const OPERAND* b, __global uchar* out, const int n,
                       const int rank, __constant const int* dims, __constant const int* stride_a,
                       __constant const int* stride_b) {
     int i = get_global_id(0);
@@ -10,10 +19,10 @@ __kernel void compare(__global const T* a, __global const T* b, __global uchar* 
     int ia, ib;
     broadcast_offsets(i, rank, dims, stride_a, stride_b, &ia, &ib);
 #if OP == 0
-    out[i] = a[ia] == b[ib];
+    out[i] = READ(a, ia) == READ(b, ib);
 #elif OP == 1
-    out[i] = a[ia] < b[ib];
+    out[i] = READ(a, ia) < READ(b, ib);
 #else
-    out[i] = a[ia] > b[ib];
+    out[i] = READ(a, ia) > READ(b, ib);
 #endif
 }

@@ -9,6 +9,11 @@ COMPARISONS = {"equal": 0, "less": 1, "greater": 2}
 TYPES = {np.dtype(np.float32): "float", np.dtype(np.int32): "int", np.dtype(np.bool_): "uchar"}
 
 
+def _operands(dtype):
+    """compare.cl's defines for operands held as `dtype` on the device (floats may be half-stored)."""
+    return {"FLOAT": 1} if dtype.kind == "f" else {"FLOAT": 0, "T": TYPES[dtype]}
+
+
 def _unsupported(attrs, ins, outs):
     if ins[0].dtype not in TYPES:
         return f"dtype {ins[0].dtype} (comparisons take float32, int32 or bool)"
@@ -24,7 +29,7 @@ def _compare(name):
         n = int(out.size)
         tables = [cla.to_device(rt.queue, t) for t in (np.array(shape, np.int32), broadcast_strides(a.shape, shape),
                                                        broadcast_strides(b.shape, shape))]
-        program = rt.program("compare", T=TYPES[a.dtype], OP=COMPARISONS[name])
+        program = rt.program("compare", OP=COMPARISONS[name], **_operands(a.dtype))
         kernel = rt.kernel(program, "compare")
         group = min(rt.max_group(kernel), 256)
         kernel.set_args(a.data, b.data, out.data, np.int32(n), np.int32(len(shape)), *(t.data for t in tables))

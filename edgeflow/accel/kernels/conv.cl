@@ -17,8 +17,8 @@ inline float activate(float v, int act) {
 }
 
 // geometry: C, H, W, M, OH, OW, KH, KW, stride h, w, dilation h, w, pad h, w (begin), groups
-__kernel void conv_direct(__global const float* x, __global const float* w, __global const float* bias,
-                          __global float* out, __constant const int* geo, const int total,
+__kernel void conv_direct(__global const store_t* x, __global const store_t* w, __global const store_t* bias,
+                          __global store_t* out, __constant const int* geo, const int total,
                           const int has_bias, const int act) {
     int gid = get_global_id(0);
     if (gid >= total) return;
@@ -42,36 +42,36 @@ __kernel void conv_direct(__global const float* x, __global const float* w, __gl
     int wrow[CO];  // each channel's weights; channels past the group re-read the last one
     for (int j = 0; j < CO; ++j) wrow[j] = min(m0 + j, mend - 1) * cpg * taps;
     for (int ci = 0; ci < cpg; ++ci) {
-        __global const float* xc = x + ((size_t)n * C + g * cpg + ci) * H * W;
+        __global const store_t* xc = x + ((size_t)n * C + g * cpg + ci) * H * W;
         const int wc = ci * taps;
         for (int kh = 0; kh < KH; ++kh) {
             const int ih = ih0 + kh * dh;
             if (ih < 0 || ih >= H) continue;
-            __global const float* row = xc + ih * W;
+            __global const store_t* row = xc + ih * W;
             for (int kw = 0; kw < KW; ++kw) {
                 float xv[PX];
                 for (int p = 0; p < PX; ++p) {
                     const int iw = iw0 + p * sw + kw * dw;
-                    xv[p] = (iw >= 0 && iw < W) ? row[iw] : 0.0f;
+                    xv[p] = (iw >= 0 && iw < W) ? LOAD(row, iw) : 0.0f;
                 }
                 const int t = wc + kh * KW + kw;
                 for (int j = 0; j < CO; ++j) {
-                    const float wv = w[wrow[j] + t];
+                    const float wv = LOAD(w, wrow[j] + t);
                     for (int p = 0; p < PX; ++p) acc[j][p] = fma(wv, xv[p], acc[j][p]);
                 }
             }
         }
     }
     for (int j = 0; j < CO && m0 + j < mend; ++j) {
-        const float b = has_bias ? bias[m0 + j] : 0.0f;
-        __global float* o = out + (((size_t)n * M + m0 + j) * OH + oh) * OW;
-        for (int p = 0; p < PX && ow0 + p < OW; ++p) o[ow0 + p] = activate(acc[j][p] + b, act);
+        const float b = has_bias ? LOAD(bias, m0 + j) : 0.0f;
+        __global store_t* o = out + (((size_t)n * M + m0 + j) * OH + oh) * OW;
+        for (int p = 0; p < PX && ow0 + p < OW; ++p) STORE(o, ow0 + p, activate(acc[j][p] + b, act));
     }
 }
 
 // One channel per group (group == C): output channel m reads input channel m / (M / C).
-__kernel void conv_depthwise(__global const float* x, __global const float* w, __global const float* bias,
-                             __global float* out, __constant const int* geo, const int total,
+__kernel void conv_depthwise(__global const store_t* x, __global const store_t* w, __global const store_t* bias,
+                             __global store_t* out, __constant const int* geo, const int total,
                              const int has_bias, const int act) {
     int gid = get_global_id(0);
     if (gid >= total) return;
@@ -84,8 +84,8 @@ __kernel void conv_depthwise(__global const float* x, __global const float* w, _
     const int oh = rest % OH;
     rest /= OH;
     const int m = rest % M, n = rest / M;
-    __global const float* xc = x + ((size_t)n * C + m / (M / C)) * H * W;
-    __global const float* wm = w + m * KH * KW;
+    __global const store_t* xc = x + ((size_t)n * C + m / (M / C)) * H * W;
+    __global const store_t* wm = w + m * KH * KW;
 
     float acc[PX];
     for (int p = 0; p < PX; ++p) acc[p] = 0.0f;
@@ -93,18 +93,18 @@ __kernel void conv_depthwise(__global const float* x, __global const float* w, _
     for (int kh = 0; kh < KH; ++kh) {
         const int ih = ih0 + kh * dh;
         if (ih < 0 || ih >= H) continue;
-        __global const float* row = xc + ih * W;
+        __global const store_t* row = xc + ih * W;
         for (int kw = 0; kw < KW; ++kw) {
-            const float wv = wm[kh * KW + kw];
+            const float wv = LOAD(wm, kh * KW + kw);
             for (int p = 0; p < PX; ++p) {
                 const int iw = iw0 + p * sw + kw * dw;
-                acc[p] = fma(wv, (iw >= 0 && iw < W) ? row[iw] : 0.0f, acc[p]);
+                acc[p] = fma(wv, (iw >= 0 && iw < W) ? LOAD(row, iw) : 0.0f, acc[p]);
             }
         }
     }
-    const float b = has_bias ? bias[m] : 0.0f;
-    __global float* o = out + (((size_t)n * M + m) * OH + oh) * OW;
-    for (int p = 0; p < PX && ow0 + p < OW; ++p) o[ow0 + p] = activate(acc[p] + b, act);
+    const float b = has_bias ? LOAD(bias, m) : 0.0f;
+    __global store_t* o = out + (((size_t)n * M + m) * OH + oh) * OW;
+    for (int p = 0; p < PX && ow0 + p < OW; ++p) STORE(o, ow0 + p, activate(acc[p] + b, act));
 }
 
 // 1x1, stride 1, no padding: per image and group, out (M/g, P) = w (M/g, C/g) @ x (C/g, P).
@@ -114,8 +114,8 @@ __kernel void conv_depthwise(__global const float* x, __global const float* w, _
 #define TILE 8
 #endif
 __kernel __attribute__((reqd_work_group_size(TILE * TILE, 1, 1)))
-void conv_pointwise(__global const float* x, __global const float* w, __global const float* bias,
-                    __global float* out, __constant const int* geo, const int total,
+void conv_pointwise(__global const store_t* x, __global const store_t* w, __global const store_t* bias,
+                    __global store_t* out, __constant const int* geo, const int total,
                     const int has_bias, const int act) {
     const int C = geo[0], P = geo[1], M = geo[2], G = geo[3];
     const int cpg = C / G, mpg = M / G;
@@ -130,8 +130,8 @@ void conv_pointwise(__global const float* x, __global const float* w, __global c
     const int p0 = pb * TILE * PX, mbase = mb * TILE * CO;
     __local float xs[TILE][TILE * PX];
     __local float ws[TILE * CO][TILE + 1];
-    __global const float* xg = x + ((size_t)n * C + g * cpg) * P;
-    __global const float* wg = w + (size_t)g * mpg * cpg;
+    __global const store_t* xg = x + ((size_t)n * C + g * cpg) * P;
+    __global const store_t* wg = w + (size_t)g * mpg * cpg;
 
     float acc[CO][PX];
     for (int j = 0; j < CO; ++j)
@@ -139,11 +139,11 @@ void conv_pointwise(__global const float* x, __global const float* w, __global c
     for (int c0 = 0; c0 < cpg; c0 += TILE) {
         for (int e = lid; e < TILE * TILE * PX; e += TILE * TILE) {
             const int c = e / (TILE * PX), p = e % (TILE * PX);
-            xs[c][p] = (c0 + c < cpg && p0 + p < P) ? xg[(size_t)(c0 + c) * P + p0 + p] : 0.0f;
+            xs[c][p] = (c0 + c < cpg && p0 + p < P) ? LOAD(xg, (size_t)(c0 + c) * P + p0 + p) : 0.0f;
         }
         for (int e = lid; e < TILE * TILE * CO; e += TILE * TILE) {
             const int m = e / TILE, c = e % TILE;
-            ws[m][c] = (c0 + c < cpg && mbase + m < mpg) ? wg[(size_t)(mbase + m) * cpg + c0 + c] : 0.0f;
+            ws[m][c] = (c0 + c < cpg && mbase + m < mpg) ? LOAD(wg, (size_t)(mbase + m) * cpg + c0 + c) : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int c = 0; c < TILE; ++c) {
@@ -159,11 +159,11 @@ void conv_pointwise(__global const float* x, __global const float* w, __global c
     for (int j = 0; j < CO; ++j) {
         const int m = mbase + j * TILE + tm;
         if (m >= mpg) break;
-        const float b = has_bias ? bias[g * mpg + m] : 0.0f;
-        __global float* o = out + ((size_t)n * M + g * mpg + m) * P;
+        const float b = has_bias ? LOAD(bias, g * mpg + m) : 0.0f;
+        __global store_t* o = out + ((size_t)n * M + g * mpg + m) * P;
         for (int p = 0; p < PX; ++p) {
             const int q = p0 + p * TILE + tp;
-            if (q < P) o[q] = activate(acc[j][p] + b, act);
+            if (q < P) STORE(o, q, activate(acc[j][p] + b, act));
         }
     }
 }
@@ -172,7 +172,7 @@ void conv_pointwise(__global const float* x, __global const float* w, __global c
 // group, cols (C/G * KH * KW, OH * OW) with row (ci, kh, kw) holding the input under that
 // tap for every output pixel (zero in the padding), so out (M/G, P) = w (M/G, C/G*KH*KW)
 // @ cols. One work-item per element of cols, output pixels fastest.
-__kernel void im2col(__global const float* x, __global float* cols, __constant const int* geo,
+__kernel void im2col(__global const raw_t* x, __global raw_t* cols, __constant const int* geo,
                      const int total) {
     int gid = get_global_id(0);
     if (gid >= total) return;
@@ -188,5 +188,5 @@ __kernel void im2col(__global const float* x, __global float* cols, __constant c
     const int kh = rest % KH;
     const int nc = rest / KH;  // image * C + channel
     const int ih = oh * sh - ph + kh * dh, iw = ow * sw - pw + kw * dw;
-    cols[gid] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[((size_t)nc * H + ih) * W + iw] : 0.0f;
+    cols[gid] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[((size_t)nc * H + ih) * W + iw] : (raw_t)0;  // +0.0
 }

@@ -53,22 +53,23 @@ inline float unary_op(float x) {
 #endif
 }
 
-__kernel void binary_same(__global const float* a, __global const float* b, __global float* out, const int n) {
+__kernel void binary_same(__global const store_t* a, __global const store_t* b, __global store_t* out,
+                          const int n) {
     int i = get_global_id(0);
-    if (i < n) out[i] = activate(binary_op(a[i], b[i]));
+    if (i < n) STORE(out, i, activate(binary_op(LOAD(a, i), LOAD(b, i))));
 }
 
-__kernel void binary_broadcast(__global const float* a, __global const float* b, __global float* out,
+__kernel void binary_broadcast(__global const store_t* a, __global const store_t* b, __global store_t* out,
                                const int n, const int rank, __constant int* dims,
                                __constant int* stride_a, __constant int* stride_b) {
     int i = get_global_id(0);
     if (i >= n) return;
     int ia, ib;
     broadcast_offsets(i, rank, dims, stride_a, stride_b, &ia, &ib);
-    out[i] = activate(binary_op(a[ia], b[ib]));
+    STORE(out, i, activate(binary_op(LOAD(a, ia), LOAD(b, ib))));
 }
 
-__kernel void unary(__global const float* a, __global float* out, const int n) {
+__kernel void unary(__global const store_t* a, __global store_t* out, const int n) {
     int i = get_global_id(0);
-    if (i < n) out[i] = unary_op(a[i]);
+    if (i < n) STORE(out, i, unary_op(LOAD(a, i)));
 }

@@ -12,7 +12,7 @@
 #define WY (TM / RM)
 
 __kernel __attribute__((reqd_work_group_size(WX, WY, 1)))
-void matmul(__global const float* A, __global const float* B, __global float* C,
+void matmul(__global const store_t* A, __global const store_t* B, __global store_t* C,
             const int M, const int N, const int K, __global const int* offsets,
             const int trans_a, const int trans_b, const int act) {
     __local float As[TK][TM + 1];
@@ -31,12 +31,12 @@ void matmul(__global const float* A, __global const float* B, __global float* C,
         for (int i = tid; i < TK * TM; i += WX * WY) {
             const int kk = trans_a ? i / TM : i % TK, mm = trans_a ? i % TM : i / TK;
             const int m = m0 + mm, k = k0 + kk;
-            As[kk][mm] = (m < M && k < K) ? A[trans_a ? k * M + m : m * K + k] : 0.0f;
+            As[kk][mm] = (m < M && k < K) ? LOAD(A, trans_a ? k * M + m : m * K + k) : 0.0f;
         }
         for (int i = tid; i < TK * TN; i += WX * WY) {
             const int kk = trans_b ? i % TK : i / TN, nn = trans_b ? i / TK : i % TN;
             const int n = n0 + nn, k = k0 + kk;
-            Bs[kk][nn] = (n < N && k < K) ? B[trans_b ? n * K + k : k * N + n] : 0.0f;
+            Bs[kk][nn] = (n < N && k < K) ? LOAD(B, trans_b ? n * K + k : k * N + n) : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int kk = 0; kk < TK; ++kk) {
@@ -58,7 +58,7 @@ void matmul(__global const float* A, __global const float* B, __global float* C,
             float v = acc[r][c];
             if (act == 1) v = fmax(v, 0.0f);
             else if (act == 2) v = clamp(v, 0.0f, 6.0f);
-            C[m * N + n] = v;
+            STORE(C, m * N + n, v);
         }
     }
 }
@@ -83,9 +83,9 @@ void matmul(__global const float* A, __global const float* B, __global float* C,
 #define VSTORE(n) VSTORE_(n)
 #define VN VEC(BN)
 
-__kernel void matmul_blocked(__global const float* A, __global const float* B, __global float* C,
+__kernel void matmul_blocked(__global const store_t* A, __global const store_t* B, __global store_t* C,
                              const int M, const int N, const int K, __global const int* offsets,
-                             __global const float* bias, const int has_bias, const int act) {
+                             __global const store_t* bias, const int has_bias, const int act) {
     const int n0 = get_global_id(0) * BN, m0 = get_global_id(1) * BM, batch = get_global_id(2);
     if (n0 >= N || m0 >= M) return;
     A += offsets[3 * batch];
@@ -96,38 +96,71 @@ __kernel void matmul_blocked(__global const float* A, __global const float* B, _
     for (int r = 0; r < BM; ++r) acc[r] = (VN)(0.0f);
 #if TA
     // A is K x M: the block's BM values of A at k are contiguous.
-    __global const float* a = A + m0;
-#define A_AT(r, k) a[(k) * M + min(r, M - 1 - m0)]
+    __global const store_t* a = A + m0;
+#define A_AT(r, k) LOAD(a, (k) * M + min(r, M - 1 - m0))
 #else
-    __global const float* arow[BM];
+    __global const store_t* arow[BM];
     for (int r = 0; r < BM; ++r) arow[r] = A + (long)min(m0 + r, M - 1) * K;
-#define A_AT(r, k) arow[r][k]
+#define A_AT(r, k) LOAD(arow[r], k)
 #endif
 #if TB
     // B is N x K: BN rows, each read along k.
-    __global const float* brow[BN];
+    __global const store_t* brow[BN];
     for (int c = 0; c < BN; ++c) brow[c] = B + (long)min(n0 + c, N - 1) * K;
 #endif
 
     if (full_n && full_m) {
+        int k0 = 0;
+#if EF_HALF
+        // Half storage: the strided operands are read 4 k's at a time (vload_half4), as CPU
+        // runtimes convert a scalar vload_half in a library call, a vector one in a few
+        // instructions (PoCL: ~2x the GFLOP/s); the loop below finishes K % 4.
+        for (; k0 + 4 <= K; k0 += 4) {
+#if !TA
+            float a4[BM][4];
+            for (int r = 0; r < BM; ++r) VSTORE(4)(LOADN(4)(0, arow[r] + k0), 0, a4[r]);
+#endif
+#if TB
+            float b4[BN][4];
+            for (int c = 0; c < BN; ++c) VSTORE(4)(LOADN(4)(0, brow[c] + k0), 0, b4[c]);
+#endif
+            for (int kk = 0; kk < 4; ++kk) {
+                const int k = k0 + kk;
+#if TB
+                float bs[BN];
+                for (int c = 0; c < BN; ++c) bs[c] = b4[c][kk];
+                const VN bv = VLOAD(BN)(0, bs);
+#else
+                const VN bv = LOADN(BN)(0, B + (long)k * N + n0);
+#endif
+#if TA
+                float av[BM];
+                VSTORE(BM)(LOADN(BM)(0, a + (long)k * M), 0, av);
+                for (int r = 0; r < BM; ++r) acc[r] += av[r] * bv;
+#else
+                for (int r = 0; r < BM; ++r) acc[r] += a4[r][kk] * bv;
+#endif
+            }
+        }
+#endif
 #pragma unroll 4
-        for (int k = 0; k < K; ++k) {
+        for (int k = k0; k < K; ++k) {
 #if TB
             float bs[BN];
-            for (int c = 0; c < BN; ++c) bs[c] = brow[c][k];
+            for (int c = 0; c < BN; ++c) bs[c] = LOAD(brow[c], k);
             const VN bv = VLOAD(BN)(0, bs);
 #else
-            const VN bv = VLOAD(BN)(0, B + (long)k * N + n0);
+            const VN bv = LOADN(BN)(0, B + (long)k * N + n0);
 #endif
 #if TA
             float av[BM];
-            for (int r = 0; r < BM; ++r) av[r] = a[(long)k * M + r];
+            for (int r = 0; r < BM; ++r) av[r] = LOAD(a, (long)k * M + r);
 #endif
             for (int r = 0; r < BM; ++r) {
 #if TA
                 acc[r] += av[r] * bv;
 #else
-                acc[r] += arow[r][k] * bv;
+                acc[r] += LOAD(arow[r], k) * bv;
 #endif
             }
         }
@@ -136,9 +169,9 @@ __kernel void matmul_blocked(__global const float* A, __global const float* B, _
             float bs[BN];
             for (int c = 0; c < BN; ++c) {
 #if TB
-                bs[c] = brow[c][k];
+                bs[c] = LOAD(brow[c], k);
 #else
-                bs[c] = B[(long)k * N + min(n0 + c, N - 1)];
+                bs[c] = LOAD(B, (long)k * N + min(n0 + c, N - 1));
 #endif
             }
             const VN bv = VLOAD(BN)(0, bs);
@@ -150,16 +183,16 @@ __kernel void matmul_blocked(__global const float* A, __global const float* B, _
         const int m = m0 + r;
         if (m >= M) break;
         VN v = acc[r];
-        if (has_bias) v += (VN)(bias[offsets[3 * batch + 2] + m]);
+        if (has_bias) v += (VN)(LOAD(bias, offsets[3 * batch + 2] + m));
         if (act == 1) v = fmax(v, (VN)(0.0f));
         else if (act == 2) v = clamp(v, (VN)(0.0f), (VN)(6.0f));
-        __global float* crow = C + (long)m * N + n0;
+        __global store_t* crow = C + (long)m * N + n0;
         if (full_n) {
-            VSTORE(BN)(v, 0, crow);
+            STOREN(BN)(v, 0, crow);
         } else {
             float vs[BN];
             VSTORE(BN)(v, 0, vs);
-            for (int c = 0; c < BN && n0 + c < N; ++c) crow[c] = vs[c];
+            for (int c = 0; c < BN && n0 + c < N; ++c) STORE(crow, c, vs[c]);
         }
     }
 }

@@ -2,7 +2,7 @@
 // offsets[d]), the input index each output index copies, or -1 where `value` goes. The
 // host builds those tables once, so constant, reflect and edge are one kernel.
 
-__kernel void pad(__global const float* x, __global float* out, const int total, const int rank,
+__kernel void pad(__global const store_t* x, __global store_t* out, const int total, const int rank,
                   __constant const int* out_dims, __constant const int* in_strides,
                   __constant const int* offsets, __global const int* source, const float value) {
     int gid = get_global_id(0);
@@ -14,10 +14,10 @@ __kernel void pad(__global const float* x, __global float* out, const int total,
         rest /= out_dims[d];
         const int s = source[offsets[d] + k];
         if (s < 0) {
-            out[gid] = value;
+            STORE(out, gid, value);
             return;
         }
         at += (size_t)s * in_strides[d];
     }
-    out[gid] = x[at];
+    STORE(out, gid, LOAD(x, at));
 }

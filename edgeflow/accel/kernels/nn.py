@@ -1,23 +1,25 @@
 """Normalizing functions, reductions and data movement (nn.cl).
 
 softmax, log_softmax, layer_norm and the reductions run one work-group per output row,
-reducing through local memory; transpose, slice, concat, gather and where move 4-byte
-words (float32 or int32). Shapes reach the device as tables of dims and strides, with
-adjacent dims merged first, so one build of nn.cl serves every shape.
+reducing through local memory; transpose, slice, concat, gather and where move whole
+elements as words of their size (float32 or int32; fp16 mode's half-stored floats as
+16-bit words). Shapes reach the device as tables of dims and strides, with adjacent dims
+merged first, so one build of nn.cl per word size serves every shape.
 
-gather: an index outside [-n, n) gives NaN (float32 params) or 0 (int32) on the device,
+gather: an index outside [-n, n) gives NaN (float params) or 0 (int32) on the device,
 where numpy raises IndexError: indices may be computed on the device, and a kernel
 cannot raise. Check indices before feeding them if they can be out of range.
 """
 import numpy as np
 
 from ...ops.shapes import normalize_axis
-from . import cl_kernel
+from . import cl_kernel, tensor_dtype
 from .elementwise import broadcast_strides
 
 MAX_RANK = 8
 GROUP = 256  # the largest work-group the kernels ask for
 ALIGNED = (np.dtype(np.float32), np.dtype(np.int32))
+WORDS = {4: "uint", 2: "ushort"}  # nn.cl's WORD for elements of this many bytes
 
 
 def contiguous_strides(shape):
@@ -58,15 +60,20 @@ def geometry(rt, dims, *strides):
     return cla.to_device(rt.queue, table)
 
 
-def _program(rt):
-    return rt.program("nn", MAX_RANK=MAX_RANK)
+def _program(rt, word="uint"):
+    return rt.program("nn", MAX_RANK=MAX_RANK, WORD=word)
 
 
-def _linear(rt, name, n, *args, keep=()):
+def _word(array):
+    """nn.cl's WORD moving the elements of device array `array`."""
+    return WORDS[array.dtype.itemsize]
+
+
+def _linear(rt, name, n, *args, keep=(), word="uint"):
     """A step running kernel `name` over n work-items, one per element."""
     if n == 0:
         return lambda: None
-    kernel = rt.kernel(_program(rt), name)
+    kernel = rt.kernel(_program(rt, word), name)
     group = min(rt.max_group(kernel), GROUP)
     kernel.set_args(*args)
     size = (-(-n // group) * group,)
@@ -172,7 +179,7 @@ def _strided(rt, x, out, base, strides):
     geo = geometry(rt, dims, merged)
     n = int(out.size)
     return _linear(rt, "gather_strided", n, x.data, out.data, np.int32(n), np.int32(base),
-                   np.int32(len(dims)), geo.data, keep=geo)
+                   np.int32(len(dims)), geo.data, keep=geo, word=_word(x))
 
 
 @cl_kernel("transpose", unsupported=_words, int_inputs=True)
@@ -214,7 +221,7 @@ def _concat(rt, ins, outs, attrs):
     for x in ins:
         cols = x.shape[axis] * inner
         steps.append(_linear(rt, "copy_block", rows * cols, x.data, out.data, np.int32(rows),
-                             np.int32(cols), np.int32(pitch), np.int32(at)))
+                             np.int32(cols), np.int32(pitch), np.int32(at), word=_word(out)))
         at += cols
 
     def run():
@@ -234,11 +241,12 @@ def _gather(rt, ins, outs, attrs):
     axis = normalize_axis(attrs["axis"], params.ndim, "gather")
     n = params.shape[axis]
     inner = int(np.prod(params.shape[axis + 1:], dtype=np.int64))
-    fill = np.float32(np.nan).view(np.uint32) if params.dtype == np.float32 else np.uint32(0)
+    bits = np.dtype(f"u{params.dtype.itemsize}")
+    fill = np.array(np.nan if params.dtype.kind == "f" else 0, params.dtype).view(bits)[()]
     name = "gather_i64" if indices.dtype == np.int64 else "gather_i32"
     total = int(out.size)
     return _linear(rt, name, total, params.data, indices.data, out.data, np.int32(total), np.int32(n),
-                   np.int32(max(int(indices.size), 1)), np.int32(max(inner, 1)), np.uint32(fill))
+                   np.int32(max(int(indices.size), 1)), np.int32(max(inner, 1)), fill, word=_word(params))
 
 
 def _where_unsupported(attrs, ins, outs):
@@ -254,7 +262,7 @@ def _where(rt, ins, outs, attrs):
     geo = geometry(rt, dims, *merged)
     n = int(out.size)
     return _linear(rt, "where_select", n, *(a.data for a in ins), out.data, np.int32(n),
-                   np.int32(len(dims)), geo.data, keep=geo)
+                   np.int32(len(dims)), geo.data, keep=geo, word=_word(out))
 
 
 CASTS = {(np.dtype(np.float32), np.dtype(np.int32)): "cast_to_int",
@@ -274,5 +282,6 @@ def _cast(rt, ins, outs, attrs):
     x, out = ins[0], outs[0]
     n = int(out.size)
     if x.dtype == out.dtype:
-        return _linear(rt, "copy_block", n, x.data, out.data, np.int32(1), np.int32(n), np.int32(n), np.int32(0))
-    return _linear(rt, CASTS[(x.dtype, out.dtype)], n, x.data, out.data, np.int32(n))
+        return _linear(rt, "copy_block", n, x.data, out.data, np.int32(1), np.int32(n), np.int32(n), np.int32(0),
+                       word=_word(x))
+    return _linear(rt, CASTS[(tensor_dtype(x), tensor_dtype(out))], n, x.data, out.data, np.int32(n))
