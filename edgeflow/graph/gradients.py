@@ -93,30 +93,41 @@ def gradients(ys, xs, grad_ys=None):
     for y, gy in zip(ys, grad_ys):
         if not _differentiable(y):
             raise GraphError(f"gradients: {y.name!r} is {y.dtype}; only float tensors have gradients")
-        seed = gy if gy is not None else (g.constant(1, y) if y.shape == () else g("constant_of_shape", g("shape", y), value=1.0, dtype=y.dtype))
+        with graph.role("grad", y.node):
+            seed = gy if gy is not None else (g.constant(1, y) if y.shape == () else g("constant_of_shape", g("shape", y), value=1.0, dtype=y.dtype))
         parts.setdefault(y, []).append(seed)
     between = _between(ys, xs)
     for node in reversed(graph.nodes):
         if node not in between:
             continue
-        grads = [_total(parts.get(t, []), g) for t in node.outputs]
-        for t, gr in zip(node.outputs, grads):
-            if gr is not None:
-                parts[t] = [gr]  # summed once; kept, since t may be one of the xs
-        if all(gr is None for gr in grads) or not node.inputs:
-            continue
-        rule = ops.get(node.op).gradient
-        wanted = [t for t in node.inputs if t.node in between and _differentiable(t)]
-        if not wanted:
-            continue
-        if rule is None:
-            raise GraphError(f"gradients: op {node.op} ({node.name!r}) has no gradient rule")
-        with graph.device(node.device):
-            in_grads = rule(g, _Op(node), grads)
-        if len(in_grads) != len(node.inputs):
-            raise AssertionError(f"gradient of {node.op} gave {len(in_grads)} results for "
-                                 f"{len(node.inputs)} inputs")
-        for t, gr in zip(node.inputs, in_grads):
-            if gr is not None and t.node in between and _differentiable(t):
-                parts.setdefault(t, []).append(gr)
-    return [_total(parts.get(x, []), g) for x in xs]
+        with graph.role("grad", node):
+            _backprop(node, parts, between, g, graph)
+    out = []
+    for x in xs:  # the sum of the parts reaching x goes with x
+        with graph.role("grad", x.node):
+            out.append(_total(parts.get(x, []), g))
+    return out
+
+
+def _backprop(node, parts, between, g, graph):
+    """Sum the gradients of `node`'s outputs and run its rule, adding its inputs' parts."""
+    grads = [_total(parts.get(t, []), g) for t in node.outputs]
+    for t, gr in zip(node.outputs, grads):
+        if gr is not None:
+            parts[t] = [gr]  # summed once; kept, since t may be one of the xs
+    if all(gr is None for gr in grads) or not node.inputs:
+        return
+    rule = ops.get(node.op).gradient
+    wanted = [t for t in node.inputs if t.node in between and _differentiable(t)]
+    if not wanted:
+        return
+    if rule is None:
+        raise GraphError(f"gradients: op {node.op} ({node.name!r}) has no gradient rule")
+    with graph.device(node.device):
+        in_grads = rule(g, _Op(node), grads)
+    if len(in_grads) != len(node.inputs):
+        raise AssertionError(f"gradient of {node.op} gave {len(in_grads)} results for "
+                             f"{len(node.inputs)} inputs")
+    for t, gr in zip(node.inputs, in_grads):
+        if gr is not None and t.node in between and _differentiable(t):
+            parts.setdefault(t, []).append(gr)

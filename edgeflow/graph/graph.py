@@ -57,9 +57,10 @@ class Tensor:
 
 
 class Node:
-    def __init__(self, graph, op, name, inputs, attrs, device):
+    def __init__(self, graph, op, name, inputs, attrs, device, role=None):
         self.graph, self.op, self.name = graph, op, name
         self.inputs, self.attrs, self.device = list(inputs), attrs, device
+        self.role = role  # ("grad", forward node) or ("update", variable node): see Graph.role
         self.outputs = []
 
     def __repr__(self):
@@ -73,6 +74,7 @@ class Graph:
         self.nodes = []
         self._names = {}
         self._device = ""
+        self._role = None
         self.seed, self.seed_draws = 0, 0  # for initializers given no seed (set_random_seed)
         self.update_ops = []  # Operations layers want run with each train step (batch_norm)
 
@@ -92,7 +94,7 @@ class Graph:
         for t in inputs:
             if t.graph is not self:
                 raise GraphError(f"{op}: input {t.name!r} belongs to another graph")
-        node = Node(self, op, self.unique_name(name or op), inputs, attrs, self._device)
+        node = Node(self, op, self.unique_name(name or op), inputs, attrs, self._device, self._role)
         node.outputs = [Tensor(node, i, s) for i, s in enumerate(specs)]
         self.nodes.append(node)
         return node
@@ -117,6 +119,17 @@ class Graph:
             yield self
         finally:
             _stack().pop()
+
+    @contextlib.contextmanager
+    def role(self, kind, of):
+        """Mark the ops created inside as the gradient of forward node `of` (kind "grad") or
+        the update of variable node `of` ("update"). A split of a training graph places each
+        backward op with its forward op and each update with its variable."""
+        saved, self._role = self._role, (kind, of)
+        try:
+            yield
+        finally:
+            self._role = saved
 
     @contextlib.contextmanager
     def device(self, name):

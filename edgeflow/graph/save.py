@@ -89,6 +89,7 @@ def to_model(graph, signatures, description="", state_signatures=True):
                                             [index[t] for t in node.outputs], dict(node.attrs),
                                             node.device))
 
+    metadata = _roles(op_index, index)
     sigs = [fm.SignatureDef(key, {n: index[t] for n, t in ins.items()},
                             {n: index[t] for n, t in outs.items()},
                             targets=list(dict.fromkeys(op_index[n] for n in targets)))
@@ -101,7 +102,34 @@ def to_model(graph, signatures, description="", state_signatures=True):
     inputs = list(dict.fromkeys(i for s in sigs for i in s.inputs.values()))
     outputs = list(dict.fromkeys(i for s in sigs for i in s.outputs.values()))
     return fm.ModelDef([fm.SubGraphDef("main", tensors, operators, inputs, outputs)], sigs,
-                       description=description)
+                       metadata=metadata, description=description)
+
+
+ROLES_METADATA = "edgeflow.roles"
+
+
+def _roles(op_index, index):
+    """The "edgeflow.roles" metadata: for each backward op, the forward op it differentiates;
+    for each optimizer op, the variable it updates (what a split of a training graph reads).
+
+    JSON {"grad": {op index: forward op index, or -1 - variable tensor index for the sum of
+    a variable's gradient parts}, "update": {op index: variable tensor index}}; empty
+    (no metadata) for graphs without gradients."""
+    import json
+    grad, update = {}, {}
+    for node, i in op_index.items():
+        if node.role is None:
+            continue
+        kind, of = node.role
+        if kind == "update":
+            update[str(i)] = index[of.outputs[0]]
+        elif of in op_index:
+            grad[str(i)] = op_index[of]
+        elif of is not None and of.outputs and of.outputs[0] in index:
+            grad[str(i)] = -1 - index[of.outputs[0]]
+    if not grad and not update:
+        return {}
+    return {ROLES_METADATA: json.dumps({"grad": grad, "update": update}, sort_keys=True).encode()}
 
 
 def _state_signatures(tensors, operators, variables):

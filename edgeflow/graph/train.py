@@ -57,7 +57,8 @@ class Optimizer:
             raise GraphError(f"{self.name}: no gradient reaches any of the variables {names}")
         updates = []
         for grad, var in pairs:
-            with var.graph.as_default(), var.graph.device(var.node.device):
+            with var.graph.as_default(), var.graph.device(var.node.device), \
+                    var.graph.role("update", var.node):
                 updates.extend(self._updates(grad, var))
         return group(*updates, name=name or self.name)
 

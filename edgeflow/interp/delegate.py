@@ -14,6 +14,9 @@ class Delegate(abc.ABC):
     """The interface a backend implements (see edgeflow.accel.OpenCLDelegate)."""
 
     name = "delegate"
+    # True: optimizer updates (ops the graph marks as updating a variable) stay on the CPU
+    # in float32, as for a delegate that stores tensors in half precision.
+    float32_updates = False
 
     @abc.abstractmethod
     def unsupported(self, op, ins, outs):
@@ -48,7 +51,9 @@ def partition(plan, delegates):
         ins = [plan.arrays[t] for t in op.inputs]
         outs = [plan.arrays.get(t) for t in op.outputs]
         owner = None
-        if not registry.get(op.opcode).stateful:
+        if i in plan.update_ops and any(d.float32_updates for d in delegates):
+            fallbacks[i] = "an optimizer update: kept in float32 on the CPU"
+        elif not registry.get(op.opcode).stateful:
             for d in delegates:
                 why = d.unsupported(op, ins, outs)
                 if why is None:

@@ -62,6 +62,7 @@ class Interpreter:
                               for i in self._io[0]}
         self._plan = None
         self._names = None
+        self._update_ops = _update_ops(self.model)
         self._value_routes = set()  # (feeds, fetches) whose plans need small int feeds' values
         self.profiler = None
         self.num_threads = num_threads
@@ -87,7 +88,7 @@ class Interpreter:
         if plan is None:
             plan = Plan(self._subgraph, inputs, outputs, shapes, self._constants,
                         self._variables, self._folded, self._preserve_all, targets, self.delegates,
-                        known)
+                        known, self._update_ops)
             if self.delegates:
                 _log.info("%s", plan.placement_summary())
             self._plans[key] = plan
@@ -323,6 +324,18 @@ class SignatureRunner:
         self._interp.run_plan(plan)
         self.last_plan = plan
         return {n: plan.arrays[i].copy() for n, i in sig.outputs.items()}
+
+
+def _update_ops(model):
+    """Indices of the ops the graph marked as optimizer updates ("edgeflow.roles")."""
+    raw = model.metadata.get("edgeflow.roles")
+    if raw is None:
+        return frozenset()
+    import json
+    try:
+        return frozenset(int(i) for i in json.loads(bytes(raw).decode()).get("update", {}))
+    except (ValueError, AttributeError, TypeError, UnicodeDecodeError):
+        return frozenset()  # advisory only: a malformed entry changes nothing but placement
 
 
 def check_shape(tensor, shape, what):

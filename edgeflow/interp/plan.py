@@ -84,8 +84,9 @@ class Plan:
     """
 
     def __init__(self, subgraph, inputs, outputs, input_shapes, constants, variables, folded,
-                 preserve_all=False, targets=(), delegates=(), known=None):
+                 preserve_all=False, targets=(), delegates=(), known=None, update_ops=frozenset()):
         self.subgraph, self.inputs, self.outputs = subgraph, list(inputs), list(outputs)
+        self.update_ops = update_ops  # indices of ops that compute optimizer updates
         fed = set(inputs)  # may be intermediates: what produces them then does not run
         producer = {t: i for i, op in enumerate(subgraph.operators) for t in op.outputs if t not in fed}
         self.arrays = dict(variables)  # variables, constants and folded values: not in the arena
