@@ -157,9 +157,9 @@ class OpenCLDelegate(Delegate):
     holds |x| <= 65504, loses precision below 6.1e-5 and flushes below 3e-8 to 0. The
     converted test models (MobileNetV2, ResNet, transformer) stay within 1e-3 of the
     float32 result relative to the output's largest magnitude (tested at 5e-3; README,
-    "OpenCL"). Training with SGD or momentum works (variables stay float32 on the host);
-    Adam's state (squared gradients, epsilon 1e-8) underflows in half: train it in fp32.
-    Devices with cl_khr_fp16 could also compute in half; this delegate does not.
+    "OpenCL"). For training, the optimizer's updates (the ops the graph marks as updating
+    a variable) stay on the CPU in float32, as mixed-precision training keeps them: Adam's
+    squared gradients and epsilon (1e-8) would underflow in half. Devices with cl_khr_fp16 could also compute in half; this delegate does not.
     """
 
     name = "opencl"
@@ -168,6 +168,7 @@ class OpenCLDelegate(Delegate):
         if precision not in ("fp32", "fp16"):
             raise EdgeflowError(f"precision must be 'fp32' or 'fp16', got {precision!r}")
         self.rt = Runtime(pick_device(device), precision)
+        self.float32_updates = precision == "fp16"
 
     @property
     def device_name(self):
