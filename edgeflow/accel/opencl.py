@@ -159,7 +159,8 @@ class OpenCLDelegate(Delegate):
     float32 result relative to the output's largest magnitude (tested at 5e-3; README,
     "OpenCL"). For training, the optimizer's updates (the ops the graph marks as updating
     a variable) stay on the CPU in float32, as mixed-precision training keeps them: Adam's
-    squared gradients and epsilon (1e-8) would underflow in half. Devices with cl_khr_fp16 could also compute in half; this delegate does not.
+    squared gradients and epsilon (1e-8) would underflow in half. Devices with cl_khr_fp16
+    could also compute in half; this delegate does not.
     """
 
     name = "opencl"
