@@ -75,6 +75,7 @@ class Graph:
         self._names = {}
         self._device = ""
         self._role = None
+        self.gradient_of = {}  # variable node -> the gradient tensor its optimizer applies
         self.seed, self.seed_draws = 0, 0  # for initializers given no seed (set_random_seed)
         self.update_ops = []  # Operations layers want run with each train step (batch_norm)
 

@@ -89,7 +89,7 @@ def to_model(graph, signatures, description="", state_signatures=True):
                                             [index[t] for t in node.outputs], dict(node.attrs),
                                             node.device))
 
-    metadata = _roles(op_index, index)
+    metadata = _roles(op_index, index, graph.gradient_of)
     sigs = [fm.SignatureDef(key, {n: index[t] for n, t in ins.items()},
                             {n: index[t] for n, t in outs.items()},
                             targets=list(dict.fromkeys(op_index[n] for n in targets)))
@@ -108,13 +108,14 @@ def to_model(graph, signatures, description="", state_signatures=True):
 ROLES_METADATA = "edgeflow.roles"
 
 
-def _roles(op_index, index):
+def _roles(op_index, index, gradient_of):
     """The "edgeflow.roles" metadata: for each backward op, the forward op it differentiates;
     for each optimizer op, the variable it updates (what a split of a training graph reads).
 
     JSON {"grad": {op index: forward op index, or -1 - variable tensor index for the sum of
-    a variable's gradient parts}, "update": {op index: variable tensor index}}; empty
-    (no metadata) for graphs without gradients."""
+    a variable's gradient parts}, "update": {op index: variable tensor index},
+    "gradients": {variable tensor index: the gradient tensor its optimizer applies}};
+    empty (no metadata) for graphs without gradients."""
     import json
     grad, update = {}, {}
     for node, i in op_index.items():
@@ -127,9 +128,12 @@ def _roles(op_index, index):
             grad[str(i)] = op_index[of]
         elif of is not None and of.outputs and of.outputs[0] in index:
             grad[str(i)] = -1 - index[of.outputs[0]]
+    gradients = {str(index[v.outputs[0]]): index[g] for v, g in gradient_of.items()
+                 if v.outputs[0] in index and g in index}
     if not grad and not update:
         return {}
-    return {ROLES_METADATA: json.dumps({"grad": grad, "update": update}, sort_keys=True).encode()}
+    return {ROLES_METADATA: json.dumps({"grad": grad, "update": update, "gradients": gradients},
+                                       sort_keys=True).encode()}
 
 
 def _state_signatures(tensors, operators, variables):

@@ -57,6 +57,7 @@ class Optimizer:
             raise GraphError(f"{self.name}: no gradient reaches any of the variables {names}")
         updates = []
         for grad, var in pairs:
+            var.graph.gradient_of[var.node] = grad  # recorded in the package's roles
             with var.graph.as_default(), var.graph.device(var.node.device), \
                     var.graph.role("update", var.node):
                 updates.extend(self._updates(grad, var))

@@ -174,10 +174,11 @@ class Interpreter:
             raise InvalidInputError(f"the model has no tensor {name!r}")
         return self._names[name]
 
-    def run(self, fetches, feeds):
+    def run(self, fetches, feeds, targets=()):
         """{name: value} of the tensors `fetches`, computed from `feeds` ({tensor name:
         array}), which may be intermediate tensors: only the ops between them run, as in a
-        TensorFlow Session. Serves split inference, where each side runs part of a graph."""
+        TensorFlow Session; `targets` (operator indices, such as variable writes) run too.
+        Serves split inference and training, where each side runs part of a graph."""
         values = {}
         for name, v in feeds.items():
             i = self.tensor_index(name)
@@ -187,15 +188,20 @@ class Interpreter:
         # A fed small integer tensor may be a shape computed upstream (Shape -> Gather ->
         # Concat), as when the other side of a split sends it: then plan for its value.
         known = {i: v for i, v in values.items() if v.dtype.kind in "iu" and v.size <= SHAPE_LIKE_MAX}
-        routes = (tuple(values), tuple(outs))
+        targets = list(targets)
+        bad = [i for i in targets if not (isinstance(i, int) and 0 <= i < len(self._subgraph.operators))]
+        if bad:
+            raise InvalidInputError(f"targets must be operator indices in [0, "
+                                    f"{len(self._subgraph.operators)}), got {bad}")
+        routes = (tuple(values), tuple(outs), tuple(targets))
         try:
-            plan = self.plan_for(list(values), outs, shapes,
+            plan = self.plan_for(list(values), outs, shapes, targets,
                                  known=known if routes in self._value_routes else None)
         except ShapeDependsOnValues:
             if not known or routes in self._value_routes:
                 raise
             self._value_routes.add(routes)
-            plan = self.plan_for(list(values), outs, shapes, known=known)
+            plan = self.plan_for(list(values), outs, shapes, targets, known=known)
         for i, v in values.items():
             np.copyto(plan.arrays[i], v)
         self.run_plan(plan)

@@ -4,6 +4,7 @@ import pytest
 
 import edgeflow as ef
 from edgeflow.errors import InvalidInputError
+from edgeflow.format import writer
 
 
 @pytest.fixture(scope="module")
@@ -37,3 +38,19 @@ def test_unknown_names_and_missing_feeds(interp):
         interp.run(["z"], {})
     with pytest.raises(InvalidInputError, match="expected shape"):
         interp.run(["z"], {"x": np.zeros((1, 5), np.float32)})
+
+
+def test_targets_run_variable_writes(tmp_path):
+    g = ef.Graph()
+    with g.as_default():
+        v = ef.Variable(np.zeros(3, np.float32), name="v")
+        d = ef.placeholder(ef.float32, [3], name="d")
+        w = v.assign_add(d)
+    model = ef.to_model(g, {"step": ({"d": d}, {}, [w])})
+    interp = ef.Interpreter(writer.to_bytes(model))
+    write = model.signatures[0].targets[0]
+    interp.run([], {"d": np.array([1, 2, 3], np.float32)}, targets=[write])
+    interp.run([], {"d": np.array([1, 0, 0], np.float32)}, targets=[write])
+    np.testing.assert_array_equal(interp.variables()["v"], [2, 2, 3])
+    with pytest.raises(InvalidInputError, match="operator indices"):
+        interp.run([], {}, targets=[999])
