@@ -404,6 +404,11 @@ def build_parser():
     p.add_argument("--max-request-mb", type=float, default=256,
                    help="largest tensor payload of one request, in MiB (default 256)")
     p.add_argument("--max-workers", type=_positive, default=8, help="requests run at once (default 8)")
+    p.add_argument("--state-dir", metavar="DIR",
+                   help="training state: checkpoints of the models devices train here (split "
+                        "training), resumed from on restart")
+    p.add_argument("--checkpoint-every", type=_positive, default=1, metavar="K",
+                   help="with --state-dir: checkpoint after every K-th training step (default 1)")
     p.add_argument("--grace", type=float, default=5.0,
                    help="seconds calls in flight get to finish on shutdown (default 5)")
     p.set_defaults(fn=cmd_serve)

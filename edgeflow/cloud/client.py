@@ -12,6 +12,7 @@ device runtime reads to re-plan the split.
 """
 import collections
 import dataclasses
+import re
 import threading
 import time
 import uuid
@@ -102,11 +103,14 @@ class Client:
 
     # -- calls -----------------------------------------------------------------------
     def run(self, model_id, feeds, fetches, sha256=None, timeout=None, request_id=None,
-            compression="none"):
+            compression="none", step=None):
         """{name: array} of the tensors `fetches` of model `model_id`, computed on the server
         from `feeds` ({tensor name: array}). `sha256`: the package hash the caller expects
         (FAILED_PRECONDITION if the server hosts another). `compression` ("none", "fp16",
-        "int8") shrinks float32 tensors both ways. RemoteError on failure."""
+        "int8") shrinks float32 tensors both ways. `step`: for a round of a split training
+        step, {"device_id", "step_id", "round", "keep", "targets", "final"} (see
+        edgeflow/cloud/steps.py). RemoteError on failure; `.resume_from` is set when the
+        server asks the device to resume from another step."""
         encoding = wire.encoding_named(compression)
         fetches = [fetches] if isinstance(fetches, str) else list(fetches)
         if not all(isinstance(name, str) and name for name in [*feeds, *fetches]):
@@ -120,7 +124,8 @@ class Client:
         def requests():
             yield pb.RunRequest(header=pb.RunHeader(model_id=model_id, model_sha256=sha256 or "",
                                                     request_id=request_id, fetches=fetches,
-                                                    encoding=encoding))
+                                                    encoding=encoding,
+                                                    step=pb.TrainStep(**step) if step else None))
             for name, array in arrays.items():
                 for chunk in wire.chunks(name, array, encoding=encoding):
                     yield pb.RunRequest(chunk=chunk)
@@ -290,6 +295,8 @@ class Client:
     def _remote_error(self, code, message, details=None):
         error = RemoteError(message)
         error.code, error.details = code, details if details is not None else message
+        found = re.search(r"\[resume_from=(\d+)\]", error.details or "")
+        error.resume_from = int(found.group(1)) if found else None  # split training: see steps.py
         return error
 
     def _error(self, method, e, timeout):

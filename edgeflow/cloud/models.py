@@ -10,8 +10,10 @@ interpreters share one read-only mapping of the file.
 import contextlib
 import hashlib
 import logging
+import os
 import pathlib
 import queue
+import threading
 
 from ..errors import EdgeflowError, FormatError, InvalidInputError
 from ..format import reader
@@ -43,10 +45,28 @@ class HostedModel:
         self._tensors = {t.name: t for t in self.model.subgraphs[0].tensors}
         self._idle = queue.SimpleQueue()
         self._idle.put(first)
+        self.steps = None  # the StepHost, once a device trains this model
+        self._steps_lock = threading.Lock()
+
+    def step_host(self, state_dir=None, checkpoint_every=1):
+        """The StepHost running split training steps on this model's one trained copy of
+        its variables (made on first use; resumes from `state_dir`/<id> if it holds a
+        checkpoint)."""
+        with self._steps_lock:
+            if self.steps is None:
+                from .steps import StepHost
+                folder = os.path.join(state_dir, self.id) if state_dir else None
+                self.steps = StepHost(Interpreter(self._data), folder, checkpoint_every, name=self.id)
+            return self.steps
 
     @contextlib.contextmanager
     def interpreter(self):
-        """An interpreter no other request uses until the `with` block ends."""
+        """An interpreter no other request uses until the `with` block ends; once the model
+        trains, the one holding the trained variables (under its lock)."""
+        if self.steps is not None:
+            with self.steps.lock:
+                yield self.steps.interp
+            return
         try:
             interp = self._idle.get_nowait()
         except queue.Empty:

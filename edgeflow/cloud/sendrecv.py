@@ -25,34 +25,44 @@ UNREACHABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
 
 
 class _Exchange:
-    """One plan's round trip: tensors sent so far, the keys it receives, the reply."""
+    """One round trip of a plan: tensors sent so far, the keys it receives, the reply."""
 
-    def __init__(self):
-        self.sent, self.fetches, self.reply = {}, [], {}
+    def __init__(self, round_no):
+        self.round, self.sent, self.fetches, self.reply = round_no, {}, [], {}
 
 
 class CloudDelegate(Delegate):
-    """Runs send/recv ops through a cloud `Client` (edgeflow.cloud.client)."""
+    """Runs send/recv ops through a cloud `Client` (edgeflow.cloud.client).
+
+    For a split training package (`rounds` from its metadata) each round trip is a round
+    of a training step, identified by (device_id, step_id, round): a round that fails
+    because the server is unreachable or slow is retried, with backoff, for up to
+    `retry_s` seconds, and the server answers a retry without running it again. `step_id`
+    counts up after each step; a trainer sets it to its global step.
+    """
 
     name = "cloud"
 
     def __init__(self, client, model_id, sha256=None, timeout=None):
         self.client, self.model_id, self.sha256, self.timeout = client, model_id, sha256, timeout
-        self._compiling = None  # (plan arrays, _Exchange) of the plan being compiled
+        self._compiling = None  # (plan arrays, {round: _Exchange}) of the plan being compiled
         self.signature, self.local_signature = "infer", None
         self.compression = "none"  # of float32 tensors on the wire, as the split chose
         self.calls = 0
+        self.rounds = None  # a training package's rounds (edgeflow.split.training)
+        self.device_id, self.step_id, self.retry_s = None, 0, 60.0
 
     def unsupported(self, op, ins, outs):
         return None if op.opcode in ("send", "recv") else "runs on the device"
 
     def compile(self, partition):
         if self._compiling is None or self._compiling[0] is not partition.arrays:
-            self._compiling = (partition.arrays, _Exchange())  # a new plan: its own exchange
-        exchange = self._compiling[1]
+            self._compiling = (partition.arrays, {})  # a new plan: its own exchanges
+        exchanges = self._compiling[1]
         steps = []
         for _, op in partition.ops:
-            key = op.attrs["key"]
+            key, round_no = op.attrs["key"], op.attrs.get("round", 1)
+            exchange = exchanges.setdefault(round_no, _Exchange(round_no))
             if op.opcode == "send":
                 steps.append(self._sender(exchange, key, partition.arrays[op.inputs[0]]))
             else:
@@ -75,9 +85,7 @@ class CloudDelegate(Delegate):
         def recv():
             if key not in exchange.reply:
                 sent, exchange.sent = exchange.sent, {}
-                exchange.reply = self.client.run(self.model_id, sent, exchange.fetches,
-                                                 sha256=self.sha256, timeout=self.timeout,
-                                                 compression=self.compression)
+                exchange.reply = self._call(exchange, sent)
                 self.calls += 1
             value = exchange.reply.pop(key, None)
             if value is None:
@@ -89,7 +97,34 @@ class CloudDelegate(Delegate):
         return recv
 
 
-def attach(interp, cloud, token=None, root_cert=None, timeout=None):
+    def _call(self, exchange, sent):
+        """The reply to one round trip; a training round is retried while the server is
+        unreachable or slow (the same request: the server answers it once)."""
+        if self.rounds is None:
+            return self.client.run(self.model_id, sent, exchange.fetches, sha256=self.sha256,
+                                   timeout=self.timeout, compression=self.compression)
+        plan = self.rounds[exchange.round - 1]
+        final = exchange.round == len(self.rounds)
+        step = {"device_id": self.device_id, "step_id": self.step_id, "round": exchange.round,
+                "keep": plan["keep"], "targets": plan["targets"], "final": final}
+        deadline, pause = time.monotonic() + self.retry_s, 0.1
+        while True:
+            try:
+                reply = self.client.run(self.model_id, sent, exchange.fetches, sha256=self.sha256,
+                                        timeout=self.timeout, compression=self.compression, step=step)
+                break
+            except RemoteError as e:
+                if getattr(e, "code", None) not in UNREACHABLE or time.monotonic() + pause > deadline:
+                    raise
+                _log.info("step %d round %d: %s; retrying in %.1f s", self.step_id, exchange.round, e, pause)
+                time.sleep(pause)
+                pause = min(pause * 2, 5.0)
+        if final:
+            self.step_id += 1
+        return reply
+
+
+def attach(interp, cloud, token=None, root_cert=None, timeout=None, device_id=None):
     """Make `interp` (an Interpreter of a device package) exchange tensors with `cloud`
     ("host:port" or a Client); returns the CloudDelegate."""
     from ..split.partition import split_info
@@ -106,6 +141,11 @@ def attach(interp, cloud, token=None, root_cert=None, timeout=None):
     delegate = CloudDelegate(client, info["cloud_model_id"], info["cloud_sha256"], timeout)
     delegate.signature, delegate.local_signature = info["signature"], info.get("local_signature")
     delegate.compression = info.get("compression", "none")
+    if info.get("kind") == "train":
+        import uuid
+        delegate.rounds = info["rounds"]
+        delegate.local_signature = None  # training never falls back: the server holds state
+        delegate.device_id = device_id or uuid.uuid4().hex
     interp.delegates.insert(0, delegate)
     return delegate
 

@@ -25,6 +25,7 @@ from . import edgeflow_pb2 as pb
 from . import edgeflow_pb2_grpc as pb_grpc
 from . import wire
 from .models import load_models
+from .steps import StaleStep
 
 DEFAULT_PORT = 50051
 DEFAULT_MAX_REQUEST_BYTES = 256 << 20
@@ -43,9 +44,10 @@ class _Reject(Exception):
 
 
 class _Servicer(pb_grpc.EdgeflowServicer):
-    def __init__(self, models, max_request_bytes):
+    def __init__(self, models, max_request_bytes, state_dir=None, checkpoint_every=1):
         self.models = models
         self.max_request_bytes = max_request_bytes
+        self.state_dir, self.checkpoint_every = state_dir, checkpoint_every
 
     def Run(self, requests, context):
         request_id = ""
@@ -55,8 +57,14 @@ class _Servicer(pb_grpc.EdgeflowServicer):
             if not context.is_active():  # cancelled or past its deadline while uploading
                 return
             start = time.perf_counter()
-            with model.interpreter() as interp:
-                outputs = interp.run(list(header.fetches), feeds)
+            if header.HasField("step"):  # a round of a split training step
+                step = header.step
+                host = model.step_host(self.state_dir, self.checkpoint_every)
+                outputs = host.round(step.device_id, step.step_id, step.round, feeds, list(header.fetches),
+                                     list(step.keep), [int(t) for t in step.targets], step.final)
+            else:
+                with model.interpreter() as interp:
+                    outputs = interp.run(list(header.fetches), feeds)
             seconds = time.perf_counter() - start
         except grpc.RpcError:  # the client went away mid-stream; nobody to answer
             return
@@ -64,6 +72,8 @@ class _Servicer(pb_grpc.EdgeflowServicer):
             code, message = e.code, str(e)
         except wire.PayloadTooLarge as e:
             code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)
+        except StaleStep as e:  # the device resumes from the step named (parsed by the client)
+            code, message = grpc.StatusCode.FAILED_PRECONDITION, f"{e} [resume_from={e.resume_from}]"
         except (InvalidInputError, GraphError) as e:
             code, message = grpc.StatusCode.INVALID_ARGUMENT, str(e)
         except Exception as e:  # a bug or a kernel failure: log it, answer, keep serving
@@ -177,7 +187,8 @@ class Server:
     """
 
     def __init__(self, model_dir=None, host="127.0.0.1", port=0, token=None, tls=None, max_workers=8,
-                 models=None, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES):
+                 models=None, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, state_dir=None,
+                 checkpoint_every=1):
         if model_dir is None and not models:
             raise EdgeflowError("Server: give a model_dir, or models={id: path or bytes}")
         if tls is not None and (len(tls) != 2 or not all(tls)):
@@ -187,6 +198,7 @@ class Server:
         self.models = load_models(model_dir, models)
         self.host, self.port, self.token, self.tls = host, port, token, tls
         self.max_workers, self.max_request_bytes = max_workers, max_request_bytes
+        self.state_dir, self.checkpoint_every = state_dir, checkpoint_every
         self._server = None
         self._health = None
 
@@ -202,7 +214,8 @@ class Server:
         server = grpc.server(futures.ThreadPoolExecutor(self.max_workers, thread_name_prefix="edgeflow-rpc"),
                              options=wire.CHANNEL_OPTIONS + [("grpc.so_reuseport", 0)],
                              interceptors=[_TokenCheck(self.token)] if self.token else [])
-        pb_grpc.add_EdgeflowServicer_to_server(_Servicer(self.models, self.max_request_bytes), server)
+        pb_grpc.add_EdgeflowServicer_to_server(
+            _Servicer(self.models, self.max_request_bytes, self.state_dir, self.checkpoint_every), server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         try:
@@ -228,6 +241,9 @@ class Server:
         self._health.enter_graceful_shutdown()
         self._server.stop(grace).wait()
         self._server = None
+        for model in self.models.values():  # training state: checkpoint, to resume from
+            if model.steps is not None:
+                model.steps.close()
 
     def __enter__(self):
         self.start()
@@ -262,7 +278,8 @@ def serve(args):
     tls = (_read_file(args.tls_cert, "--tls-cert"), _read_file(args.tls_key, "--tls-key")) \
         if args.tls_cert else None
     server = Server(args.model_dir, host=args.host, port=args.port, token=token, tls=tls,
-                    max_workers=args.max_workers, max_request_bytes=int(args.max_request_mb * (1 << 20)))
+                    max_workers=args.max_workers, max_request_bytes=int(args.max_request_mb * (1 << 20)),
+                    state_dir=args.state_dir, checkpoint_every=args.checkpoint_every)
     for model in server.models.values():
         _log.info("model %r: sha256 %s, %d bytes, from %s", model.id, model.sha256, model.file_bytes,
                   model.source)

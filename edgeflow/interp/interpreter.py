@@ -35,13 +35,13 @@ class Interpreter:
     """
 
     def __init__(self, model, delegates=(), num_threads=None, preserve_all_tensors=False,
-                 cloud=None, token=None, root_cert=None, cloud_timeout=None):
+                 cloud=None, token=None, root_cert=None, cloud_timeout=None, device_id=None):
         self.delegates = list(delegates)
         self.model = reader.load(model)
         self.cloud = None
         if cloud is not None:  # a device package from `edgeflow split`: send/recv reach the server
             from ..cloud.sendrecv import attach
-            self.cloud = attach(self, cloud, token, root_cert, cloud_timeout)
+            self.cloud = attach(self, cloud, token, root_cert, cloud_timeout, device_id)
             self._cloud_target = cloud if isinstance(cloud, str) else getattr(cloud, "target", "the cloud")
         self._subgraph = self.model.subgraphs[0]
         self._check_kernels()

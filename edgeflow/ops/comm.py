@@ -8,6 +8,10 @@ take every receipt of the round trip as inputs) run after every send and can com
 their own output shapes from what was sent. One round trip per run: the first recv to run
 sends everything and fetches every recv'd tensor.
 
+A training step may need several round trips (U-shaped split learning: activations up,
+the body's output down, its gradient up, the cut's gradient down): `round` numbers them,
+and the sends and recvs of round k make the k-th call of the step.
+
 A recv's output shape is given by `shape`; a dimension that is -1 there is dimension
 `shape_dim[i]` of the tensor sent as receipt `shape_input[i]` (the batch size, say), as
 recorded when the model was split.
@@ -21,8 +25,8 @@ from ..errors import GraphError
 from .registry import Attr, AttrKind, REQUIRED, TensorSpec, define
 
 
-@define("send", inputs=1, remote=True, attrs={"key": Attr(AttrKind.STRING, REQUIRED)},
-        flops=lambda ins, outs, attrs: 0)
+@define("send", inputs=1, remote=True, flops=lambda ins, outs, attrs: 0,
+        attrs={"key": Attr(AttrKind.STRING, REQUIRED), "round": Attr(AttrKind.INT, 1)})
 def _send(inputs, attrs):
     """send(x) -> receipt: x goes to the peer under `key`; the receipt is (0, *x.shape), no bytes."""
     x = inputs[0]
@@ -31,7 +35,7 @@ def _send(inputs, attrs):
 
 @define("recv", inputs=(0, None), remote=True, flops=lambda ins, outs, attrs: 0,
         attrs={"key": Attr(AttrKind.STRING, REQUIRED), "dtype": Attr(AttrKind.DTYPE, REQUIRED),
-               "shape": Attr(AttrKind.INTS, REQUIRED),
+               "shape": Attr(AttrKind.INTS, REQUIRED), "round": Attr(AttrKind.INT, 1),
                "shape_input": Attr(AttrKind.INTS, ()), "shape_dim": Attr(AttrKind.INTS, ())})
 def _recv(inputs, attrs):
     """recv(receipts...) -> the tensor the peer computed under `key`."""

@@ -120,7 +120,7 @@ def device_package(model, cut, cloud_id, cloud_sha256, graph="full", probe_shape
         tensors, operators = new_sub.tensors, new_sub.operators
     else:
         raise PlacementError(f"device graph must be 'full' or 'cut', got {graph!r}")
-    shapes = _recv_shapes(model, cut, probe_shapes)
+    shapes = recv_shapes(model, cut.signature, sub, cut.uploads, cut.downloads, probe_shapes)
     receipts = []
     for t in cut.uploads:
         src = sub.tensors[t]
@@ -219,18 +219,18 @@ def _extract(sub, op_indices, as_inputs=(), keep=()):
     return SubGraphDef(sub.name, tensors, operators, inputs, outputs), index
 
 
-def _recv_shapes(model, cut, probe_shapes):
+def recv_shapes(model, signature, sub, uploads, downloads, probe_shapes):
     """For each downloaded tensor: (shape with -1 where dynamic, receipt index per dim,
     receipt dimension per dim), found by inferring shapes at two probe input sizes and
-    matching each dynamic dimension to a dimension of an uploaded tensor."""
-    sub = cut.subgraph
+    matching each dynamic dimension to a dimension of an uploaded tensor (receipts are
+    numbered in the order of `uploads`)."""
     out = {}
-    dynamic = [t for t in cut.downloads if -1 in sub.tensors[t].shape]
-    for t in cut.downloads:
+    dynamic = [t for t in downloads if -1 in sub.tensors[t].shape]
+    for t in downloads:
         out[t] = (tuple(sub.tensors[t].shape), (), ())
     if not dynamic:
         return out
-    probes = _probe(model, cut, probe_shapes)
+    probes = _probe(model, signature, sub, uploads, downloads, probe_shapes)
     for t in dynamic:
         declared = sub.tensors[t].shape
         shape, src, dim = [], [], []
@@ -242,7 +242,7 @@ def _recv_shapes(model, cut, probe_shapes):
             if len(set(seen)) == 1 and len(probes) > 1:
                 shape.append(seen[0]), src.append(-1), dim.append(-1)
                 continue
-            match = [(k, j) for k, u in enumerate(cut.uploads) for j in range(len(probes[0][u]))
+            match = [(k, j) for k, u in enumerate(uploads) for j in range(len(probes[0][u]))
                      if all(p[u][j] == s for p, s in zip(probes, seen))]
             if not match:
                 name = sub.tensors[t].name
@@ -254,12 +254,11 @@ def _recv_shapes(model, cut, probe_shapes):
     return out
 
 
-def _probe(model, cut, probe_shapes):
+def _probe(model, sig, sub, uploads, downloads, probe_shapes):
     """Inferred shapes of uploads and downloads at two sets of input shapes whose dynamic
     dimensions differ (distinct primes, so that a match is not a coincidence)."""
     from ..interp import Interpreter
     interp = Interpreter(writer.to_bytes(model))
-    sig, sub = cut.signature, cut.subgraph
     inputs = list(sig.inputs.values())
     found = []
     for primes in ((3, 5, 7, 11), (13, 17, 19, 23)):
@@ -274,10 +273,10 @@ def _probe(model, cut, probe_shapes):
                     k += 1
             shapes[t] = tuple(dims)
         try:
-            plan = interp.plan_for(inputs, list(dict.fromkeys(cut.uploads + cut.downloads)), shapes)
+            plan = interp.plan_for(inputs, list(dict.fromkeys(uploads + downloads)), shapes)
         except Exception as e:  # noqa: BLE001 (a model that takes only some sizes)
             raise PlacementError(f"could not infer the shapes the cut sends at input shapes "
                                  f"{[shapes[t] for t in inputs]}: {e}; give --input-shape") from None
-        found.append({t: plan.arrays[t].shape for t in cut.uploads + cut.downloads})
+        found.append({t: plan.arrays[t].shape for t in uploads + downloads})
     return found
 

@@ -1,0 +1,163 @@
+"""The server's side of split training steps: one trainable model's variables, the state a
+step keeps between its round trips, exactly-once replies, and checkpoints.
+
+A round (device id, step id, round, feeds, fetches, keep, targets, final) runs on the one
+interpreter that holds the model's variables, under a lock: the fed tensors and those
+the step kept from its earlier rounds go in, `fetches` come back, `keep` is retained,
+and the variable writes `targets` run. Exactly once: the replies of a device's current
+step are kept, so a retried round (after a timeout or a dropped connection) gets the same
+reply and runs nothing; a step at or before the device's last finished one is refused.
+Per-step state is bounded (`max_steps` pending steps, `max_bytes` in all, `timeout_s`
+since their last round): the oldest or idlest are dropped, and a later round of a dropped
+step is refused, so the device runs the step again from its first round.
+
+Checkpoints (with `state_dir`): after the last round of every step whose id + 1 is a
+multiple of `checkpoint_every`, and on close, the variables (optimizer slots included),
+each device's last finished step and that step's final reply are written atomically (one
+CRC-checked npz: temp file, fsync, rename) before the reply goes out; a new host resumes
+from it. A device that is ahead of a restarted server is told the step to resume from
+(`StaleStep.resume_from`): it restores its own checkpoint of that step (it checkpoints on
+the same steps) and trains on from there, so no step is lost or applied twice.
+"""
+import json
+import logging
+import os
+import threading
+import time
+import zipfile
+
+import numpy as np
+
+from ..atomic import atomic_file
+from ..errors import FormatError, InvalidInputError
+
+_log = logging.getLogger("edgeflow.cloud")
+CHECKPOINT = "steps.npz"
+
+
+class StaleStep(InvalidInputError):
+    """A round the server will not run: `resume_from` is the step the device should run next."""
+
+    def __init__(self, message, resume_from):
+        super().__init__(message)
+        self.resume_from = resume_from
+
+
+class StepHost:
+    def __init__(self, interpreter, state_dir=None, checkpoint_every=1, max_steps=64,
+                 max_bytes=512 << 20, timeout_s=300.0, name="model"):
+        if checkpoint_every < 1:
+            raise InvalidInputError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
+        self.interp, self.name = interpreter, name
+        self.state_dir, self.checkpoint_every = state_dir, checkpoint_every
+        self.max_steps, self.max_bytes, self.timeout_s = max_steps, max_bytes, timeout_s
+        self.lock = threading.Lock()
+        self.pending = {}  # (device, step) -> {"tensors": {name: array}, "round": last round, "at": time}
+        self.replies = {}  # device -> (step, {round: reply})
+        self.finished = {}  # device -> last finished step
+        self.updates = 0  # steps whose writes ran (what a test counts)
+        self.received = []  # names of the tensors each round carried (what a test inspects)
+        if state_dir:
+            os.makedirs(state_dir, exist_ok=True)
+            if os.path.exists(self._path()):
+                self._restore()
+
+    # -- a round -----------------------------------------------------------------------
+    def round(self, device, step, round_no, feeds, fetches, keep=(), targets=(), final=False):
+        """{name: array} of `fetches`; StaleStep when the round must not run."""
+        if not device or round_no < 1:
+            raise InvalidInputError(f"a training step needs a device id and a round >= 1, got "
+                                    f"{device!r} and round {round_no}")
+        with self.lock:
+            self.received.append(sorted(feeds))
+            last_step, done = self.replies.get(device, (None, {}))
+            if last_step == step and round_no in done:
+                return done[round_no]  # a retry: the same reply, nothing runs again
+            finished = self.finished.get(device)
+            if finished is not None and step <= finished:
+                raise StaleStep(f"device {device!r}: step {step} is already applied (its last "
+                                f"finished step is {finished})", finished + 1)
+            if finished is not None and step > finished + 1:
+                raise StaleStep(f"device {device!r}: this server has applied steps up to {finished}; "
+                                f"resume from step {finished + 1} (got step {step})", finished + 1)
+            self._expire()
+            key = (device, step)
+            state = self.pending.get(key)
+            if round_no > 1 and (state is None or state["round"] != round_no - 1):
+                raise StaleStep(f"device {device!r} step {step}: round {round_no} without round "
+                                f"{round_no - 1} (dropped or never sent); run the step again", step)
+            kept = state["tensors"] if state else {}
+            wanted = list(dict.fromkeys(list(fetches) + [k for k in keep if k not in feeds and k not in kept]))
+            out = self.interp.run(wanted, {**kept, **feeds}, list(targets))
+            reply = {n: out[n] for n in fetches}
+            if final:
+                self.pending.pop(key, None)
+                self.finished[device] = step
+                if targets:
+                    self.updates += 1
+            else:
+                tensors = dict(kept)
+                tensors.update((k, feeds[k] if k in feeds else out[k]) for k in keep)
+                self.pending[key] = {"tensors": tensors, "round": round_no, "at": time.monotonic()}
+            self.replies[device] = (step, {**(done if last_step == step else {}), round_no: reply})
+            if final and self.state_dir and (step + 1) % self.checkpoint_every == 0:
+                self._checkpoint()
+            return reply
+
+    def _expire(self):
+        """Drop steps idle past timeout_s, then the oldest beyond max_steps or max_bytes."""
+        now = time.monotonic()
+        for key in [k for k, s in self.pending.items() if now - s["at"] > self.timeout_s]:
+            _log.info("%s: dropped abandoned step %s of device %r", self.name, key[1], key[0])
+            del self.pending[key]
+        by_age = sorted(self.pending, key=lambda k: self.pending[k]["at"])
+        total = sum(a.nbytes for s in self.pending.values() for a in s["tensors"].values())
+        while by_age and (len(self.pending) >= self.max_steps or total > self.max_bytes):
+            key = by_age.pop(0)
+            total -= sum(a.nbytes for a in self.pending[key]["tensors"].values())
+            _log.info("%s: dropped step %s of device %r (state over its bounds)", self.name, key[1], key[0])
+            del self.pending[key]
+
+    # -- checkpoints --------------------------------------------------------------------
+    def _path(self):
+        return os.path.join(self.state_dir, CHECKPOINT)
+
+    def close(self):
+        """Checkpoint (with a state_dir) so that a restart resumes here."""
+        if self.state_dir:
+            with self.lock:
+                self._checkpoint()
+
+    def _checkpoint(self):
+        arrays = {f"var/{name}": value for name, value in self.interp.variables().items()}
+        finals = {}
+        for device, (step, rounds) in self.replies.items():
+            if self.finished.get(device) == step and rounds:
+                last = max(rounds)
+                finals[device] = [step, last, sorted(rounds[last])]
+                arrays.update((f"reply/{device}/{n}", a) for n, a in rounds[last].items())
+        meta = {"finished": self.finished, "finals": finals, "updates": self.updates}
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+        with atomic_file(self._path()) as f:
+            np.savez(f, **arrays)
+
+    def _restore(self):
+        expected = self.interp.variables()
+        try:
+            with np.load(self._path(), allow_pickle=False) as z:
+                data = {k: z[k] for k in z.files}  # reading checks every member's CRC-32
+            meta = json.loads(bytes(data.pop("meta")).decode())
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as e:
+            raise FormatError(f"{self._path()}: not a readable step checkpoint ({e})") from None
+        values = {k[4:]: v for k, v in data.items() if k.startswith("var/")}
+        for name, value in expected.items():
+            got = values.get(name)
+            if got is None or got.shape != value.shape or got.dtype != value.dtype:
+                raise FormatError(f"{self._path()}: variable {name!r} is missing or is not "
+                                  f"{value.dtype}{list(value.shape)}: the checkpoint is of another model")
+        self.interp.get_signature_runner("restore")(**{n: values[n] for n in expected})
+        self.finished = {d: int(s) for d, s in meta["finished"].items()}
+        self.updates = int(meta.get("updates", 0))
+        for device, (step, round_no, names) in meta["finals"].items():
+            self.replies[device] = (step, {round_no: {n: data[f"reply/{device}/{n}"] for n in names}})
+        _log.info("%s: resumed from %s (%d steps applied)", self.name, self._path(), self.updates)
