@@ -61,7 +61,8 @@ def cmd_inspect(args):
 
 def _add_cloud_args(p):
     p.add_argument("--cloud", metavar="HOST:PORT",
-                   help="a device package from `edgeflow split`: run its cloud part on this server")
+                   help="a device package from `edgeflow split`: run (or train) its cloud part on "
+                        "this server")
     p.add_argument("--token-file", metavar="FILE", help="with --cloud: the server's bearer token")
     p.add_argument("--root-cert", metavar="PEM", help="with --cloud: use TLS, trusting this certificate")
 
@@ -136,7 +137,12 @@ def _counts(counter):
 def cmd_train(args):
     from . import trainer
     from .interp import Interpreter
-    interp = Interpreter(args.model, delegates=_delegates(args))
+    cloud = _cloud(args)
+    if cloud:
+        cloud["device_id"] = args.device_id
+    elif args.device_id:
+        raise EdgeflowError("--device-id needs --cloud HOST:PORT")
+    interp = Interpreter(args.model, delegates=_delegates(args), **cloud)
     if "train" not in interp.get_signature_list():
         raise EdgeflowError(f"{args.model} has no 'train' signature; make one with ef.save(..., "
                             "signatures={'train': ...}) or edgeflow convert --trainable")
@@ -238,14 +244,16 @@ def cmd_split(args):
                         memory_budget=int(args.memory_budget * 2**20) if args.memory_budget else None,
                         device_graph=args.device_graph, cloud_graph=args.cloud_graph,
                         model_id=args.model_id, signature=args.signature or "infer",
-                        device_speed=args.device_speed, server_speed=args.server_speed)
+                        device_speed=args.device_speed, server_speed=args.server_speed,
+                        train=args.train, labels=args.labels)
     print(result.table)
     print()
     for key in ("device", "cloud", "plan", "svg"):
         print(f"wrote {result.paths[key]}")
+    then = (f"train with `edgeflow train {result.paths['device']} --cloud HOST:PORT --data D.npz`"
+            if args.train else f"run with `edgeflow run {result.paths['device']} --cloud HOST:PORT`")
     print(f"cloud model id {result.model_id} (sha256 {result.cloud_sha256[:16]}...): serve it with "
-          f"`edgeflow serve --model-dir DIR` holding cloud.efl; run with `edgeflow run "
-          f"{result.paths['device']} --cloud HOST:PORT`")
+          f"`edgeflow serve --model-dir DIR` holding cloud.efl; {then}")
 
 
 def cmd_serve(args):
@@ -326,6 +334,9 @@ def build_parser():
     p.add_argument("--checkpoint-every", type=_positive, default=50, help="steps between checkpoints")
     p.add_argument("-o", "--output", help="export the trained model to this .efl")
     _add_accel_args(p)
+    _add_cloud_args(p)
+    p.add_argument("--device-id", help="with --cloud: this device's id on the server (default: random); "
+                                       "keep it to resume after a restart")
     p.set_defaults(fn=cmd_train)
 
     p = verbs.add_parser("quickstart", help="an end-to-end tour: build, convert, run and train models",
@@ -386,6 +397,12 @@ def build_parser():
     p.add_argument("--model-id", help="the cloud package's id on the server (default: "
                                       "MODEL-<hash prefix>)")
     p.add_argument("--signature", "-s", help="the signature to split (default infer)")
+    p.add_argument("--train", action="store_true",
+                   help="split the 'train' signature for split learning: forward ops by the cut, each "
+                        "backward op with its forward op, each variable's update where it lives")
+    p.add_argument("--labels", choices=["cloud", "device"], default="cloud",
+                   help="with --train: send the labels to the cloud (one round trip per step), or "
+                        "keep the loss and labels on the device (U-shaped, two round trips)")
     p.set_defaults(fn=cmd_split)
 
     p = verbs.add_parser("serve", help="serve cloud packages over gRPC for split models",

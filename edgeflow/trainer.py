@@ -49,39 +49,79 @@ def _save_state(folder, state):
     write_text(os.path.join(folder, STATE), json.dumps(state))
 
 
+def batch_at(data, batch_size, seed, epoch, step):
+    """Batch `step` of `epoch`, as `batches` yields it."""
+    n = len(next(iter(data.values())))
+    order = np.random.default_rng([seed, epoch]).permutation(n)
+    index = order[step * batch_size:(step + 1) * batch_size]
+    return {name: values[index] for name, values in data.items()}
+
+
 def fit(interpreter, data, epochs=1, batch_size=32, seed=0, checkpoint_dir=None,
         checkpoint_every=50, on_step=None):
     """Train; returns the list of (global step, loss). Resumes from checkpoint_dir if it
-    holds a checkpoint of this run."""
+    holds a checkpoint of this run.
+
+    With a split training package (`Interpreter(..., cloud=...)`), step ids are the global
+    steps, and when the server asks to resume from an earlier step (it restarted from an
+    older checkpoint: `RemoteError.resume_from`), the device restores its own checkpoint
+    of that step and trains on from there; checkpoint every K steps on both sides
+    (`--checkpoint-every` here and on `edgeflow serve`) so that one exists.
+    """
+    from .errors import RemoteError
     runner = interpreter.get_signature_runner("train")
     data = check_data(runner, data)
-    start = {"epoch": 0, "step": 0, "global_step": 0}
+    n = len(next(iter(data.values())))
+    per_epoch = -(-n // batch_size)
+    cloud = getattr(interpreter, "cloud", None)
+    cloud = cloud if cloud is not None and getattr(cloud, "rounds", None) else None
+    global_step = 0
     if checkpoint_dir:
         os.makedirs(checkpoint_dir, exist_ok=True)
-        saved = _load_state(checkpoint_dir)
-        if saved is not None:
-            interpreter.restore_checkpoint(os.path.join(checkpoint_dir, saved["checkpoint"]))
-            start = saved
-    history, global_step = [], start["global_step"]
+        global_step = _restore(interpreter, checkpoint_dir)
+    history = []
 
-    def checkpoint(epoch, step):
+    def checkpoint():
         name = "checkpoint.npz"
         interpreter.save_checkpoint(os.path.join(checkpoint_dir, name))
+        epoch, step = divmod(global_step, per_epoch)
         _save_state(checkpoint_dir, {"epoch": epoch, "step": step, "global_step": global_step,
                                      "checkpoint": name, "seed": seed, "batch_size": batch_size})
 
-    for epoch in range(start["epoch"], epochs):
-        for step, batch in batches(data, batch_size, seed, epoch):
-            if epoch == start["epoch"] and step < start["step"]:
-                continue
-            outputs = runner(**batch)
-            global_step += 1
-            loss = float(np.asarray(outputs.get("loss", np.nan)).mean())
-            history.append((global_step, loss))
-            if on_step:
-                on_step(epoch, global_step, loss)
-            if checkpoint_dir and global_step % checkpoint_every == 0:
-                checkpoint(epoch, step + 1)
-        if checkpoint_dir:
-            checkpoint(epoch + 1, 0)
+    while global_step < epochs * per_epoch:
+        epoch, step = divmod(global_step, per_epoch)
+        if cloud is not None:
+            cloud.step_id = global_step
+        try:
+            outputs = runner(**batch_at(data, batch_size, seed, epoch, step))
+        except RemoteError as e:
+            resume = getattr(e, "resume_from", None)
+            if cloud is None or resume is None or resume == global_step:
+                raise
+            saved = _load_state(checkpoint_dir) if checkpoint_dir else None
+            if saved is None or saved["global_step"] != resume:
+                raise RemoteError(f"{e}; the device has no checkpoint of step {resume} to resume "
+                                  f"from (checkpoint every K steps, as the server does)") from None
+            global_step = _restore(interpreter, checkpoint_dir)
+            history = [(g, loss) for g, loss in history if g <= global_step]
+            continue
+        global_step += 1
+        loss = float(np.asarray(outputs.get("loss", np.nan)).mean())
+        history.append((global_step, loss))
+        if on_step:
+            on_step(epoch, global_step, loss)
+        at_epoch_end = global_step % per_epoch == 0 and cloud is None
+        if checkpoint_dir and (global_step % checkpoint_every == 0 or at_epoch_end):
+            checkpoint()
+    if checkpoint_dir and cloud is None:
+        checkpoint()
     return history
+
+
+def _restore(interpreter, folder):
+    """Restore the checkpoint in `folder`, if any; the global step it was taken at."""
+    saved = _load_state(folder)
+    if saved is None:
+        return 0
+    interpreter.restore_checkpoint(os.path.join(folder, saved["checkpoint"]))
+    return saved["global_step"]

@@ -34,6 +34,31 @@ class SplitResult:
         return report.table(self.placement, self.cost_graph, self.link)
 
 
+def _training_costs(cost_graph):
+    """The forward graph's costs for a training step: each op's time tripled."""
+    from dataclasses import replace
+    return CostGraph([replace(op, device_s=3 * op.device_s, cloud_s=3 * op.cloud_s) for op in cost_graph.ops],
+                     list(cost_graph.tensors.values()), cost_graph.compression)
+
+
+def _write_training(model, model_path, out_dir, placement, cost_graph, link, device_ops, model_id,
+                    labels, input_shapes):
+    from . import training
+    os.makedirs(out_dir, exist_ok=True)
+    model_id = model_id or default_model_id(model_path)
+    cut = training.write_pair(model, device_ops, out_dir, model_id=model_id, labels=labels,
+                              probe_shapes=input_shapes)
+    sha = partition.file_sha256(os.path.join(out_dir, "cloud.efl"))
+    paths = {k: os.path.join(out_dir, f) for k, f in
+             (("device", "device.efl"), ("cloud", "cloud.efl"), ("plan", "plan.json"), ("svg", "plan.svg"))}
+    plan_json = report.to_json(placement, cost_graph, link)
+    plan_json.update({"model_id": model_id, "cloud_sha256": sha, "train": True, "labels": labels,
+                      "rounds": cut.plan_json(), "source": os.fspath(model_path)})
+    write_text(paths["plan"], json.dumps(plan_json, indent=1) + "\n")
+    write_text(paths["svg"], report.svg(placement, cost_graph, link))
+    return SplitResult(placement, cost_graph, link, model_id, sha, paths)
+
+
 def default_model_id(path):
     """`<file stem>-<first 12 hex digits of the file's SHA-256>`: one id per model version."""
     stem = os.path.splitext(os.path.basename(os.fspath(path)))[0]
@@ -43,8 +68,15 @@ def default_model_id(path):
 def split_file(model_path, out_dir, *, link="4g", objective="latency", device_profile=None,
                server_profile=None, cut=None, input_shapes=None, compression="none",
                memory_budget=None, device_graph="full", cloud_graph="full", model_id=None,
-               signature="infer", device_speed=1.0, server_speed=DEFAULT_SERVER_SPEED, pins=None):
+               signature="infer", device_speed=1.0, server_speed=DEFAULT_SERVER_SPEED, pins=None,
+               train=False, labels="cloud"):
     """Plan and write OUT_DIR/{device.efl, cloud.efl, plan.json, plan.svg}; a SplitResult.
+
+    `train`: split the model's `train` signature for split learning (edgeflow.split.training),
+    with the labels sent to the cloud (`labels="cloud"`) or kept on the device ("device",
+    U-shaped). The cut is planned on the forward graph (`signature`, "infer") with each
+    op's time tripled (its backward pass is about twice its forward) and each cut tensor
+    paying its upload and its gradient's download (the link's up and down in series).
 
     `device_profile`/`server_profile`: Profile objects or paths to profile JSON. `cut`:
     tensor names to cut at instead of planning. `device_graph`/`cloud_graph`: "full" keeps
@@ -57,11 +89,19 @@ def split_file(model_path, out_dir, *, link="4g", objective="latency", device_pr
     cost_graph = CostGraph.from_model(model_path, signature, input_shapes, *profiles,
                                       device_speed=device_speed, server_speed=server_speed,
                                       compression=compression, pins=pins)
+    plan_link = link
+    if train:
+        cost_graph = _training_costs(cost_graph)
+        plan_link = Link(1 / (1 / link.up_bps + 1 / link.down_bps), link.down_bps,
+                         link.rtt_s * (2 if labels == "device" else 1), f"{link.name} (a training step)")
     if cut:
-        placement = planner.forced(cost_graph, list(cut), link, objective)
+        placement = planner.forced(cost_graph, list(cut), plan_link, objective)
     else:
-        placement = planner.plan(cost_graph, link, objective, memory_budget)
+        placement = planner.plan(cost_graph, plan_link, objective, memory_budget)
     device_ops = set(placement.device_operators(cost_graph))
+    if train:
+        return _write_training(model, model_path, out_dir, placement, cost_graph, plan_link, device_ops,
+                               model_id, labels, input_shapes)
     os.makedirs(out_dir, exist_ok=True)
     model_id = model_id or default_model_id(model_path)
     if not model_id or any(c.isspace() for c in model_id):

@@ -181,6 +181,15 @@ class TrainingCut:
     def names(self, tensors):
         return [self.subgraph.tensors[t].name for t in tensors]
 
+    def cloud_variables(self):
+        """The variables that live on the cloud: read by its forward ops, or written by its
+        updates (their optimizer slots): they never reach the device."""
+        sub = self.subgraph
+        found = {v for v, s in self.variable_side.items() if s == "cloud"}
+        found |= {sub.operators[i].inputs[0] for i in self.ops
+                  if self.side[i] == "cloud" and ops.get(sub.operators[i].opcode).stateful}
+        return sorted(found)
+
     def plan_json(self):
         """The rounds by tensor names (what the device's requests carry)."""
         return [{"uploads": self.names(r["uploads"]), "downloads": self.names(r["downloads"]),
@@ -243,8 +252,7 @@ def device_package(model, cut, cloud_id, cloud_sha256, probe_shapes=None, extra_
     meta = {"role": "device", "kind": "train", "cloud_model_id": cloud_id, "cloud_sha256": cloud_sha256,
             "signature": sig.key, "local_signature": LOCAL_TRAIN, "labels": cut.labels,
             "label_inputs": cut.label_inputs, "rounds": cut.plan_json(), "original_tensors": n_original,
-            "cloud_variables": sorted(sub.tensors[v].name for v, s in cut.variable_side.items()
-                                      if s == "cloud")}
+            "cloud_variables": cut.names(cut.cloud_variables())}
     meta.update(extra_metadata or {})
     metadata = {k: v for k, v in model.metadata.items()
                 if k not in (partition.SPLIT_METADATA, partition.MODEL_ID_METADATA)}

@@ -1,0 +1,200 @@
+"""Split training of a digits CNN: the device runs the first conv layer, the server the
+rest. Against one process training alone, with the same seed and data order: the same
+parameters after every step, in two processes; the labels never reach the server in the
+U-shaped mode; a retried round is applied once; and a server killed with SIGKILL and
+restarted loses no step and applies none twice."""
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import edgeflow as ef
+from edgeflow import trainer
+from edgeflow.errors import RemoteError
+from edgeflow.format import reader
+from edgeflow.split import training
+
+from .test_serve_cli import Lines
+
+pytest.importorskip("grpc")
+datasets = pytest.importorskip("sklearn.datasets")
+from edgeflow.cloud import Client, Server  # noqa: E402
+
+DEVICE_OPS = ("conv1/conv", "relu", "pool1_1")  # the device's forward ops: the first conv layer
+
+
+def digits():
+    d = datasets.load_digits()
+    x, y = (d.images / 16).astype(np.float32)[:, None], d.target.astype(np.int64)
+    return {"image": x[:1440], "label": y[:1440]}, {"image": x[1440:], "label": y[1440:]}
+
+
+def build(path):
+    g = ef.Graph()
+    with g.as_default():
+        ef.set_random_seed(0)
+        image = ef.placeholder(ef.float32, [None, 1, 8, 8], name="image")
+        label = ef.placeholder(ef.int64, [None], name="label")
+        h = ef.layers.conv2d(image, 8, 3, padding="same", activation=ef.nn.relu, name="conv1")
+        h = ef.layers.max_pool2d(h, 2, 2, name="pool1")
+        h = ef.layers.conv2d(h, 16, 3, padding="same", activation=ef.nn.relu, name="conv2")
+        logits = ef.layers.dense(ef.layers.flatten(h), 10, name="logits")
+        loss = ef.losses.softmax_cross_entropy(label, logits)
+        step = ef.train.Adam(0.01).minimize(loss)
+    ef.save(g, path, signatures={"train": ({"image": image, "label": label}, {"loss": loss}, [step]),
+                                 "infer": ({"image": image}, {"logits": logits})})
+
+
+def split(root, labels):
+    build(root / "m.efl")
+    model = reader.load(root / "m.efl")
+    sub = model.subgraphs[0]
+    device = {i for i, op in enumerate(sub.operators) if op.outputs
+              and sub.tensors[op.outputs[0]].name in DEVICE_OPS}
+    assert len(device) == 3
+    out = root / labels
+    out.mkdir()
+    cut = training.write_pair(model, device, out, model_id=f"cnn-{labels}", labels=labels)
+    (root / "served").mkdir(exist_ok=True)
+    (root / "served" / f"cnn-{labels}.efl").write_bytes((out / "cloud.efl").read_bytes())
+    return out, cut
+
+
+def accuracy(interp, test):
+    logits = interp.get_signature_runner("infer")(image=test["image"])["logits"]
+    return float((logits.argmax(1) == test["label"]).mean())
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(served, port, state_dir, every):
+    proc = subprocess.Popen([sys.executable, "-m", "edgeflow.cli", "serve", "--model-dir", str(served),
+                             "--port", str(port), "--state-dir", str(state_dir), "--checkpoint-every",
+                             str(every)], stderr=subprocess.PIPE, text=True)
+    Lines(proc.stderr).wait_for(r"serving \d+ models? on")
+    return proc
+
+
+def test_two_processes_equal_one_step_by_step(tmp_path):
+    out, cut = split(tmp_path, "cloud")
+    assert len(cut.rounds) == 1 and cut.names(cut.rounds[0]["uploads"]) == ["label", "pool1_1"]
+    data, test = digits()
+    port = free_port()
+    server = serve(tmp_path / "served", port, tmp_path / "state", 1)
+    try:
+        local = ef.Interpreter(tmp_path / "m.efl")
+        device = ef.Interpreter(out / "device.efl", cloud=f"127.0.0.1:{port}", device_id="d1")
+        runners = local.get_signature_runner("train"), device.get_signature_runner("train")
+        cloud_names = json.loads(bytes(reader.load(out / "device.efl").metadata["edgeflow.split"]))["cloud_variables"]
+        with Client(f"127.0.0.1:{port}") as client:
+            for step in range(45):  # an epoch
+                batch = trainer.batch_at(data, 32, 0, 0, step)
+                losses = [float(r(**batch)["loss"]) for r in runners]
+                assert losses[0] == pytest.approx(losses[1], rel=1e-6, abs=1e-6)
+                if step % 11 and step != 44:
+                    continue
+                want = local.variables()
+                assert set(cloud_names) == {n for n in want if not n.startswith("conv1")}
+                got = {**device.variables(), **client.run("cnn-cloud", {}, cloud_names)}
+                for name in want:  # conv1 and its slots here, the rest on the server
+                    np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
+        # The same test accuracy: the split's parameters, gathered, against one process's.
+        joined = ef.Interpreter(tmp_path / "m.efl")
+        joined.get_signature_runner("restore")(**got)
+        assert accuracy(joined, test) == accuracy(local, test) > 0.8
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+
+
+def test_u_shaped_labels_never_reach_the_server(tmp_path):
+    out, cut = split(tmp_path, "device")
+    assert len(cut.rounds) == 2
+    data, _ = digits()
+    local = ef.Interpreter(tmp_path / "m.efl")
+    with Server(models={"cnn-device": out / "cloud.efl"}) as server:
+        device = ef.Interpreter(out / "device.efl", cloud=server.address, device_id="u")
+        for step in range(3):
+            batch = trainer.batch_at(data, 32, 0, 0, step)
+            a = local.get_signature_runner("train")(**batch)["loss"]
+            b = device.get_signature_runner("train")(**batch)["loss"]
+            assert float(a) == pytest.approx(float(b), rel=1e-6)
+        host = server.models["cnn-device"].steps
+        assert len(host.received) == 6 and host.updates == 3
+        seen = {name for names in host.received for name in names}
+        assert "label" not in seen and seen == {"pool1_1", "sum_to_1"}
+        # Nothing the server received equals the labels under another name either.
+        for names in host.received:
+            assert all(n in ("pool1_1", "sum_to_1") for n in names)
+
+
+def test_a_retried_round_is_applied_once(tmp_path):
+    out, cut = split(tmp_path, "cloud")
+    data, _ = digits()
+    device = ef.Interpreter(out / "device.efl")
+    batch = trainer.batch_at(data, 32, 0, 0, 0)
+    feeds = device.run(cut.names(cut.rounds[0]["uploads"]), batch)
+    plan = cut.plan_json()[0]
+    step = {"device_id": "dup", "step_id": 0, "round": 1, "keep": plan["keep"], "targets": plan["targets"],
+            "final": True}
+    with Server(models={"cnn-cloud": out / "cloud.efl"}) as server, Client(server.address) as client:
+        first = client.run("cnn-cloud", feeds, plan["downloads"], step=step)
+        again = client.run("cnn-cloud", feeds, plan["downloads"], step=step)
+        host = server.models["cnn-cloud"].steps
+        assert host.updates == 1
+        for name in first:
+            np.testing.assert_array_equal(first[name], again[name])
+        with pytest.raises(RemoteError) as info:
+            client.run("cnn-cloud", feeds, plan["downloads"], step={**step, "step_id": 5})
+        assert info.value.code == "FAILED_PRECONDITION" and info.value.resume_from == 1
+        assert host.updates == 1
+
+
+def test_server_killed_and_restarted_loses_no_step(tmp_path):
+    out, _ = split(tmp_path, "cloud")
+    data, test = digits()
+    data = {k: v[:640] for k, v in data.items()}  # 20 steps per epoch
+    port, state = free_port(), tmp_path / "state"
+    servers = [serve(tmp_path / "served", port, state, 2)]
+    killed = threading.Event()
+
+    def kill_then_restart(epoch, step, loss):
+        if step == 11 and not killed.is_set():
+            killed.set()
+            servers[0].send_signal(signal.SIGKILL)
+            servers[0].wait(timeout=30)
+            time.sleep(0.5)  # the device's next round finds no server, and retries
+            threading.Thread(target=lambda: servers.append(serve(tmp_path / "served", port, state, 2)),
+                             daemon=True).start()
+    try:
+        device = ef.Interpreter(out / "device.efl", cloud=f"127.0.0.1:{port}", device_id="k")
+        history = trainer.fit(device, data, epochs=2, batch_size=32, seed=0,
+                              checkpoint_dir=tmp_path / "device-ckpt", checkpoint_every=2,
+                              on_step=kill_then_restart)
+        assert killed.is_set() and [g for g, _ in history] == list(range(1, 41))
+    finally:
+        for s in servers:
+            if s.poll() is None:
+                s.send_signal(signal.SIGTERM)
+                s.wait(timeout=30)
+    with np.load(state / "cnn-cloud" / "steps.npz") as z:
+        meta = json.loads(bytes(z["meta"]).decode())
+        cloud = {k[4:]: z[k] for k in z.files if k.startswith("var/")}
+    assert meta["updates"] == 40 and meta["finished"] == {"k": 39}  # every step once
+    # The same parameters, and so the same accuracy, as training without a failure.
+    local = ef.Interpreter(tmp_path / "m.efl")
+    trainer.fit(local, data, epochs=2, batch_size=32, seed=0)
+    want = local.variables()
+    got = {**device.variables(), **{k: v for k, v in cloud.items() if not k.startswith("conv1")}}
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
