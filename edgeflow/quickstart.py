@@ -141,7 +141,7 @@ def split_with_cloud(directory):
     try:
         from .cloud import Server
         from .split.package import split_file
-        import scipy  # noqa: F401  (the planner's max-flow)
+        import scipy  # noqa: F401 (the planner's max-flow)
     except ImportError:
         print("  skipped: needs the 'cloud' and 'split' extras (pip install 'edgeflow[cloud,split]')")
         return
@@ -169,7 +169,62 @@ def split_with_cloud(directory):
         raise SystemExit("quickstart: the split inference differs from the whole model")
 
 
+def split_training(directory):
+    """Split learning, U-shaped: the device keeps its first layer, the loss and the labels;
+    the server trains the middle; a few steps against a server on 127.0.0.1, checked
+    against training in one process."""
+    try:
+        from .cloud import Server
+        from .split.training import write_pair
+    except ImportError:
+        print("  skipped: needs the 'cloud' extra (pip install 'edgeflow[cloud]')")
+        return
+    import edgeflow as ef
+    from .format import reader
+    from .trainer import batch_at
+    path = os.path.join(directory, "mlp-train.efl")
+    g = ef.Graph()
+    with g.as_default():
+        ef.set_random_seed(0)
+        x = ef.placeholder(ef.float32, [None, 16], name="x")
+        y = ef.placeholder(ef.int64, [None], name="y")
+        h = ef.layers.dense(x, 32, activation=ef.nn.relu, name="device_layer")
+        h = ef.layers.dense(h, 64, activation=ef.nn.relu, name="cloud_layer")
+        logits = ef.layers.dense(h, 4, name="logits")
+        loss = ef.losses.softmax_cross_entropy(y, logits)
+        step = ef.train.Adam(0.01).minimize(loss)
+    ef.save(g, path, signatures={"train": ({"x": x, "y": y}, {"loss": loss}, [step])})
+    model = reader.load(path)
+    sub = model.subgraphs[0]
+    head = {i for i, op in enumerate(sub.operators) if op.outputs  # the first layer's forward ops
+            and sub.tensors[op.outputs[0]].name in ("device_layer/matmul", "device_layer/bias_add", "relu")}
+    out = os.path.join(directory, "split-train")
+    os.makedirs(out, exist_ok=True)
+    cut = write_pair(model, head, out, model_id="mlp-train", labels="device")
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((256, 16)).astype(np.float32)
+    data = {"x": xs, "y": (xs[:, :4].argmax(1)).astype(np.int64)}
+    local = ef.Interpreter(path).get_signature_runner("train")
+    with Server(models={"mlp-train": os.path.join(out, "cloud.efl")}) as server:
+        device = ef.Interpreter(os.path.join(out, "device.efl"), cloud=server.address, device_id="quickstart")
+        runner = device.get_signature_runner("train")
+        gaps, losses = [], []
+        for s in range(16):
+            batch = batch_at(data, 32, 0, s // 8, s % 8)
+            a, b = float(local(**batch)["loss"]), float(runner(**batch)["loss"])
+            gaps.append(abs(a - b))
+            losses.append(b)
+        host = server.models["mlp-train"].steps
+        sent = sorted({n for names in host.received for n in names})
+    print(f"  {len(cut.rounds)} round trips per step; the server received only {sent} (no labels)")
+    print(f"  16 split steps: loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
+          f"max |split - one process| = {max(gaps):.1e}")
+    if max(gaps) > 1e-5 or "y" in sent:
+        raise SystemExit("quickstart: split training differs from training in one process")
+
+
 def main(directory=None):
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # not gRPC's notes on connections closing
     import edgeflow as ef
     from .summary import describe, render
 
@@ -211,5 +266,9 @@ def main(directory=None):
 
         _step(7, "Split a model with the cloud: plan, package, serve on 127.0.0.1, infer jointly")
         split_with_cloud(directory)
+
+        _step(8, "Train jointly: U-shaped split learning, the labels stay on the device")
+        split_training(directory)
     print("\nquickstart finished: built, packaged, inspected, ran and benchmarked a model, "
-          "converted one from ONNX, trained one on the device, and split one with the cloud.")
+          "converted one from ONNX, trained one on the device, split one with the cloud, and "
+          "trained one jointly with it.")

@@ -198,3 +198,31 @@ def test_server_killed_and_restarted_loses_no_step(tmp_path):
     got = {**device.variables(), **{k: v for k, v in cloud.items() if not k.startswith("conv1")}}
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_the_commands(tmp_path):
+    build(tmp_path / "m.efl")
+    data, _ = digits()
+    np.savez(tmp_path / "d.npz", **{k: v[:320] for k, v in data.items()})
+    cli = [sys.executable, "-m", "edgeflow.cli"]
+    r = subprocess.run(cli + ["split", str(tmp_path / "m.efl"), "--train", "--labels", "device", "--cut", "pool1_1",
+                              "-o", str(tmp_path / "out"), "--model-id", "cnn"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert plan["train"] and plan["labels"] == "device" and len(plan["rounds"]) == 2
+    assert all("label" not in rnd["uploads"] for rnd in plan["rounds"])
+    (tmp_path / "served").mkdir()
+    (tmp_path / "served" / "cnn.efl").write_bytes((tmp_path / "out" / "cloud.efl").read_bytes())
+    port = free_port()
+    server = serve(tmp_path / "served", port, tmp_path / "state", 1)
+    try:
+        r = subprocess.run(cli + ["train", str(tmp_path / "out" / "device.efl"), "--cloud", f"127.0.0.1:{port}",
+                                  "--data", str(tmp_path / "d.npz"), "--epochs", "2", "--device-id", "cli"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        first, last = map(float, r.stdout.split("loss ")[1].split()[0:3:2])
+        assert last < first
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
