@@ -222,18 +222,27 @@ class OpenCLDelegate(Delegate):
             downloads.append((host, dev, None if dev.dtype == host.dtype else np.empty(host.shape, dev.dtype)))
         cl, queue = rt.cl, rt.queue
 
-        def run():
-            for t, host in uploads:
-                # converts (float32 -> half in fp16 mode) only where the storage differs
-                cl.enqueue_copy(queue, device[t].data, np.ascontiguousarray(host, device[t].dtype))
+        uploads = [(device[t].data, host, device[t].dtype) for t, host in uploads]
+        downloads = [(host if staging is None else staging, dev.data, host, staging)
+                     for host, dev, staging in downloads]
+        enqueue_copy = cl.enqueue_copy
+
+        def run(keep=device):  # the partition's device arrays live as long as its step
+            # Every copy is enqueued without blocking and the one finish() waits for all:
+            # a blocking copy waits for the device on its own (on PoCL, a wake-up of its
+            # threads per copy), and the sources (`staged`: converted where the storage
+            # differs, float32 -> half in fp16 mode) stay alive until then.
+            staged = [np.ascontiguousarray(host, dtype) for _, host, dtype in uploads]
+            for (buffer, _, _), source in zip(uploads, staged):
+                enqueue_copy(queue, buffer, source, is_blocking=False)
             rt.uploads += len(uploads)
             for launch in launches:
                 launch()
-            for host, dev, staging in downloads:
-                cl.enqueue_copy(queue, host if staging is None else staging, dev.data)
+            for target, buffer, _, _ in downloads:
+                enqueue_copy(queue, target, buffer, is_blocking=False)
             rt.downloads += len(downloads)
             queue.finish()
-            for host, _, staging in downloads:
+            for _, _, host, staging in downloads:
                 if staging is not None:
                     host[...] = staging
         return run

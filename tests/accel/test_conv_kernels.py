@@ -84,16 +84,42 @@ def test_conv(delegate, data, rank, cpu, seed):
         check(delegate, "conv", arrays, {**attrs, "group": group, "activation": data.draw(ACTIVATION)})
 
 
-@given(data=st.data(), seed=st.integers(0, 2**31))
+@given(data=st.data(), rank=st.sampled_from([1, 2, 2]), cpu=st.booleans(), seed=st.integers(0, 2**31))
 @SETTINGS
-def test_depthwise_conv(delegate, data, seed):
-    kernel, attrs = data.draw(windows(2))
+def test_depthwise_conv(delegate, data, rank, cpu, seed):
+    """By the run-time-geometry kernel (GPUs) and window.cl's, built per geometry (CPUs)."""
+    kernel, attrs = data.draw(windows(rank))
     c, multiplier = data.draw(st.integers(2, 9)), data.draw(st.integers(1, 2))
     rng = np.random.default_rng(seed)
     x = normal(rng, data.draw(st.integers(1, 2)), c, *spatial(data.draw, kernel, attrs))
     arrays = [x, normal(rng, c * multiplier, 1, *kernel), normal(rng, c * multiplier)]
-    check(delegate, "conv", arrays[:data.draw(st.integers(2, 3))],
-          {**attrs, "group": c, "activation": data.draw(ACTIVATION)})
+    with mock.patch.object(gemm, "CPU_PATH", cpu):
+        check(delegate, "conv", arrays[:data.draw(st.integers(2, 3))],
+              {**attrs, "group": c, "activation": data.draw(ACTIVATION)})
+
+
+@pytest.mark.parametrize("cpu", [True, False])
+@pytest.mark.parametrize("n,c,h,w,stride,pads", [(1, 3, 1, 1, 1, (1, 1, 1, 1)), (2, 5, 17, 1, 2, (1, 1, 1, 1)),
+                                                 (1, 7, 5, 31, 2, (1, 1, 1, 1)), (3, 2, 9, 8, 3, (2, 1, 0, 2))])
+def test_depthwise_conv_odd_sizes(delegate, n, c, h, w, stride, pads, cpu):
+    """Odd and prime sizes: window.cl's work-groups divide each dimension (fixed_range)."""
+    rng = np.random.default_rng(c * h * w)
+    arrays = [normal(rng, n, c, h, w), normal(rng, c, 1, 3, 3), normal(rng, c)]
+    with mock.patch.object(gemm, "CPU_PATH", cpu):
+        check(delegate, "conv", arrays, {"group": c, "strides": (stride, stride), "pads": pads,
+                                         "activation": "relu"})
+
+
+def test_fixed_range_divides_and_fills_units(delegate):
+    from edgeflow.accel.kernels.conv import fixed_range
+    rt = delegate.rt
+    for dims in [(1,), (7,), (997,), (32, 32, 16), (13, 1, 7), (4, 4, 576), (1024,)]:
+        size, group = fixed_range(rt, dims)
+        assert size == dims and all(d % g == 0 for d, g in zip(dims, group))
+        assert np.prod(group) <= min(conv_kernels.CPU_GROUP_ITEMS, rt.device.max_work_group_size)
+        groups = np.prod(dims) // np.prod(group)
+        assert groups >= min(conv_kernels.GROUPS_PER_UNIT * rt.device.max_compute_units, np.prod(dims)) or \
+            np.prod(group) == 1
 
 
 @given(n=st.integers(1, 2), group=st.sampled_from([1, 1, 2]), cpg=st.integers(1, 20), mpg=st.integers(1, 40),
@@ -110,22 +136,34 @@ def test_pointwise_conv(delegate, n, group, cpg, mpg, h, w, bias, activation, ti
         check(delegate, "conv", arrays[:2 + bias], {"group": group, "activation": activation})
 
 
-@given(data=st.data(), rank=st.sampled_from([1, 2, 2]), ceil_mode=st.booleans(), seed=st.integers(0, 2**31))
+@given(data=st.data(), rank=st.sampled_from([1, 2, 2]), ceil_mode=st.booleans(), cpu=st.booleans(),
+       seed=st.integers(0, 2**31))
 @SETTINGS
-def test_max_pool(delegate, data, rank, ceil_mode, seed):
+def test_max_pool(delegate, data, rank, ceil_mode, cpu, seed):
     kernel, attrs = data.draw(windows(rank))
     x = normal(np.random.default_rng(seed), 2, 3, *spatial(data.draw, kernel, attrs))
-    check(delegate, "max_pool", [x], {**attrs, "kernel_shape": kernel, "ceil_mode": ceil_mode})
+    with mock.patch.object(gemm, "CPU_PATH", cpu):
+        check(delegate, "max_pool", [x], {**attrs, "kernel_shape": kernel, "ceil_mode": ceil_mode})
+
+
+def test_max_pool_propagates_nan(delegate):
+    x = np.zeros((1, 2, 4, 4), np.float32)
+    x[0, 0, 1, 1] = np.nan
+    for cpu in (True, False):
+        with mock.patch.object(gemm, "CPU_PATH", cpu):
+            runner = check(delegate, "max_pool", [x], {"kernel_shape": (2, 2), "strides": (2, 2)})
+            assert np.isnan(runner(in0=x)["y"][0, 0, 0, 0])
 
 
 @given(data=st.data(), rank=st.sampled_from([1, 2, 2]), ceil_mode=st.booleans(), include=st.booleans(),
-       seed=st.integers(0, 2**31))
+       cpu=st.booleans(), seed=st.integers(0, 2**31))
 @SETTINGS
-def test_avg_pool(delegate, data, rank, ceil_mode, include, seed):
+def test_avg_pool(delegate, data, rank, ceil_mode, include, cpu, seed):
     kernel, attrs = data.draw(windows(rank, dilations=False))
     x = normal(np.random.default_rng(seed), 2, 3, *spatial(data.draw, kernel, attrs))
-    check(delegate, "avg_pool", [x], {**attrs, "kernel_shape": kernel, "ceil_mode": ceil_mode,
-                                      "count_include_pad": include})
+    with mock.patch.object(gemm, "CPU_PATH", cpu):
+        check(delegate, "avg_pool", [x], {**attrs, "kernel_shape": kernel, "ceil_mode": ceil_mode,
+                                          "count_include_pad": include})
 
 
 @given(shape=st.lists(st.integers(1, 7), min_size=2, max_size=5), eps=st.sampled_from([1e-5, 1e-3]),

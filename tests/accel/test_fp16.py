@@ -113,15 +113,21 @@ def _cases():
         Case("conv", [r(2, 4, 13, 11), r(6, 2, 3, 3), r(6)], conv_attrs, "abs", patch=cpu, name="im2col-gemm"),
         Case("conv", [r(2, 4, 13, 11), r(6, 2, 3, 3), r(6)], conv_attrs, "abs", patch=gpu, name="direct"),
         Case("conv", [r(1, 5, 9, 7), r(10, 1, 3, 3), r(10)], {"group": 5, "pads": (1, 1, 1, 1),
-                                                               "activation": "relu6"}, "abs", name="depthwise"),
+                                                               "activation": "relu6"}, "abs", patch=gpu,
+             name="depthwise"),
+        Case("conv", [r(2, 5, 9, 7), r(10, 1, 3, 3), r(10)], {"group": 5, "pads": (1, 0, 1, 2), "strides": (2, 1),
+                                                               "activation": "relu6"}, "abs", patch=cpu,
+             name="depthwise-fixed"),
         Case("conv", [r(2, 19, 5, 7), r(37, 19, 1, 1), r(37)], {}, "abs",
              patch={**gpu, (conv_kernels, "LOCAL_TILING"): True}, name="pointwise-tiled"),
         Case("conv", [r(2, 19, 5, 7), r(37, 19, 1, 1)], {}, "abs", patch=cpu, name="pointwise-gemm"),
         Case("conv", [r(2, 3, 23), r(5, 3, 4)], {"strides": (2,), "pads": (1, 2)}, "abs", patch=gpu, name="1d"),
     ]
     pool = {"kernel_shape": (3, 2), "strides": (2, 2), "pads": (1, 0, 1, 1), "ceil_mode": True}
-    cases += [Case("max_pool", [r(2, 3, 11, 9)], {**pool, "dilations": (1, 2)}),
-              Case("avg_pool", [r(2, 3, 11, 9)], {**pool, "count_include_pad": True}, "abs")]
+    for path, patch in (("fixed", cpu), ("direct", gpu)):
+        cases += [Case("max_pool", [r(2, 3, 11, 9)], {**pool, "dilations": (1, 2)}, patch=patch, name=path),
+                  Case("avg_pool", [r(2, 3, 11, 9)], {**pool, "count_include_pad": True}, "abs", patch=patch,
+                       name=path)]
     scale, bias, mean = r(5), r(5), r(5)
     var = positive(5)
     cases.append(Case("batch_norm", [r(2, 5, 7, 3), scale, bias, mean, var], {"epsilon": 1e-5},

@@ -3,8 +3,11 @@ direct register-tiled kernel, a depthwise one, and a local-memory tiled GEMM for
 stride-1 convs on devices with on-chip local memory; bias and the fused activation
 applied on the way out. On CPU devices (gemm.cpu_path) non-depthwise convs instead run
 as gemm.cl's register-blocked GEMM: 1x1 stride-1 unpadded ones straight on the input,
-others after an im2col kernel fills a columns buffer allocated once per conv at make
-time.
+others after window.cl's im2col fills a columns buffer allocated once per conv at make
+time; depthwise convs run window.cl's row kernel. window.cl's kernels are built per
+geometry (every size a -D constant: PoCL vectorizes only straight-line work-item code,
+and divides by run-time values in tens of cycles), launched over exact ranges whose
+work-groups `fixed_range` sizes for the device's compute units.
 
 `launcher` (a 1-D launch over `total` work-items), `constant_ints` and `too_large` are
 shared by the pooling and pad kernels.
@@ -23,6 +26,9 @@ TILES = {"CO": 8, "PX": 4, "TILE": 8}  # conv.cl's register and local-memory til
 LOCAL_TILING = None
 # Columns buffers larger than this (floats) run the direct kernel instead of im2col.
 MAX_COLUMNS = 2**26
+# The CPU path's depthwise kernel keeps a padded input row in private memory: rows longer
+# than this (floats) take the run-time-geometry kernel.
+MAX_FIXED_ROW = 1024
 
 
 def launcher(rt, kernel, total, *args, group=None, cap=128):
@@ -34,6 +40,46 @@ def launcher(rt, kernel, total, *args, group=None, cap=128):
     kernel.set_args(*args)
     size = (-(-total // group) * group,)
     return lambda: rt.cl.enqueue_nd_range_kernel(rt.queue, kernel, size, (group,))
+
+
+# The CPU path's work-groups: about this many work-items each, and at least GROUPS_PER_UNIT
+# groups per compute unit where the work allows (PoCL runs a work-group as one loop on one
+# thread: tiny groups cost their scheduling, too few leave threads idle).
+CPU_GROUP_ITEMS = 128
+GROUPS_PER_UNIT = 4
+
+
+def fixed_range(rt, dims):
+    """(global, local) sizes over `dims` exactly (the window.cl kernels' ranges): each local
+    size divides its dimension, so no work-item falls outside; their product is at most
+    CPU_GROUP_ITEMS, and less where that leaves under GROUPS_PER_UNIT groups per compute
+    unit."""
+    dims = tuple(max(int(d), 1) for d in dims)
+    total = int(np.prod(dims))
+    units = max(rt.device.max_compute_units, 1)
+    budget = max(1, min(CPU_GROUP_ITEMS, rt.device.max_work_group_size, total // (GROUPS_PER_UNIT * units)))
+    local = []
+    for d, cap in zip(dims, rt.device.max_work_item_sizes):
+        size = max(k for k in range(1, min(d, budget, cap) + 1) if d % k == 0)
+        local.append(size)
+        budget //= size
+    return dims, tuple(local)
+
+
+def fixed_step(rt, kernel, dims, *args):
+    """A step running window.cl's `kernel(*args)` over `dims` (fixed_range's sizes)."""
+    size, group = fixed_range(rt, dims)
+    kernel.set_args(*args)
+    return lambda: rt.cl.enqueue_nd_range_kernel(rt.queue, kernel, size, group)
+
+
+FIXED_KINDS = {"im2col_fixed": 1, "depthwise_fixed": 2, "max_pool_fixed": 3, "avg_pool_fixed": 4}
+
+
+def fixed_kernel(rt, name, **geometry):
+    """window.cl's kernel `name`, built for one geometry (G* defines; see its header)."""
+    defines = {k: int(v) for k, v in geometry.items()}
+    return rt.kernel(rt.program("window", KIND=FIXED_KINDS[name], **defines), name)
 
 
 def constant_ints(rt, values):
@@ -91,13 +137,23 @@ def _conv(rt, ins, outs, attrs):
             step = launcher(rt, kernel, blocks * tile * tile, x.data, w.data, bias_data, out.data,
                             geo.data, np.int32(0), *tail, group=tile * tile)
             return lambda keep=geo: step()
-    geo = constant_ints(rt, (c, h, wd, m, oh, ow, kh, kw, sh, sw, dh, dw, ph, pw, group))
     taps, pixels = kh * kw, oh * ow
     if gemm.cpu_path(rt) and not (group == c and group > 1) and (pointwise or n * c * taps * pixels <= MAX_COLUMNS):
-        return _conv_gemm(rt, program, geo, x, w, bias, out, n, c, m, group, taps, pixels, pointwise,
+        fixed = dict(GC=c, GH=h, GW=wd, GOH=oh, GOW=ow, GKH=kh, GKW=kw, GSH=sh, GSW=sw, GDH=dh, GDW=dw,
+                     GPH=ph, GPW=pw)
+        return _conv_gemm(rt, fixed, x, w, bias, out, n, c, m, group, taps, pixels, pointwise,
                           ACTIVATIONS[attrs["activation"]])
+    depthwise = group == c and group > 1
+    if depthwise and gemm.cpu_path(rt) and (ow - 1) * sw + (kw - 1) * dw + 1 <= MAX_FIXED_ROW:
+        kernel = fixed_kernel(rt, "depthwise_fixed", GC=c, GH=h, GW=wd, GM=m, GOH=oh, GOW=ow, GKH=kh, GKW=kw,
+                              GSH=sh, GSW=sw, GDH=dh, GDW=dw, GPH=ph, GPW=pw,
+                              ACT=ACTIVATIONS[attrs["activation"]], HAS_BIAS=bias is not None)
+        rows = n * m * oh
+        return fixed_step(rt, kernel, (rows,), x.data, w.data, bias_data,
+                          out.data, np.int32(rows))
+    geo = constant_ints(rt, (c, h, wd, m, oh, ow, kh, kw, sh, sw, dh, dw, ph, pw, group))
     wtiles = -(-ow // px)
-    if group == c and group > 1:
+    if depthwise:
         kernel = rt.kernel(program, "conv_depthwise")
         total = n * m * oh * wtiles
     else:
@@ -107,8 +163,9 @@ def _conv(rt, ins, outs, attrs):
     return lambda keep=geo: step()
 
 
-def _conv_gemm(rt, program, geo, x, w, bias, out, n, c, m, group, taps, pixels, pointwise, act):
-    """The CPU path: per image and group, out = w @ cols (cols = x when pointwise)."""
+def _conv_gemm(rt, fixed, x, w, bias, out, n, c, m, group, taps, pixels, pointwise, act):
+    """The CPU path: per image and group, out = w @ cols (cols = x when pointwise), cols
+    filled by window.cl's im2col_fixed (`fixed`: its geometry)."""
     cpg, mpg = c // group, m // group
     depth = cpg * taps  # the GEMM's K
     steps = []
@@ -116,16 +173,19 @@ def _conv_gemm(rt, program, geo, x, w, bias, out, n, c, m, group, taps, pixels, 
         cols = x
     else:
         cols = rt.empty((n * c * taps * pixels,), np.float32)  # reused by every run
-        total = cols.size
-        steps.append(launcher(rt, rt.kernel(program, "im2col"), total, x.data, cols.data, geo.data,
-                              np.int32(total)))
+        kernel = fixed_kernel(rt, "im2col_fixed", **fixed)
+        steps.append(fixed_step(rt, kernel, (fixed["GOW"], fixed["GOH"], n * c * taps), x.data, cols.data))
     batch = np.arange(n * group)
     g = batch % group
     table = np.stack([g * mpg * depth, batch * depth * pixels, g * mpg], 1)
     steps.append(gemm.blocked_matmul(rt, w.data, cols.data, out.data, mpg, pixels, depth, table,
                                      bias=None if bias is None else bias.data, act=act))
 
-    def run(keep=(geo, cols)):
-        for step in steps:
-            step()
+    if len(steps) == 1:
+        return steps[0]
+    first, second = steps
+
+    def run(keep=cols):
+        first()
+        second()
     return run

@@ -1,9 +1,11 @@
-"""OpenCL kernels of edgeflow/ops/pool.py (pool.cl): max and average pooling, 1-D and 2-D."""
+"""OpenCL kernels of edgeflow/ops/pool.py (pool.cl): max and average pooling, 1-D and 2-D.
+On CPU devices (gemm.cpu_path) window.cl's kernels, built for each geometry, run instead."""
 import numpy as np
 
 from ...ops.conv import window_geometry, window_params
 from . import cl_kernel
-from .conv import constant_ints, launcher, too_large
+from . import gemm
+from .conv import constant_ints, fixed_kernel, fixed_step, launcher, too_large
 
 
 def _unsupported(attrs, ins, outs):
@@ -25,7 +27,15 @@ def _geometry(op, attrs, x_shape):
 def _pool(name, *extra):
     def make(rt, ins, outs, attrs):
         x, out = ins[0], outs[0]
-        geo = constant_ints(rt, _geometry(name, attrs, x.shape))
+        geometry = _geometry(name, attrs, x.shape)
+        if gemm.cpu_path(rt):
+            h, w, oh, ow, kh, kw, sh, sw, dh, dw, ph, pw, eh, ew = geometry
+            kernel = fixed_kernel(rt, f"{name}_fixed", GH=h, GW=w, GOH=oh, GOW=ow, GKH=kh, GKW=kw, GSH=sh, GSW=sw,
+                                  GDH=dh, GDW=dw, GPH=ph, GPW=pw, GEH=eh, GEW=ew,
+                                  COUNT_PAD=attrs.get("count_include_pad", 0))
+            planes = int(np.prod(x.shape[:2]))
+            return fixed_step(rt, kernel, (ow, oh, planes), x.data, out.data)
+        geo = constant_ints(rt, geometry)
         total = int(out.size)
         kernel = rt.kernel(rt.program("pool"), name)
         step = launcher(rt, kernel, total, x.data, out.data, geo.data, np.int32(total),
