@@ -217,8 +217,8 @@ def _shapes(items):
 
 
 def cmd_profile(args):
-    from .split import measure_profile
-    from .split.cost import DEFAULT_RUNS
+    from .splitter import measure_profile
+    from .splitter.cost import DEFAULT_RUNS
     profile = measure_profile(args.model, signature=args.signature or "infer",
                               inputs=_parse_inputs(args.input) or None, runs=args.runs or DEFAULT_RUNS,
                               delegates=_delegates(args), device=args.name,
@@ -230,7 +230,7 @@ def cmd_profile(args):
 
 
 def cmd_split(args):
-    from .split.package import split_file
+    from .splitter.package import split_file
     link = args.link
     overrides = [f"{k}={v}" for k, v in (("up", args.up), ("down", args.down), ("rtt", args.rtt)) if v]
     if overrides:

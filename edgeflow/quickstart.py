@@ -140,7 +140,7 @@ def split_with_cloud(directory):
     127.0.0.1 in this process, and run a split inference against it."""
     try:
         from .cloud import Server
-        from .split.package import split_file
+        from .splitter.package import split_file
         import scipy  # noqa: F401 (the planner's max-flow)
     except ImportError:
         print("  skipped: needs the 'cloud' and 'split' extras (pip install 'edgeflow[cloud,split]')")
@@ -175,7 +175,7 @@ def split_training(directory):
     against training in one process."""
     try:
         from .cloud import Server
-        from .split.training import write_pair
+        from .splitter.training import write_pair
     except ImportError:
         print("  skipped: needs the 'cloud' extra (pip install 'edgeflow[cloud]')")
         return

@@ -10,7 +10,7 @@ and SHA-256, so a device package paired with another cloud package is refused.
 `SplitRunner` serves the split signature: when the server cannot be reached and the
 package also holds the whole graph (`infer_local`), it runs on the device alone and says
 so once (then tries the cloud again after `retry_s`); when the cloud package hosts the
-whole graph too, it re-chooses the cut from the link it measures (see edgeflow.split.adaptive).
+whole graph too, it re-chooses the cut from the link it measures (see edgeflow.splitter.adaptive).
 """
 import logging
 import time
@@ -49,7 +49,7 @@ class CloudDelegate(Delegate):
         self.signature, self.local_signature = "infer", None
         self.compression = "none"  # of float32 tensors on the wire, as the split chose
         self.calls = 0
-        self.rounds = None  # a training package's rounds (edgeflow.split.training)
+        self.rounds = None  # a training package's rounds (edgeflow.splitter.training)
         self.device_id, self.step_id, self.retry_s = None, 0, 60.0
 
     def unsupported(self, op, ins, outs):
@@ -127,7 +127,7 @@ class CloudDelegate(Delegate):
 def attach(interp, cloud, token=None, root_cert=None, timeout=None, device_id=None):
     """Make `interp` (an Interpreter of a device package) exchange tensors with `cloud`
     ("host:port" or a Client); returns the CloudDelegate."""
-    from ..split.partition import split_info
+    from ..splitter.partition import split_info
     info = split_info(interp.model)
     if info is None or info.get("role") != "device":
         raise EdgeflowError("cloud= needs a device package made by `edgeflow split` (this model "
@@ -153,7 +153,7 @@ def attach(interp, cloud, token=None, root_cert=None, timeout=None, device_id=No
 class SplitRunner:
     """Calls the split signature, falling back to `infer_local` while the cloud is
     unreachable, and re-choosing the cut from the measured link when both packages hold
-    the whole graph (`adapt`, edgeflow.split.adaptive)."""
+    the whole graph (`adapt`, edgeflow.splitter.adaptive)."""
 
     def __init__(self, interp, split_runner, local_runner, target, retry_s=30.0, adapt=True):
         self._interp, self._split, self._local = interp, split_runner, local_runner
@@ -164,10 +164,10 @@ class SplitRunner:
         self.interpreter = interp  # the one running the current cut
         self.replanner = None
         if adapt:
-            from ..split.partition import split_info
+            from ..splitter.partition import split_info
             info = split_info(interp.model)
             if info.get("adaptive") and "cost_graph" in info and local_runner is not None:
-                from ..split.adaptive import Replanner
+                from ..splitter.adaptive import Replanner
                 self.replanner = Replanner(info)
 
     @property

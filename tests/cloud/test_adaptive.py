@@ -10,9 +10,9 @@ import pytest
 import edgeflow as ef
 from converters import onnx as onnx_converter
 from edgeflow.format import reader, writer
-from edgeflow.split import Link, partition
-from edgeflow.split.adaptive import Replanner
-from edgeflow.split.package import split_file
+from edgeflow.splitter import Link, partition
+from edgeflow.splitter.adaptive import Replanner
+from edgeflow.splitter.package import split_file
 
 pytest.importorskip("grpc")
 from edgeflow.cloud import Server  # noqa: E402

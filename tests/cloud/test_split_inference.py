@@ -16,7 +16,7 @@ import edgeflow as ef
 from converters import onnx as onnx_converter
 from edgeflow.errors import RemoteError
 from edgeflow.format import reader
-from edgeflow.split import partition
+from edgeflow.splitter import partition
 
 from .test_serve_cli import Lines, edgeflow
 

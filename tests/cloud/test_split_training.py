@@ -18,7 +18,7 @@ import edgeflow as ef
 from edgeflow import trainer
 from edgeflow.errors import RemoteError
 from edgeflow.format import reader
-from edgeflow.split import training
+from edgeflow.splitter import training
 
 from .test_serve_cli import Lines
 

@@ -5,8 +5,8 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from edgeflow.split import CostGraph, Link, Op, Tensor, plan
-from edgeflow.split import report
+from edgeflow.splitter import CostGraph, Link, Op, Tensor, plan
+from edgeflow.splitter import report
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -1,12 +1,12 @@
 """Random cost graphs, and a brute-force reference for their placements.
 
 The reference scores every one of the 2**n device/cloud assignments at once with numpy,
-straight from the execution model's definition (tests/split does not trust the planner's
+straight from the execution model's definition (tests/splitter does not trust the planner's
 own cost function for this); memory is simulated op by op.
 """
 import numpy as np
 
-from edgeflow.split import CostGraph, Link, Op, Tensor
+from edgeflow.splitter import CostGraph, Link, Op, Tensor
 
 
 def random_graph(rng, n, pin_rate=0.0, param_rate=0.0, compression="none"):

@@ -14,7 +14,7 @@ import edgeflow as ef
 from converters import onnx as onnx_converter
 from edgeflow.errors import EdgeflowError, PlacementError
 from edgeflow.format import reader
-from edgeflow.split import partition
+from edgeflow.splitter import partition
 
 MODELS_DIR = pathlib.Path(__file__).resolve().parents[1] / "data" / "onnx"
 

@@ -24,7 +24,7 @@ PROBE_BYTES = 64 << 10  # a throughput sample; smaller transfers measure latency
 class Replanner:
     """Plans a device package's cut again from measured link figures.
 
-    `info`: the package's split metadata (edgeflow.split.partition.split_info).
+    `info`: the package's split metadata (edgeflow.splitter.partition.split_info).
     `every`: calls between re-plans; `probe_every_s`: the least time between active
     probes (pings with payloads), which cost bandwidth on a slow link.
     """

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from edgeflow.errors import GraphError, InvalidInputError, PlacementError
-from edgeflow.split import CostGraph, Link, Op, Tensor, cost, forced, plan
+from edgeflow.splitter import CostGraph, Link, Op, Tensor, cost, forced, plan
 
 from .dags import brute_force, random_graph, random_link, simulated_memory
 

@@ -10,9 +10,9 @@ import edgeflow as ef
 from edgeflow.errors import FormatError, InvalidInputError
 from edgeflow.interp.delegate import Delegate
 from edgeflow.interp.kernels import KERNELS
-from edgeflow.split import (LINKS, CostGraph, Link, Profile, forced, measure_profile, partition,
+from edgeflow.splitter import (LINKS, CostGraph, Link, Profile, forced, measure_profile, partition,
                             plan, wire_bytes)
-from edgeflow.split.cost import (REFERENCE_BYTES_PER_S, REFERENCE_FLOPS_PER_S,
+from edgeflow.splitter.cost import (REFERENCE_BYTES_PER_S, REFERENCE_FLOPS_PER_S,
                                  REFERENCE_OP_OVERHEAD_S)
 
 W1 = np.linspace(-1, 1, 8 * 16, dtype=np.float32).reshape(8, 16)

@@ -5,7 +5,7 @@
 
 The cost graph is built from the model (with measured profiles where given), the
 placement planned (or forced at `cut` tensors), and the model cut into a device package
-and a cloud package (edgeflow.split.partition). The device package carries the cost graph
+and a cloud package (edgeflow.splitter.partition). The device package carries the cost graph
 and the link it was planned for, so that a device can re-plan from the link it measures
 when both packages hold the whole graph (the defaults).
 """
@@ -72,7 +72,7 @@ def split_file(model_path, out_dir, *, link="4g", objective="latency", device_pr
                train=False, labels="cloud"):
     """Plan and write OUT_DIR/{device.efl, cloud.efl, plan.json, plan.svg}; a SplitResult.
 
-    `train`: split the model's `train` signature for split learning (edgeflow.split.training),
+    `train`: split the model's `train` signature for split learning (edgeflow.splitter.training),
     with the labels sent to the cloud (`labels="cloud"`) or kept on the device ("device",
     U-shaped). The cut is planned on the forward graph (`signature`, "infer") with each
     op's time tripled (its backward pass is about twice its forward) and each cut tensor

@@ -81,7 +81,7 @@ class Placement:
 
     def device_operators(self, cost_graph):
         """Indices, in the model's subgraph, of the ops on the device (what
-        edgeflow.split.partition cuts a model with)."""
+        edgeflow.splitter.partition cuts a model with)."""
         return [op.operator for op in cost_graph.ops if self.side[op.name] == "device"]
 
 
