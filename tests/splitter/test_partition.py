@@ -163,3 +163,17 @@ def test_bad_cuts_and_missing_cloud(converted, tmp_path):
         np.testing.assert_array_equal(got[key], want[key])
     with pytest.raises(EdgeflowError, match="device package"):
         ef.Interpreter(converted["mlp"], cloud=InProcess(tmp_path / "cloud.efl"))
+
+
+def test_no_submodule_shadows_an_op_function():
+    """Importing a subpackage sets an attribute of `edgeflow`: none may hide an op (as
+    edgeflow.split once hid ef.split)."""
+    import importlib
+    import pkgutil
+    import types
+    functions = {k for k, v in vars(ef).items() if not isinstance(v, types.ModuleType)}
+    for info in pkgutil.iter_modules(ef.__path__):
+        assert info.name not in functions, info.name
+        if info.name not in ("cli", "quickstart"):
+            importlib.import_module(f"edgeflow.{info.name}")
+    assert callable(ef.split)
