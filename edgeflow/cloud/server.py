@@ -188,9 +188,9 @@ class Server:
 
     def __init__(self, model_dir=None, host="127.0.0.1", port=0, token=None, tls=None, max_workers=8,
                  models=None, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, state_dir=None,
-                 checkpoint_every=1):
-        if model_dir is None and not models:
-            raise EdgeflowError("Server: give a model_dir, or models={id: path or bytes}")
+                 checkpoint_every=1, parameter_server=None):
+        if model_dir is None and not models and parameter_server is None:
+            raise EdgeflowError("Server: give a model_dir, models={id: path or bytes} or a parameter_server")
         if tls is not None and (len(tls) != 2 or not all(tls)):
             raise EdgeflowError("Server: tls expects (certificate PEM, private key PEM)")
         if token is not None and not token:
@@ -199,6 +199,7 @@ class Server:
         self.host, self.port, self.token, self.tls = host, port, token, tls
         self.max_workers, self.max_request_bytes = max_workers, max_request_bytes
         self.state_dir, self.checkpoint_every = state_dir, checkpoint_every
+        self.parameter_server = parameter_server  # an edgeflow.cloud.ps.ParameterService, served too
         self._server = None
         self._health = None
 
@@ -218,6 +219,8 @@ class Server:
             _Servicer(self.models, self.max_request_bytes, self.state_dir, self.checkpoint_every), server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        if self.parameter_server is not None:
+            self.parameter_server.add_to_server(server, self._health)
         try:
             if self.tls:
                 cert, key = (v.encode() if isinstance(v, str) else bytes(v) for v in self.tls)
@@ -244,6 +247,8 @@ class Server:
         for model in self.models.values():  # training state: checkpoint, to resume from
             if model.steps is not None:
                 model.steps.close()
+        if self.parameter_server is not None:  # its variables, slots and devices' steps
+            self.parameter_server.checkpoint()
 
     def __enter__(self):
         self.start()
