@@ -134,9 +134,41 @@ def _counts(counter):
     return ", ".join(f"{op} {n}" for op, n in counter.most_common())
 
 
+def _train_with_parameter_server(args, data):
+    """edgeflow train --mode sync|async|fedavg: push gradients (or models) to the server."""
+    from .cloud.federated import train
+    from .cloud.ps import ParameterClient
+    if not args.cloud:
+        raise EdgeflowError(f"--mode {args.mode} needs --cloud HOST:PORT (a parameter server: "
+                            "edgeflow serve --parameter-server MODE)")
+    cloud = _cloud(args)
+    model_id = args.model_id or os.path.splitext(os.path.basename(args.model))[0]
+    device_id = args.device_id or f"device-{os.getpid()}"
+    n = len(next(iter(data.values()))) if data else 0
+    total = args.epochs if args.mode == "fedavg" else args.epochs * -(-n // args.batch_size)
+    bar = _progress(total, f"training ({args.mode})")
+
+    def on_step(record):
+        bar.update(1)
+        bar.set_postfix(loss=f"{record['loss']:.4f}", version=record["version"])
+    options = dict(batch_size=args.batch_size, seed=args.seed, on_step=on_step)
+    if args.mode == "fedavg":
+        options.update(rounds=args.epochs, local_epochs=args.local_epochs)
+    else:
+        options.update(epochs=args.epochs)
+    with ParameterClient(args.cloud, token=cloud["token"], root_cert=cloud["root_cert"]) as client:
+        history = train(args.model, data, client, model_id, device_id, args.mode, **options)
+    bar.close()
+    if history:
+        print(f"trained {len(history)} {'rounds' if args.mode == 'fedavg' else 'steps'} as {device_id!r}: "
+              f"loss {history[0]['loss']:.4f} -> {history[-1]['loss']:.4f}")
+
+
 def cmd_train(args):
     from . import trainer
     from .interp import Interpreter
+    if args.mode != "split":
+        return _train_with_parameter_server(args, _load_npz(args.data))
     cloud = _cloud(args)
     if cloud:
         cloud["device_id"] = args.device_id
@@ -146,11 +178,7 @@ def cmd_train(args):
     if "train" not in interp.get_signature_list():
         raise EdgeflowError(f"{args.model} has no 'train' signature; make one with ef.save(..., "
                             "signatures={'train': ...}) or edgeflow convert --trainable")
-    try:
-        with np.load(args.data, allow_pickle=False) as archive:
-            data = {k: archive[k] for k in archive.files}
-    except (OSError, ValueError) as e:
-        raise EdgeflowError(f"--data: cannot read {args.data!r} as .npz ({e})") from None
+    data = _load_npz(args.data)
     n = len(next(iter(data.values()))) if data else 0
     steps = args.epochs * -(-n // args.batch_size)
     bar = _progress(steps, "training")
@@ -168,6 +196,14 @@ def cmd_train(args):
     if args.output:
         interp.export(args.output)
         print(f"wrote the trained model to {args.output}")
+
+
+def _load_npz(path):
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {k: archive[k] for k in archive.files}
+    except (OSError, ValueError) as e:
+        raise EdgeflowError(f"--data: cannot read {path!r} as .npz ({e})") from None
 
 
 class _Bar:
@@ -337,6 +373,13 @@ def build_parser():
     _add_cloud_args(p)
     p.add_argument("--device-id", help="with --cloud: this device's id on the server (default: random); "
                                        "keep it to resume after a restart")
+    p.add_argument("--mode", choices=["split", "sync", "async", "fedavg"], default="split",
+                   help="with --cloud: split (a device package from `edgeflow split --train`, the "
+                        "default), or with a parameter server: sync, async, or fedavg (--epochs rounds "
+                        "of --local-epochs each)")
+    p.add_argument("--local-epochs", type=_positive, default=1, help="with --mode fedavg: epochs per round")
+    p.add_argument("--model-id", help="with sync/async/fedavg: the model's id on the server (default: "
+                                      "the file name)")
     p.set_defaults(fn=cmd_train)
 
     p = verbs.add_parser("quickstart", help="an end-to-end tour: build, convert, run and train models",
@@ -426,6 +469,11 @@ def build_parser():
                         "training), resumed from on restart")
     p.add_argument("--checkpoint-every", type=_positive, default=1, metavar="K",
                    help="with --state-dir: checkpoint after every K-th training step (default 1)")
+    p.add_argument("--parameter-server", choices=["sync", "async", "fedavg"], metavar="MODE",
+                   help="also serve the cloud variables of the trainable packages to devices that push "
+                        "gradients: sync, async or fedavg (checkpoints in --state-dir)")
+    p.add_argument("--replicas", type=_positive, default=1,
+                   help="with --parameter-server sync/fedavg: devices per step or round (default 1)")
     p.add_argument("--grace", type=float, default=5.0,
                    help="seconds calls in flight get to finish on shutdown (default 5)")
     p.set_defaults(fn=cmd_serve)

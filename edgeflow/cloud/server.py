@@ -12,6 +12,7 @@ INTERNAL. The server keeps serving after each. gRPC's standard health service
 import hmac
 import logging
 import os
+import pathlib
 import signal
 import threading
 import time
@@ -266,6 +267,14 @@ def _read_file(path, what):
         raise EdgeflowError(f"{what}: cannot read {path!r} ({e.strerror})") from None
 
 
+def _trainable(path):
+    from ..format import reader
+    try:
+        return any(s.key == "train" for s in reader.load(path).signatures)
+    except EdgeflowError:
+        return False  # load_models logs and skips it
+
+
 def serve(args):
     """`edgeflow serve`: host the models in args.model_dir until SIGTERM or SIGINT."""
     if not logging.getLogger().handlers:
@@ -282,9 +291,24 @@ def serve(args):
         raise EdgeflowError("--tls-cert and --tls-key go together")
     tls = (_read_file(args.tls_cert, "--tls-cert"), _read_file(args.tls_key, "--tls-key")) \
         if args.tls_cert else None
+    parameter_server = None
+    if getattr(args, "parameter_server", None):
+        from .ps import ParameterService
+        trainable = {p.stem: str(p) for p in sorted(pathlib.Path(args.model_dir).glob("*.efl"))
+                     if _trainable(p)}
+        if not trainable:
+            raise EdgeflowError(f"--parameter-server: no trainable package (a 'train' signature) in "
+                                f"{args.model_dir}")
+        parameter_server = ParameterService(
+            trainable, mode=args.parameter_server, replicas=args.replicas,
+            checkpoint_dir=os.path.join(args.state_dir, "ps") if args.state_dir else None,
+            checkpoint_every=args.checkpoint_every)
+        _log.info("parameter server (%s, %d replicas) for %s", args.parameter_server, args.replicas,
+                  sorted(trainable))
     server = Server(args.model_dir, host=args.host, port=args.port, token=token, tls=tls,
                     max_workers=args.max_workers, max_request_bytes=int(args.max_request_mb * (1 << 20)),
-                    state_dir=args.state_dir, checkpoint_every=args.checkpoint_every)
+                    state_dir=args.state_dir, checkpoint_every=args.checkpoint_every,
+                    parameter_server=parameter_server)
     for model in server.models.values():
         _log.info("model %r: sha256 %s, %d bytes, from %s", model.id, model.sha256, model.file_bytes,
                   model.source)
