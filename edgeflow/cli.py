@@ -385,7 +385,9 @@ def build_parser():
     p = verbs.add_parser("quickstart", help="an end-to-end tour: build, convert, run and train models",
                          description="An end-to-end tour: build a small model with the graph "
                                      "API, package, inspect, run and benchmark it; convert an "
-                                     "ONNX model; train a model on the device.")
+                                     "ONNX model; train a model on the device; split a model "
+                                     "with a server it starts on 127.0.0.1, for inference and "
+                                     "for training.")
     p.add_argument("--dir", default=None, help="where to write files (default: a temp dir)")
     p.set_defaults(fn=cmd_quickstart)
 

@@ -35,6 +35,7 @@ from ..errors import InvalidInputError, RemoteError
 from ..interp import Interpreter
 from ..trainer import batches, check_data
 from .ps import TrainingRoles
+from ..splitter.partition import file_sha256
 
 __all__ = ["train", "train_sync", "train_async", "train_fedavg", "steps_per_epoch"]
 WAIT_S = 5.0  # how long one Pull waits for the other replicas before it asks again
@@ -74,7 +75,7 @@ class _Device:
             self.sha256 = hashlib.sha256(package).hexdigest() if check_package else None
         else:
             self.interp = Interpreter(package)  # mapped, not read
-            self.sha256 = _file_sha256(package) if check_package else None
+            self.sha256 = file_sha256(package) if check_package else None
         self.roles = TrainingRoles(self.interp.model)
         self.client, self.model_id, self.device_id = client, model_id, device_id
         self.data = check_data(self.interp.get_signature_runner("train"), data)
@@ -112,14 +113,6 @@ class _Device:
 
     def values(self):
         return {n: self.interp.get_tensor(self.roles.variables[n]) for n in self.names}
-
-
-def _file_sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _loss(out, roles):
