@@ -262,7 +262,7 @@ def cmd_profile(args):
     profile.save(args.output)
     total = sum(profile.seconds.values())
     print(f"profiled {len(profile.seconds)} ops of {args.model} on {profile.device}: "
-          f"{total * 1e3:.3f} ms per run (mean of {profile.runs} runs) -> {args.output}")
+          f"{total * 1e3:.3f} ms per run (per-op medians of {profile.runs} runs) -> {args.output}")
 
 
 def cmd_split(args):
@@ -466,6 +466,8 @@ def build_parser():
     p.add_argument("--max-request-mb", type=float, default=256,
                    help="largest tensor payload of one request, in MiB (default 256)")
     p.add_argument("--max-workers", type=_positive, default=8, help="requests run at once (default 8)")
+    p.add_argument("--threads", type=_positive,
+                   help="BLAS threads per request (default: the cores / --max-workers, at least 1)")
     p.add_argument("--state-dir", metavar="DIR",
                    help="training state: checkpoints of the models devices train here (split "
                         "training), resumed from on restart")

@@ -228,8 +228,8 @@ DEFAULT_RUNS = 20
 
 def measure_profile(model, signature="infer", inputs=None, runs=DEFAULT_RUNS, delegates=(), device=None,
                     input_shapes=None):
-    """Profile a model's signature on this machine: mean seconds per op over `runs`
-    invocations, after one unprofiled warm-up.
+    """Profile a model's signature on this machine: the median seconds of each op over
+    `runs` invocations, after one unprofiled warm-up.
 
     `model`: a path or the file's bytes. `inputs`: {name: array}; missing ones are random
     at `input_shapes` ({name: shape}) or the signature's shapes (dynamic dimensions 1). With `delegates`, a delegated
@@ -245,23 +245,27 @@ def measure_profile(model, signature="infer", inputs=None, runs=DEFAULT_RUNS, de
     feeds = random_inputs(runner, inputs or {}, shapes=input_shapes)
     runner(**feeds)
     profiler = interp.enable_profiling()
+    samples = {}  # op -> its seconds in each run: the median resists a busy machine's outliers
     for _ in range(runs):
+        before = {i: r.total_ns for i, r in profiler.records.items()}
         runner(**feeds)
+        for i, rec in profiler.records.items():
+            samples.setdefault(i, []).append((rec.total_ns - before.get(i, 0)) / 1e9)
     plan = runner.last_plan
     sub = plan.subgraph
     seconds = {}
     starts, flops = set(plan.step_ops), None
-    for i, rec in profiler.records.items():
-        mean = rec.total_ns / rec.calls / 1e9
+    for i in profiler.records:
+        median = float(np.median(samples[i]))
         group = _partition_of(plan, i, starts)
         if len(group) == 1:
-            seconds[op_name(sub, i)] = mean
+            seconds[op_name(sub, i)] = median
             continue
         flops = flops or plan.flops()
         weights = [_estimate(plan, j, flops[j]) for j in group]
         total = sum(weights)
         for j, w in zip(group, weights):
-            seconds[op_name(sub, j)] = mean * (w / total if total > 0 else 1 / len(group))
+            seconds[op_name(sub, j)] = median * (w / total if total > 0 else 1 / len(group))
     if device is None:
         names = "+".join(["numpy"] + [d.name for d in delegates])
         device = f"{platform.node() or 'host'} ({platform.machine()}, {names})"
