@@ -100,9 +100,10 @@ class HostedModel:
                                     f"got {dtype.name}")
         check_shape(tensor, shape, what)
 
-    def check_fetches(self, fetches):
-        """InvalidInputError unless `fetches` names distinct tensors of the model, at least one."""
-        if not fetches:
+    def check_fetches(self, fetches, allow_none=False):
+        """InvalidInputError unless `fetches` names distinct tensors of the model, at least
+        one (unless `allow_none`: a training round may only apply updates)."""
+        if not fetches and not allow_none:
             raise InvalidInputError(f"expected at least one fetch; model {self.id!r} outputs "
                                     f"{self._expected('outputs')}")
         seen = set()

@@ -65,9 +65,11 @@ class CloudDelegate(Delegate):
             exchange = exchanges.setdefault(round_no, _Exchange(round_no))
             if op.opcode == "send":
                 steps.append(self._sender(exchange, key, partition.arrays[op.inputs[0]]))
-            else:
+            elif key:
                 exchange.fetches.append(key)
                 steps.append(self._receiver(exchange, key, partition.arrays[op.outputs[0]]))
+            else:  # a round that brings nothing back still makes its call
+                steps.append(self._receiver(exchange, None, None))
 
         def run():
             for step in steps:
@@ -83,10 +85,12 @@ class CloudDelegate(Delegate):
 
     def _receiver(self, exchange, key, out):
         def recv():
-            if key not in exchange.reply:
+            if key is None or key not in exchange.reply:
                 sent, exchange.sent = exchange.sent, {}
                 exchange.reply = self._call(exchange, sent)
                 self.calls += 1
+            if key is None:
+                return
             value = exchange.reply.pop(key, None)
             if value is None:
                 raise RemoteError(f"the cloud's reply has no tensor {key!r}")

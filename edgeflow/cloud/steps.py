@@ -19,6 +19,7 @@ from it. A device that is ahead of a restarted server is told the step to resume
 (`StaleStep.resume_from`): it restores its own checkpoint of that step (it checkpoints on
 the same steps) and trains on from there, so no step is lost or applied twice.
 """
+import collections
 import json
 import logging
 import os
@@ -56,7 +57,7 @@ class StepHost:
         self.replies = {}  # device -> (step, {round: reply})
         self.finished = {}  # device -> last finished step
         self.updates = 0  # steps whose writes ran (what a test counts)
-        self.received = []  # names of the tensors each round carried (what a test inspects)
+        self.received = collections.deque(maxlen=1024)  # the tensors recent rounds carried (names)
         if state_dir:
             os.makedirs(state_dir, exist_ok=True)
             if os.path.exists(self._path()):

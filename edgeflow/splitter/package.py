@@ -46,6 +46,7 @@ def _write_training(model, model_path, out_dir, placement, cost_graph, link, dev
     from . import training
     os.makedirs(out_dir, exist_ok=True)
     model_id = model_id or default_model_id(model_path)
+    device_ops = _with_the_loss(model, device_ops, {op.operator for op in cost_graph.ops})
     cut = training.write_pair(model, device_ops, out_dir, model_id=model_id, labels=labels,
                               probe_shapes=input_shapes)
     sha = partition.file_sha256(os.path.join(out_dir, "cloud.efl"))
@@ -57,6 +58,25 @@ def _write_training(model, model_path, out_dir, placement, cost_graph, link, dev
     write_text(paths["plan"], json.dumps(plan_json, indent=1) + "\n")
     write_text(paths["svg"], report.svg(placement, cost_graph, link))
     return SplitResult(placement, cost_graph, link, model_id, sha, paths)
+
+
+def _with_the_loss(model, device_ops, planned):
+    """`device_ops` and the train step's forward ops that the plan did not cover (the loss)
+    whose inputs the device already has: with the logits on the device, the loss stays
+    there too (no round trip when the plan is device-only)."""
+    from ..interp.plan import needed_operators
+    from .training import roles_of
+    sig = next(s for s in model.signatures if s.key == "train")
+    sub = model.subgraphs[sig.subgraph]
+    grad_of, update_of, _ = roles_of(model)
+    producer = {t: i for i, op in enumerate(sub.operators) for t in op.outputs}
+    device = set(device_ops)
+    for i in needed_operators(sub, list(sig.outputs.values()), producer):
+        if i in planned or i in grad_of or i in update_of:
+            continue
+        if all(producer.get(t) is None or producer[t] in device for t in sub.operators[i].inputs):
+            device.add(i)
+    return device
 
 
 def default_model_id(path):
@@ -86,6 +106,9 @@ def split_file(model_path, out_dir, *, link="4g", objective="latency", device_pr
     profiles = [Profile.load(p) if isinstance(p, (str, os.PathLike)) else p
                 for p in (device_profile, server_profile)]
     model = reader.load(model_path)
+    planned_sig = next((s for s in model.signatures if s.key == signature), None)
+    if train and input_shapes and planned_sig is not None:  # the labels' shapes are the train signature's
+        input_shapes = {k: v for k, v in input_shapes.items() if k in planned_sig.inputs}
     cost_graph = CostGraph.from_model(model_path, signature, input_shapes, *profiles,
                                       device_speed=device_speed, server_speed=server_speed,
                                       compression=compression, pins=pins)

@@ -256,27 +256,36 @@ def recv_shapes(model, signature, sub, uploads, downloads, probe_shapes):
 
 def _probe(model, sig, sub, uploads, downloads, probe_shapes):
     """Inferred shapes of uploads and downloads at two sets of input shapes whose dynamic
-    dimensions differ (distinct primes, so that a match is not a coincidence)."""
+    dimensions differ (distinct primes, the k-th dynamic dimension of every input the same
+    prime, so that a match is not a coincidence). A model that takes only some sizes is
+    probed once at `probe_shapes` instead: its recv shapes are then fixed to those."""
     from ..interp import Interpreter
     interp = Interpreter(writer.to_bytes(model))
     inputs = list(sig.inputs.values())
-    found = []
+    wanted = list(dict.fromkeys(uploads + downloads))
+
+    def at(shapes):
+        plan = interp.plan_for(inputs, wanted, shapes)
+        return {t: plan.arrays[t].shape for t in wanted}
+    probes = []
     for primes in ((3, 5, 7, 11), (13, 17, 19, 23)):
         shapes = {}
         for t in inputs:
-            given = (probe_shapes or {}).get(sub.tensors[t].name)
-            dims = list(given) if given else list(sub.tensors[t].shape)
-            k = 0
+            dims, k = list(sub.tensors[t].shape), 0
             for d, size in enumerate(dims):
                 if size < 0:
                     dims[d] = primes[k % len(primes)]
                     k += 1
             shapes[t] = tuple(dims)
-        try:
-            plan = interp.plan_for(inputs, list(dict.fromkeys(uploads + downloads)), shapes)
-        except Exception as e:  # noqa: BLE001 (a model that takes only some sizes)
+        probes.append(shapes)
+    try:
+        return [at(shapes) for shapes in probes]
+    except Exception as e:  # noqa: BLE001 (a model that takes only some sizes)
+        given = {t: tuple(probe_shapes[sub.tensors[t].name]) for t in inputs
+                 if sub.tensors[t].name in (probe_shapes or {})}
+        if len(given) != len(inputs):
             raise PlacementError(f"could not infer the shapes the cut sends at input shapes "
-                                 f"{[shapes[t] for t in inputs]}: {e}; give --input-shape") from None
-        found.append({t: plan.arrays[t].shape for t in uploads + downloads})
-    return found
+                                 f"{[probes[0][t] for t in inputs]}: {e}; give every input's shape "
+                                 "(--input-shape)") from None
+        return [at(given)]
 

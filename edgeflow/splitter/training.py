@@ -23,6 +23,8 @@ carries the plan; the cloud package is the whole model, run by tensor names
 """
 import json
 
+import numpy as np
+
 from .. import ops
 from ..errors import PlacementError
 from ..format.model import ModelDef, OperatorDef, SignatureDef, SubGraphDef, TensorDef
@@ -114,12 +116,12 @@ class TrainingCut:
         self._phases(producer)
 
     def _guess_labels(self, forward, device_forward):
-        """Inputs no device forward op reads (the head reads the features): the labels."""
-        sub = self.subgraph
-        read = {t for i in device_forward for t in sub.operators[i].inputs}
-        guess = [n for n, t in self.signature.inputs.items() if t not in read]
-        if not guess:
-            raise PlacementError("cannot tell the label inputs apart: name them (label_inputs=)")
+        """The train inputs that the model's `infer` signature does not take: the labels."""
+        infer = next((s for s in self.model.signatures if s.key == "infer"), None)
+        guess = [n for n in self.signature.inputs if infer is not None and n not in infer.inputs]
+        if not guess or len(guess) == len(self.signature.inputs):
+            raise PlacementError("cannot tell the label inputs from the features (the model has no "
+                                 "'infer' signature taking the features): name them (label_inputs=)")
         return guess
 
     def _phases(self, producer):
@@ -206,7 +208,7 @@ def device_package(model, cut, cloud_id, cloud_sha256, probe_shapes=None, extra_
     n_original = len(tensors)
     shapes = partition.recv_shapes(model, cut.signature, sub, [t for r in cut.rounds for t in r["uploads"]],
                                    [t for r in cut.rounds for t in r["downloads"]], probe_shapes)
-    receipts, receipt_round, remap = [], [], {}
+    receipts, receipt_round, remap, targets_extra = [], [], {}, []
     for k, r in enumerate(cut.rounds, 1):
         for t in r["uploads"]:
             src = sub.tensors[t]
@@ -215,6 +217,14 @@ def device_package(model, cut, cloud_id, cloud_sha256, probe_shapes=None, extra_
             tensors.append(TensorDef(f"{src.name}:sent", src.dtype, (0,) + tuple(src.shape)))
             operators.append(OperatorDef("send", [remap.get(t, t)], [receipts[-1]],
                                          {"key": src.name, "round": k}))
+        if not r["downloads"]:
+            # Nothing comes back (the cloud only applies its updates): a recv of no tensor,
+            # run as a target, still makes the round's call.
+            targets_extra.append(len(operators))
+            tensors.append(TensorDef(f"round{k}:ack", np.dtype(np.float32), (0,)))
+            operators.append(OperatorDef("recv", [x for x, q in zip(receipts, receipt_round) if q <= k],
+                                         [len(tensors) - 1], {"key": "", "dtype": np.dtype(np.float32),
+                                                              "shape": (0,), "round": k}))
         for t in r["downloads"]:
             src = sub.tensors[t]
             remap[t] = len(tensors)
@@ -245,6 +255,7 @@ def device_package(model, cut, cloud_id, cloud_sha256, probe_shapes=None, extra_
         if ops.get(op.opcode).stateful:
             targets.append(k)
     targets += [i for i in sig.targets if cut.side.get(i) == "device" and cut.phase.get(i) == 0]
+    targets += targets_extra
     signatures = [SignatureDef(sig.key, dict(sig.inputs),
                                {n: remap.get(t, t) for n, t in sig.outputs.items()}, sig.subgraph, targets),
                   SignatureDef(LOCAL_TRAIN, dict(sig.inputs), dict(sig.outputs), sig.subgraph, list(sig.targets))]

@@ -226,3 +226,46 @@ def test_the_commands(tmp_path):
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
+
+
+@pytest.mark.parametrize("labels", ["cloud", "device"])
+def test_nothing_on_the_device_but_the_data(tmp_path, labels):
+    """Cloud-only training: the device sends the batch (and, U-shaped, keeps the loss);
+    a round that brings nothing back still makes its call, so every step is applied."""
+    build(tmp_path / "m.efl")
+    model = reader.load(tmp_path / "m.efl")
+    cut = training.write_pair(model, set(), tmp_path, model_id="c", labels=labels)
+    assert cut.label_inputs == (["label"] if labels == "device" else [])
+    data, _ = digits()
+    local = ef.Interpreter(tmp_path / "m.efl").get_signature_runner("train")
+    with Server(models={"c": tmp_path / "cloud.efl"}) as server:
+        device = ef.Interpreter(tmp_path / "device.efl", cloud=server.address, device_id="c")
+        runner = device.get_signature_runner("train")
+        for step in range(3):
+            batch = trainer.batch_at(data, 32, 0, 0, step)
+            assert float(runner(**batch)["loss"]) == pytest.approx(float(local(**batch)["loss"]), rel=1e-6)
+        host = server.models["c"].steps
+        assert host.updates == 3
+        assert all("label" not in names for names in host.received) == (labels == "device")
+
+
+def test_planned_training_splits_take_any_batch_and_keep_device_only_local(tmp_path):
+    from edgeflow.splitter.package import split_file
+    build(tmp_path / "m.efl")
+    data, _ = digits()
+    shapes = {"image": (32, 1, 8, 8), "label": (32,)}
+    # A slow link: the plan keeps everything (the loss too) on the device: no round trip.
+    local = split_file(tmp_path / "m.efl", tmp_path / "local", link="3g", train=True, input_shapes=shapes)
+    assert set(local.placement.side.values()) == {"device"}
+    assert json.loads((tmp_path / "local" / "plan.json").read_text())["rounds"] == []
+    runner = ef.Interpreter(local.paths["device"]).get_signature_runner("train")
+    reference = ef.Interpreter(tmp_path / "m.efl").get_signature_runner("train")
+    batch = trainer.batch_at(data, 32, 0, 0, 0)
+    assert float(runner(**batch)["loss"]) == float(reference(**batch)["loss"])
+    # A forced cut planned at batch 32 still trains a last, partial batch of 9.
+    cut = split_file(tmp_path / "m.efl", tmp_path / "cut", cut=["pool1_1"], train=True, input_shapes=shapes)
+    with Server(models={cut.model_id: cut.paths["cloud"]}) as server:
+        device = ef.Interpreter(cut.paths["device"], cloud=server.address, device_id="b")
+        small = {k: v[:9] for k, v in batch.items()}
+        assert float(device.get_signature_runner("train")(**small)["loss"]) == pytest.approx(
+            float(ef.Interpreter(tmp_path / "m.efl").get_signature_runner("train")(**small)["loss"]), rel=1e-6)
