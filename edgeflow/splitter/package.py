@@ -34,10 +34,42 @@ class SplitResult:
         return report.table(self.placement, self.cost_graph, self.link)
 
 
-def _training_costs(cost_graph):
-    """The forward graph's costs for a training step: each op's time tripled."""
+def _training_costs(model, model_path, cost_graph, train_shapes, profiles, device_speed, server_speed):
+    """The forward graph's costs for a training step: each forward op carries the time of
+    its backward ops and of the updates of the variables it reads (from the train
+    signature's cost graph: profiles of `train` where given, estimates otherwise). Without
+    a shape for every train input (the labels' too), each op's time is tripled instead."""
     from dataclasses import replace
-    return CostGraph([replace(op, device_s=3 * op.device_s, cloud_s=3 * op.cloud_s) for op in cost_graph.ops],
+    from .training import roles_of
+    train = next((s for s in model.signatures if s.key == "train"), None)
+    if train is None or (train_shapes and set(train_shapes) != set(train.inputs)):
+        return CostGraph([replace(op, device_s=3 * op.device_s, cloud_s=3 * op.cloud_s)
+                          for op in cost_graph.ops], list(cost_graph.tensors.values()), cost_graph.compression)
+    steps = CostGraph.from_model(model_path, "train", train_shapes or None, *profiles,
+                                 device_speed=device_speed, server_speed=server_speed,
+                                 compression=cost_graph.compression)
+    grad_of, update_of, _ = roles_of(model)
+    sub = model.subgraphs[train.subgraph]
+    forward = {op.operator for op in cost_graph.ops}
+    readers = {}
+    for i in forward:
+        for t in sub.operators[i].inputs:
+            if sub.tensors[t].is_variable:
+                readers.setdefault(t, []).append(i)
+    extra = {}
+    for op in steps.ops:
+        i = op.operator
+        if i in grad_of:
+            owners = [grad_of[i]] if grad_of[i] >= 0 else readers.get(-1 - grad_of[i], [])
+        elif i in update_of:
+            owners = readers.get(update_of[i], [])
+        else:
+            continue
+        for f in (o for o in owners if o in forward):
+            d, c = extra.get(f, (0.0, 0.0))
+            extra[f] = (d + op.device_s / len(owners), c + op.cloud_s / len(owners))
+    return CostGraph([replace(op, device_s=op.device_s + extra.get(op.operator, (0, 0))[0],
+                              cloud_s=op.cloud_s + extra.get(op.operator, (0, 0))[1]) for op in cost_graph.ops],
                      list(cost_graph.tensors.values()), cost_graph.compression)
 
 
@@ -107,6 +139,7 @@ def split_file(model_path, out_dir, *, link="4g", objective="latency", device_pr
                 for p in (device_profile, server_profile)]
     model = reader.load(model_path)
     planned_sig = next((s for s in model.signatures if s.key == signature), None)
+    train_shapes = dict(input_shapes or {})
     if train and input_shapes and planned_sig is not None:  # the labels' shapes are the train signature's
         input_shapes = {k: v for k, v in input_shapes.items() if k in planned_sig.inputs}
     cost_graph = CostGraph.from_model(model_path, signature, input_shapes, *profiles,
@@ -114,7 +147,8 @@ def split_file(model_path, out_dir, *, link="4g", objective="latency", device_pr
                                       compression=compression, pins=pins)
     plan_link = link
     if train:
-        cost_graph = _training_costs(cost_graph)
+        cost_graph = _training_costs(model, model_path, cost_graph, train_shapes, profiles,
+                                     device_speed, server_speed)
         plan_link = Link(1 / (1 / link.up_bps + 1 / link.down_bps), link.down_bps,
                          link.rtt_s * (2 if labels == "device" else 1), f"{link.name} (a training step)")
     if cut:

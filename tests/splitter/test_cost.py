@@ -235,3 +235,47 @@ def test_a_planned_split_runs_and_matches_numpy(model_path):
         for name in ("y", "z"):
             got = cloud_part[name] if name in cloud_part else device_part[name]
             np.testing.assert_allclose(got, want[name], rtol=1e-5)
+
+
+def test_training_costs_fold_backward_and_updates_into_the_forward_ops(tmp_path):
+    """A training split plans on the forward graph: each forward op then costs its own
+    time, its backward ops' and its variables' updates' (from the train step's graph)."""
+    import json
+
+    import edgeflow as ef
+    from edgeflow.format import reader
+    from edgeflow.splitter.package import _training_costs
+
+    g = ef.Graph()
+    with g.as_default():
+        ef.set_random_seed(0)
+        x = ef.placeholder(ef.float32, [None, 8], name="x")
+        y = ef.placeholder(ef.int64, [None], name="y")
+        logits = ef.layers.dense(ef.layers.dense(x, 16, activation=ef.nn.relu, name="a"), 3, name="b")
+        loss = ef.losses.softmax_cross_entropy(y, logits)
+        step = ef.train.Adam(0.01).minimize(loss)
+    ef.save(g, tmp_path / "m.efl", signatures={"train": ({"x": x, "y": y}, {"loss": loss}, [step]),
+                                               "infer": ({"x": x}, {"logits": logits})})
+    shapes = {"x": (4, 8), "y": (4,)}
+    forward = CostGraph.from_model(tmp_path / "m.efl", "infer", {"x": (4, 8)})
+    train = CostGraph.from_model(tmp_path / "m.efl", "train", shapes)
+    model = reader.load(tmp_path / "m.efl")
+    folded = _training_costs(model, tmp_path / "m.efl", forward, shapes, (None, None), 1.0, 10.0)
+    roles = json.loads(bytes(model.metadata["edgeflow.roles"]).decode())
+    planned = {op.operator for op in forward.ops}
+    sub = model.subgraphs[0]
+    # What the folded graph must hold: the planned forward ops, the backward ops of planned
+    # ops, every update (all variables here are read by planned ops) and the variables'
+    # gradient sums; not the loss's own ops nor their backward ops.
+    def counted(op):
+        i = op.operator
+        if str(i) in roles["update"]:
+            return True
+        if str(i) in roles["grad"]:
+            f = roles["grad"][str(i)]
+            return f in planned or (f < 0 and sub.tensors[-1 - f].is_variable)
+        return i in planned
+    want = sum(op.device_s for op in train.ops if counted(op))
+    assert sum(op.device_s for op in folded.ops) == pytest.approx(want, rel=1e-9)
+    for a, b in zip(forward.ops, folded.ops):
+        assert b.device_s >= a.device_s and b.cloud_s >= a.cloud_s
