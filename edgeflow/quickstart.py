@@ -200,7 +200,7 @@ def split_training(directory):
             and sub.tensors[op.outputs[0]].name in ("device_layer/matmul", "device_layer/bias_add", "relu")}
     out = os.path.join(directory, "split-train")
     os.makedirs(out, exist_ok=True)
-    cut = write_pair(model, head, out, model_id="mlp-train", labels="device")
+    cut = write_pair(model, head, out, model_id="mlp-train", labels="device", label_inputs=["y"])
     rng = np.random.default_rng(0)
     xs = rng.standard_normal((256, 16)).astype(np.float32)
     data = {"x": xs, "y": (xs[:, :4].argmax(1)).astype(np.int64)}

@@ -116,9 +116,14 @@ class TrainingCut:
         self._phases(producer)
 
     def _guess_labels(self, forward, device_forward):
-        """The train inputs that the model's `infer` signature does not take: the labels."""
+        """The train inputs that the model's `infer` signature does not take (without one:
+        those no device forward op reads): the labels."""
         infer = next((s for s in self.model.signatures if s.key == "infer"), None)
-        guess = [n for n in self.signature.inputs if infer is not None and n not in infer.inputs]
+        if infer is not None:
+            guess = [n for n in self.signature.inputs if n not in infer.inputs]
+        else:
+            read = {t for i in device_forward for t in self.subgraph.operators[i].inputs}
+            guess = [n for n, t in self.signature.inputs.items() if t not in read]
         if not guess or len(guess) == len(self.signature.inputs):
             raise PlacementError("cannot tell the label inputs from the features (the model has no "
                                  "'infer' signature taking the features): name them (label_inputs=)")
