@@ -546,7 +546,8 @@ class CostGraph:
                                sig.targets)
         planned = {name: shapes[i] for name, i in sig.inputs.items()}
         for profile in (device_profile, server_profile):
-            if profile is not None and profile.shapes and profile.shapes != planned:
+            shared = {k: tuple(v) for k, v in (profile.shapes if profile else {}).items() if k in planned}
+            if profile is not None and shared and shared != {k: planned[k] for k in shared}:
                 _log.warning("profile of %s was measured at input shapes %s, the plan is for %s: "
                              "its times may not apply", profile.device, profile.shapes, planned)
         flops = plan.flops()

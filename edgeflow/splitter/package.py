@@ -93,22 +93,24 @@ def _write_training(model, model_path, out_dir, placement, cost_graph, link, dev
 
 
 def _with_the_loss(model, device_ops, planned):
-    """`device_ops` and the train step's forward ops that the plan did not cover (the loss)
-    whose inputs the device already has: with the logits on the device, the loss stays
-    there too (no round trip when the plan is device-only)."""
+    """`device_ops` and, when the device has everything the loss needs (the logits are on
+    the device), the train step's forward ops that the plan did not cover (the loss): no
+    round trip when the plan is device-only. Otherwise the loss is the cloud's, and the
+    labels travel as they are (not their one-hot)."""
     from ..interp.plan import needed_operators
     from .training import roles_of
     sig = next(s for s in model.signatures if s.key == "train")
     sub = model.subgraphs[sig.subgraph]
     grad_of, update_of, _ = roles_of(model)
     producer = {t: i for i, op in enumerate(sub.operators) for t in op.outputs}
-    device = set(device_ops)
+    device, loss = set(device_ops), set()
     for i in needed_operators(sub, list(sig.outputs.values()), producer):
         if i in planned or i in grad_of or i in update_of:
             continue
-        if all(producer.get(t) is None or producer[t] in device for t in sub.operators[i].inputs):
-            device.add(i)
-    return device
+        if all(producer.get(t) is None or producer[t] in device | loss for t in sub.operators[i].inputs):
+            loss.add(i)
+    outputs = [producer[t] for t in sig.outputs.values() if t in producer]
+    return device | loss if outputs and all(o in device | loss for o in outputs) else device
 
 
 def default_model_id(path):
@@ -126,9 +128,10 @@ def split_file(model_path, out_dir, *, link="4g", objective="latency", device_pr
 
     `train`: split the model's `train` signature for split learning (edgeflow.splitter.training),
     with the labels sent to the cloud (`labels="cloud"`) or kept on the device ("device",
-    U-shaped). The cut is planned on the forward graph (`signature`, "infer") with each
-    op's time tripled (its backward pass is about twice its forward) and each cut tensor
-    paying its upload and its gradient's download (the link's up and down in series).
+    U-shaped). The cut is planned on the forward graph (`signature`, "infer"), each op
+    costing its own time, its backward ops' and its variables' updates' (see
+    `_training_costs`), and each cut tensor paying its upload and its gradient's download
+    (the link's up and down in series).
 
     `device_profile`/`server_profile`: Profile objects or paths to profile JSON. `cut`:
     tensor names to cut at instead of planning. `device_graph`/`cloud_graph`: "full" keeps

@@ -4,6 +4,7 @@ parameters after every step, in two processes; the labels never reach the server
 U-shaped mode; a retried round is applied once; and a server killed with SIGKILL and
 restarted loses no step and applies none twice."""
 import json
+import pathlib
 import signal
 import socket
 import subprocess
@@ -269,3 +270,17 @@ def test_planned_training_splits_take_any_batch_and_keep_device_only_local(tmp_p
         small = {k: v[:9] for k, v in batch.items()}
         assert float(device.get_signature_runner("train")(**small)["loss"]) == pytest.approx(
             float(ef.Interpreter(tmp_path / "m.efl").get_signature_runner("train")(**small)["loss"]), rel=1e-6)
+
+
+def test_a_planned_split_sends_the_labels_not_their_one_hot(tmp_path):
+    from edgeflow.splitter.package import split_file
+    build(tmp_path / "m.efl")
+    model = reader.load(tmp_path / "m.efl")
+    sub = model.subgraphs[0]
+    device = {i for i, op in enumerate(sub.operators) if op.outputs and sub.tensors[op.outputs[0]].name in DEVICE_OPS}
+    by_hand = training.TrainingCut(model, device, labels="cloud")
+    planned = split_file(tmp_path / "m.efl", tmp_path / "out", cut=["pool1_1"], train=True,
+                         input_shapes={"image": (32, 1, 8, 8), "label": (32,)})
+    rounds = json.loads(pathlib.Path(planned.paths["plan"]).read_text())["rounds"]
+    assert [r["uploads"] for r in rounds] == [by_hand.names(r["uploads"]) for r in by_hand.rounds]
+    assert sorted(rounds[0]["uploads"]) == ["label", "pool1_1"]

@@ -1,0 +1,922 @@
+"""Split training (split learning) of the digits CNN: time and bytes per training step on a
+real slow device and a real narrow link, and bytes per epoch against FedAvg.
+
+    sudo .venv/bin/python benchmarks/bench_split_training.py [--bench timing,bytes]
+        [--links 4g,wifi] [--steps 20] [--warmup 3] [--devices 1,8,32] [--json OUT.json]
+    .venv/bin/python benchmarks/bench_split_training.py --bench bytes     # no root needed
+    .venv/bin/python benchmarks/bench_split_training.py --report OUT.json # re-print
+
+The model is the digits CNN of tests/cloud/test_split_training.py (conv1 3x3x8 + relu ->
+2x2 max-pool -> conv2 3x3x16 + relu -> flatten -> dense logits, softmax cross-entropy,
+Adam 0.01; signatures train and infer), trained on the first 1257 samples of sklearn's
+digits (8x8 images, float32; int64 labels), batch 32. Its `infer` signature has 8 forward
+ops in execution order (edgeflow.splitter.partition.Cut(model, set(), "infer").ops):
+conv1/conv, relu, pool1_1, conv2/conv, relu_1, flatten_1, logits/matmul,
+logits/bias_add; those operator indices are the train graph's forward ops too. Every
+prefix k = 0..8 is a cut, written with edgeflow.splitter.training.write_pair:
+
+  * labels="cloud" (`cloud pK`): the device sends the cut tensor and the labels, the server
+    runs the rest (loss included) and its updates and returns the cut's gradient and the
+    loss: one round trip. p0 is "raw data / cloud-only": the device uploads image and
+    label and gets the loss back (the server trains everything). p8 keeps every forward op
+    on the device and only the loss (softmax cross-entropy) runs in the cloud.
+  * labels="device" (U-shaped, `U pK`; the labels are the train inputs the `infer`
+    signature does not take): two round trips per step, the labels never leave the
+    device. U p0 uploads the image, gets the logits' log_softmax back, and sends the
+    loss gradient up in a second round that brings nothing back (its call still runs the
+    cloud's updates).
+  * device-only: the unsplit model's `train` signature on the device, no network.
+
+Benchmark 1, timing (needs root: benchmarks/netlab.py). Per link profile of
+edgeflow.splitter.LINKS (4g: 5.85/20 Mbit/s up/down, 60 ms RTT; wifi: 18.88/50 Mbit/s,
+20 ms RTT) one lab: device and cloud network namespaces joined through veth pairs shaped
+with tc tbf, the RTT added as real packet delay by the lab's relay. The device is a
+process in the device namespace under a CPU quota of 20% of one core with a 10 ms CFS
+period (cgroup v1), one BLAS thread; the cloud is `edgeflow serve --state-dir S
+--checkpoint-every 10` in the cloud namespace (one BLAS thread, no quota) hosting every
+cut's cloud package (a distinct model id each). The device driver
+(benchmarks/split_training_driver.py) trains every cut as its own device on the same
+sequence of full batches of 32: `--warmup` untimed steps each, then `--steps` timed
+steps round-robin over the split cuts, back to back; then, with the split cuts'
+connection closed (its gRPC threads would spend the quota), device-only (and a planner's
+package that is device-only) runs 3 x `--steps` timed steps back to back (a
+CPU-bound loop, throttled by the quota as a real one is; its time per step is the median
+over blocks of 10 steps of the block's time / 10, since single steps under a CFS quota
+are bimodal); per step it records the wall time, the Run calls' time and the server's
+compute in them, the tensor bytes the client counted (interp.cloud.client.link.bytes_sent
+/ bytes_received) and the bytes that crossed the device's network interface
+(/proc/net/dev: packets with all framing and acks).
+
+The planner's cut, per link and label mode: edgeflow.splitter.package.split_file(model,
+train=True, labels=mode, input_shapes={"image": (32, 1, 8, 8), "label": (32,)},
+device_profile, server_profile, link). The profiles are `edgeflow profile -s train
+--input-shape image=32,1,8,8 --input-shape label=32` (300 runs) run in the device
+namespace under the quota and in the cloud namespace, once, in the first lab; split_file
+costs each forward op with its backward ops and its variables' updates from them. The
+planner's device ops are mapped to the prefix k they equal (the P mark in the table). When
+k = 8 the package it writes is device-only (its plan.json "rounds" is [], checked): the
+planner's option is device-only, and its own device.efl is also timed back to back like
+device-only (row plan-cloud / plan-U); otherwise its own package pair is served and
+measured with the other cuts (that row). The predicted column is
+edgeflow.splitter.cost(result.cost_graph, link, sides) for every prefix, with the link
+split_file plans on (uplink = up and down in series, RTT x2 for U-shaped).
+
+At the end the script prints the edgeflow surprises that still hold, each from the run's
+own numbers: per-op medians of a profile under a CPU quota (the quota's slice is longer
+than an op) underestimate a device that is slow all the time; split_file(train=True,
+labels="cloud") on a split plan moves the labels' one-hot to the device and uploads it
+instead of the labels (checked with a cut forced at pool1_1 against write_pair's); and
+split_file warns that train-signature profiles "may not apply" to the infer cost graph.
+
+Before its first lab the script waits while another live process's lab exists (a
+namespace efl-<pid>-...: another benchmark timing things on the same 2 cores), polling
+every 30 s for up to 20 minutes, then runs anyway and says so.
+
+Benchmark 2, bytes per epoch (no root; in-process server on 127.0.0.1): one epoch of the
+1257 samples split evenly among N = 1, 8, 32 devices (np.array_split), batch 32 (the last
+batch of each device's share is partial). Split learning: each device trains its share
+through its device package against one server (labels cloud and U-shaped, every cut);
+FedAvg (edgeflow.cloud.ps.ParameterService mode fedavg, replicas N, variables="all"; each
+device runs edgeflow.cloud.federated.train_fedavg with 1 local epoch per round, so one
+round per epoch). Bytes are tensor payload bytes (what the clients count), both ways,
+summed over the devices. The analytic figures: split learning = per batch of b samples,
+sum over the cut's rounds of its uploads' and downloads' bytes at batch b (tensor shapes
+from the model); FedAvg = per device and round, one pull and one push of every trainable
+variable (15,272 B for this model), and once, before the first round, one more pull.
+Every number is measured as well (all N, split and FedAvg, unless --measure-devices says
+otherwise) and checked against the analytic one.
+"""
+import argparse
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+BATCH = 32
+TRAIN_SAMPLES = 1257
+SHAPE = (BATCH, 1, 8, 8)
+QUOTA = 0.2
+PORT = 50061
+LINK_NAMES = ("4g", "wifi")
+MODES = ("cloud", "device")
+MODE_TAG = {"cloud": "cloud", "device": "U"}
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def median(v):
+    v = sorted(v)
+    n = len(v)
+    return (v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])) if n else None
+
+
+def edgeflow_cmd():
+    exe = pathlib.Path(sys.executable).with_name("edgeflow")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "edgeflow.cli"]
+
+
+def one_thread_env():
+    env = dict(os.environ)
+    for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[k] = "1"
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+# -- the model and the data --------------------------------------------------------------
+def build(path):
+    """The digits CNN of tests/cloud/test_split_training.py."""
+    import edgeflow as ef
+    g = ef.Graph()
+    with g.as_default():
+        ef.set_random_seed(0)
+        image = ef.placeholder(ef.float32, [None, 1, 8, 8], name="image")
+        label = ef.placeholder(ef.int64, [None], name="label")
+        h = ef.layers.conv2d(image, 8, 3, padding="same", activation=ef.nn.relu, name="conv1")
+        h = ef.layers.max_pool2d(h, 2, 2, name="pool1")
+        h = ef.layers.conv2d(h, 16, 3, padding="same", activation=ef.nn.relu, name="conv2")
+        logits = ef.layers.dense(ef.layers.flatten(h), 10, name="logits")
+        loss = ef.losses.softmax_cross_entropy(label, logits)
+        step = ef.train.Adam(0.01).minimize(loss)
+    ef.save(g, path, signatures={"train": ({"image": image, "label": label}, {"loss": loss}, [step]),
+                                 "infer": ({"image": image}, {"logits": logits})})
+
+
+def digits(n=TRAIN_SAMPLES):
+    from sklearn import datasets
+    d = datasets.load_digits()
+    x, y = (d.images / 16).astype(np.float32)[:, None], d.target.astype(np.int64)
+    return {"image": x[:n], "label": y[:n]}
+
+
+class Prepared:
+    """The model, its forward order, every prefix cut's package pair in both label modes,
+    and the analytic bytes of each cut's rounds."""
+
+    def __init__(self, work):
+        from edgeflow.format import reader
+        from edgeflow.splitter import partition, training
+        from edgeflow.splitter.cost import op_name
+        self.dir = work
+        self.path = work / "m.efl"
+        build(self.path)
+        self.model = reader.load(str(self.path))
+        sub = self.model.subgraphs[0]
+        self.order = partition.Cut(self.model, set(), "infer").ops
+        self.n = len(self.order)
+        self.labels_of = ["(input)"] + [op_name(sub, i) for i in self.order]
+        self.data = digits()
+        self.params = sum(int(np.prod(t.shape)) * 4 for t in sub.tensors if t.is_variable and "/Adam/" not in t.name)
+        self.cuts = {}  # (mode, k) -> {"name", "dir", "device", "cloud", "model_id", "rounds"}
+        for mode in MODES:
+            for k in range(self.n + 1):
+                name = f"{MODE_TAG[mode]}-p{k}"
+                d = work / "cuts" / name
+                d.mkdir(parents=True, exist_ok=True)
+                # U-shaped: the label inputs are guessed (the train inputs `infer` does not take)
+                cut = training.write_pair(self.model, set(self.order[:k]), str(d), model_id=f"cnn-{name}",
+                                          labels=mode)
+                if mode == "device":
+                    named = training.TrainingCut(self.model, set(self.order[:k]), labels=mode,
+                                                 label_inputs=["label"]).plan_json()
+                    if named != cut.plan_json():
+                        raise RuntimeError(f"{name}: the guessed label inputs give other rounds than "
+                                           f"label_inputs=['label']: {cut.plan_json()} vs {named}")
+                self.cuts[(mode, k)] = {"name": name, "dir": d, "device": str(d / "device.efl"),
+                                        "cloud": str(d / "cloud.efl"), "model_id": f"cnn-{name}",
+                                        "rounds": cut.plan_json()}
+        self._bytes_cache = {}
+
+    def round_bytes(self, mode, k, b, rounds=None):
+        """(bytes up, bytes down, round trips) of one step of cut (mode, k) (or of `rounds`,
+        a plan.json's, keyed by `mode`, `k`) on a batch of b samples: the tensors its rounds
+        carry, at their shapes for that batch."""
+        key = (mode, k, b)
+        if key not in self._bytes_cache:
+            import edgeflow as ef
+            rounds = self.cuts[(mode, k)]["rounds"] if rounds is None else rounds
+            feeds = {"image": self.data["image"][:b], "label": self.data["label"][:b]}
+            names = [t for r in rounds for t in r["uploads"] + r["downloads"] if t not in feeds]
+            interp = ef.Interpreter(str(self.path))
+            got = interp.run(list(dict.fromkeys(names)), feeds) if names else {}
+            size = {**{n: v.nbytes for n, v in feeds.items()}, **{n: np.asarray(v).nbytes for n, v in got.items()}}
+            up = sum(size[t] for r in rounds for t in r["uploads"])
+            down = sum(size[t] for r in rounds for t in r["downloads"])
+            self._bytes_cache[key] = (up, down, len(rounds))
+        return self._bytes_cache[key]
+
+    def full_batches(self):
+        from edgeflow import trainer
+        out = [b for _, b in trainer.batches(self.data, BATCH, 0, 0) if len(b["label"]) == BATCH]
+        return {"image": np.stack([b["image"] for b in out]), "label": np.stack([b["label"] for b in out])}
+
+
+# -- benchmark 1: time per training step in the lab --------------------------------------
+def other_labs():
+    """Namespaces efl-<pid>-... of live processes other than this one."""
+    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    found = []
+    for line in r.stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        m = re.match(r"^efl-(\d+)-", name)
+        if m and int(m.group(1)) != os.getpid():
+            try:
+                os.kill(int(m.group(1)), 0)
+                found.append(name)
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                found.append(name)
+    return found
+
+
+def wait_for_other_labs(max_wait_s=1200, poll_s=30):
+    t0 = time.monotonic()
+    busy = other_labs()
+    if not busy:
+        return "no other lab was running"
+    log(f"another lab is running ({', '.join(busy)}): waiting (poll {poll_s} s, at most {max_wait_s} s)")
+    while busy and time.monotonic() - t0 < max_wait_s:
+        time.sleep(poll_s)
+        busy = other_labs()
+    waited = time.monotonic() - t0
+    if busy:
+        msg = f"ANOTHER LAB WAS STILL RUNNING after {waited:.0f} s of waiting ({', '.join(busy)}): ran anyway"
+    else:
+        msg = f"waited {waited:.0f} s for another lab to finish"
+    log(msg)
+    return msg
+
+
+def run_checked(L, ns, argv, timeout, what, **kw):
+    p = L.run_in(ns, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, **kw)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise RuntimeError(f"{what} timed out after {timeout} s")
+    if p.returncode != 0:
+        raise RuntimeError(f"{what} failed (rc {p.returncode}): {err.decode()[-3000:]}")
+    return out.decode()
+
+
+def profile(L, prep, args):
+    dev_p, srv_p = prep.dir / "device_profile.json", prep.dir / "server_profile.json"
+    base = edgeflow_cmd() + ["profile", str(prep.path), "-s", "train", "--input-shape",
+                             "image=" + ",".join(map(str, SHAPE)), "--input-shape", f"label={BATCH}",
+                             "--runs", str(args.profile_runs)]
+    out = run_checked(L, "device", base + ["-o", str(dev_p), "--name", "device (20% of a core)"], 600,
+                      "device profile", cpu_quota=QUOTA, cpu_period_us=args.cpu_period_us, env=one_thread_env())
+    log("  " + out.strip())
+    out = run_checked(L, "cloud", base + ["-o", str(srv_p), "--name", "server (1 core)"], 300, "server profile",
+                      env=one_thread_env())
+    log("  " + out.strip())
+    return str(dev_p), str(srv_p)
+
+
+class captured_warnings:
+    """Collects what the edgeflow loggers warn about inside the block (still logged)."""
+
+    def __enter__(self):
+        import logging
+        self.messages = []
+        outer = self
+
+        class H(logging.Handler):
+            def emit(self, record):
+                outer.messages.append(record.getMessage())
+        self.handler = H(logging.WARNING)
+        logging.getLogger("edgeflow").addHandler(self.handler)
+        return self.messages
+
+    def __exit__(self, *exc):
+        import logging
+        logging.getLogger("edgeflow").removeHandler(self.handler)
+        return False
+
+
+def training_link(link, mode):
+    """The link split_file(train=True) plans on (edgeflow.splitter.package.split_file): a
+    cut tensor pays its upload and its gradient's download (up and down in series), and
+    U-shaped steps take two round trips."""
+    from edgeflow.splitter import Link
+    return Link(1 / (1 / link.up_bps + 1 / link.down_bps), link.down_bps,
+                link.rtt_s * (2 if mode == "device" else 1), f"{link.name} (a training step)")
+
+
+def plan_cuts(prep, link_name, profiles):
+    """{mode: {"k", "device_only", "rounds", "device", "cloud", "model_id", "predicted": {k: s},
+    "device_only_s", ...}}: what split_file(train=True) plans at batch 32 and the package
+    pair it writes, and the cost model's prediction for every prefix on its training link."""
+    from edgeflow.splitter import Link, cost
+    from edgeflow.splitter.package import split_file
+    link = Link.parse(link_name)
+    out = {}
+    for mode in MODES:
+        tag = MODE_TAG[mode]
+        model_id = f"planned-{link_name}-{tag}"
+        with captured_warnings() as warned:
+            r = split_file(str(prep.path), str(prep.dir / model_id), link=link_name, train=True, labels=mode,
+                           input_shapes={"image": SHAPE, "label": (BATCH,)}, device_profile=profiles[0],
+                           server_profile=profiles[1], model_id=model_id)
+        plan_link = training_link(link, mode)
+        got = (r.link.up_bps, r.link.down_bps, r.link.rtt_s)
+        if any(abs(x - y) > 1e-9 * max(abs(y), 1) for x, y in zip(got, (plan_link.up_bps, plan_link.down_bps,
+                                                                           plan_link.rtt_s))):
+            raise RuntimeError(f"split_file planned on {r.link}, the script's copy of its link is {plan_link}")
+        dev = set(r.placement.device_operators(r.cost_graph))
+        k = next((k for k in range(prep.n + 1) if set(prep.order[:k]) == dev), None)
+        if k is None:
+            raise RuntimeError(f"split_file's device ops {sorted(dev)} are not a prefix of {prep.order}")
+        with open(r.paths["plan"]) as f:
+            rounds = json.load(f)["rounds"]
+        problem = None
+        if k == prep.n and rounds:
+            problem = f"all {prep.n} forward ops on the device but plan.json has {len(rounds)} round(s)"
+        elif k < prep.n and not rounds:
+            problem = f"{k} of {prep.n} forward ops on the device but plan.json has no rounds"
+        pred = {}
+        for j in range(prep.n + 1):
+            ops_j = set(prep.order[:j])
+            sides = {op.name: "device" if op.operator in ops_j else "cloud" for op in r.cost_graph.ops}
+            pred[j] = cost(r.cost_graph, plan_link, sides)
+        prefix_rounds = prep.cuts[(mode, k)]["rounds"]
+        out[mode] = {"k": k, "device_only": not rounds, "rounds": rounds, "problem": problem,
+                     "same_rounds_as_prefix": rounds == prefix_rounds, "device": r.paths["device"],
+                     "cloud": r.paths["cloud"], "model_id": r.model_id, "predicted": pred,
+                     "predicted_split_s": r.placement.predicted["split"],
+                     "device_only_s": r.placement.predicted["device_only"],
+                     "cloud_only_s": r.placement.predicted["cloud_only"],
+                     "warnings": list(dict.fromkeys(warned))}
+    return out
+
+
+def label_upload_check(prep, k=3):
+    """What split_file(train=True, labels="cloud") writes for a split cut (forced at the
+    output of the prefix's last op) against write_pair's prefix cut: (rounds, prefix rounds,
+    bytes up of each at batch 32)."""
+    from edgeflow.splitter.cost import op_name
+    from edgeflow.splitter.package import split_file
+    sub = prep.model.subgraphs[0]
+    tensor = op_name(sub, prep.order[k - 1])
+    with captured_warnings():
+        r = split_file(str(prep.path), str(prep.dir / "forced-cloud"), link="4g", train=True, labels="cloud",
+                       cut=[tensor], input_shapes={"image": SHAPE, "label": (BATCH,)}, model_id="forced-cloud")
+    with open(r.paths["plan"]) as f:
+        rounds = json.load(f)["rounds"]
+    dev = set(r.placement.device_operators(r.cost_graph))
+    mine = prep.cuts[("cloud", k)]["rounds"]
+    return {"k": k, "cut": tensor, "planned_prefix": set(prep.order[:k]) == dev, "rounds": rounds,
+            "prefix_rounds": mine, "up": prep.round_bytes("forced-cloud", k, BATCH, rounds)[0],
+            "prefix_up": prep.round_bytes("cloud", k, BATCH)[0]}
+
+
+def run_link(link_name, prep, args, work, state):
+    import netlab
+    from edgeflow.splitter import Link
+    link = Link.parse(link_name)
+    with netlab.lab(link.up_bps / 1e6, link.down_bps / 1e6, rtt_ms=link.rtt_s * 1e3) as L:
+        log(f"[{link_name}] lab: {L.describe()}")
+        if state.get("profiles") is None:
+            log(f"[{link_name}] profiling the train signature at image={SHAPE}, label=({BATCH},) (device: "
+                f"{QUOTA:.0%} quota, "
+                f"period {args.cpu_period_us} us; server: cloud namespace)")
+            state["profiles"] = profile(L, prep, args)
+        plans = plan_cuts(prep, link_name, state["profiles"])
+        for mode in MODES:
+            p = plans[mode]
+            log(f"[{link_name}] planner ({mode} labels): prefix {p['k']}, predicted "
+                f"{p['predicted_split_s'] * 1e3:.2f} ms, {len(p['rounds'])} round(s) in plan.json"
+                + (f"; PROBLEM: {p['problem']}" if p["problem"] else ""))
+        serve_dir, state_dir = work / f"serve-{link_name}", work / f"state-{link_name}"
+        for d in (serve_dir, state_dir):
+            shutil.rmtree(d, ignore_errors=True)
+        serve_dir.mkdir()
+        for c in prep.cuts.values():
+            os.symlink(c["cloud"], serve_dir / f"{c['model_id']}.efl")
+        batches = work / "batches.npz"
+        if not batches.exists():
+            np.savez(batches, **prep.full_batches())
+        cuts = [{"name": "device-only", "local": str(prep.path)}]
+        cuts += [{"name": c["name"], "device": c["device"]} for c in prep.cuts.values()]
+        for mode in MODES:  # the planner's own packages: device-only ones run as local loops
+            p = plans[mode]
+            name = f"plan-{MODE_TAG[mode]}"
+            if p["device_only"]:
+                cuts.append({"name": name, "local": p["device"]})
+            else:
+                os.symlink(p["cloud"], serve_dir / f"{p['model_id']}.efl")
+                cuts.append({"name": name, "device": p["device"]})
+        spec = {"server": f"{L.cloud_ip}:{PORT}", "batches": str(batches), "warmup": args.warmup,
+                "steps": args.steps, "timeout_s": 120, "iface": L.device_if, "cuts": cuts, "tag": link_name}
+        spec_path = work / f"spec-{link_name}.json"
+        spec_path.write_text(json.dumps(spec))
+        server_log = open(work / f"server-{link_name}.log", "wb")
+        server = L.run_in("cloud", edgeflow_cmd() + ["serve", "--model-dir", str(serve_dir), "--state-dir",
+                                                      str(state_dir), "--checkpoint-every", "10", "--host",
+                                                      L.cloud_ip, "--port", str(PORT)],
+                          stdout=server_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                          env=one_thread_env())
+        t = time.monotonic()
+        try:
+            log(f"[{link_name}] {len(cuts)} cuts x ({args.warmup} warm-up + {args.steps} timed steps)")
+            p = L.run_in("device", [sys.executable, str(HERE / "split_training_driver.py"), str(spec_path)],
+                         cpu_quota=QUOTA, cpu_period_us=args.cpu_period_us, env=one_thread_env(),
+                         stdout=subprocess.PIPE, stderr=None, stdin=subprocess.DEVNULL)
+            try:
+                out, _ = p.communicate(timeout=args.driver_timeout)
+            except subprocess.TimeoutExpired:
+                netlab._stop(p)
+                raise RuntimeError(f"the device driver on {link_name} timed out")
+            if p.returncode != 0:
+                raise RuntimeError(f"the device driver on {link_name} failed (rc {p.returncode}); server log: "
+                                   f"{(work / f'server-{link_name}.log').read_text()[-2000:]}")
+            throttled = p.cgroup.stat() if p.cgroup is not None else {}
+        finally:
+            netlab._stop(server)
+            server_log.close()
+        doc = json.loads(out.decode().strip().splitlines()[-1])
+        qd = L.qdisc_stats()
+        log(f"[{link_name}] measured in {time.monotonic() - t:.0f} s; device cgroup throttled "
+            f"{throttled.get('nr_throttled', '?')} of {throttled.get('nr_periods', '?')} periods; tbf drops "
+            f"up/down {qd['up'].get('dropped', '?')}/{qd['down'].get('dropped', '?')}")
+    rows = []
+    for name, m in doc["cuts"].items():
+        plan_of = None
+        if name == "device-only":
+            mode, k = "local", prep.n
+        elif name.startswith("plan-"):
+            plan_of = next(md for md in MODES if name == f"plan-{MODE_TAG[md]}")
+            mode, k = "plan", plans[plan_of]["k"]
+        else:
+            tag, _, kk = name.partition("-p")
+            mode, k = ("cloud" if tag == "cloud" else "device"), int(kk)
+        if mode in MODES:
+            up, down, trips = prep.round_bytes(mode, k, BATCH)
+            # k = n: the cost model's all-on-device is device-only, not this package (loss in the cloud)
+            predicted = plans[mode]["predicted"][k] if k < prep.n else None
+        elif mode == "plan":
+            p = plans[plan_of]
+            up, down, trips = prep.round_bytes(f"plan-{link_name}-{plan_of}", k, BATCH, p["rounds"])
+            predicted = p["predicted"][k]
+        else:
+            up, down, trips = 0, 0, 0
+            predicted = plans["cloud"]["device_only_s"]
+        rows.append({"name": name, "mode": mode, "plan_of": plan_of, "k": k,
+                     "label": prep.labels_of[k] if mode != "local" else "",
+                     "median_s": m["median_s"], "min_s": m["min_s"], "max_s": m["max_s"],
+                     "device_s": m["device_median_s"], "call_s": m["call_median_s"],
+                     "server_s": m["server_median_s"], "sent": median(m["sent"]), "received": median(m["received"]),
+                     "wire_up": median(m["wire_up"]), "wire_down": median(m["wire_down"]),
+                     "calls": median(m["calls"]), "analytic_up": up, "analytic_down": down, "round_trips": trips,
+                     "predicted_s": predicted,
+                     "loss": (m["first_loss"], m["last_loss"]), "steps": len(m["time_s"]),
+                     "step_median_s": m.get("step_median_s"), "cpu_s": m.get("cpu_median_s")})
+    sums = [sum(json.load(open(f))["seconds"].values()) for f in state["profiles"]]
+    return {"link": link_name, "rtt_s": link.rtt_s, "profile_sums_s": sums, "up_mbps": link.up_bps / 1e6,
+            "cpu_period_us": args.cpu_period_us,
+            "down_mbps": link.down_bps / 1e6,
+            "rows": rows, "plans": plans, "ping_s": doc["ping_median_s"], "throttled": throttled,
+            "tbf_dropped": (qd["up"].get("dropped"), qd["down"].get("dropped"))}
+
+
+def free_step(prep, steps=60):
+    """Median seconds of a local training step in this process: no quota, no network."""
+    import edgeflow as ef
+    b = prep.full_batches()
+    runner = ef.Interpreter(str(prep.path)).get_signature_runner("train")
+    ts = []
+    for i in range(steps + 5):
+        t = time.perf_counter()
+        runner(image=b["image"][i % len(b["image"])], label=b["label"][i % len(b["label"])])
+        if i >= 5:
+            ts.append(time.perf_counter() - t)
+    return median(ts)
+
+
+# -- benchmark 2: bytes per epoch ----------------------------------------------------------
+def shares(data, n):
+    idx = np.array_split(np.arange(len(data["label"])), n)
+    return [{k: v[i] for k, v in data.items()} for i in idx]
+
+
+def split_epoch_analytic(prep, mode, k, n_devices):
+    up = down = calls = 0
+    for share in shares(prep.data, n_devices):
+        m = len(share["label"])
+        for start in range(0, m, BATCH):
+            u, d, trips = prep.round_bytes(mode, k, min(BATCH, m - start))
+            up, down, calls = up + u, down + d, calls + trips
+    return up, down, calls
+
+
+def split_epoch_measured(prep, server, mode, k, n_devices):
+    import edgeflow as ef
+    from edgeflow import trainer
+    from edgeflow.cloud import Client
+    c = prep.cuts[(mode, k)]
+    up = down = calls = 0
+    with Client(server.address, timeout=60) as client:
+        for i, share in enumerate(shares(prep.data, n_devices)):
+            interp = ef.Interpreter(c["device"], cloud=client, device_id=f"n{n_devices}-d{i}")
+            runner = interp.get_signature_runner("train")
+            for _, b in trainer.batches(share, BATCH, 0, 0):
+                runner(**b)
+        link = client.link
+        up, down, calls = link.bytes_sent, link.bytes_received, link.calls
+    return up, down, calls
+
+
+def fedavg_measured(prep, n_devices, rounds=2):
+    """Run FedAvg for `rounds` rounds with n devices (threads, one ParameterClient each);
+    (bytes of the last round, bytes of the initial pull, total), summed over devices."""
+    from edgeflow.cloud import Server
+    from edgeflow.cloud.federated import train_fedavg
+    from edgeflow.cloud.ps import ParameterClient, ParameterService
+    svc = ParameterService({"cnn": str(prep.path)}, mode="fedavg", replicas=n_devices, variables="all")
+    per_round = [[0, 0] for _ in range(rounds)]
+    first_pull = [0]
+    total = [0, 0]
+    errors = []
+    lock = threading.Lock()
+    with Server(parameter_server=svc) as server:
+        def device(i, share):
+            try:
+                with ParameterClient(server.address, timeout=120) as client:
+                    marks = []
+
+                    def on_step(rec):
+                        marks.append((client.bytes_pushed, client.bytes_pulled))
+                    # the first pull happens inside train_fedavg before any push: measured as what was
+                    # pulled before the first push minus nothing pushed
+                    train_fedavg(str(prep.path), share, client, "cnn", f"fed-{n_devices}-{i}", rounds=rounds,
+                                 local_epochs=1, batch_size=BATCH, seed=0, on_step=on_step)
+                    with lock:
+                        # marks[r] = counters right after round r's push: pulls so far = r + 1
+                        first_pull[0] += marks[0][1]
+                        for r in range(rounds):
+                            prev = marks[r - 1] if r else (0, 0)
+                            per_round[r][0] += marks[r][0] - prev[0]
+                            per_round[r][1] += marks[r][1] - prev[1]
+                        total[0] += client.bytes_pushed
+                        total[1] += client.bytes_pulled
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"device {i}: {type(e).__name__}: {e}")
+        threads = [threading.Thread(target=device, args=(i, s)) for i, s in enumerate(shares(prep.data, n_devices))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+        server_updates = str(svc.stats("cnn"))[:300]
+    if errors:
+        raise RuntimeError("FedAvg: " + "; ".join(errors[:3]))
+    return {"round_push": per_round[-1][0], "round_pull": per_round[-1][1], "first_pull": first_pull[0],
+            "total_push": total[0], "total_pull": total[1], "rounds": rounds, "stats": server_updates}
+
+
+def bytes_bench(prep, args):
+    from edgeflow.cloud import Server
+    devices = [int(x) for x in args.devices.split(",")]
+    measure_n = {int(x) for x in args.measure_devices.split(",") if x}
+    results = {"devices": devices, "params_bytes": prep.params, "split": {}, "fedavg": {}}
+    t0 = time.monotonic()
+    models = {c["model_id"]: c["cloud"] for c in prep.cuts.values()}
+    with Server(models=models) as server:
+        for (mode, k), c in prep.cuts.items():
+            for n in devices:
+                up, down, calls = split_epoch_analytic(prep, mode, k, n)
+                row = {"up": up, "down": down, "calls": calls, "measured": None}
+                if n in measure_n:
+                    row["measured"] = split_epoch_measured(prep, server, mode, k, n)
+                results["split"][f"{c['name']}/{n}"] = row
+            log(f"  bytes: {c['name']} done ({time.monotonic() - t0:.0f} s)")
+    for n in devices:
+        analytic = {"round_push": n * prep.params, "round_pull": n * prep.params, "first_pull": n * prep.params}
+        row = {"analytic": analytic, "measured": None}
+        if n in measure_n:
+            row["measured"] = fedavg_measured(prep, n)
+        results["fedavg"][str(n)] = row
+        log(f"  bytes: FedAvg with {n} devices done ({time.monotonic() - t0:.0f} s)")
+    results["seconds"] = time.monotonic() - t0
+    return results
+
+
+# -- printing -------------------------------------------------------------------------------
+def ms(s):
+    return "-" if s is None else f"{s * 1e3:.1f}"
+
+
+def kb(b):
+    return "-" if b is None else f"{b / 1024:.1f}"
+
+
+def print_timing(t, n_ops=8, free_step_s=None):
+    rows = {r["name"]: r for r in t["rows"]}
+    dev, raw = rows["device-only"], rows["cloud-p0"]
+    print()
+    print(f"Link {t['link']}: {t['up_mbps']:g}/{t['down_mbps']:g} Mbit/s up/down (tc tbf), RTT "
+          f"{t['rtt_s'] * 1e3:.0f} ms (relay); empty RPC from the device {ms(t['ping_s'])} ms. Per training step "
+          f"(batch {BATCH}), medians of {raw['steps']} steps (device-only and plan rows of device-only packages: "
+          f"{dev['steps']} steps back to back after the split cuts' connection is closed, median over blocks of 10 of "
+          f"the block's time per step; device-only's median single step was {ms(dev.get('step_median_s'))} ms, its "
+          f"CPU time per step {ms(dev.get('cpu_s'))} ms); bytes: tensor payload (client counters) and "
+          f"on the wire (device interface, both ways, all framing and acks).")
+    head = (f"  {'cut':<11} {'last device op':<16} {'trips':>5} {'tensor up':>9} {'down':>7} {'wire up':>8} "
+            f"{'down':>7}  {'pred ms':>7} {'meas ms':>7} {'min':>6} {'max':>6}  {'dev ms':>6} {'rpc ms':>6} "
+            f"{'srv ms':>6}  {'/dev-only':>9} {'/raw':>6}")
+    print(head)
+    print("  " + "-" * (len(head) - 2))
+    order = ["device-only"] + [r["name"] for r in t["rows"] if r["mode"] == "cloud"] + \
+        [r["name"] for r in t["rows"] if r["mode"] == "device"] + [r["name"] for r in t["rows"] if r["mode"] == "plan"]
+    plans = t["plans"]
+    best = {}
+    for m in MODES:
+        cands = [rows["device-only"]] + [r for r in t["rows"] if r["mode"] == m]
+        best[m] = min(cands, key=lambda r: r["median_s"])
+    for name in order:
+        r = rows[name]
+        label = "(none)" if r["mode"] == "local" else r["label"]
+        if name == "cloud-p0":
+            label = "(raw data)"
+        if r["mode"] == "plan" and plans[r["plan_of"]]["device_only"]:
+            label = "(device-only)"
+        mark = ""
+        if (r["mode"] == "local" and any(plans[m]["device_only"] for m in MODES)) or \
+                (r["mode"] in MODES and not plans[r["mode"]]["device_only"] and r["k"] == plans[r["mode"]]["k"]):
+            mark += " P"
+        if any(best[m]["name"] == name for m in MODES):
+            mark += " *"
+        print(f"  {name:<11} {label[-16:]:<16} {r['round_trips']:>5} {kb(r['sent']):>9} {kb(r['received']):>7} "
+              f"{kb(r['wire_up']):>8} {kb(r['wire_down']):>7}  {ms(r['predicted_s']):>7} {ms(r['median_s']):>7} "
+              f"{ms(r['min_s']):>6} {ms(r['max_s']):>6}  {ms(r['device_s']):>6} {ms(r['call_s']):>6} "
+              f"{ms(r['server_s']):>6}  {r['median_s'] / dev['median_s']:>9.2f} {r['median_s'] / raw['median_s']:>6.2f}"
+              f"{mark}")
+    splits = [r for r in t["rows"] if r["mode"] in MODES]
+    dev_ms = max(r["device_s"] for r in splits)
+    period = t.get("cpu_period_us", 10000) / 1000
+    print("  KB = 1024 B. trips: round trips per step. pred: split_file's training cost model (each forward op "
+          "with its backward ops and its variables' updates, from the train profiles; a cut tensor pays its upload "
+          "and its gradient's download, labels and the loss are not costed) for that device side, on split_file's "
+          "training link; device-only's prediction is its no-network cost, which is also the model's cost of "
+          f"k = {n_ops} (so none is printed for the p{n_ops} packages, which keep the loss in the cloud). "
+          "dev ms: the step less its Run calls; rpc: the Run calls' wall time; srv: the server's compute in them. "
+          "/dev-only, /raw: this step time over device-only's, over raw data's (< 1: faster). "
+          "P: the planner's choice (device-only when split_file wrote a device-only package); *: the fastest "
+          "measured option for a label mode (device-only included). plan-cloud / plan-U: the package split_file "
+          "itself wrote, measured.")
+    print(f"  Caveat: a split cut's device compute (dev ms, at most {ms(dev_ms)} ms a step here, between network "
+          f"waits) mostly fits in the quota's {QUOTA * period:g} ms slice per {period:g} ms period and runs at full "
+          "speed"
+          + (f" (an unthrottled local step is {ms(free_step_s)} ms)" if free_step_s else "")
+          + f"; on a device that is {QUOTA:.0%} of a core at all times it would take ~"
+          + (f"{dev['median_s'] / dev['cpu_s']:.1f}x as long (device-only back to back: its wall time over its CPU "
+             "time)." if dev.get("cpu_s") else f"{1 / QUOTA:g}x as long."))
+    bs = min(splits, key=lambda r: r["median_s"])
+    print(f"  best split (some work in the cloud): {bs['name']} {ms(bs['median_s'])} ms; its step time over "
+          f"device-only's {bs['median_s'] / dev['median_s']:.2f}, over raw data's "
+          f"{bs['median_s'] / raw['median_s']:.2f}")
+    for m in MODES:
+        p = plans[m]
+        pk = p["k"]
+        own = rows[f"plan-{MODE_TAG[m]}"]
+        b = best[m]
+        what = "labels cloud" if m == "cloud" else "U-shaped"
+        if p["device_only"]:
+            pr = dev
+            text = (f"{pk}/{n_ops} forward ops on the device; split_file wrote a device-only package (plan.json "
+                    f"rounds []), predicted {ms(p['predicted_split_s'])} ms: device-only, measured "
+                    f"{ms(dev['median_s'])} ms (its own device.efl, back to back: {ms(own['median_s'])} ms, "
+                    f"{own['median_s'] / dev['median_s']:.2f} x device-only's).")
+        else:
+            pr = own
+            prefix = rows[f"{MODE_TAG[m]}-p{pk}"]
+            same = ("the same rounds as" if p["same_rounds_as_prefix"] else "OTHER rounds than")
+            text = (f"{pk}/{n_ops} forward ops on the device, predicted {ms(p['predicted_split_s'])} ms; the package "
+                    f"split_file wrote ({own['round_trips']} round trip(s), {kb(own['sent'])} KB up per step; "
+                    f"{same} the prefix cut {prefix['name']}, {kb(prefix['sent'])} KB up) measured "
+                    f"{ms(own['median_s'])} ms ({prefix['name']}: {ms(prefix['median_s'])} ms).")
+        if p.get("problem"):
+            text += f" PROBLEM: {p['problem']}."
+        print(f"  planner, {what}: {text} Best measured: {b['name']} {ms(b['median_s'])} ms. planner/best "
+              f"{pr['median_s'] / b['median_s']:.2f}; planner/device-only {pr['median_s'] / dev['median_s']:.2f}, "
+              f"planner/raw data {pr['median_s'] / raw['median_s']:.2f}")
+    ps = t.get("profile_sums_s")
+    if ps:
+        pred = dev["predicted_s"]
+        print(f"  profiles (edgeflow profile -s train at batch {BATCH}, per-op medians, summed over the step's ops): "
+              f"{ps[0] * 1e3:.3f} ms on the device under the quota, {ps[1] * 1e3:.3f} ms on the server; the cost "
+              f"model's device-only step (forward ops with their backward ops and updates) {ms(pred)} ms, measured "
+              f"{ms(dev['median_s'])} ms ({dev['median_s'] / pred:.1f} x the prediction)")
+    print(f"  device cgroup: throttled {t['throttled'].get('nr_throttled', '?')} of "
+          f"{t['throttled'].get('nr_periods', '?')} periods; tbf drops up/down {t['tbf_dropped'][0]}/"
+          f"{t['tbf_dropped'][1]}")
+    warned = sorted({w for m in MODES for w in plans[m].get("warnings", [])})
+    for w in warned:
+        print(f"  split_file warned: {w}")
+
+
+def print_bytes(b, names):
+    devices = b["devices"]
+    print()
+    print(f"Bytes per epoch ({TRAIN_SAMPLES} digits samples split evenly among N devices, batch {BATCH}; tensor "
+          f"payload both ways, summed over devices; KB = 1024 B). FedAvg: 1 local epoch per round = 1 round per "
+          f"epoch; the model is {b['params_bytes']:,} B of trainable variables.")
+    head = f"  {'':<22}" + "".join(f" {'N=' + str(n):>22}" for n in devices)
+    print(head)
+    sub = f"  {'':<22}" + "".join(f" {'up/down KB':>15} {'vs FA':>6}" for _ in devices)
+    print(sub)
+    print("  " + "-" * (len(sub) - 2))
+    fa_total = {n: b["fedavg"][str(n)]["analytic"]["round_push"] + b["fedavg"][str(n)]["analytic"]["round_pull"]
+                for n in devices}
+    mism = []
+    for name in names:
+        cells = ""
+        for n in devices:
+            r = b["split"][f"{name}/{n}"]
+            if r["measured"] is not None and tuple(r["measured"][:2]) != (r["up"], r["down"]):
+                mism.append((name, n, r["measured"], (r["up"], r["down"])))
+            cells += f" {kb(r['up']) + '/' + kb(r['down']):>15} {(r['up'] + r['down']) / fa_total[n]:>6.1f}"
+        label = "split " + name + (" (raw data)" if name == "cloud-p0" else "")
+        print(f"  {label:<22}{cells}")
+    cells = ""
+    for n in devices:
+        a = b["fedavg"][str(n)]["analytic"]
+        cells += f" {kb(a['round_push']) + '/' + kb(a['round_pull']):>15} {1.0:>6.1f}"
+    print(f"  {'FedAvg (per round)':<22}{cells}")
+    cells = ""
+    for n in devices:
+        a = b["fedavg"][str(n)]["analytic"]
+        cells += f" {'+' + kb(a['first_pull']) + ' once':>15} {'':>6}"
+    print(f"  {'FedAvg first pull':<22}{cells}")
+    print("  vs FA: the split's bytes (up + down) over FedAvg's per round (push + pull), same N.")
+    # measured vs analytic
+    lines = []
+    for n in devices:
+        split_meas = [r for key, r in b["split"].items() if key.endswith(f"/{n}") and r["measured"] is not None]
+        ok = sum(1 for r in split_meas if tuple(r["measured"][:2]) == (r["up"], r["down"]))
+        calls = sorted({r["calls"] for key, r in b["split"].items() if key.endswith(f"/{n}")})
+        fm = b["fedavg"][str(n)]["measured"]
+        fa = b["fedavg"][str(n)]["analytic"]
+        if fm is None:
+            ftxt = "FedAvg analytic only"
+        else:
+            same = (fm["round_push"], fm["round_pull"], fm["first_pull"]) == \
+                (fa["round_push"], fa["round_pull"], fa["first_pull"])
+            ftxt = (f"FedAvg measured (round 2 of 2: push {fm['round_push']:,} B, pull {fm['round_pull']:,} B; "
+                    f"first pull {fm['first_pull']:,} B) {'= analytic' if same else '!= analytic'}")
+        lines.append(f"  N={n}: split measured for {len(split_meas)} of {len(names)} cuts, {ok} equal to the "
+                     f"analytic bytes (Run calls per epoch: {calls}); {ftxt}")
+    print("\n".join(lines))
+    if mism:
+        print(f"  MISMATCH measured vs analytic (name, N, measured (up, down, calls), analytic): {mism[:6]}")
+
+
+def print_report(doc):
+    print(doc.get("header", ""))
+    if doc.get("free_step_s"):
+        print(f"A local training step (device-only) in the benchmark's own process, no quota, no network: "
+              f"{doc['free_step_s'] * 1e3:.2f} ms (median of 60).")
+    for t in doc.get("timing", []):
+        print_timing(t, doc.get("n_ops", 8), doc.get("free_step_s"))
+    if doc.get("bytes"):
+        print_bytes(doc["bytes"], doc["cut_names"])
+    for line in doc.get("findings", []):
+        print(line)
+
+
+def findings(doc):
+    """What still looks wrong or surprising, from this run's own numbers."""
+    out = []
+    timing = doc.get("timing") or []
+    if timing:
+        t = timing[0]
+        rows = {r["name"]: r for r in t["rows"]}
+        dev = rows["device-only"]
+        ps = t.get("profile_sums_s") or (None, None)
+        free = doc.get("free_step_s")
+        out.append(
+            f"`edgeflow profile` keeps per-op medians: under a CPU quota whose slice ({QUOTA:.0%} of a "
+            f"{t.get('cpu_period_us', 10000) / 1000:g} ms period) is longer than each op, the median op runs "
+            f"unthrottled: the device profile's per-op medians sum to {ps[0] * 1e3:.3f} ms a train step (the "
+            f"server's {ps[1] * 1e3:.3f} ms), about the step's CPU time under the quota"
+            + (f" ({ms(dev['cpu_s'])} ms)" if dev.get("cpu_s") else "")
+            + f", while device-only steps back to back take {ms(dev['median_s'])} ms"
+            + (f" ({dev['median_s'] / free:.1f}x an unthrottled local step, {ms(free)} ms)" if free else "")
+            + f". The cost model's device-only step ({ms(dev['predicted_s'])} ms) is "
+            f"{dev['median_s'] / dev['predicted_s']:.1f}x below the measured one: per-op medians under a quota "
+            "underestimate a device that is slow all the time"
+            + (" (here the planner still picks device-only, which wins anyway)." if all(
+                tt["plans"][m]["device_only"] for tt in timing for m in MODES) and all(
+                min(tt["rows"], key=lambda r: r["median_s"])["name"] in ("device-only", "plan-cloud", "plan-U")
+                for tt in timing) else "."))
+    chk = doc.get("label_check")
+    if chk and chk["rounds"] != chk["prefix_rounds"]:
+        up = [r["uploads"] for r in chk["rounds"]]
+        pre = [r["uploads"] for r in chk["prefix_rounds"]]
+        out.append(
+            f"split_file(train=True, labels='cloud') on a split plan (forced at {chk['cut']!r}, {chk['k']} forward "
+            f"ops on the device) writes other rounds than write_pair at the same device ops: uploads {up} "
+            f"instead of {pre}, {chk['up']:,} B up per batch of {BATCH} instead of {chk['prefix_up']:,} B. "
+            "package._with_the_loss adds every train-step forward op whose inputs the device has, and ops that "
+            "read only the label input (the one-hot: expand_dims, equal, cast) qualify, so the device sends "
+            "the float32 one-hot instead of the int64 labels (and the cost model, which does not cost labels, "
+            "does not see it).")
+    warned = sorted({w for t in timing for m in MODES for w in t["plans"][m].get("warnings", [])})
+    if warned:
+        out.append(
+            "split_file(train=True) with profiles of the `train` signature (what its docs ask for: "
+            "--input-shape image=... --input-shape label=...) always warns that the profile 'may not apply': "
+            "CostGraph.from_model of the infer signature compares the profile's shapes (image and label) with "
+            f"the infer plan's (image only). Warned: {warned[0]!r}")
+    if not out:
+        return []
+    return ["", "Findings (edgeflow surprises that still hold; each from this run's numbers):"] + \
+        [f"  {i}. {line}" for i, line in enumerate(out, 1)]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bench", default="timing,bytes", help="timing, bytes or both (default timing,bytes)")
+    ap.add_argument("--links", default=",".join(LINK_NAMES), help="link profiles (default 4g,wifi)")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per split cut (default 20; device-only: 3x)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps per cut first (default 3)")
+    ap.add_argument("--cpu-period-us", type=int, default=10000, help="CFS period of the device's quota")
+    ap.add_argument("--profile-runs", type=int, default=300, help="runs of `edgeflow profile` (default 300)")
+    ap.add_argument("--devices", default="1,8,32", help="device counts of the bytes benchmark")
+    ap.add_argument("--measure-devices", default="1,8,32",
+                    help="device counts whose bytes are also measured (default all; '' for analytic only)")
+    ap.add_argument("--no-wait", action="store_true", help="do not wait for another live lab to finish")
+    ap.add_argument("--driver-timeout", type=float, default=900)
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--report", help="print the tables of a --json file and exit")
+    ap.add_argument("--keep", help="work in this directory and keep it")
+    args = ap.parse_args(argv)
+    if args.report:
+        with open(args.report) as f:
+            print_report(json.load(f))
+        return 0
+    benches = {s.strip() for s in args.bench.split(",") if s.strip()}
+    if not benches <= {"timing", "bytes"}:
+        ap.error("--bench takes timing and/or bytes")
+    links = [s.strip() for s in args.links.split(",") if s.strip()]
+    from edgeflow.splitter import LINKS
+    for k in links:
+        if k not in LINKS:
+            ap.error(f"unknown link {k!r}; known: {sorted(LINKS)}")
+    t0 = time.monotonic()
+    work = pathlib.Path(args.keep) if args.keep else pathlib.Path(tempfile.mkdtemp(prefix="bench_split_training-"))
+    work.mkdir(parents=True, exist_ok=True)
+    doc = {"timing": [], "bytes": None}
+    try:
+        log("preparing: the digits CNN, every prefix cut's package pair (labels cloud and U-shaped)")
+        prep = Prepared(work)
+        doc["n_ops"] = prep.n
+        doc["label_check"] = label_upload_check(prep)
+        doc["cut_names"] = [c["name"] for c in prep.cuts.values()]
+        waited = ""
+        if "timing" in benches:
+            waited = "not waited (--no-wait)" if args.no_wait else wait_for_other_labs()
+            state = {"profiles": None}
+            for link_name in links:
+                doc["timing"].append(run_link(link_name, prep, args, work, state))
+            doc["free_step_s"] = free_step(prep)
+        if "bytes" in benches:
+            log("bytes per epoch: split learning (every cut) and FedAvg")
+            doc["bytes"] = bytes_bench(prep, args)
+        doc["header"] = (
+            f"bench_split_training: digits CNN ({prep.n} forward ops, {prep.params:,} B of trainable variables), "
+            f"batch {BATCH}" + (f"; timing on {', '.join(links)}: device = {QUOTA:.0%} of one core (cgroup quota, "
+                                f"CFS period {args.cpu_period_us / 1000:g} ms, 1 BLAS thread), server = edgeflow "
+                                f"serve (1 BLAS thread, no quota) on the same 2-core host, link = tc tbf + real RTT "
+                                f"(delay relay); {args.warmup} warm-up + {args.steps} timed steps per cut; "
+                                f"{waited}" if "timing" in benches else "")
+            + f"; {time.monotonic() - t0:.0f} s")
+        doc["findings"] = findings(doc)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=1, default=float)
+        print_report(doc)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
