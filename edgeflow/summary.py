@@ -30,20 +30,27 @@ def describe(path, delegates=()):
             return "input"
         return "output" if i in sub.outputs else ("intermediate" if i in produced else "unused")
 
+    from . import ops
+    from .interp.plan import needed_operators
+    producer = {t: i for i, op in enumerate(sub.operators) for t in op.outputs}
     signatures = {}
     for sig in model.signatures:
-        plan = interp.plan_for(list(sig.inputs.values()), list(sig.outputs.values()),
-                               {i: tuple(max(d, 1) for d in sub.tensors[i].shape)
-                                for i in sig.inputs.values()}, sig.targets)
         signatures[sig.key] = {
             "inputs": {n: {"dtype": str(sub.tensors[i].dtype), "shape": _dims(sub.tensors[i].shape)}
                        for n, i in sig.inputs.items()},
             "outputs": {n: {"dtype": str(sub.tensors[i].dtype), "shape": _dims(sub.tensors[i].shape)}
                         for n, i in sig.outputs.items()},
-            "ops": len(plan.order),
-            "arena_bytes": plan.arena.nbytes,
-            "arena_lower_bound_bytes": plan.lower_bound,
         }
+        needed = needed_operators(sub, list(sig.outputs.values()), producer, sig.targets)
+        remote = sum(1 for i in needed if ops.get(sub.operators[i].opcode).remote)
+        if remote:  # a split package's signature: its plan needs the server
+            signatures[sig.key].update(ops=len(needed), remote_ops=remote)
+            continue
+        plan = interp.plan_for(list(sig.inputs.values()), list(sig.outputs.values()),
+                               {i: tuple(max(d, 1) for d in sub.tensors[i].shape)
+                                for i in sig.inputs.values()}, sig.targets)
+        signatures[sig.key].update(ops=len(plan.order), arena_bytes=plan.arena.nbytes,
+                                   arena_lower_bound_bytes=plan.lower_bound)
         if delegates:
             signatures[sig.key]["placement"] = plan.placement_summary()
             signatures[sig.key]["fallbacks"] = [
@@ -66,7 +73,20 @@ def describe(path, delegates=()):
         "tensors": [{"index": i, "name": t.name, "dtype": str(t.dtype), "shape": _dims(t.shape),
                      "kind": kind(i, t)} for i, t in enumerate(sub.tensors)],
         "metadata": {k: len(v) for k, v in model.metadata.items()},
+        "split": _split(model),
     }
+
+
+def _split(model):
+    """What a device package from `edgeflow split` pairs with and exchanges, or None."""
+    from .splitter.partition import split_info
+    info = split_info(model)
+    if info is None:
+        return None
+    rounds = info.get("rounds") or [{"uploads": info.get("uploads", []), "downloads": info.get("downloads", [])}]
+    return {"kind": info.get("kind", "infer"), "cloud_model_id": info.get("cloud_model_id"),
+            "cloud_sha256": info.get("cloud_sha256"), "labels": info.get("labels"),
+            "rounds": [{"uploads": r["uploads"], "downloads": r["downloads"]} for r in rounds]}
 
 
 def _shape(dims):
@@ -87,14 +107,26 @@ def render(info, max_tensors=30):
                  + (f" ({info['variables']:,} in variables)" if info["variables"] else ""))
     lines.append("signatures:")
     for key, sig in info["signatures"].items():
-        lines.append(f"  {key}: {sig['ops']} ops, arena {_mib(sig['arena_bytes'])} "
-                     f"(lower bound {_mib(sig['arena_lower_bound_bytes'])}, dynamic dims = 1)")
+        if "remote_ops" in sig:
+            lines.append(f"  {key}: {sig['ops']} ops, {sig['remote_ops']} of them send/recv: runs "
+                         "with the cloud (--cloud HOST:PORT)")
+        else:
+            lines.append(f"  {key}: {sig['ops']} ops, arena {_mib(sig['arena_bytes'])} "
+                         f"(lower bound {_mib(sig['arena_lower_bound_bytes'])}, dynamic dims = 1)")
         for side in ("inputs", "outputs"):
             for name, t in sig[side].items():
                 lines.append(f"    {side[:-1]:6} {name}: {t['dtype']}{_shape(t['shape'])}")
         if "placement" in sig:
             lines.append(f"    placement: {sig['placement']}")
             lines.extend(f"    fallback op {f['op']:4} {f['type']:16} {f['reason']}" for f in sig["fallbacks"])
+    split = info.get("split")
+    if split:
+        lines.append(f"split ({split['kind']}): pairs with cloud model {split['cloud_model_id']} "
+                     f"(sha256 {str(split['cloud_sha256'])[:16]}...)"
+                     + (f", labels on the {split['labels']}" if split.get("labels") else ""))
+        for k, r in enumerate(split["rounds"], 1):
+            lines.append(f"  round trip {k}: up {', '.join(r['uploads']) or '-'}; "
+                         f"down {', '.join(r['downloads']) or '-'}")
     lines.append("ops by type:")
     lines.extend(f"  {op:16} {n}" for op, n in info["ops_by_type"].items())
     tensors = info["tensors"]

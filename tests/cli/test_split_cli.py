@@ -52,6 +52,9 @@ def test_profile_split_serve_run(model):
     assert {o["name"]: o["side"] for o in plan["ops"]} == {"matmul": "device", "h": "device", "t": "cloud",
                                                            "y": "cloud"}
     assert (out / "plan.svg").read_text().startswith("<svg")
+    r = edgeflow("inspect", out / "device.efl")
+    assert r.returncode == 0, r.stderr
+    assert "send/recv: runs with the cloud" in r.stdout and "round trip 1: up h; down y" in r.stdout
     served = root / "served"
     served.mkdir()
     (served / "cloud.efl").write_bytes((out / "cloud.efl").read_bytes())
