@@ -560,5 +560,6 @@ def _metadata(raws):
     for raw in raws:
         if raw["name"] in out:
             _fail("metadata", f"name {raw['name'][:40]!r} appears more than once")
-        out[raw["name"]] = raw["data"]
+        # An absent byte vector reads as the schema default, (): it is empty bytes.
+        out[raw["name"]] = raw["data"] if isinstance(raw["data"], bytes) else b""
     return out

@@ -118,3 +118,20 @@ def test_fields_set_to_edge_values(seeds, data):
     value = data.draw(edge_values(width, flatbuffer_end(seed), len(seed)))
     damaged[at:at + width] = value.to_bytes(width, "little")
     loads_cleanly_or_raises_format_error(damaged)
+
+
+def test_metadata_without_its_data_reads_as_empty_bytes():
+    """A byte flip that empties a Metadata table's vtable entry for `data` (hypothesis
+    found one) leaves the default: the reader gives empty bytes, which the writer takes."""
+    from edgeflow.format.efl import Model
+    from edgeflow.format.model import ModelDef, SubGraphDef
+    model = writer.to_bytes(ModelDef(subgraphs=[SubGraphDef("g", [], [], [], [])], metadata={"k": b"v"}))
+    fb = Model.Model.GetRootAs(model, 4)
+    meta = fb.Metadata(0)
+    vtable = meta._tab.Pos - int.from_bytes(model[meta._tab.Pos:meta._tab.Pos + 4], "little", signed=True)
+    damaged = bytearray(model)
+    data_slot = vtable + 4 + 2 * 1  # the vtable's entry for field 1 (data)
+    damaged[data_slot:data_slot + 2] = b"\x00\x00"
+    loaded = reader.load(bytes(damaged))
+    assert loaded.metadata == {"k": b""}
+    reader.load(writer.to_bytes(loaded))
