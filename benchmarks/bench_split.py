@@ -150,19 +150,6 @@ def one_thread_env():
     return env
 
 
-def run_checked(L, ns, argv, timeout, what, **kw):
-    p = L.run_in(ns, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, **kw)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.communicate()
-        raise RuntimeError(f"{what} timed out after {timeout} s")
-    if p.returncode != 0:
-        raise RuntimeError(f"{what} failed (rc {p.returncode}): {err.decode()[-3000:]}")
-    return out.decode()
-
-
 def median(v):
     v = sorted(v)
     n = len(v)
@@ -225,11 +212,11 @@ def profile_model(L, prep, period_us, runs=20):
     shape = f"{prep.input_name}=" + ",".join(map(str, SHAPE))
     base = edgeflow_cmd() + ["profile", str(prep.path), "--input-shape", shape, "--runs", str(runs)]
     t = time.monotonic()
-    out = run_checked(L, "device", base + ["-o", str(dev_p), "--name", "device (20% of a core)"], 600,
+    out = L.run_checked("device", base + ["-o", str(dev_p), "--name", "device (20% of a core)"], 600,
                       f"device profile of {prep.name}", cpu_quota=QUOTA, cpu_period_us=period_us,
                       env=one_thread_env())
     log(f"  {out.strip()}  [{time.monotonic() - t:.0f} s]")
-    out = run_checked(L, "cloud", base + ["-o", str(srv_p), "--name", "server (1 core)"], 300,
+    out = L.run_checked("cloud", base + ["-o", str(srv_p), "--name", "server (1 core)"], 300,
                       f"server profile of {prep.name}", env=one_thread_env())
     log(f"  {out.strip()}")
     prep.profiles = (str(dev_p), str(srv_p))

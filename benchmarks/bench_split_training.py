@@ -263,28 +263,15 @@ def wait_for_other_labs(max_wait_s=1200, poll_s=30):
     return msg
 
 
-def run_checked(L, ns, argv, timeout, what, **kw):
-    p = L.run_in(ns, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, **kw)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.communicate()
-        raise RuntimeError(f"{what} timed out after {timeout} s")
-    if p.returncode != 0:
-        raise RuntimeError(f"{what} failed (rc {p.returncode}): {err.decode()[-3000:]}")
-    return out.decode()
-
-
 def profile(L, prep, args):
     dev_p, srv_p = prep.dir / "device_profile.json", prep.dir / "server_profile.json"
     base = edgeflow_cmd() + ["profile", str(prep.path), "-s", "train", "--input-shape",
                              "image=" + ",".join(map(str, SHAPE)), "--input-shape", f"label={BATCH}",
                              "--runs", str(args.profile_runs)]
-    out = run_checked(L, "device", base + ["-o", str(dev_p), "--name", "device (20% of a core)"], 600,
+    out = L.run_checked("device", base + ["-o", str(dev_p), "--name", "device (20% of a core)"], 600,
                       "device profile", cpu_quota=QUOTA, cpu_period_us=args.cpu_period_us, env=one_thread_env())
     log("  " + out.strip())
-    out = run_checked(L, "cloud", base + ["-o", str(srv_p), "--name", "server (1 core)"], 300, "server profile",
+    out = L.run_checked("cloud", base + ["-o", str(srv_p), "--name", "server (1 core)"], 300, "server profile",
                       env=one_thread_env())
     log("  " + out.strip())
     return str(dev_p), str(srv_p)

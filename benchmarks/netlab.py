@@ -428,6 +428,21 @@ class Lab:
         self._procs.append(p)
         return p
 
+    def run_checked(self, namespace, argv, timeout, what, **kw):
+        """Run `argv` in the lab to completion; its stdout, or RuntimeError naming `what`
+        (with its stderr's tail) if it fails or outlives `timeout` seconds."""
+        p = self.run_in(namespace, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        stdin=subprocess.DEVNULL, **kw)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            raise RuntimeError(f"{what} timed out after {timeout} s")
+        if p.returncode != 0:
+            raise RuntimeError(f"{what} failed (rc {p.returncode}): {err.decode()[-3000:]}")
+        return out.decode()
+
     def qdisc_stats(self):
         """{"up": {...}, "down": {...}}: sent bytes/packets, dropped, overlimits of each tbf."""
         out = {}
