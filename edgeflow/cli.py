@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from .bench import pick_signature
+from .interp.inputs import pick_signature
 from .errors import EdgeflowError
 
 
@@ -165,7 +165,7 @@ def _train_with_parameter_server(args, data):
 
 
 def cmd_train(args):
-    from . import trainer
+    from . import training_loop
     from .interp import Interpreter
     if args.mode != "split":
         return _train_with_parameter_server(args, _load_npz(args.data))
@@ -186,7 +186,7 @@ def cmd_train(args):
     def on_step(epoch, step, loss):
         bar.update(1)
         bar.set_postfix(epoch=epoch + 1, loss=f"{loss:.4f}")
-    history = trainer.fit(interp, data, args.epochs, args.batch_size, args.seed, args.checkpoint_dir,
+    history = training_loop.fit(interp, data, args.epochs, args.batch_size, args.seed, args.checkpoint_dir,
                           args.checkpoint_every, on_step)
     bar.close()
     if history:

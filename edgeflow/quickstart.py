@@ -91,7 +91,7 @@ def convert_onnx(directory):
 def train_on_device(directory):
     """y = 0.1 x + 0.3: package a trainable model, train it with the interpreter, export it."""
     import edgeflow as ef
-    from .trainer import fit
+    from .training_loop import fit
     path = os.path.join(directory, "linear.efl")
     g = ef.Graph()
     with g.as_default():
@@ -181,7 +181,7 @@ def split_training(directory):
         return
     import edgeflow as ef
     from .format import reader
-    from .trainer import batch_at
+    from .training_loop import batch_at
     path = os.path.join(directory, "mlp-train.efl")
     g = ef.Graph()
     with g.as_default():

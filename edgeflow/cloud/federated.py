@@ -21,7 +21,7 @@ last one the server took from this device; FedAvg trains the server's round. A s
 that restarted from an older checkpoint is noticed (a dropped push, or the version and
 incarnation of a Pull) and the lost steps are trained again; a device that restarts
 picks up where the server is. Batch i of the data is batch (i mod steps per epoch) of
-epoch (i div steps per epoch) of edgeflow.trainer.batches(data, batch_size, seed, epoch).
+epoch (i div steps per epoch) of edgeflow.training_loop.batches(data, batch_size, seed, epoch).
 
 Each loop returns its history: one dict per push, {"step", "version", "loss", "result",
 "duplicate"}; `on_step(record)` gets each as it happens, with the pulled "values" too.
@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import InvalidInputError, RemoteError
 from ..interp import Interpreter
-from ..trainer import batches, check_data
+from ..training_loop import batches, check_data
 from .ps import TrainingRoles
 from ..splitter.partition import file_sha256
 
@@ -47,7 +47,7 @@ def steps_per_epoch(data, batch_size):
 
 class _Epochs:
     """Batch i of the endless sequence of epochs: batch (i mod steps per epoch) of epoch
-    (i div steps per epoch) as edgeflow.trainer.batches yields it, the epoch's batches cached."""
+    (i div steps per epoch) as edgeflow.training_loop.batches yields it, the epoch's batches cached."""
 
     def __init__(self, data, batch_size, seed):
         self.data, self.batch_size, self.seed = data, batch_size, seed

@@ -19,7 +19,7 @@ from ..errors import EdgeflowError, FormatError, InvalidInputError
 from ..format import reader
 from ..interp import Interpreter
 from ..interp.interpreter import check_shape
-from ..ops.shapes import fmt
+from ..ops.dims import fmt
 
 MODEL_ID_KEY = "edgeflow.model_id"
 _log = logging.getLogger("edgeflow.cloud")

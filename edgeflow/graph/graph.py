@@ -12,7 +12,7 @@ import numpy as np
 from .. import dtypes, ops
 from ..errors import GraphError
 from ..ops.registry import TensorSpec
-from ..ops.shapes import fmt
+from ..ops.dims import fmt
 
 # Node kinds that are not ops: they hold data or stand for it.
 PLACEHOLDER = "Placeholder"

@@ -8,7 +8,7 @@ import numpy as np
 from .. import ops
 from ..errors import EdgeflowError, InvalidInputError, UnsupportedOpError
 from ..format import reader
-from ..ops.shapes import fmt
+from ..ops.dims import fmt
 from .kernels import KERNELS
 from .plan import Plan, ShapeDependsOnValues
 from .profiler import Profiler

@@ -11,7 +11,7 @@ import numpy as np
 from .. import ops
 from ..errors import EdgeflowError, FormatError, GraphError, InvalidInputError
 from ..ops.registry import TensorSpec
-from ..ops.shapes import fmt
+from ..ops.dims import fmt
 from .arena import Arena, lower_bound, place
 from .kernels import KERNELS, evaluate
 

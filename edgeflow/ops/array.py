@@ -2,7 +2,7 @@
 from .. import dtypes
 from ..errors import GraphError
 from .registry import Attr, AttrKind, TensorSpec, define, gradient
-from .shapes import fmt, normalize_axes, normalize_axis, num_elements
+from .dims import fmt, normalize_axes, normalize_axis, num_elements
 
 INDEX_DTYPES = frozenset((dtypes.int32, dtypes.int64))
 

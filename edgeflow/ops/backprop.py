@@ -9,7 +9,7 @@ from . import image, pool  # noqa: F401  (the forward ops whose attrs the gradie
 from .array import INDEX_DTYPES, slice_params
 from .conv import window_attrs
 from .registry import Attr, AttrKind, TensorSpec, define, get, gradient
-from .shapes import fmt, normalize_axis
+from .dims import fmt, normalize_axis
 
 
 @define("sum_to", inputs=2)

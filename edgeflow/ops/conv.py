@@ -9,7 +9,7 @@ from .. import dtypes
 from ..errors import GraphError
 from .registry import (Attr, AttrKind, TensorSpec, activation_attr, activation_gradient, check_activation,
                        define, gradient)
-from .shapes import fmt
+from .dims import fmt
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 

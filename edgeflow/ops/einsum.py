@@ -4,7 +4,7 @@ import string
 from ..errors import GraphError
 from .math import NUMERIC, _same_dtype
 from .registry import Attr, AttrKind, TensorSpec, define, gradient
-from .shapes import broadcast, fmt
+from .dims import broadcast, fmt
 
 ELLIPSIS = "."  # stands for '...' in a parsed term
 _SUBSCRIPTS = frozenset(string.ascii_letters) | {ELLIPSIS}

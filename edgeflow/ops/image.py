@@ -4,7 +4,7 @@ import numpy as np
 from .. import dtypes
 from ..errors import GraphError
 from .registry import Attr, AttrKind, TensorSpec, define, gradient
-from .shapes import fmt
+from .dims import fmt
 
 PAD_MODES = ("constant", "reflect", "edge")
 

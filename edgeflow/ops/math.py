@@ -5,7 +5,7 @@ from .. import dtypes
 from ..errors import GraphError
 from .registry import (Attr, AttrKind, TensorSpec, activation_attr, activation_gradient, check_activation,
                        define, gradient)
-from .shapes import broadcast, fmt
+from .dims import broadcast, fmt
 
 NUMERIC = dtypes.FLOATS | dtypes.INTEGERS
 

@@ -2,7 +2,7 @@
 from .. import dtypes
 from ..errors import GraphError
 from .registry import Attr, AttrKind, TensorSpec, define, gradient
-from .shapes import normalize_axis
+from .dims import normalize_axis
 
 
 def _unary(op, spec, allowed):

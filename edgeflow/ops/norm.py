@@ -2,7 +2,7 @@
 from .. import dtypes
 from ..errors import GraphError
 from .registry import Attr, AttrKind, TensorSpec, define, gradient
-from .shapes import fmt, normalize_axis
+from .dims import fmt, normalize_axis
 
 
 def _float_operands(op, specs):

@@ -6,7 +6,7 @@ from .. import dtypes
 from ..errors import GraphError
 from .conv import window_attrs, window_geometry
 from .registry import Attr, AttrKind, TensorSpec, define, gradient
-from .shapes import fmt
+from .dims import fmt
 
 
 def _pool(op, allowed, doc):

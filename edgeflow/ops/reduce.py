@@ -3,7 +3,7 @@ from .. import dtypes
 from ..errors import GraphError
 from .math import NUMERIC
 from .registry import Attr, AttrKind, TensorSpec, define, gradient
-from .shapes import normalize_axes, normalize_axis
+from .dims import normalize_axes, normalize_axis
 
 
 def reduced_shape(shape, axes, keepdims, op):

@@ -14,7 +14,7 @@ here, and a converter must reject models that use them.
 from .. import dtypes
 from ..errors import GraphError
 from .registry import Attr, AttrKind, TensorSpec, define, gradient
-from .shapes import fmt
+from .dims import fmt
 
 DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
 

@@ -12,7 +12,7 @@ import numpy as np
 from .. import dtypes
 from ..errors import GraphError
 from .registry import Attr, AttrKind, TensorSpec, define, gradient
-from .shapes import broadcast, fmt, normalize_axis
+from .dims import broadcast, fmt, normalize_axis
 
 INDEX_DTYPES = frozenset((dtypes.int32, dtypes.int64))
 

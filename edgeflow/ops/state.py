@@ -6,7 +6,7 @@ reads in the same run see the old values, as an optimizer's updates need.
 """
 from ..errors import GraphError
 from .registry import define
-from .shapes import fmt
+from .dims import fmt
 
 
 def _update(name):

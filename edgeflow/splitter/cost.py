@@ -236,7 +236,7 @@ def measure_profile(model, signature="infer", inputs=None, runs=DEFAULT_RUNS, de
     partition is timed as a whole and its time shared among its ops in proportion to
     their estimated cost.
     """
-    from ..bench import random_inputs
+    from ..interp.inputs import random_inputs
     from ..interp import Interpreter
     if runs < 1:
         raise InvalidInputError(f"runs must be >= 1, got {runs}")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import edgeflow as ef
-from edgeflow import accel, trainer
+from edgeflow import accel, training_loop
 from edgeflow.graph.math_ops import apply
 
 pytestmark = pytest.mark.skipif(not accel.available(), reason="no OpenCL device")
@@ -140,8 +140,8 @@ def trainable(tmp_path_factory):
 def test_training_matches_numpy_step_for_step(trainable, delegate):
     data = {k: v[:40] for k, v in training_data().items()}  # 5 steps of 8
     with_cl, plain = ef.Interpreter(trainable, delegates=[delegate]), ef.Interpreter(trainable)
-    got = trainer.fit(with_cl, data, epochs=1, batch_size=8, seed=0)
-    want = trainer.fit(plain, data, epochs=1, batch_size=8, seed=0)
+    got = training_loop.fit(with_cl, data, epochs=1, batch_size=8, seed=0)
+    want = training_loop.fit(plain, data, epochs=1, batch_size=8, seed=0)
     assert len(got) == 5
     np.testing.assert_allclose([l for _, l in got], [l for _, l in want], rtol=1e-4)
     for name, value in plain.variables().items():

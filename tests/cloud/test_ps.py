@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import edgeflow as ef
-from edgeflow import trainer
+from edgeflow import training_loop
 from edgeflow.errors import (EdgeflowError, FormatError, GraphError, InvalidInputError, PlacementError,
                              RemoteError)
 
@@ -337,7 +337,7 @@ def test_device_variables_train_locally_and_all_match_one_process():
     x = rng.normal(size=(40, 3)).astype(np.float32)
     data = {"x": x, "y": (x @ rng.normal(size=(3, 2)) + 0.3).astype(np.float32)}
     local = ef.Interpreter(model)
-    trainer.fit(local, data, epochs=3, batch_size=8, seed=4)
+    training_loop.fit(local, data, epochs=3, batch_size=8, seed=4)
     device = ef.Interpreter(model)
     with serving(ps.ParameterService({"m": model}, mode="async")) as client:
         history = train_async(device, data, client, "m", "phone", epochs=3, batch_size=8, seed=4)
@@ -410,6 +410,6 @@ def test_async_device_retrains_the_steps_a_crash_lost(tmp_path):
     assert [r["step"] for r in out["history"]] == list(range(8)) + list(range(5, 15))
     assert (status["updates_applied"], status["devices"]["phone"]["applied"]) == (15, 15)
     local = ef.Interpreter(model)
-    trainer.fit(local, data, epochs=3, batch_size=8, seed=4)
+    training_loop.fit(local, data, epochs=3, batch_size=8, seed=4)
     for name, value in local.variables().items():
         np.testing.assert_allclose(served[name], value, rtol=1e-6, atol=1e-7, err_msg=name)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import edgeflow as ef
-from edgeflow import trainer
+from edgeflow import training_loop
 
 pytest.importorskip("grpc")
 pytest.importorskip("grpc_health")
@@ -70,7 +70,7 @@ def accuracy(path, values):
 
 
 def batch(data, batch_size, seed, index):
-    """Batch `index` of the device's endless epochs, from the definition of trainer.batches'
+    """Batch `index` of the device's endless epochs, from the definition of training_loop.batches'
     order (a permutation per (seed, epoch)), written out here independently."""
     n = len(data["y"])
     per_epoch = -(-n // batch_size)
@@ -219,7 +219,7 @@ def local_run(tmp_path_factory):
     interp = ef.Interpreter(path)
     per_epoch = steps_per_epoch(train, BATCH)
     curve = []
-    trainer.fit(interp, train, epochs=EPOCHS, batch_size=BATCH, seed=0,
+    training_loop.fit(interp, train, epochs=EPOCHS, batch_size=BATCH, seed=0,
                 on_step=lambda epoch, step, loss: curve.append(accuracy(path, interp.variables()))
                 if step % per_epoch == 0 else None)
     return path, curve

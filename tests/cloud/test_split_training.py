@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import edgeflow as ef
-from edgeflow import trainer
+from edgeflow import training_loop
 from edgeflow.errors import RemoteError
 from edgeflow.format import reader
 from edgeflow.splitter import training
@@ -99,7 +99,7 @@ def test_two_processes_equal_one_step_by_step(tmp_path):
         cloud_names = json.loads(bytes(reader.load(out / "device.efl").metadata["edgeflow.split"]))["cloud_variables"]
         with Client(f"127.0.0.1:{port}") as client:
             for step in range(45):  # an epoch
-                batch = trainer.batch_at(data, 32, 0, 0, step)
+                batch = training_loop.batch_at(data, 32, 0, 0, step)
                 losses = [float(r(**batch)["loss"]) for r in runners]
                 assert losses[0] == pytest.approx(losses[1], rel=1e-6, abs=1e-6)
                 if step % 11 and step != 44:
@@ -126,7 +126,7 @@ def test_u_shaped_labels_never_reach_the_server(tmp_path):
     with Server(models={"cnn-device": out / "cloud.efl"}) as server:
         device = ef.Interpreter(out / "device.efl", cloud=server.address, device_id="u")
         for step in range(3):
-            batch = trainer.batch_at(data, 32, 0, 0, step)
+            batch = training_loop.batch_at(data, 32, 0, 0, step)
             a = local.get_signature_runner("train")(**batch)["loss"]
             b = device.get_signature_runner("train")(**batch)["loss"]
             assert float(a) == pytest.approx(float(b), rel=1e-6)
@@ -143,7 +143,7 @@ def test_a_retried_round_is_applied_once(tmp_path):
     out, cut = split(tmp_path, "cloud")
     data, _ = digits()
     device = ef.Interpreter(out / "device.efl")
-    batch = trainer.batch_at(data, 32, 0, 0, 0)
+    batch = training_loop.batch_at(data, 32, 0, 0, 0)
     feeds = device.run(cut.names(cut.rounds[0]["uploads"]), batch)
     plan = cut.plan_json()[0]
     step = {"device_id": "dup", "step_id": 0, "round": 1, "keep": plan["keep"], "targets": plan["targets"],
@@ -179,7 +179,7 @@ def test_server_killed_and_restarted_loses_no_step(tmp_path):
                              daemon=True).start()
     try:
         device = ef.Interpreter(out / "device.efl", cloud=f"127.0.0.1:{port}", device_id="k")
-        history = trainer.fit(device, data, epochs=2, batch_size=32, seed=0,
+        history = training_loop.fit(device, data, epochs=2, batch_size=32, seed=0,
                               checkpoint_dir=tmp_path / "device-ckpt", checkpoint_every=2,
                               on_step=kill_then_restart)
         assert killed.is_set() and [g for g, _ in history] == list(range(1, 41))
@@ -194,7 +194,7 @@ def test_server_killed_and_restarted_loses_no_step(tmp_path):
     assert meta["updates"] == 40 and meta["finished"] == {"k": 39}  # every step once
     # The same parameters, and so the same accuracy, as training without a failure.
     local = ef.Interpreter(tmp_path / "m.efl")
-    trainer.fit(local, data, epochs=2, batch_size=32, seed=0)
+    training_loop.fit(local, data, epochs=2, batch_size=32, seed=0)
     want = local.variables()
     got = {**device.variables(), **{k: v for k, v in cloud.items() if not k.startswith("conv1")}}
     for name in want:
@@ -243,7 +243,7 @@ def test_nothing_on_the_device_but_the_data(tmp_path, labels):
         device = ef.Interpreter(tmp_path / "device.efl", cloud=server.address, device_id="c")
         runner = device.get_signature_runner("train")
         for step in range(3):
-            batch = trainer.batch_at(data, 32, 0, 0, step)
+            batch = training_loop.batch_at(data, 32, 0, 0, step)
             assert float(runner(**batch)["loss"]) == pytest.approx(float(local(**batch)["loss"]), rel=1e-6)
         host = server.models["c"].steps
         assert host.updates == 3
@@ -261,7 +261,7 @@ def test_planned_training_splits_take_any_batch_and_keep_device_only_local(tmp_p
     assert json.loads((tmp_path / "local" / "plan.json").read_text())["rounds"] == []
     runner = ef.Interpreter(local.paths["device"]).get_signature_runner("train")
     reference = ef.Interpreter(tmp_path / "m.efl").get_signature_runner("train")
-    batch = trainer.batch_at(data, 32, 0, 0, 0)
+    batch = training_loop.batch_at(data, 32, 0, 0, 0)
     assert float(runner(**batch)["loss"]) == float(reference(**batch)["loss"])
     # A forced cut planned at batch 32 still trains a last, partial batch of 9.
     cut = split_file(tmp_path / "m.efl", tmp_path / "cut", cut=["pool1_1"], train=True, input_shapes=shapes)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import edgeflow as ef
-from edgeflow import trainer
+from edgeflow import training_loop
 
 datasets = pytest.importorskip("sklearn.datasets")
 
@@ -49,7 +49,7 @@ def model(tmp_path_factory):
 def test_cnn_reaches_97_percent(model):
     data, (x, y) = digits()
     interp = ef.Interpreter(model)
-    history = trainer.fit(interp, data, epochs=8, batch_size=32, seed=0)
+    history = training_loop.fit(interp, data, epochs=8, batch_size=32, seed=0)
     assert history[-1][1] < history[0][1]
     assert accuracy(interp, x, y) >= 0.97
 
@@ -58,7 +58,7 @@ def test_crash_and_resume_equals_uninterrupted(model, tmp_path):
     data, (x, y) = digits()
     data = {k: v[:320] for k, v in data.items()}  # 10 steps per epoch: quick
     whole = ef.Interpreter(model)
-    trainer.fit(whole, data, epochs=2, batch_size=32, seed=3)
+    training_loop.fit(whole, data, epochs=2, batch_size=32, seed=3)
 
     class Crash(Exception):
         pass
@@ -67,10 +67,10 @@ def test_crash_and_resume_equals_uninterrupted(model, tmp_path):
         if step == 13:
             raise Crash()
     with pytest.raises(Crash):
-        trainer.fit(ef.Interpreter(model), data, epochs=2, batch_size=32, seed=3,
+        training_loop.fit(ef.Interpreter(model), data, epochs=2, batch_size=32, seed=3,
                     checkpoint_dir=tmp_path, checkpoint_every=4, on_step=crash)
     resumed = ef.Interpreter(model)
-    trainer.fit(resumed, data, epochs=2, batch_size=32, seed=3, checkpoint_dir=tmp_path, checkpoint_every=4)
+    training_loop.fit(resumed, data, epochs=2, batch_size=32, seed=3, checkpoint_dir=tmp_path, checkpoint_every=4)
     for name, value in whole.variables().items():
         np.testing.assert_array_equal(resumed.variables()[name], value, err_msg=name)
     assert accuracy(resumed, x, y) == accuracy(whole, x, y)

@@ -12,7 +12,7 @@ cannot raise. Check indices before feeding them if they can be out of range.
 """
 import numpy as np
 
-from ...ops.shapes import normalize_axis
+from ...ops.dims import normalize_axis
 from . import cl_kernel, tensor_dtype
 from .elementwise import broadcast_strides
 

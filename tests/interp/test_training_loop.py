@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import edgeflow as ef
-from edgeflow import trainer
+from edgeflow import training_loop
 from edgeflow.errors import InvalidInputError
 
 from .test_training_state import _linear_model
@@ -25,17 +25,17 @@ class Crash(Exception):
 def test_resume_after_crash_equals_uninterrupted(tmp_path):
     _linear_model(tmp_path / "m.efl", lr=0.05)
     whole = ef.Interpreter(tmp_path / "m.efl")
-    reference = trainer.fit(whole, _data(), epochs=3, batch_size=8, seed=1)
+    reference = training_loop.fit(whole, _data(), epochs=3, batch_size=8, seed=1)
 
     def crash_at_11(epoch, step, loss):
         if step == 11:
             raise Crash()
     first = ef.Interpreter(tmp_path / "m.efl")
     with pytest.raises(Crash):
-        trainer.fit(first, _data(), epochs=3, batch_size=8, seed=1,
+        training_loop.fit(first, _data(), epochs=3, batch_size=8, seed=1,
                     checkpoint_dir=tmp_path / "ckpt", checkpoint_every=4, on_step=crash_at_11)
     resumed = ef.Interpreter(tmp_path / "m.efl")
-    rest = trainer.fit(resumed, _data(), epochs=3, batch_size=8, seed=1,
+    rest = training_loop.fit(resumed, _data(), epochs=3, batch_size=8, seed=1,
                        checkpoint_dir=tmp_path / "ckpt", checkpoint_every=4)
     # checkpoints at steps 4, 5 (end of epoch 1), 8 and 10 (end of epoch 2): resume after 10
     assert rest[0][0] == 11 and rest[-1][0] == reference[-1][0] == 15  # 5 batches x 3 epochs
@@ -47,12 +47,12 @@ def test_resume_after_crash_equals_uninterrupted(tmp_path):
 def test_loss_goes_down_and_data_is_checked(tmp_path):
     _linear_model(tmp_path / "m.efl", lr=0.05)
     interp = ef.Interpreter(tmp_path / "m.efl")
-    history = trainer.fit(interp, _data(200), epochs=5, batch_size=16)
+    history = training_loop.fit(interp, _data(200), epochs=5, batch_size=16)
     assert history[-1][1] < 0.1 * history[0][1]
     with pytest.raises(InvalidInputError, match=r"no \['y'\]"):
-        trainer.fit(interp, {"x": _data()["x"]})
+        training_loop.fit(interp, {"x": _data()["x"]})
     with pytest.raises(InvalidInputError, match="differ in length"):
-        trainer.fit(interp, {"x": _data(10)["x"], "y": _data(11)["y"]})
+        training_loop.fit(interp, {"x": _data(10)["x"], "y": _data(11)["y"]})
 
 
 def test_cli_train_with_checkpoints_and_export(tmp_path):
