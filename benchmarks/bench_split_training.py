@@ -221,8 +221,8 @@ class Prepared:
         return self._bytes_cache[key]
 
     def full_batches(self):
-        from edgeflow import trainer
-        out = [b for _, b in trainer.batches(self.data, BATCH, 0, 0) if len(b["label"]) == BATCH]
+        from edgeflow import training_loop
+        out = [b for _, b in training_loop.batches(self.data, BATCH, 0, 0) if len(b["label"]) == BATCH]
         return {"image": np.stack([b["image"] for b in out]), "label": np.stack([b["label"] for b in out])}
 
 
@@ -515,7 +515,7 @@ def split_epoch_analytic(prep, mode, k, n_devices):
 
 def split_epoch_measured(prep, server, mode, k, n_devices):
     import edgeflow as ef
-    from edgeflow import trainer
+    from edgeflow import training_loop
     from edgeflow.cloud import Client
     c = prep.cuts[(mode, k)]
     up = down = calls = 0
@@ -523,7 +523,7 @@ def split_epoch_measured(prep, server, mode, k, n_devices):
         for i, share in enumerate(shares(prep.data, n_devices)):
             interp = ef.Interpreter(c["device"], cloud=client, device_id=f"n{n_devices}-d{i}")
             runner = interp.get_signature_runner("train")
-            for _, b in trainer.batches(share, BATCH, 0, 0):
+            for _, b in training_loop.batches(share, BATCH, 0, 0):
                 runner(**b)
         link = client.link
         up, down, calls = link.bytes_sent, link.bytes_received, link.calls
