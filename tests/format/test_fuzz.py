@@ -1,8 +1,8 @@
 """Damaged files load cleanly or raise FormatError: never another exception.
 
-About 11,000 truncations and mutations of valid files in all, aimed mostly at the
-FlatBuffer, where every byte is an offset, length, index or code the verifier must
-check before use.
+About 11,000 truncations and mutations of valid files in CI (HYPOTHESIS_PROFILE=fuzz runs
+25 times as many), aimed mostly at the FlatBuffer, where every byte is an offset, length,
+index or code the verifier must check before use.
 """
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,9 +14,12 @@ from edgeflow.format import reader, writer
 from .models import every_feature_model, mlp_model
 
 
-def fuzz(examples):
-    return settings(max_examples=examples, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+def fuzz(weight):
+    """A slow test running `weight` times the hypothesis profile's example count (dev 20,
+    ci 200, fuzz 5000: tests/conftest.py)."""
+    run = settings(max_examples=int(settings.default.max_examples * weight), deadline=None,
+                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    return lambda test: pytest.mark.slow(run(test))
 
 
 class Seed(bytes):
@@ -61,7 +64,7 @@ def loads_cleanly_or_raises_format_error(damaged):
     reader.load(writer.to_bytes(model))
 
 
-@fuzz(1500)
+@fuzz(7.5)
 @given(data=st.data())
 def test_truncations(seeds, data):
     seed = data.draw(st.sampled_from(seeds))
@@ -69,7 +72,7 @@ def test_truncations(seeds, data):
     loads_cleanly_or_raises_format_error(seed[:cut])
 
 
-@fuzz(3000)
+@fuzz(15)
 @given(data=st.data())
 def test_single_byte_flips(seeds, data):
     seed = data.draw(st.sampled_from(seeds))
@@ -78,7 +81,7 @@ def test_single_byte_flips(seeds, data):
     loads_cleanly_or_raises_format_error(damaged)
 
 
-@fuzz(2500)
+@fuzz(12.5)
 @given(data=st.data())
 def test_multi_byte_flips(seeds, data):
     seed = data.draw(st.sampled_from(seeds))
@@ -88,7 +91,7 @@ def test_multi_byte_flips(seeds, data):
     loads_cleanly_or_raises_format_error(damaged)
 
 
-@fuzz(2500)
+@fuzz(12.5)
 @given(data=st.data())
 def test_random_overwrites_in_the_flatbuffer(seeds, data):
     seed = data.draw(st.sampled_from(seeds))
@@ -106,7 +109,7 @@ def edge_values(width, end, size):
                             top // 2, top - 4, top - 1]) | st.integers(0, top - 1)
 
 
-@fuzz(1500)
+@fuzz(7.5)
 @given(data=st.data())
 def test_fields_set_to_edge_values(seeds, data):
     # Aligned 2-byte (vtable entries), 4-byte (offsets, lengths, indices) and 8-byte

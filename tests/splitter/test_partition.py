@@ -171,7 +171,7 @@ def test_no_submodule_shadows_an_op_function():
     import importlib
     import pkgutil
     import types
-    functions = {k for k, v in vars(ef).items() if not isinstance(v, types.ModuleType)}
+    functions = {k for k in dir(ef) if not isinstance(getattr(ef, k), types.ModuleType)}
     for info in pkgutil.iter_modules(ef.__path__):
         assert info.name not in functions, info.name
         if info.name not in ("cli", "quickstart", "__main__"):
