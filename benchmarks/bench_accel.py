@@ -66,8 +66,8 @@ def main():
                               for n, b in zip(accel.transfers([delegates[precision]]), before[precision])]
                     got = runner(**feeds)
                     diff = max(float(np.abs(got[k] - w).max() / (np.abs(w).max() or 1)) for k, w in want.items())
-                    rows.append([name, batch, precision, harness.ms(t[precision]), harness.ms(t["numpy"]),
-                                 harness.ms(t["ort"]), harness.ratio(t[precision], t["numpy"]),
+                    rows.append([name, batch, precision, harness.ms(t[precision], 2), harness.ms(t["numpy"], 2),
+                                 harness.ms(t["ort"], 2), harness.ratio(t[precision], t["numpy"]),
                                  harness.ratio(t[precision], t["ort"]), f"{diff:.1e}", f"{copies[0]:g}",
                                  f"{copies[1]:g}", runner.last_plan.placement_summary()])
     harness.print_table(["model", "batch", "prec", "opencl ms", "numpy ms", "onnxruntime ms", "cl/numpy", "cl/ort",

@@ -48,7 +48,7 @@ def bench_latency(names, runs, folder):
                 t = harness.medians({"edgeflow": lambda: runner(**feeds), "ort": lambda: sess.run(None, feeds)},
                                     runs, warmup=3)
                 gflops = sum(runner.last_plan.flops().values()) / t["edgeflow"] / 1e9
-                rows.append([name, batch, threads or "default", harness.ms(t["edgeflow"]), harness.ms(t["ort"]),
+                rows.append([name, batch, threads or "default", harness.ms(t["edgeflow"], 2), harness.ms(t["ort"], 2),
                              harness.ratio(t["edgeflow"], t["ort"]), f"{gflops:.2f}",
                              f"{gflops / peaks[threads]:.1%}"])
     harness.print_table(["model", "batch", "threads", "edgeflow ms", "onnxruntime ms", "ratio", "GFLOP/s",

@@ -52,7 +52,7 @@ def ratio(a, b):
     return "-" if a is None or not b else f"{a / b:.2f}x"
 
 
-def ms(seconds, digits=2):
+def ms(seconds, digits=1):
     """Seconds as milliseconds; "-" when missing."""
     return "-" if seconds is None else f"{seconds * 1e3:.{digits}f}"
 
