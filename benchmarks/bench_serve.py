@@ -136,15 +136,10 @@ def device_main(index, addresses, infos, x, ready, schedule, results):
 
 # -- the run ----------------------------------------------------------------------------
 def start_server(model_dir, max_workers, blas_threads, logfile):
-    exe = pathlib.Path(sys.executable).with_name("edgeflow")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "edgeflow.cli"]
-    cmd += ["serve", "--model-dir", str(model_dir), "--host", "127.0.0.1", "--port", "0"]
+    cmd = harness.edgeflow_cmd() + ["serve", "--model-dir", str(model_dir), "--host", "127.0.0.1", "--port", "0"]
     if max_workers:
         cmd += ["--max-workers", str(max_workers)]
-    env = dict(os.environ)
-    if blas_threads:
-        for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            env[k] = str(blas_threads)
+    env = harness.blas_env(blas_threads) if blas_threads else None
     proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -39,7 +39,7 @@ import numpy as np
 
 import harness
 import netlab
-from harness import edgeflow_cmd, log, median, ms, one_thread_env
+from harness import edgeflow_cmd, log, median, ms, blas_env
 
 HERE = pathlib.Path(__file__).resolve().parent
 SHAPE = (1, 3, 64, 64)
@@ -137,10 +137,10 @@ def profile_model(L, prep, period_us, runs=20):
     t = time.monotonic()
     out = L.run_checked("device", base + ["-o", str(dev_p), "--name", "device (20% of a core)"], 600,
                       f"device profile of {prep.name}", cpu_quota=QUOTA, cpu_period_us=period_us,
-                      env=one_thread_env())
+                      env=blas_env())
     log(f"  {out.strip()}  [{time.monotonic() - t:.0f} s]")
     out = L.run_checked("cloud", base + ["-o", str(srv_p), "--name", "server (1 core)"], 300,
-                      f"server profile of {prep.name}", env=one_thread_env())
+                      f"server profile of {prep.name}", env=blas_env())
     log(f"  {out.strip()}")
     prep.profiles = (str(dev_p), str(srv_p))
     prep.load_cost_graph()
@@ -183,7 +183,7 @@ def run_link(link_name, preps, args, work):
         server = L.run_in("cloud", edgeflow_cmd() + ["serve", "--model-dir", str(serve_dir), "--host", L.cloud_ip,
                                                       "--port", str(PORT)],
                           stdout=server_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                          env=one_thread_env())
+                          env=blas_env())
         try:
             for prep in preps:
                 results.append(measure(L, prep, link, link_name, plans[prep.name], args, work))
@@ -234,7 +234,7 @@ def measure(L, prep, link, link_name, plan, args, work):
         f"predicted {placement.predicted['split'] * 1e3:.1f} ms")
     t = time.monotonic()
     p = L.run_in("device", [sys.executable, str(HERE / "split_driver.py"), str(spec_path)],
-                 cpu_quota=QUOTA, cpu_period_us=args.cpu_period_us, env=one_thread_env(),
+                 cpu_quota=QUOTA, cpu_period_us=args.cpu_period_us, env=blas_env(),
                  stdout=subprocess.PIPE, stderr=None, stdin=subprocess.DEVNULL)
     try:
         out, _ = p.communicate(timeout=args.driver_timeout)

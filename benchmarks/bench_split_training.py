@@ -44,7 +44,7 @@ import time
 import numpy as np
 
 import harness
-from harness import edgeflow_cmd, log, median, ms, one_thread_env
+from harness import edgeflow_cmd, log, median, ms, blas_env
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -140,10 +140,10 @@ def profile(L, prep, args):
                              "image=" + ",".join(map(str, SHAPE)), "--input-shape", f"label={BATCH}",
                              "--runs", str(args.profile_runs)]
     out = L.run_checked("device", base + ["-o", str(dev_p), "--name", "device (20% of a core)"], 600,
-                      "device profile", cpu_quota=QUOTA, cpu_period_us=args.cpu_period_us, env=one_thread_env())
+                      "device profile", cpu_quota=QUOTA, cpu_period_us=args.cpu_period_us, env=blas_env())
     log("  " + out.strip())
     out = L.run_checked("cloud", base + ["-o", str(srv_p), "--name", "server (1 core)"], 300, "server profile",
-                      env=one_thread_env())
+                      env=blas_env())
     log("  " + out.strip())
     return str(dev_p), str(srv_p)
 
@@ -270,12 +270,12 @@ def run_link(link_name, prep, args, work, state):
                                                       str(state_dir), "--checkpoint-every", "10", "--host",
                                                       L.cloud_ip, "--port", str(PORT)],
                           stdout=server_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                          env=one_thread_env())
+                          env=blas_env())
         t = time.monotonic()
         try:
             log(f"[{link_name}] {len(cuts)} cuts x ({args.warmup} warm-up + {args.steps} timed steps)")
             p = L.run_in("device", [sys.executable, str(HERE / "split_training_driver.py"), str(spec_path)],
-                         cpu_quota=QUOTA, cpu_period_us=args.cpu_period_us, env=one_thread_env(),
+                         cpu_quota=QUOTA, cpu_period_us=args.cpu_period_us, env=blas_env(),
                          stdout=subprocess.PIPE, stderr=None, stdin=subprocess.DEVNULL)
             try:
                 out, _ = p.communicate(timeout=args.driver_timeout)

@@ -137,8 +137,10 @@ def edgeflow_cmd():
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "edgeflow.cli"]
 
 
-def one_thread_env(threads=1):
-    """This environment with numpy's BLAS held to `threads` and the checkout importable."""
+def blas_env(threads=1):
+    """This environment with numpy's BLAS held to `threads` threads (one: a device is one
+    core, and a shared host's BLAS threads make a server's times vary 3x) and the checkout
+    importable."""
     env = dict(os.environ)
     for k in BLAS_THREAD_VARS:
         env[k] = str(threads)

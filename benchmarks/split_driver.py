@@ -32,6 +32,7 @@ would between requests). Prints one JSON object on stdout: {"cuts": {name: {"med
 RTT), `server_s` the server's compute time it reports: total - call is the device's own
 compute, call - server is the network's share.
 """
+import argparse
 import json
 import os
 import sys
@@ -41,10 +42,10 @@ import harness
 
 
 def main(argv):
-    if len(argv) != 2:
-        print(__doc__, file=sys.stderr)
-        return 2
-    with open(argv[1]) as f:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 epilog="SPEC is described in this script's docstring.")
+    ap.add_argument("spec", help="the JSON spec of the cuts to time")
+    with open(ap.parse_args(argv[1:]).spec) as f:
         spec = json.load(f)
     import numpy as np
 

@@ -32,6 +32,7 @@ crossed the device's network interface each way (/proc/net/dev of the device nam
 IP packets with their Ethernet, IP, TCP, TLS-less HTTP/2 and gRPC framing, acks included).
 Prints one JSON object on stdout; progress goes to stderr.
 """
+import argparse
 import json
 import os
 import sys
@@ -55,10 +56,10 @@ def iface_bytes(iface):
 
 
 def main(argv):
-    if len(argv) != 2:
-        print(__doc__, file=sys.stderr)
-        return 2
-    with open(argv[1]) as f:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 epilog="SPEC is described in this script's docstring.")
+    ap.add_argument("spec", help="the JSON spec of the cuts to time")
+    with open(ap.parse_args(argv[1:]).spec) as f:
         spec = json.load(f)
     import numpy as np
 
