@@ -1,15 +1,18 @@
 """Interpreter dispatch cost per op: a chain of 1,000 tiny adds.
 
-Side by side in one run: edgeflow's invoke loop, onnxruntime on the same chain, and the
-floor (the same 1,000 numpy ufunc calls in a bare Python loop). Goal: under 2 us per op.
-Prints medians over repeated invocations.
+    .venv/bin/python benchmarks/bench_dispatch.py [--ops N] [--size N] [--runs N]
+
+Measured, interleaved, median per run and per op: edgeflow's invoke loop and its
+signature runner, against onnxruntime on the same chain (1 thread, no graph
+optimisation: the peer) and the floor (the same numpy ufunc calls in a bare Python loop).
+Goal: under 2 us per op.
 """
 import argparse
-import time
 
 import numpy as np
 
 import edgeflow as ef
+import harness
 from edgeflow.format import writer
 
 
@@ -38,32 +41,18 @@ def onnx_chain(n_ops, size):
     return model.SerializeToString()
 
 
-def median_seconds(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=1000)
     parser.add_argument("--size", type=int, default=4, help="elements per tensor")
-    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=200, help="timed runs of each contender (default 200)")
     args = parser.parse_args()
     n = args.ops
     xv = np.ones(args.size, np.float32)
-
     interp = ef.Interpreter(chain_model(n, args.size))
     (inp,) = interp.get_input_details()
     interp.set_tensor(inp["index"], xv)
-    interp.invoke()
-    rows = [("edgeflow invoke", median_seconds(interp.invoke, args.repeats))]
     runner = interp.get_signature_runner("infer")
-    rows.append(("edgeflow signature runner", median_seconds(lambda: runner(x=xv), args.repeats)))
-
     c, out = np.full(args.size, 1e-3, np.float32), np.empty(args.size, np.float32)
 
     def bare_loop():
@@ -71,24 +60,16 @@ def main():
         for _ in range(n):
             np.add(h, c, out)
             h = out
-    rows.append(("bare numpy loop (floor)", median_seconds(bare_loop, args.repeats)))
-    try:
-        import onnxruntime as ort
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 1
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        sess = ort.InferenceSession(onnx_chain(n, args.size), opts, providers=["CPUExecutionProvider"])
-        rows.append(("onnxruntime (1 thread, no graph opt)",
-                     median_seconds(lambda: sess.run(None, {"x": xv}), args.repeats)))
-    except ImportError:
-        print("onnxruntime not installed: peer row skipped")
-
-    base = rows[0][1]
-    print(f"chain of {n} adds on float32[{args.size}], median of {args.repeats} runs")
-    print(f"{'runner':40} {'per run':>12} {'per op':>10} {'vs edgeflow':>12}")
-    for name, t in rows:
-        print(f"{name:40} {t * 1e3:9.3f} ms {t / n * 1e6:7.3f} us {t / base:11.2f}x")
-    print(f"goal: edgeflow under 2 us per op -> {'met' if base / n < 2e-6 else 'NOT met'}")
+    sess = harness.ort_session(onnx_chain(n, args.size), threads=1, optimize=False)
+    t = harness.medians({"edgeflow invoke": interp.invoke, "edgeflow signature runner": lambda: runner(x=xv),
+                         "bare numpy loop (floor)": bare_loop,
+                         "onnxruntime (1 thread, no graph opt)": lambda: sess.run(None, {"x": xv})}, args.runs)
+    base = t["edgeflow invoke"]
+    print(f"chain of {n} adds on float32[{args.size}], median of {args.runs} interleaved runs; goal: edgeflow "
+          f"under 2 us per op")
+    harness.print_table(["runner", "per run ms", "per op us", "vs edgeflow"],
+                        [[name, f"{s * 1e3:.3f}", f"{s / n * 1e6:.3f}", harness.ratio(s, base)]
+                         for name, s in t.items()])
 
 
 if __name__ == "__main__":

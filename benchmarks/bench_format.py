@@ -1,26 +1,22 @@
-"""Opening cost and size overhead of `.efl` files, side by side with peers.
+"""Opening cost and size overhead of `.efl` files, against peers on the same weights.
 
-(a) Open a 256 MB and a 1 MB model (four float32 weight matrices chained by matmul):
-    median time of `edgeflow.format.reader.load` and of `edgeflow.Interpreter(path)`
-    (load, kernel check, variables; all before the first invoke) over 20 opens, and resident-memory
-    growth on the first open, before any weight is touched. Peers, on the same
-    weights: `numpy.load(mmap_mode="r")` of one .npy file per weight, and
-    `onnxruntime.InferenceSession` on the equivalent ONNX model with the weights as
-    initializers (skipped if onnx/onnxruntime are missing).
-    Goals for .efl: under 10 ms and under 4 MB at both sizes.
-(b) File size over raw tensor bytes for realistic MLP and CNN-like tensor sets.
-    Goal: under 1% + 4 KB.
+    .venv/bin/python benchmarks/bench_format.py [--sizes-mb 1 256] [--opens 20] [--rounds 3]
 
-Every measurement of (a) runs in a fresh child process, so that one peer's memory
-cannot hide another's and imports are not counted. Prints tables; asserts nothing.
-
-    .venv/bin/python benchmarks/bench_format.py
+(a) Opening a model of four float32 weight matrices chained by matmul (1 MB and 256 MB):
+    the median time of `edgeflow.format.reader.load` and of `edgeflow.Interpreter(path)`
+    (everything before the first invoke) over `--opens` opens, and the resident-memory
+    growth of the first open, before any weight is touched. Peers: `numpy.load(mmap_mode="r")`
+    of one .npy file per weight, and `onnxruntime.InferenceSession` on the equivalent ONNX
+    model. Each measurement runs in a fresh child process (one peer's memory cannot hide
+    another's; imports are not counted), the peers round-robin for `--rounds` rounds; the
+    medians over the rounds are quoted. Goals for .efl: under 10 ms and 4 MB at both sizes.
+(b) File size over raw tensor bytes for an MLP and a CNN-like tensor set. Goal: under 1% + 4 KB.
 """
+import argparse
 import gc
 import json
 import os
 import pathlib
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,12 +27,12 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import harness  # noqa: E402
 from edgeflow import dtypes  # noqa: E402
 from edgeflow.format import reader, writer  # noqa: E402
 from edgeflow.format.model import (ModelDef, OperatorDef, SignatureDef, SubGraphDef,  # noqa: E402
                                    TensorDef)
 
-OPENS = 20
 MB = 2**20
 TIME_GOAL_MS, MEMORY_GOAL_MB = 10.0, 4.0
 
@@ -109,8 +105,8 @@ def opener(peer):
     raise ValueError(peer)
 
 
-def measure(peer, path):
-    """Runs in the child: first-open memory growth, then the median of OPENS opens."""
+def measure(peer, path, opens):
+    """Runs in the child: first-open memory growth, then the median of `opens` opens."""
     open_model = opener(peer)
     gc.collect()
     before = resident_bytes()
@@ -119,18 +115,18 @@ def measure(peer, path):
     first_s = time.perf_counter() - start
     growth = resident_bytes() - before
     times = []
-    for _ in range(OPENS):
+    for _ in range(opens):
         start = time.perf_counter()
         opened = open_model(path)
         times.append(time.perf_counter() - start)
         del opened
     del first
-    return {"median_ms": 1e3 * statistics.median(times), "first_ms": 1e3 * first_s,
+    return {"median_ms": 1e3 * harness.median(times), "first_ms": 1e3 * first_s,
             "rss_mb": growth / MB}
 
 
-def measure_in_child(peer, path):
-    done = subprocess.run([sys.executable, __file__, "--child", peer, str(path)],
+def measure_in_child(peer, path, opens):
+    done = subprocess.run([sys.executable, __file__, "--opens", str(opens), "--child", peer, str(path)],
                           capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]}
@@ -148,48 +144,54 @@ def peers_available():
     return peers
 
 
-def bench_opening(folder):
+def bench_opening(folder, sizes_mb, opens, rounds):
     rows = []
-    for label, total in (("1 MB", 1 * MB), ("256 MB", 256 * MB)):
-        weights = chain_weights(total)
-        paths = {"efl": folder / f"{label[:-3]}.efl", "interpreter": folder / f"{label[:-3]}.efl",
-                 "npy": folder / f"npy{label[:-3]}",
-                 "onnxruntime": folder / f"{label[:-3]}.onnx"}
+    peers = peers_available()
+    for total_mb in sizes_mb:
+        label = f"{total_mb:g} MB"
+        weights = chain_weights(total_mb * MB)
+        paths = {"efl": folder / f"{total_mb:g}.efl", "interpreter": folder / f"{total_mb:g}.efl",
+                 "npy": folder / f"npy{total_mb:g}", "onnxruntime": folder / f"{total_mb:g}.onnx"}
         writer.write(chain_model(weights), paths["efl"])
         paths["npy"].mkdir()
         for k, w in enumerate(weights):
             np.save(paths["npy"] / f"w{k}.npy", w)
-        peers = peers_available()
         if "onnxruntime" in peers:
             chain_onnx(weights, paths["onnxruntime"])
         weight_mb = sum(w.nbytes for w in weights) / MB
         del weights
-        results = {peer: measure_in_child(peer, paths[peer]) for peer in peers}
+        runs = {peer: [] for peer in peers}
+        for _ in range(rounds):  # the peers round-robin: host-load drift spreads over all of them
+            for peer in peers:
+                runs[peer].append(measure_in_child(peer, paths[peer], opens))
+        results = {peer: pooled(r) for peer, r in runs.items()}
         rows += [(f"{label} ({weight_mb:.1f} MB weights)", peer, results[peer], results["efl"])
                  for peer in peers]
-    print_opening(rows)
+    print_opening(rows, opens, rounds)
 
 
-def print_opening(rows):
-    print(f"\n(a) Opening a model: median of {OPENS} opens; resident memory growth on the first "
-          f"open, before any weight is read")
+def pooled(runs):
+    """The medians over a peer's child runs (or the first error)."""
+    failed = [r for r in runs if "error" in r]
+    if failed:
+        return failed[0]
+    return {k: harness.median([r[k] for r in runs]) for k in runs[0]}
+
+
+def print_opening(rows, opens, rounds):
+    print(f"\n(a) Opening a model: median of {opens} opens, and resident memory growth on the first open "
+          f"(before any weight is read); medians over {rounds} rounds of child processes")
     print(f"    goals for .efl: < {TIME_GOAL_MS:g} ms and < {MEMORY_GOAL_MB:g} MB at both sizes\n")
-    header = f"{'model':<26}{'opener':<14}{'median':>11}{'first open':>12}{'RSS growth':>12}" \
-             f"{'time / efl':>12}{'RSS / efl':>11}"
-    print(header)
-    print("-" * len(header))
+    table = []
     for size, peer, r, efl in rows:
         if "error" in r:
-            print(f"{size:<26}{peer:<14}  failed: {r['error']}")
+            table.append([size, LABELS[peer], f"failed: {r['error']}", "", "", "", ""])
             continue
-        time_ratio = r["median_ms"] / efl["median_ms"] if "median_ms" in efl else float("nan")
-        rss_ratio = r["rss_mb"] / efl["rss_mb"] if efl.get("rss_mb", 0) > 0.01 else float("nan")
-        goal = ""
-        if peer == "efl":
-            ok = r["median_ms"] < TIME_GOAL_MS and r["rss_mb"] < MEMORY_GOAL_MB
-            goal = "  meets goals" if ok else "  MISSES goals"
-        print(f"{size:<26}{LABELS[peer]:<14}{r['median_ms']:>8.3f} ms{r['first_ms']:>9.2f} ms"
-              f"{r['rss_mb']:>9.2f} MB{time_ratio:>11.1f}x{rss_ratio:>10.1f}x{goal}")
+        rss_ratio = harness.ratio(r["rss_mb"], efl["rss_mb"]) if efl.get("rss_mb", 0) > 0.01 else "-"
+        table.append([size, LABELS[peer], f"{r['median_ms']:.3f}", f"{r['first_ms']:.2f}", f"{r['rss_mb']:.2f}",
+                      harness.ratio(r["median_ms"], efl.get("median_ms")), rss_ratio])
+    harness.print_table(["model", "opener", "median ms", "first open ms", "RSS growth MB", "time / efl",
+                         "RSS / efl"], table)
 
 
 LABELS = {"efl": "edgeflow .efl", "interpreter": "ef.Interpreter", "npy": "numpy .npy", "onnxruntime": "onnxruntime"}
@@ -264,11 +266,17 @@ def bench_overhead():
 
 
 def main():
-    if sys.argv[1:2] == ["--child"]:
-        print(json.dumps(measure(sys.argv[2], sys.argv[3])))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 256], help="model sizes (default 1 256)")
+    parser.add_argument("--opens", type=int, default=20, help="timed opens per child process (default 20)")
+    parser.add_argument("--rounds", type=int, default=3, help="child processes per peer and size (default 3)")
+    parser.add_argument("--child", nargs=2, metavar=("PEER", "PATH"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(*args.child, args.opens)))
         return
     with tempfile.TemporaryDirectory(prefix="bench_format_") as folder:
-        bench_opening(pathlib.Path(folder))
+        bench_opening(pathlib.Path(folder), args.sizes_mb, args.opens, args.rounds)
     bench_overhead()
 
 

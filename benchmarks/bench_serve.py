@@ -1,43 +1,23 @@
 """Cloud server throughput and latency with 1, 8 and 32 concurrent devices.
 
     .venv/bin/python benchmarks/bench_serve.py [--devices 1,8,32] [--seconds 4] [--reps 3]
-        [--models mobilenetv2,encoder] [--max-workers 8] [--blas-threads default,1]
+        [--models mobilenetv2,encoder] [--max-workers 8] [--blas-threads default,1] [--json OUT]
 
-`edgeflow serve` runs as a subprocess on 127.0.0.1 (its default `--max-workers` 8
-unless given), hosting two cloud packages made with edgeflow.splitter.partition.write_pair
-(fixed cuts, device_graph="cut", cloud_graph="cut"):
+`edgeflow serve` runs as a subprocess on 127.0.0.1 hosting two fixed-cut cloud packages
+(partition.write_pair, device_graph="cut"): mobilenetv2-cloud (tests/data/onnx's
+MobileNetV2, cut before its first op: 48 KB up, ~1 ms of compute, RPC-bound) and
+encoder-head (bench_split.py's encoder + heavy head, cut after the encoder: 8 KB up,
+~30 ms of compute). Each device is a client process (spawned) running the device package
+in a closed loop. Every phase (model x server x devices) starts at the same instant for
+its devices and lasts `--seconds`; the `--reps` repetitions are interleaved. Two servers
+compare BLAS threads per request (`--blas-threads default,1`).
 
-  * mobilenetv2-cloud: tests/data/onnx/mobilenetv2.onnx converted, cut before its first
-    op (cloud-only): the device sends the 1x3x64x64 image (48 KB), the server runs all
-    of it (about 1 ms of compute) and sends back the logits: a small model, where the
-    server's RPC handling dominates;
-  * encoder-head: the DADS-style encoder + heavy head of benchmarks/bench_split.py, cut
-    after the encoder: the device sends 8 KB of features, the server runs 8 convs of 256
-    channels at 16x16 (~30 ms of compute on one core): compute-bound.
-
-Each device is a separate client process (multiprocessing, spawn) that runs the
-package's device side as a device does (`ef.Interpreter(device.efl, cloud=...)`,
-`get_signature_runner("infer")`), in a closed loop: the next request when the reply is
-in, no think time. All client processes start first, open their connections and warm
-up (2 requests per model, so the server's interpreter pool is filled), then every phase
-(model x server x number of devices) starts at the same instant for the devices taking
-part and lasts `--seconds`; each phase is run `--reps` times, the repetitions
-interleaved (so host-load drift spreads over all phases; ~4 minutes by default).
-Reported per phase: throughput (replies completed in the window per second; the median
-over the repetitions, and their min-max), latency p50/p99/max of all their replies (ms),
-the server's compute time per request (p50, as the server reports it in each reply), and
-two ratios: throughput in units of the peer's (the same cloud package run by one
-interpreter in a loop in one process, no gRPC, one BLAS thread: one core's bare
-capacity; the best of 5 interleaved 0.5 s medians) and p50 over the single device's.
-
-Two servers run side by side (one at a time is measured; the idle one costs nothing):
-`edgeflow serve` as it starts by default, whose numpy BLAS uses one thread per core in
-each of its up to `max_workers` concurrent requests, and the same with
-OPENBLAS_NUM_THREADS=1 (one BLAS thread per request): `--blas-threads default,1`.
-
-Server and clients share this machine's 2 cores (and whatever else runs on it): with 8
-or 32 devices the client processes' own CPU (gRPC, serialising 48 KB) competes with the
-server's, so these figures are a lower bound on a dedicated server's.
+Measured per phase: throughput (replies per second: the median over the repetitions, and
+their range), latency p50/p99/max over all replies, the server's compute per request
+(p50), throughput in units of the peer's (the cloud package run by one interpreter in a
+loop in one process, no gRPC, one BLAS thread: one core's bare capacity; the median of 5
+interleaved 0.5 s segments' medians), and p50 over the single device's. Server and
+clients share this machine's cores: the figures are a lower bound on a dedicated server's.
 """
 import argparse
 import json
@@ -54,18 +34,11 @@ import time
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
+import harness
+from harness import log
 
-DATA = ROOT / "tests" / "data" / "onnx"
 SHAPE = (1, 3, 64, 64)
 MODELS = ("mobilenetv2", "encoder")
-
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
 
 
 def prepare(name, work):
@@ -76,8 +49,7 @@ def prepare(name, work):
     d.mkdir(parents=True, exist_ok=True)
     src = d / f"{name}.efl"
     if name == "mobilenetv2":
-        from converters.onnx import convert
-        convert(str(DATA / "mobilenetv2.onnx"), str(src))
+        harness.convert_onnx("mobilenetv2", src)
         k, model_id, out_name = 0, "mobilenetv2-cloud", "logits"
     else:
         from bench_split import build_encoder_head
@@ -95,8 +67,8 @@ def prepare(name, work):
 def bare_peer(infos, device_x, configs, segments=5, seconds=0.5):
     """The peer: each cloud package's part run in a loop in this process (no gRPC), for
     every BLAS configuration (0: the library's default), in `segments` interleaved
-    segments of `seconds`; the best segment's median (the least disturbed by whatever
-    else runs on the host). {(config, model name): seconds per request}."""
+    segments of `seconds`; the median of the segments' medians. {(config, model name):
+    seconds per request}."""
     import edgeflow as ef
     runs = {}
     for info in infos:
@@ -107,7 +79,7 @@ def bare_peer(infos, device_x, configs, segments=5, seconds=0.5):
             cloud = ef.Interpreter(info["cloud"], num_threads=c or None)
             cloud.run(info["downloads"], feeds)
             runs[c, info["name"]] = (cloud, feeds, info["downloads"])
-    best = {k: float("inf") for k in runs}
+    segment_medians = {k: [] for k in runs}
     for _ in range(segments):
         for k, (cloud, feeds, fetches) in runs.items():
             times, t_end = [], time.perf_counter() + seconds
@@ -115,22 +87,21 @@ def bare_peer(infos, device_x, configs, segments=5, seconds=0.5):
                 t = time.perf_counter()
                 cloud.run(fetches, feeds)
                 times.append(time.perf_counter() - t)
-            best[k] = min(best[k], float(np.median(times)))
-    return best
+            segment_medians[k].append(harness.median(times))
+    return {k: harness.median(v) for k, v in segment_medians.items()}
 
 
 # -- a device process -------------------------------------------------------------------
 def device_main(index, addresses, infos, x, ready, schedule, results):
     """Connect to every server, warm up, report ready; then run the phases it takes part in."""
     try:
-        import edgeflow as ef
         from edgeflow.cloud import Client
         clients, runners = {}, {}
         for config, address in addresses.items():
             client = clients[config] = Client(address, timeout=60)
             client.wait_ready(timeout=30)
             for info in infos:
-                interp = ef.Interpreter(info["device"], cloud=client, cloud_timeout=60)
+                interp = harness.split_device(info["device"], client, timeout=60)
                 run = runners[config, info["name"]] = interp.get_signature_runner("infer")
                 for _ in range(2):
                     run(image=x)
@@ -165,15 +136,10 @@ def device_main(index, addresses, infos, x, ready, schedule, results):
 
 # -- the run ----------------------------------------------------------------------------
 def start_server(model_dir, max_workers, blas_threads, logfile):
-    exe = pathlib.Path(sys.executable).with_name("edgeflow")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "edgeflow.cli"]
-    cmd += ["serve", "--model-dir", str(model_dir), "--host", "127.0.0.1", "--port", "0"]
+    cmd = harness.edgeflow_cmd() + ["serve", "--model-dir", str(model_dir), "--host", "127.0.0.1", "--port", "0"]
     if max_workers:
         cmd += ["--max-workers", str(max_workers)]
-    env = dict(os.environ)
-    if blas_threads:
-        for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            env[k] = str(blas_threads)
+    env = harness.blas_env(blas_threads) if blas_threads else None
     proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -361,8 +327,8 @@ def print_report(rows, header):
         seen.add(r["model"])
         others = ", ".join(f"{x['config']} {x['bare_s'] * 1e3:.2f} ms" for x in rows
                            if x["model"] == r["model"] and x["devices"] == r["devices"] and x["config"] != "BLAS 1")
-        print(f"bare: {r['model_id']}'s cloud part run by one interpreter in a loop in one process, no gRPC (best of 5 "
-              f"interleaved 0.5 s medians): BLAS 1 {r['bare1_s'] * 1e3:.2f} ms ({1 / r['bare1_s']:.1f}/s)"
+        print(f"bare: {r['model_id']}'s cloud part run by one interpreter in a loop in one process, no gRPC (median "
+              f"of 5 interleaved 0.5 s medians): BLAS 1 {r['bare1_s'] * 1e3:.2f} ms ({1 / r['bare1_s']:.1f}/s)"
               + (f"; {others}" if others else ""))
     print("req/s x bare: throughput in units of the bare interpreter's on one core (1 BLAS thread): above 1, the "
           "server uses more than one core's worth. server p50: the server's compute time per request as it reports "

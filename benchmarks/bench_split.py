@@ -1,74 +1,29 @@
 """Split inference on a real slow device and a real narrow link: the planner's cut against
 every cut measured, against device-only and against cloud-only.
 
-    sudo .venv/bin/python benchmarks/bench_split.py [--links 3g,4g,wifi]
-        [--models encoder,mobilenetv2] [--runs 7] [--prune-factor 1.5] [--per-cut]
-        [--json OUT.json]
+    sudo .venv/bin/python benchmarks/bench_split.py [--links 3g,4g,wifi] [--models encoder,mobilenetv2]
+        [--runs 7] [--warmup 2] [--rtt real|analytic] [--per-cut] [--json OUT.json]
     .venv/bin/python benchmarks/bench_split.py --report OUT.json [--per-cut]   # re-print
 
-Needs root, Linux network namespaces, tc tbf and a cgroup-v1 cpu hierarchy: it runs in
-labs of benchmarks/netlab.py. For each link profile of edgeflow.splitter.LINKS (3g 1.1/3
-Mbit/s up/down with 150 ms RTT, 4g 5.85/20 with 60 ms, wifi 18.88/50 with 20 ms) one lab:
-two network namespaces joined through a veth pair shaped with tc tbf (device->cloud at
-the uplink rate, cloud->device at the downlink rate; TCP payload gets 95.6% of it) and
-the profile's RTT added as real packet delay by the lab's relay (`--rtt analytic` runs
-without the relay and adds the RTT to every measured call instead).
+Per link profile of edgeflow.splitter.LINKS, a lab of benchmarks/netlab (root): device and
+cloud namespaces joined by a tbf-shaped veth pair, the profile's RTT as real packet delay
+(`--rtt analytic`: none, the RTT added to every measured call). The device is a process
+under a CPU quota of 20% of one core (10 ms CFS period, `--cpu-period-us`), one BLAS
+thread; the cloud is `edgeflow serve`, one BLAS thread, hosting every cut's cloud package.
+Per model, once: `edgeflow profile` on both sides, so the planner plans from measured op
+times. Then per link: the planner's FIXED cut (split_file, device_graph="cut") and every
+prefix cut of the `infer` op order (partition.write_pair; prefix 0 is cloud-only, the whole
+order device-only), timed by benchmarks/split_driver.py in the device namespace:
+`--runs` runs per cut after `--warmup`, round-robin over the cuts, each after 20 ms idle,
+outputs checked against the unsplit model's. ~13-14 minutes with the defaults.
 
-The device is a separate process in the device namespace under a CPU quota of 20% of one
-core (cgroup v1 cpu.cfs_quota_us) with a CFS period of 10 ms (`--cpu-period-us`), and
-one BLAS thread: a phone-class core about 5x slower than this machine's. The period
-matters: the quota is granted per period, so a device idle between requests runs the
-first quota's worth of each request at full speed (20 ms with the default 100 ms period:
-short requests would only be ~1.5x slower, not ~5x; with 10 ms it is 2 ms). Requests
-shorter than ~2 ms of CPU are still run at full speed, which is why MobileNetV2's
-device-only time (about 1 ms of CPU) measures well under its profile.
-
-The cloud is `edgeflow serve` in the cloud namespace, without a quota but with one BLAS
-thread (so, one core of this machine: it shares the 2 cores with the device, the lab's
-delay relay and whatever else runs; with numpy's default of one BLAS thread per core its
-compute time varied 3x from request to request as soon as anything else ran).
-
-Per model, before the links (profiles do not depend on the link, and are taken once, in
-the first link's lab): `edgeflow profile` inside the device namespace under the
-same quota (the device profile) and in the cloud namespace (the server profile), so the
-planner plans from measured op times. Then, per link:
-
-  * the planner's cut: edgeflow.splitter.package.split_file(link=<profile>, the two
-    profiles) with device_graph="cut" and cloud_graph="cut": a FIXED cut (the device
-    package then cannot re-plan at run time; the driver asserts it);
-  * every cut: the ops of the model's `infer` signature in execution order
-    (edgeflow.splitter.partition.Cut(model, set()).ops); every prefix of that order is a
-    valid device side, written as a pair with partition.write_pair. Prefix 0 is
-    cloud-only (the device sends the image); the whole order is device-only (the unsplit
-    model run locally, no cloud). For chain-like models the prefixes are all the cuts;
-    for DAGs with branches (MobileNetV2's residual blocks) the exhaustive set is the
-    prefix cuts of one topological order plus the planner's own cut (a cut inside a
-    residual block sends both branches' tensors, and is among the prefixes);
-  * one server hosts every cut's cloud package (a distinct model id each), and the
-    device driver (benchmarks/split_driver.py) times `--runs` inferences per cut after
-    `--warmup` runs, round-robin over the cuts, each after 20 ms idle, and checks the
-    outputs against the unsplit model's;
-  * every cut is measured, but not every cut needs `--runs` runs to show it is not the
-    fastest: device-only, cloud-only and the planner's cut (the anchors) are warmed up
-    first, and a cut whose lower bound (the lab's RTT plus its tensors' bytes' time on
-    the tbf-shaped wire, less the tbf bucket: physics, no cost model) exceeds
-    `--prune-factor` (1.5) x the best anchor's time is timed once, cold, at the end
-    (reported as such). That keeps the default run at ~3-4 minutes; on 3g a 256 KB
-    activation takes 1.9 s per run. `--prune-factor 0` times every cut fully (~13-14
-    minutes here, most of it the encoder's 256 KB cuts on 3g).
-
-Printed per model x link: the planner's cut (ops on the device, bytes up), its predicted
-and measured latency (medians), the best measured cut and its latency, the ratio
-planner/best (goal <= 1.05), device-only and cloud-only measured and the planner's
-speed-ups over them; then the cost model's predicted vs measured figures. Timings are
-medians on a shared 2-core machine: expect a few % of noise.
-
-Models: `encoder` is a DADS-style encoder + heavy head (graph API): a cheap strided conv
-and a 2x2 pool shrink the 64x64 image 6x (48 KB -> 8 KB), then 8 conv layers of 256
-channels at 16x16 (~30 ms of CPU here, ~150 ms on the 20% device) and a classifier;
-`mobilenetv2` is tests/data/onnx/mobilenetv2.onnx converted (64x64; about 1 ms of CPU:
-device-only wins on every link, a valid result); `resnet` (tests/data/onnx/resnet.onnx,
-not run by default).
+Printed per model and link: the planner's cut, its predicted and measured latency
+(medians), the best measured cut, planner/best (goal <= 1.05), device-only and
+cloud-only and the planner's speed-ups over them; then the cost model's predictions
+against the measurements. Models: `encoder`, a DADS-style encoder (48 KB image -> 8 KB)
+and a heavy head (8 convs of 256 channels at 16x16); `mobilenetv2` and `resnet` of
+tests/data/onnx (64x64). Requests under ~2 ms of CPU fit in one quota slice and run at
+full speed, which is why MobileNetV2's device-only time measures well under its profile.
 """
 import argparse
 import json
@@ -82,14 +37,11 @@ import time
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+import harness
+import netlab
+from harness import edgeflow_cmd, log, median, ms, blas_env
+
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
-
-import netlab  # noqa: E402
-
-DATA = ROOT / "tests" / "data" / "onnx"
 SHAPE = (1, 3, 64, 64)
 ALL_MODELS = ("encoder", "mobilenetv2", "resnet")
 DEFAULT_MODELS = ("encoder", "mobilenetv2")
@@ -97,10 +49,6 @@ LINK_NAMES = ("3g", "4g", "wifi")
 PORT = 50051
 QUOTA = 0.2
 GOAL = 1.05
-
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
 
 
 # -- models -----------------------------------------------------------------------------
@@ -129,31 +77,8 @@ def make_model(name, path):
     if name == "encoder":
         build_encoder_head(path)
         return "image", "probs"
-    from converters.onnx import convert
-    convert(str(DATA / f"{name}.onnx"), str(path))
+    harness.convert_onnx(name, path)
     return "image", "logits"
-
-
-# -- helpers ----------------------------------------------------------------------------
-def edgeflow_cmd():
-    exe = pathlib.Path(sys.executable).with_name("edgeflow")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "edgeflow.cli"]
-
-
-def one_thread_env():
-    """One BLAS thread: the device is one (slow) core; the server one core of this host
-    (with two BLAS threads on a shared 2-core host, its compute time varies 3x from run
-    to run as soon as anything else runs)."""
-    env = dict(os.environ)
-    for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[k] = "1"
-    return env
-
-
-def median(v):
-    v = sorted(v)
-    n = len(v)
-    return (v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])) if n else None
 
 
 # -- preparing a model ------------------------------------------------------------------
@@ -189,12 +114,10 @@ class Prepared:
         self.cost_graph = None
 
     def op_label(self, k):
-        """Name of the last device op of prefix k."""
-        from edgeflow.splitter.cost import op_name
+        """Name of the last device op of prefix k (as profiles and plans name it)."""
         if k == 0:
             return "(input)"
-        sub = self.model.subgraphs[0]
-        return op_name(sub, self.order[k - 1])
+        return next(op.name for op in self.cost_graph.ops if op.operator == self.order[k - 1])
 
     def load_cost_graph(self):
         from edgeflow.splitter import CostGraph, Profile
@@ -214,10 +137,10 @@ def profile_model(L, prep, period_us, runs=20):
     t = time.monotonic()
     out = L.run_checked("device", base + ["-o", str(dev_p), "--name", "device (20% of a core)"], 600,
                       f"device profile of {prep.name}", cpu_quota=QUOTA, cpu_period_us=period_us,
-                      env=one_thread_env())
+                      env=blas_env())
     log(f"  {out.strip()}  [{time.monotonic() - t:.0f} s]")
     out = L.run_checked("cloud", base + ["-o", str(srv_p), "--name", "server (1 core)"], 300,
-                      f"server profile of {prep.name}", env=one_thread_env())
+                      f"server profile of {prep.name}", env=blas_env())
     log(f"  {out.strip()}")
     prep.profiles = (str(dev_p), str(srv_p))
     prep.load_cost_graph()
@@ -260,12 +183,12 @@ def run_link(link_name, preps, args, work):
         server = L.run_in("cloud", edgeflow_cmd() + ["serve", "--model-dir", str(serve_dir), "--host", L.cloud_ip,
                                                       "--port", str(PORT)],
                           stdout=server_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                          env=one_thread_env())
+                          env=blas_env())
         try:
             for prep in preps:
                 results.append(measure(L, prep, link, link_name, plans[prep.name], args, work))
         finally:
-            netlab._stop(server)
+            netlab.stop(server)
             server_log.close()
         qd = L.qdisc_stats()
         log(f"[{link_name}] tbf: up {qd['up'].get('bytes', 0):,} B sent, {qd['up'].get('dropped', 0)} dropped; "
@@ -311,12 +234,12 @@ def measure(L, prep, link, link_name, plan, args, work):
         f"predicted {placement.predicted['split'] * 1e3:.1f} ms")
     t = time.monotonic()
     p = L.run_in("device", [sys.executable, str(HERE / "split_driver.py"), str(spec_path)],
-                 cpu_quota=QUOTA, cpu_period_us=args.cpu_period_us, env=one_thread_env(),
+                 cpu_quota=QUOTA, cpu_period_us=args.cpu_period_us, env=blas_env(),
                  stdout=subprocess.PIPE, stderr=None, stdin=subprocess.DEVNULL)
     try:
         out, _ = p.communicate(timeout=args.driver_timeout)
     except subprocess.TimeoutExpired:
-        netlab._stop(p)
+        netlab.stop(p)
         raise RuntimeError(f"the device driver for {prep.name} on {link_name} timed out")
     if p.returncode != 0:
         raise RuntimeError(f"the device driver for {prep.name} on {link_name} failed (rc {p.returncode})")
@@ -370,10 +293,6 @@ def measure(L, prep, link, link_name, plan, args, work):
 
 
 # -- printing ---------------------------------------------------------------------------
-def ms(s):
-    return "-" if s is None else f"{s * 1e3:.1f}"
-
-
 def kb(b):
     return f"{b / 1024:.1f} KB"
 
@@ -465,9 +384,10 @@ def main(argv=None):
                     help="CFS period of the device's quota (default 10000: see the docstring)")
     ap.add_argument("--rtt", choices=("real", "analytic"), default="real",
                     help="real: packet delay in the lab (default); analytic: no delay, the RTT added")
-    ap.add_argument("--prune-factor", type=float, default=1.5,
-                    help="time a cut once when its lower bound (RTT + wire time of its bytes) exceeds this "
-                         "x the best of device-only/cloud-only/planner (default 1.5; 0: time every cut fully)")
+    ap.add_argument("--prune-factor", type=float, default=0,
+                    help="a shortcut that lets a timing decide: time a cut once when its lower bound (RTT + "
+                         "wire time of its bytes) exceeds this x the best warm-up time of device-only/"
+                         "cloud-only/planner (default 0: time every cut fully)")
     ap.add_argument("--per-cut", action="store_true", help="also print every cut's figures")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--report", help="print the tables of a --json file and exit (no measuring)")

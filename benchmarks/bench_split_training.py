@@ -6,91 +6,34 @@ real slow device and a real narrow link, and bytes per epoch against FedAvg.
     .venv/bin/python benchmarks/bench_split_training.py --bench bytes     # no root needed
     .venv/bin/python benchmarks/bench_split_training.py --report OUT.json # re-print
 
-The model is the digits CNN of tests/cloud/test_split_training.py (conv1 3x3x8 + relu ->
-2x2 max-pool -> conv2 3x3x16 + relu -> flatten -> dense logits, softmax cross-entropy,
-Adam 0.01; signatures train and infer), trained on the first 1257 samples of sklearn's
-digits (8x8 images, float32; int64 labels), batch 32. Its `infer` signature has 8 forward
-ops in execution order (edgeflow.splitter.partition.Cut(model, set(), "infer").ops):
-conv1/conv, relu, pool1_1, conv2/conv, relu_1, flatten_1, logits/matmul,
-logits/bias_add; those operator indices are the train graph's forward ops too. Every
-prefix k = 0..8 is a cut, written with edgeflow.splitter.training.write_pair:
+The model is the digits CNN of tests/cloud/test_split_training.py (harness.digits_cnn with
+channels 8, 16), trained on the first 1257 samples of sklearn's digits, batch 32. Every
+prefix k = 0..8 of its 8 forward ops (in `infer` order) is a cut, written with
+edgeflow.splitter.training.write_pair in two label modes: "cloud pK" (the device sends
+the cut tensor and the labels: one round trip; p0 is raw data) and "U pK" (U-shaped, the
+labels stay on the device: two round trips); "device-only" is the unsplit `train`.
 
-  * labels="cloud" (`cloud pK`): the device sends the cut tensor and the labels, the server
-    runs the rest (loss included) and its updates and returns the cut's gradient and the
-    loss: one round trip. p0 is "raw data / cloud-only": the device uploads image and
-    label and gets the loss back (the server trains everything). p8 keeps every forward op
-    on the device and only the loss (softmax cross-entropy) runs in the cloud.
-  * labels="device" (U-shaped, `U pK`; the labels are the train inputs the `infer`
-    signature does not take): two round trips per step, the labels never leave the
-    device. U p0 uploads the image, gets the logits' log_softmax back, and sends the
-    loss gradient up in a second round that brings nothing back (its call still runs the
-    cloud's updates).
-  * device-only: the unsplit model's `train` signature on the device, no network.
+Benchmark 1, timing (root: benchmarks/netlab). Per link of edgeflow.splitter.LINKS (4g,
+wifi) a lab with a tbf-shaped link and real RTT; the device is a process under a CPU
+quota of 20% of one core (10 ms CFS period), one BLAS thread; the cloud `edgeflow serve
+--state-dir` hosting every cut. benchmarks/split_training_driver.py trains every cut as
+its own device on the same batches, round-robin, and records per step the wall time, the
+Run calls' time and the server's compute, the tensor bytes and the bytes on the device's
+interface; device-only runs back to back (median over blocks of 10 steps). The planner's
+cut (split_file(train=True) from `edgeflow profile -s train` profiles taken in the lab)
+is measured beside them and its cost model's prediction printed for every prefix. Per-op
+medians of a profile under a quota whose slice is longer than an op underestimate a
+device that is slow all the time: the table's caveat quotes this run's figures.
 
-Benchmark 1, timing (needs root: benchmarks/netlab.py). Per link profile of
-edgeflow.splitter.LINKS (4g: 5.85/20 Mbit/s up/down, 60 ms RTT; wifi: 18.88/50 Mbit/s,
-20 ms RTT) one lab: device and cloud network namespaces joined through veth pairs shaped
-with tc tbf, the RTT added as real packet delay by the lab's relay. The device is a
-process in the device namespace under a CPU quota of 20% of one core with a 10 ms CFS
-period (cgroup v1), one BLAS thread; the cloud is `edgeflow serve --state-dir S
---checkpoint-every 10` in the cloud namespace (one BLAS thread, no quota) hosting every
-cut's cloud package (a distinct model id each). The device driver
-(benchmarks/split_training_driver.py) trains every cut as its own device on the same
-sequence of full batches of 32: `--warmup` untimed steps each, then `--steps` timed
-steps round-robin over the split cuts, back to back; then, with the split cuts'
-connection closed (its gRPC threads would spend the quota), device-only (and a planner's
-package that is device-only) runs 3 x `--steps` timed steps back to back (a
-CPU-bound loop, throttled by the quota as a real one is; its time per step is the median
-over blocks of 10 steps of the block's time / 10, since single steps under a CFS quota
-are bimodal); per step it records the wall time, the Run calls' time and the server's
-compute in them, the tensor bytes the client counted (interp.cloud.client.link.bytes_sent
-/ bytes_received) and the bytes that crossed the device's network interface
-(/proc/net/dev: packets with all framing and acks).
-
-The planner's cut, per link and label mode: edgeflow.splitter.package.split_file(model,
-train=True, labels=mode, input_shapes={"image": (32, 1, 8, 8), "label": (32,)},
-device_profile, server_profile, link). The profiles are `edgeflow profile -s train
---input-shape image=32,1,8,8 --input-shape label=32` (300 runs) run in the device
-namespace under the quota and in the cloud namespace, once, in the first lab; split_file
-costs each forward op with its backward ops and its variables' updates from them. The
-planner's device ops are mapped to the prefix k they equal (the P mark in the table). When
-k = 8 the package it writes is device-only (its plan.json "rounds" is [], checked): the
-planner's option is device-only, and its own device.efl is also timed back to back like
-device-only (row plan-cloud / plan-U); otherwise its own package pair is served and
-measured with the other cuts (that row). The predicted column is
-edgeflow.splitter.cost(result.cost_graph, link, sides) for every prefix, with the link
-split_file plans on (uplink = up and down in series, RTT x2 for U-shaped).
-
-At the end the script prints the edgeflow surprises that still hold, each from the run's
-own numbers: per-op medians of a profile under a CPU quota (the quota's slice is longer
-than an op) underestimate a device that is slow all the time; split_file(train=True,
-labels="cloud") on a split plan moves the labels' one-hot to the device and uploads it
-instead of the labels (checked with a cut forced at pool1_1 against write_pair's); and
-split_file warns that train-signature profiles "may not apply" to the infer cost graph.
-
-Before its first lab the script waits while another live process's lab exists (a
-namespace efl-<pid>-...: another benchmark timing things on the same 2 cores), polling
-every 30 s for up to 20 minutes, then runs anyway and says so.
-
-Benchmark 2, bytes per epoch (no root; in-process server on 127.0.0.1): one epoch of the
-1257 samples split evenly among N = 1, 8, 32 devices (np.array_split), batch 32 (the last
-batch of each device's share is partial). Split learning: each device trains its share
-through its device package against one server (labels cloud and U-shaped, every cut);
-FedAvg (edgeflow.cloud.ps.ParameterService mode fedavg, replicas N, variables="all"; each
-device runs edgeflow.cloud.federated.train_fedavg with 1 local epoch per round, so one
-round per epoch). Bytes are tensor payload bytes (what the clients count), both ways,
-summed over the devices. The analytic figures: split learning = per batch of b samples,
-sum over the cut's rounds of its uploads' and downloads' bytes at batch b (tensor shapes
-from the model); FedAvg = per device and round, one pull and one push of every trainable
-variable (15,272 B for this model), and once, before the first round, one more pull.
-Every number is measured as well (all N, split and FedAvg, unless --measure-devices says
-otherwise) and checked against the analytic one.
+Benchmark 2, bytes per epoch (no root; an in-process server on 127.0.0.1): one epoch split
+evenly among N = 1, 8, 32 devices, split learning (every cut) against FedAvg (one round
+per epoch, edgeflow.cloud.ps.ParameterService); tensor payload bytes both ways, summed
+over the devices, measured and checked against the analytic figure of each.
 """
 import argparse
 import json
 import os
 import pathlib
-import re
 import shutil
 import subprocess
 import sys
@@ -100,10 +43,10 @@ import time
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+import harness
+from harness import edgeflow_cmd, log, median, ms, blas_env
+
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
 
 BATCH = 32
 TRAIN_SAMPLES = 1257
@@ -115,46 +58,10 @@ MODES = ("cloud", "device")
 MODE_TAG = {"cloud": "cloud", "device": "U"}
 
 
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
-
-
-def median(v):
-    v = sorted(v)
-    n = len(v)
-    return (v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])) if n else None
-
-
-def edgeflow_cmd():
-    exe = pathlib.Path(sys.executable).with_name("edgeflow")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "edgeflow.cli"]
-
-
-def one_thread_env():
-    env = dict(os.environ)
-    for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[k] = "1"
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
 # -- the model and the data --------------------------------------------------------------
 def build(path):
     """The digits CNN of tests/cloud/test_split_training.py."""
-    import edgeflow as ef
-    g = ef.Graph()
-    with g.as_default():
-        ef.set_random_seed(0)
-        image = ef.placeholder(ef.float32, [None, 1, 8, 8], name="image")
-        label = ef.placeholder(ef.int64, [None], name="label")
-        h = ef.layers.conv2d(image, 8, 3, padding="same", activation=ef.nn.relu, name="conv1")
-        h = ef.layers.max_pool2d(h, 2, 2, name="pool1")
-        h = ef.layers.conv2d(h, 16, 3, padding="same", activation=ef.nn.relu, name="conv2")
-        logits = ef.layers.dense(ef.layers.flatten(h), 10, name="logits")
-        loss = ef.losses.softmax_cross_entropy(label, logits)
-        step = ef.train.Adam(0.01).minimize(loss)
-    ef.save(g, path, signatures={"train": ({"image": image, "label": label}, {"loss": loss}, [step]),
-                                 "infer": ({"image": image}, {"logits": logits})})
+    harness.digits_cnn(path, channels=(8, 16), second_pool=False, learning_rate=0.01)
 
 
 def digits(n=TRAIN_SAMPLES):
@@ -170,8 +77,7 @@ class Prepared:
 
     def __init__(self, work):
         from edgeflow.format import reader
-        from edgeflow.splitter import partition, training
-        from edgeflow.splitter.cost import op_name
+        from edgeflow.splitter import CostGraph, partition, training
         self.dir = work
         self.path = work / "m.efl"
         build(self.path)
@@ -179,7 +85,8 @@ class Prepared:
         sub = self.model.subgraphs[0]
         self.order = partition.Cut(self.model, set(), "infer").ops
         self.n = len(self.order)
-        self.labels_of = ["(input)"] + [op_name(sub, i) for i in self.order]
+        names = {op.operator: op.name for op in CostGraph.from_model(str(self.path), "infer").ops}
+        self.labels_of = ["(input)"] + [names[i] for i in self.order]
         self.data = digits()
         self.params = sum(int(np.prod(t.shape)) * 4 for t in sub.tensors if t.is_variable and "/Adam/" not in t.name)
         self.cuts = {}  # (mode, k) -> {"name", "dir", "device", "cloud", "model_id", "rounds"}
@@ -227,52 +134,16 @@ class Prepared:
 
 
 # -- benchmark 1: time per training step in the lab --------------------------------------
-def other_labs():
-    """Namespaces efl-<pid>-... of live processes other than this one."""
-    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    found = []
-    for line in r.stdout.splitlines():
-        name = line.split()[0] if line.split() else ""
-        m = re.match(r"^efl-(\d+)-", name)
-        if m and int(m.group(1)) != os.getpid():
-            try:
-                os.kill(int(m.group(1)), 0)
-                found.append(name)
-            except ProcessLookupError:
-                pass
-            except PermissionError:
-                found.append(name)
-    return found
-
-
-def wait_for_other_labs(max_wait_s=1200, poll_s=30):
-    t0 = time.monotonic()
-    busy = other_labs()
-    if not busy:
-        return "no other lab was running"
-    log(f"another lab is running ({', '.join(busy)}): waiting (poll {poll_s} s, at most {max_wait_s} s)")
-    while busy and time.monotonic() - t0 < max_wait_s:
-        time.sleep(poll_s)
-        busy = other_labs()
-    waited = time.monotonic() - t0
-    if busy:
-        msg = f"ANOTHER LAB WAS STILL RUNNING after {waited:.0f} s of waiting ({', '.join(busy)}): ran anyway"
-    else:
-        msg = f"waited {waited:.0f} s for another lab to finish"
-    log(msg)
-    return msg
-
-
 def profile(L, prep, args):
     dev_p, srv_p = prep.dir / "device_profile.json", prep.dir / "server_profile.json"
     base = edgeflow_cmd() + ["profile", str(prep.path), "-s", "train", "--input-shape",
                              "image=" + ",".join(map(str, SHAPE)), "--input-shape", f"label={BATCH}",
                              "--runs", str(args.profile_runs)]
     out = L.run_checked("device", base + ["-o", str(dev_p), "--name", "device (20% of a core)"], 600,
-                      "device profile", cpu_quota=QUOTA, cpu_period_us=args.cpu_period_us, env=one_thread_env())
+                      "device profile", cpu_quota=QUOTA, cpu_period_us=args.cpu_period_us, env=blas_env())
     log("  " + out.strip())
     out = L.run_checked("cloud", base + ["-o", str(srv_p), "--name", "server (1 core)"], 300, "server profile",
-                      env=one_thread_env())
+                      env=blas_env())
     log("  " + out.strip())
     return str(dev_p), str(srv_p)
 
@@ -354,26 +225,6 @@ def plan_cuts(prep, link_name, profiles):
     return out
 
 
-def label_upload_check(prep, k=3):
-    """What split_file(train=True, labels="cloud") writes for a split cut (forced at the
-    output of the prefix's last op) against write_pair's prefix cut: (rounds, prefix rounds,
-    bytes up of each at batch 32)."""
-    from edgeflow.splitter.cost import op_name
-    from edgeflow.splitter.package import split_file
-    sub = prep.model.subgraphs[0]
-    tensor = op_name(sub, prep.order[k - 1])
-    with captured_warnings():
-        r = split_file(str(prep.path), str(prep.dir / "forced-cloud"), link="4g", train=True, labels="cloud",
-                       cut=[tensor], input_shapes={"image": SHAPE, "label": (BATCH,)}, model_id="forced-cloud")
-    with open(r.paths["plan"]) as f:
-        rounds = json.load(f)["rounds"]
-    dev = set(r.placement.device_operators(r.cost_graph))
-    mine = prep.cuts[("cloud", k)]["rounds"]
-    return {"k": k, "cut": tensor, "planned_prefix": set(prep.order[:k]) == dev, "rounds": rounds,
-            "prefix_rounds": mine, "up": prep.round_bytes("forced-cloud", k, BATCH, rounds)[0],
-            "prefix_up": prep.round_bytes("cloud", k, BATCH)[0]}
-
-
 def run_link(link_name, prep, args, work, state):
     import netlab
     from edgeflow.splitter import Link
@@ -419,24 +270,24 @@ def run_link(link_name, prep, args, work, state):
                                                       str(state_dir), "--checkpoint-every", "10", "--host",
                                                       L.cloud_ip, "--port", str(PORT)],
                           stdout=server_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                          env=one_thread_env())
+                          env=blas_env())
         t = time.monotonic()
         try:
             log(f"[{link_name}] {len(cuts)} cuts x ({args.warmup} warm-up + {args.steps} timed steps)")
             p = L.run_in("device", [sys.executable, str(HERE / "split_training_driver.py"), str(spec_path)],
-                         cpu_quota=QUOTA, cpu_period_us=args.cpu_period_us, env=one_thread_env(),
+                         cpu_quota=QUOTA, cpu_period_us=args.cpu_period_us, env=blas_env(),
                          stdout=subprocess.PIPE, stderr=None, stdin=subprocess.DEVNULL)
             try:
                 out, _ = p.communicate(timeout=args.driver_timeout)
             except subprocess.TimeoutExpired:
-                netlab._stop(p)
+                netlab.stop(p)
                 raise RuntimeError(f"the device driver on {link_name} timed out")
             if p.returncode != 0:
                 raise RuntimeError(f"the device driver on {link_name} failed (rc {p.returncode}); server log: "
                                    f"{(work / f'server-{link_name}.log').read_text()[-2000:]}")
             throttled = p.cgroup.stat() if p.cgroup is not None else {}
         finally:
-            netlab._stop(server)
+            netlab.stop(server)
             server_log.close()
         doc = json.loads(out.decode().strip().splitlines()[-1])
         qd = L.qdisc_stats()
@@ -514,15 +365,14 @@ def split_epoch_analytic(prep, mode, k, n_devices):
 
 
 def split_epoch_measured(prep, server, mode, k, n_devices):
-    import edgeflow as ef
     from edgeflow import training_loop
     from edgeflow.cloud import Client
     c = prep.cuts[(mode, k)]
     up = down = calls = 0
     with Client(server.address, timeout=60) as client:
         for i, share in enumerate(shares(prep.data, n_devices)):
-            interp = ef.Interpreter(c["device"], cloud=client, device_id=f"n{n_devices}-d{i}")
-            runner = interp.get_signature_runner("train")
+            runner = harness.split_device(c["device"], client, device_id=f"n{n_devices}-d{i}").get_signature_runner(
+                "train")
             for _, b in training_loop.batches(share, BATCH, 0, 0):
                 runner(**b)
         link = client.link
@@ -605,10 +455,6 @@ def bytes_bench(prep, args):
 
 
 # -- printing -------------------------------------------------------------------------------
-def ms(s):
-    return "-" if s is None else f"{s * 1e3:.1f}"
-
-
 def kb(b):
     return "-" if b is None else f"{b / 1024:.1f}"
 
@@ -783,58 +629,6 @@ def print_report(doc):
         print_timing(t, doc.get("n_ops", 8), doc.get("free_step_s"))
     if doc.get("bytes"):
         print_bytes(doc["bytes"], doc["cut_names"])
-    for line in doc.get("findings", []):
-        print(line)
-
-
-def findings(doc):
-    """What still looks wrong or surprising, from this run's own numbers."""
-    out = []
-    timing = doc.get("timing") or []
-    if timing:
-        t = timing[0]
-        rows = {r["name"]: r for r in t["rows"]}
-        dev = rows["device-only"]
-        ps = t.get("profile_sums_s") or (None, None)
-        free = doc.get("free_step_s")
-        out.append(
-            f"`edgeflow profile` keeps per-op medians: under a CPU quota whose slice ({QUOTA:.0%} of a "
-            f"{t.get('cpu_period_us', 10000) / 1000:g} ms period) is longer than each op, the median op runs "
-            f"unthrottled: the device profile's per-op medians sum to {ps[0] * 1e3:.3f} ms a train step (the "
-            f"server's {ps[1] * 1e3:.3f} ms), about the step's CPU time under the quota"
-            + (f" ({ms(dev['cpu_s'])} ms)" if dev.get("cpu_s") else "")
-            + f", while device-only steps back to back take {ms(dev['median_s'])} ms"
-            + (f" ({dev['median_s'] / free:.1f}x an unthrottled local step, {ms(free)} ms)" if free else "")
-            + f". The cost model's device-only step ({ms(dev['predicted_s'])} ms) is "
-            f"{dev['median_s'] / dev['predicted_s']:.1f}x below the measured one: per-op medians under a quota "
-            "underestimate a device that is slow all the time"
-            + (" (here the planner still picks device-only, which wins anyway)." if all(
-                tt["plans"][m]["device_only"] for tt in timing for m in MODES) and all(
-                min(tt["rows"], key=lambda r: r["median_s"])["name"] in ("device-only", "plan-cloud", "plan-U")
-                for tt in timing) else "."))
-    chk = doc.get("label_check")
-    if chk and chk["rounds"] != chk["prefix_rounds"]:
-        up = [r["uploads"] for r in chk["rounds"]]
-        pre = [r["uploads"] for r in chk["prefix_rounds"]]
-        out.append(
-            f"split_file(train=True, labels='cloud') on a split plan (forced at {chk['cut']!r}, {chk['k']} forward "
-            f"ops on the device) writes other rounds than write_pair at the same device ops: uploads {up} "
-            f"instead of {pre}, {chk['up']:,} B up per batch of {BATCH} instead of {chk['prefix_up']:,} B. "
-            "package._with_the_loss adds every train-step forward op whose inputs the device has, and ops that "
-            "read only the label input (the one-hot: expand_dims, equal, cast) qualify, so the device sends "
-            "the float32 one-hot instead of the int64 labels (and the cost model, which does not cost labels, "
-            "does not see it).")
-    warned = sorted({w for t in timing for m in MODES for w in t["plans"][m].get("warnings", [])})
-    if warned:
-        out.append(
-            "split_file(train=True) with profiles of the `train` signature (what its docs ask for: "
-            "--input-shape image=... --input-shape label=...) always warns that the profile 'may not apply': "
-            "CostGraph.from_model of the infer signature compares the profile's shapes (image and label) with "
-            f"the infer plan's (image only). Warned: {warned[0]!r}")
-    if not out:
-        return []
-    return ["", "Findings (edgeflow surprises that still hold; each from this run's numbers):"] + \
-        [f"  {i}. {line}" for i, line in enumerate(out, 1)]
 
 
 def main(argv=None):
@@ -848,7 +642,6 @@ def main(argv=None):
     ap.add_argument("--devices", default="1,8,32", help="device counts of the bytes benchmark")
     ap.add_argument("--measure-devices", default="1,8,32",
                     help="device counts whose bytes are also measured (default all; '' for analytic only)")
-    ap.add_argument("--no-wait", action="store_true", help="do not wait for another live lab to finish")
     ap.add_argument("--driver-timeout", type=float, default=900)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--report", help="print the tables of a --json file and exit")
@@ -874,11 +667,8 @@ def main(argv=None):
         log("preparing: the digits CNN, every prefix cut's package pair (labels cloud and U-shaped)")
         prep = Prepared(work)
         doc["n_ops"] = prep.n
-        doc["label_check"] = label_upload_check(prep)
         doc["cut_names"] = [c["name"] for c in prep.cuts.values()]
-        waited = ""
         if "timing" in benches:
-            waited = "not waited (--no-wait)" if args.no_wait else wait_for_other_labs()
             state = {"profiles": None}
             for link_name in links:
                 doc["timing"].append(run_link(link_name, prep, args, work, state))
@@ -891,10 +681,9 @@ def main(argv=None):
             f"batch {BATCH}" + (f"; timing on {', '.join(links)}: device = {QUOTA:.0%} of one core (cgroup quota, "
                                 f"CFS period {args.cpu_period_us / 1000:g} ms, 1 BLAS thread), server = edgeflow "
                                 f"serve (1 BLAS thread, no quota) on the same 2-core host, link = tc tbf + real RTT "
-                                f"(delay relay); {args.warmup} warm-up + {args.steps} timed steps per cut; "
-                                f"{waited}" if "timing" in benches else "")
+                                f"(delay relay); {args.warmup} warm-up + {args.steps} timed steps per cut"
+                                if "timing" in benches else "")
             + f"; {time.monotonic() - t0:.0f} s")
-        doc["findings"] = findings(doc)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(doc, f, indent=1, default=float)

@@ -32,23 +32,20 @@ would between requests). Prints one JSON object on stdout: {"cuts": {name: {"med
 RTT), `server_s` the server's compute time it reports: total - call is the device's own
 compute, call - server is the network's share.
 """
+import argparse
 import json
 import os
 import sys
 import time
 
-
-def _median(v):
-    v = sorted(v)
-    n = len(v)
-    return (v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])) if n else None
+import harness
 
 
 def main(argv):
-    if len(argv) != 2:
-        print(__doc__, file=sys.stderr)
-        return 2
-    with open(argv[1]) as f:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 epilog="SPEC is described in this script's docstring.")
+    ap.add_argument("spec", help="the JSON spec of the cuts to time")
+    with open(ap.parse_args(argv[1:]).spec) as f:
         spec = json.load(f)
     import numpy as np
 
@@ -70,7 +67,7 @@ def main(argv):
     runners = {}
     for c in spec["cuts"]:
         if "device" in c:
-            interp = ef.Interpreter(c["device"], cloud=client, cloud_timeout=timeout)
+            interp = harness.split_device(c["device"], client, timeout)
             runner = interp.get_signature_runner("infer")
             # A fixed cut: the package holds only its part, so nothing can re-plan or fall back.
             assert isinstance(runner, SplitRunner) and runner.replanner is None and runner._local is None, \
@@ -144,14 +141,14 @@ def main(argv):
                   file=sys.stderr, flush=True)
     for name in names:
         r = res[name]
-        r["median_s"], r["min_s"], r["max_s"] = _median(r["samples"]), min(r["samples"]), max(r["samples"])
-        r["call_median_s"] = _median(r["call_s"])
-        r["server_median_s"] = _median(r["server_s"])
+        r["median_s"], r["min_s"], r["max_s"] = harness.median(r["samples"]), min(r["samples"]), max(r["samples"])
+        r["call_median_s"] = harness.median(r["call_s"])
+        r["server_median_s"] = harness.median(r["server_s"])
         interp = runners[name][1]
         r["calls"] = interp.cloud.calls if interp.cloud is not None else 0
     if client is not None:
         client.close()
-    json.dump({"cuts": res, "ping_s": pings, "ping_median_s": _median(pings), "best_anchor_s": best_anchor,
+    json.dump({"cuts": res, "ping_s": pings, "ping_median_s": harness.median(pings), "best_anchor_s": best_anchor,
                "pid": os.getpid(), "seconds": time.monotonic() - t_start}, sys.stdout)
     sys.stdout.write("\n")
     return 0

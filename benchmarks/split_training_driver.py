@@ -32,16 +32,13 @@ crossed the device's network interface each way (/proc/net/dev of the device nam
 IP packets with their Ethernet, IP, TCP, TLS-less HTTP/2 and gRPC framing, acks included).
 Prints one JSON object on stdout; progress goes to stderr.
 """
+import argparse
 import json
 import os
 import sys
 import time
 
-
-def _median(v):
-    v = sorted(v)
-    n = len(v)
-    return (v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])) if n else None
+import harness
 
 
 def iface_bytes(iface):
@@ -59,10 +56,10 @@ def iface_bytes(iface):
 
 
 def main(argv):
-    if len(argv) != 2:
-        print(__doc__, file=sys.stderr)
-        return 2
-    with open(argv[1]) as f:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 epilog="SPEC is described in this script's docstring.")
+    ap.add_argument("spec", help="the JSON spec of the cuts to time")
+    with open(ap.parse_args(argv[1:]).spec) as f:
         spec = json.load(f)
     import numpy as np
 
@@ -97,7 +94,7 @@ def main(argv):
     cuts = {}
     for c in spec["cuts"]:
         if "device" in c:
-            interp = ef.Interpreter(c["device"], cloud=client, cloud_timeout=timeout, device_id=c["name"])
+            interp = harness.split_device(c["device"], client, timeout, device_id=c["name"])
         else:
             interp = ef.Interpreter(c["local"])
         cuts[c["name"]] = {"runner": interp.get_signature_runner("train"), "interp": interp, "next": 0,
@@ -179,18 +176,18 @@ def main(argv):
         c = cuts[name]
         res[name] = {k: c[k] for k in ("time_s", "call_s", "server_s", "sent", "received", "wire_up",
                                        "wire_down", "calls")}
-        res[name].update({"median_s": _median(c["time_s"]), "min_s": min(c["time_s"]), "max_s": max(c["time_s"]),
-                          "call_median_s": _median(c["call_s"]), "server_median_s": _median(c["server_s"]),
-                          "device_median_s": _median([a - b for a, b in zip(c["time_s"], c["call_s"])]),
+        res[name].update({"median_s": harness.median(c["time_s"]), "min_s": min(c["time_s"]), "max_s": max(c["time_s"]),
+                          "call_median_s": harness.median(c["call_s"]), "server_median_s": harness.median(c["server_s"]),
+                          "device_median_s": harness.median([a - b for a, b in zip(c["time_s"], c["call_s"])]),
                           "first_loss": c["loss"][0], "last_loss": c["loss"][-1], "steps_run": c["next"]})
         if name in blocks:  # the loop's time per step: the median over blocks
             res[name].update({"step_median_s": res[name]["median_s"], "block_s": blocks[name],
-                              "median_s": _median(blocks[name]), "min_s": min(blocks[name]),
-                              "max_s": max(blocks[name]), "device_median_s": _median(blocks[name]),
-                              "cpu_median_s": _median(block_cpu[name])})
+                              "median_s": harness.median(blocks[name]), "min_s": min(blocks[name]),
+                              "max_s": max(blocks[name]), "device_median_s": harness.median(blocks[name]),
+                              "cpu_median_s": harness.median(block_cpu[name])})
     if client is not None:
         client.close()
-    json.dump({"cuts": res, "ping_s": pings, "ping_median_s": _median(pings), "pid": os.getpid(),
+    json.dump({"cuts": res, "ping_s": pings, "ping_median_s": harness.median(pings), "pid": os.getpid(),
                "seconds": time.monotonic() - t_start}, sys.stdout)
     sys.stdout.write("\n")
     return 0
