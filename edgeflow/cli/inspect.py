@@ -12,8 +12,8 @@ def _dims(shape):
 def describe(path, delegates=()):
     """A JSON-ready summary of the model at `path`; with `delegates`, also where each
     signature's ops run and why the rest fell back to the CPU."""
-    from .format import reader
-    from .interp import Interpreter
+    from ..format import reader
+    from ..interp import Interpreter
     interp = Interpreter(path, delegates=delegates)
     model = interp.model
     sub = model.subgraphs[0]
@@ -30,8 +30,8 @@ def describe(path, delegates=()):
             return "input"
         return "output" if i in sub.outputs else ("intermediate" if i in produced else "unused")
 
-    from . import ops
-    from .interp.plan import needed_operators
+    from .. import ops
+    from ..interp.plan import needed_operators
     producer = {t: i for i, op in enumerate(sub.operators) for t in op.outputs}
     signatures = {}
     for sig in model.signatures:
@@ -79,7 +79,7 @@ def describe(path, delegates=()):
 
 def _split(model):
     """What a device package from `edgeflow split` pairs with and exchanges, or None."""
-    from .splitter.partition import split_info
+    from ..splitter.partition import split_info
     info = split_info(model)
     if info is None:
         return None

@@ -6,8 +6,8 @@ import sys
 
 import numpy as np
 
-from .interp.inputs import pick_signature
-from .errors import EdgeflowError
+from ..interp.inputs import pick_signature
+from ..errors import EdgeflowError
 
 
 def _add_inputs_args(p):
@@ -44,7 +44,7 @@ def _add_accel_args(p):
 
 def _delegates(args):
     """The delegates --accel asks for; 'auto' without a device says so on stderr."""
-    from .accel import delegates_for
+    from ..accel import delegates_for
     delegates = delegates_for(args.accel, args.device, args.precision)
     if args.accel == "auto":
         print(f"edgeflow {args.verb}: " + (f"using OpenCL on {delegates[0].device_name}" if delegates
@@ -54,7 +54,7 @@ def _delegates(args):
 
 
 def cmd_inspect(args):
-    from .summary import describe, render
+    from .inspect import describe, render
     info = describe(args.model, delegates=_delegates(args))
     print(json.dumps(info, indent=2) if args.json else render(info))
 
@@ -84,7 +84,7 @@ def _read_file(path, mode):
 
 
 def cmd_run(args):
-    from .interp import Interpreter
+    from ..interp import Interpreter
     interp = Interpreter(args.model, delegates=_delegates(args), **_cloud(args))
     runner = pick_signature(interp, args.signature)
     outputs = runner(**_parse_inputs(args.input))
@@ -136,8 +136,8 @@ def _counts(counter):
 
 def _train_with_parameter_server(args, data):
     """edgeflow train --mode sync|async|fedavg: push gradients (or models) to the server."""
-    from .cloud.federated import train
-    from .cloud.ps import ParameterClient
+    from ..cloud.federated import train
+    from ..cloud.ps import ParameterClient
     if not args.cloud:
         raise EdgeflowError(f"--mode {args.mode} needs --cloud HOST:PORT (a parameter server: "
                             "edgeflow serve --parameter-server MODE)")
@@ -165,8 +165,8 @@ def _train_with_parameter_server(args, data):
 
 
 def cmd_train(args):
-    from . import training_loop
-    from .interp import Interpreter
+    from .. import training_loop
+    from ..interp import Interpreter
     if args.mode != "split":
         return _train_with_parameter_server(args, _load_npz(args.data))
     cloud = _cloud(args)
@@ -253,8 +253,8 @@ def _shapes(items):
 
 
 def cmd_profile(args):
-    from .splitter import measure_profile
-    from .splitter.cost import DEFAULT_RUNS
+    from ..splitter import measure_profile
+    from ..splitter.cost import DEFAULT_RUNS
     profile = measure_profile(args.model, signature=args.signature or "infer",
                               inputs=_parse_inputs(args.input) or None, runs=args.runs or DEFAULT_RUNS,
                               delegates=_delegates(args), device=args.name,
@@ -266,7 +266,7 @@ def cmd_profile(args):
 
 
 def cmd_split(args):
-    from .splitter.package import split_file
+    from ..splitter.package import split_file
     link = args.link
     overrides = [f"{k}={v}" for k, v in (("up", args.up), ("down", args.down), ("rtt", args.rtt)) if v]
     if overrides:
@@ -294,7 +294,7 @@ def cmd_split(args):
 
 def cmd_serve(args):
     try:
-        from .cloud.server import serve
+        from ..cloud.server import serve
     except ImportError as e:
         raise EdgeflowError(f"edgeflow serve needs the 'cloud' extra: pip install 'edgeflow[cloud]' ({e})")
     serve(args)
@@ -499,7 +499,7 @@ def _non_negative(text):
 
 
 def _version():
-    from . import __version__
+    from .. import __version__
     return __version__
 
 

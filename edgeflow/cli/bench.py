@@ -3,7 +3,7 @@ import time
 
 import numpy as np
 
-from .interp.inputs import pick_signature, random_inputs
+from ..interp.inputs import pick_signature, random_inputs
 
 
 def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, delegates=(), **cloud):
@@ -13,8 +13,8 @@ def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, de
     same length attributes time to ops, so profiling does not inflate the totals. With
     `delegates`, also where ops run and the host<->device copies per run.
     """
-    from .accel import transfers
-    from .interp import Interpreter
+    from ..accel import transfers
+    from ..interp import Interpreter
 
     t0 = time.perf_counter()
     interp = Interpreter(path, delegates=delegates, **cloud)  # cloud=, token=, root_cert=: a split model
