@@ -1,8 +1,11 @@
 """What `edgeflow inspect` reports about a model: signatures, ops, tensors, sizes."""
+import json
 import os
 from collections import Counter
 
 import numpy as np
+
+from . import arguments
 
 
 def _dims(shape):
@@ -136,3 +139,18 @@ def render(info, max_tensors=30):
     if len(tensors) > max_tensors:
         lines.append(f"  ... {len(tensors) - max_tensors} more (--json lists all)")
     return "\n".join(lines)
+
+
+def add_parser(verbs):
+    p = verbs.add_parser("inspect", help="show a model's signatures, ops, tensors and sizes",
+                         description="Show a model's signatures, ops by type, tensors, "
+                                     "parameters, bytes and arena size.")
+    p.add_argument("model", help="a .efl file")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    arguments.add_accel_args(p)
+    p.set_defaults(fn=cmd_inspect)
+
+
+def cmd_inspect(args):
+    info = describe(args.model, delegates=arguments.delegates(args))
+    print(json.dumps(info, indent=2) if args.json else render(info))

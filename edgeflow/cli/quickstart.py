@@ -272,3 +272,18 @@ def main(directory=None):
     print("\nquickstart finished: built, packaged, inspected, ran and benchmarked a model, "
           "converted one from ONNX, trained one on the device, split one with the cloud, and "
           "trained one jointly with it.")
+
+
+def add_parser(verbs):
+    p = verbs.add_parser("quickstart", help="an end-to-end tour: build, convert, run and train models",
+                         description="An end-to-end tour: build a small model with the graph "
+                                     "API, package, inspect, run and benchmark it; convert an "
+                                     "ONNX model; train a model on the device; split a model "
+                                     "with a server it starts on 127.0.0.1, for inference and "
+                                     "for training.")
+    p.add_argument("--dir", default=None, help="where to write files (default: a temp dir)")
+    p.set_defaults(fn=cmd_quickstart)
+
+
+def cmd_quickstart(args):
+    main(args.dir)
