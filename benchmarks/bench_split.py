@@ -190,7 +190,7 @@ class Prepared:
 
     def op_label(self, k):
         """Name of the last device op of prefix k."""
-        from edgeflow.splitter.cost import op_name
+        from edgeflow.splitter.profiles import op_name
         if k == 0:
             return "(input)"
         sub = self.model.subgraphs[0]

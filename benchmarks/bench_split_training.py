@@ -171,7 +171,7 @@ class Prepared:
     def __init__(self, work):
         from edgeflow.format import reader
         from edgeflow.splitter import partition, training
-        from edgeflow.splitter.cost import op_name
+        from edgeflow.splitter.profiles import op_name
         self.dir = work
         self.path = work / "m.efl"
         build(self.path)
@@ -358,7 +358,7 @@ def label_upload_check(prep, k=3):
     """What split_file(train=True, labels="cloud") writes for a split cut (forced at the
     output of the prefix's last op) against write_pair's prefix cut: (rounds, prefix rounds,
     bytes up of each at batch 32)."""
-    from edgeflow.splitter.cost import op_name
+    from edgeflow.splitter.profiles import op_name
     from edgeflow.splitter.package import split_file
     sub = prep.model.subgraphs[0]
     tensor = op_name(sub, prep.order[k - 1])

@@ -22,7 +22,7 @@ def add_parser(verbs):
 
 def cmd_profile(args):
     from ..splitter import measure_profile
-    from ..splitter.cost import DEFAULT_RUNS
+    from ..splitter.profiles import DEFAULT_RUNS
     profile = measure_profile(args.model, signature=args.signature or "infer",
                               inputs=arguments.parse_inputs(args.input) or None,
                               runs=args.runs or DEFAULT_RUNS, delegates=arguments.delegates(args),
