@@ -53,7 +53,7 @@ GOAL = 1.05
 
 # -- models -----------------------------------------------------------------------------
 def build_encoder_head(path, channels=256, layers=8, encoder_channels=8):
-    """DADS's case for a split (as edgeflow.quickstart.build_encoder_classifier, scaled):
+    """DADS's case for a split (as edgeflow.cli.quickstart.build_encoder_classifier, scaled):
     a cheap encoder (conv 3x3 stride 2, 2x2 max-pool) that shrinks the 64x64 image 6x,
     then a compute-heavy head of `layers` 3x3 convs of `channels` at 16x16, a global
     max-pool and a dense classifier. Every op is a chain link: the prefixes are all cuts."""

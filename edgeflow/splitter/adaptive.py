@@ -14,7 +14,8 @@ import time
 
 from ..errors import EdgeflowError
 from . import partition
-from .cost import CostGraph, Link
+from .cost_graph import CostGraph
+from .links import Link
 from .planner import cost, plan
 
 _log = logging.getLogger("edgeflow")

@@ -17,7 +17,9 @@ from ..atomic import write_text
 from ..errors import InvalidInputError
 from ..format import reader
 from . import partition, planner, report
-from .cost import DEFAULT_SERVER_SPEED, CostGraph, Link, Profile
+from .cost_graph import DEFAULT_SERVER_SPEED, CostGraph
+from .links import Link
+from .profiles import Profile
 
 
 @dataclass

@@ -40,7 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import EdgeflowError, InvalidInputError, PlacementError
-from .cost import SIDES, Link
+from .cost_graph import SIDES
+from .links import Link
 
 OBJECTIVES = ("latency", "device-time")
 _INF = 2**31 - 1  # scipy.sparse.csgraph.maximum_flow works in int32

@@ -2,7 +2,7 @@
 graph coloured by side (a layered layout written by hand: no graphviz needed)."""
 from xml.sax.saxutils import escape, quoteattr
 
-from .cost import Link
+from .links import Link
 
 _COLOURS = {"device": "#4e79a7", "cloud": "#f28e2b", "input": "#9c9c9c"}
 

@@ -44,6 +44,25 @@ def test_console_script_is_installed():
     assert r.returncode == 0 and r.stdout.startswith("edgeflow ")
 
 
+HEAVY = ["grpc", "scipy", "onnx", "onnxruntime", "pyopencl", "converters",
+         "edgeflow.cloud", "edgeflow.splitter", "edgeflow.accel"]
+
+
+def test_help_imports_no_extra():
+    """`edgeflow --help` and every verb's --help build all parsers without loading the
+    optional extras (or the packages that need them): a verb imports them when it runs."""
+    code = ("import sys\nfrom edgeflow.cli import main\n"
+            f"for argv in [[]] + [[v] for v in {VERBS + ['convert', 'train']!r}]:\n"
+            "    try:\n        main(argv + ['--help'])\n    except SystemExit:\n        pass\n"
+            "print(*sorted(sys.modules), file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "usage: edgeflow serve" in r.stdout
+    loaded = r.stderr.split()
+    assert "edgeflow.cli.serve" in loaded
+    assert [m for m in loaded if m.startswith(tuple(HEAVY))] == []
+
+
 def test_inspect_text_and_json(model):
     path, w = model
     r = edgeflow("inspect", path)

@@ -6,7 +6,7 @@ own cost function for this); memory is simulated op by op.
 """
 import numpy as np
 
-from edgeflow.splitter import CostGraph, Link, Op, Tensor
+from edgeflow.splitter import CostGraph, CostOp, CostTensor, Link
 
 
 def random_graph(rng, n, pin_rate=0.0, param_rate=0.0, compression="none"):
@@ -16,7 +16,7 @@ def random_graph(rng, n, pin_rate=0.0, param_rate=0.0, compression="none"):
 
     def new_tensor(name):
         dtype = np.float32 if rng.random() < 0.8 else np.int32
-        tensors.append(Tensor(name, dtype, (int(rng.integers(1, 5000)),)))
+        tensors.append(CostTensor(name, dtype, (int(rng.integers(1, 5000)),)))
         return name
 
     available = [new_tensor(f"in{k}") for k in range(int(rng.integers(1, 3)))]
@@ -34,7 +34,7 @@ def random_graph(rng, n, pin_rate=0.0, param_rate=0.0, compression="none"):
         params = {f"w{k}": int(rng.integers(1, 20000))} if rng.random() < param_rate else {}
         if params and rng.random() < 0.3 and k > 0:  # a weight shared with an earlier op
             params[f"w{int(rng.integers(0, k))}"] = 5000
-        ops.append(Op(outputs[0], "op", inputs, outputs, device_s, cloud_s, params, pinned))
+        ops.append(CostOp(outputs[0], "op", inputs, outputs, device_s, cloud_s, params, pinned))
         available += outputs
     read = {name for op in ops for name in op.inputs}
     for t in tensors:

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from edgeflow.errors import GraphError, InvalidInputError, PlacementError
-from edgeflow.splitter import CostGraph, Link, Op, Tensor, cost, forced, plan
+from edgeflow.splitter import CostGraph, CostOp, CostTensor, Link, cost, forced, plan
 
 from .dags import brute_force, random_graph, random_link, simulated_memory
 
@@ -68,12 +68,12 @@ def test_predicted_device_only_and_cloud_only():
 
 def _chain(sizes, device_s, cloud_s, pinned=None):
     """x -> a0 -> a1 -> ...: tensor k holds sizes[k] float32 elements (x is sizes[0])."""
-    tensors = [Tensor("x", np.float32, (sizes[0],))]
+    tensors = [CostTensor("x", np.float32, (sizes[0],))]
     ops = []
     for k in range(len(device_s)):
         src = tensors[-1].name
-        tensors.append(Tensor(f"a{k}", np.float32, (sizes[k + 1],), is_output=k == len(device_s) - 1))
-        ops.append(Op(f"a{k}", "op", [src], [f"a{k}"], device_s[k], cloud_s[k],
+        tensors.append(CostTensor(f"a{k}", np.float32, (sizes[k + 1],), is_output=k == len(device_s) - 1))
+        ops.append(CostOp(f"a{k}", "op", [src], [f"a{k}"], device_s[k], cloud_s[k],
                       pinned=(pinned or {}).get(f"a{k}")))
     return CostGraph(ops, tensors)
 
@@ -110,10 +110,10 @@ def test_a_hand_computed_chain():
 
 def test_a_tensor_is_sent_once_however_many_cloud_ops_read_it():
     # x -> a; a -> b, c, d (cloud-cheap), all outputs. Sending a once beats keeping b, c, d.
-    t = [Tensor("x", np.float32, (10,)), Tensor("a", np.float32, (1000,))] + \
-        [Tensor(n, np.float32, (1,), is_output=True) for n in "bcd"]
-    ops = [Op("a", "op", ["x"], ["a"], 0.001, 0.001, pinned="device")] + \
-          [Op(n, "op", ["a"], [n], 0.004, 0.0, pinned=None) for n in "bcd"]
+    t = [CostTensor("x", np.float32, (10,)), CostTensor("a", np.float32, (1000,))] + \
+        [CostTensor(n, np.float32, (1,), is_output=True) for n in "bcd"]
+    ops = [CostOp("a", "op", ["x"], ["a"], 0.001, 0.001, pinned="device")] + \
+          [CostOp(n, "op", ["a"], [n], 0.004, 0.0, pinned=None) for n in "bcd"]
     cg = CostGraph(ops, t)
     link = Link(8e6, 1e9, 0.0)  # sending a: 4 ms; each of b, c, d costs 4 ms on the device
     p = plan(cg, link)
@@ -185,10 +185,10 @@ def test_memory_budget_too_small_raises():
 
 def test_forced_cut():
     # Diamond: x -> a; a -> b, c; (b, c) -> d.
-    t = [Tensor(n, np.float32, (s,), is_output=n == "d") for n, s in
+    t = [CostTensor(n, np.float32, (s,), is_output=n == "d") for n, s in
          (("x", 100), ("a", 50), ("b", 20), ("c", 30), ("d", 5))]
-    ops = [Op("a", "op", ["x"], ["a"], 0.01, 0.001), Op("b", "op", ["a"], ["b"], 0.01, 0.001),
-           Op("c", "op", ["a"], ["c"], 0.01, 0.001), Op("d", "op", ["b", "c"], ["d"], 0.01, 0.001)]
+    ops = [CostOp("a", "op", ["x"], ["a"], 0.01, 0.001), CostOp("b", "op", ["a"], ["b"], 0.01, 0.001),
+           CostOp("c", "op", ["a"], ["c"], 0.01, 0.001), CostOp("d", "op", ["b", "c"], ["d"], 0.01, 0.001)]
     cg = CostGraph(ops, t)
     link = Link(1e6, 2e6, 0.01)
     p = forced(cg, ["b", "c"], link)
@@ -201,22 +201,22 @@ def test_forced_cut():
         forced(cg, ["b"], link)
     with pytest.raises(InvalidInputError, match="unknown tensor"):
         forced(cg, ["nope"], link)
-    pinned = CostGraph([ops[0], Op("b", "op", ["a"], ["b"], 0.01, 0.001, pinned="cloud")] + ops[2:], t)
+    pinned = CostGraph([ops[0], CostOp("b", "op", ["a"], ["b"], 0.01, 0.001, pinned="cloud")] + ops[2:], t)
     with pytest.raises(PlacementError, match="cloud-pinned"):
         forced(pinned, ["b", "c"], link)
 
 
 def test_cost_graph_rejects_malformed_graphs():
-    x = Tensor("x", np.float32, (1,))
-    y = Tensor("y", np.float32, (1,))
+    x = CostTensor("x", np.float32, (1,))
+    y = CostTensor("y", np.float32, (1,))
     with pytest.raises(GraphError, match="unknown tensor 'z'"):
-        CostGraph([Op("y", "op", ["z"], ["y"], 0, 0)], [x, y])
+        CostGraph([CostOp("y", "op", ["z"], ["y"], 0, 0)], [x, y])
     with pytest.raises(GraphError, match="dependency order"):
-        CostGraph([Op("z", "op", ["y"], ["z"], 0, 0), Op("y", "op", ["x"], ["y"], 0, 0)],
-                  [x, y, Tensor("z", np.float32, (1,))])
+        CostGraph([CostOp("z", "op", ["y"], ["z"], 0, 0), CostOp("y", "op", ["x"], ["y"], 0, 0)],
+                  [x, y, CostTensor("z", np.float32, (1,))])
     with pytest.raises(GraphError, match="made by two ops"):
-        CostGraph([Op("a", "op", ["x"], ["y"], 0, 0), Op("b", "op", ["x"], ["y"], 0, 0)], [x, y])
+        CostGraph([CostOp("a", "op", ["x"], ["y"], 0, 0), CostOp("b", "op", ["x"], ["y"], 0, 0)], [x, y])
     with pytest.raises(InvalidInputError, match="pinned"):
-        CostGraph([Op("y", "op", ["x"], ["y"], 0, 0, pinned="server")], [x, y])
+        CostGraph([CostOp("y", "op", ["x"], ["y"], 0, 0, pinned="server")], [x, y])
     with pytest.raises(InvalidInputError, match="compression"):
         CostGraph([], [x], compression="zip")

@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from edgeflow.splitter import CostGraph, Link, Op, Tensor, plan
+from edgeflow.splitter import CostGraph, CostOp, CostTensor, Link, plan
 from edgeflow.splitter import report
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -15,14 +15,15 @@ SVG = "{http://www.w3.org/2000/svg}"
 def case():
     """x -> a (device-pinned) -> b, c (cheap on the cloud) -> d = b + c; and e = tanh(a),
     an output the device keeps. Names with XML's special characters."""
-    t = [Tensor("x", np.float32, (100,)), Tensor("a", np.float32, (50,)),
-         Tensor("b<1>", np.float32, (50,)), Tensor("c&", np.float32, (50,)),
-         Tensor("d", np.float32, (5,), is_output=True), Tensor("e", np.float32, (50,), is_output=True)]
-    ops = [Op("a", "conv", ["x"], ["a"], 0.002, 0.0002, {"w": 4096}, pinned="device"),
-           Op("b<1>", "matmul", ["a"], ["b<1>"], 0.050, 0.001),
-           Op("c&", "matmul", ["a"], ["c&"], 0.050, 0.001),
-           Op("d", "add", ["b<1>", "c&"], ["d"], 0.001, 0.0001),
-           Op("e", "tanh", ["a"], ["e"], 0.0001, 0.0001)]
+    t = [CostTensor("x", np.float32, (100,)), CostTensor("a", np.float32, (50,)),
+         CostTensor("b<1>", np.float32, (50,)), CostTensor("c&", np.float32, (50,)),
+         CostTensor("d", np.float32, (5,), is_output=True),
+         CostTensor("e", np.float32, (50,), is_output=True)]
+    ops = [CostOp("a", "conv", ["x"], ["a"], 0.002, 0.0002, {"w": 4096}, pinned="device"),
+           CostOp("b<1>", "matmul", ["a"], ["b<1>"], 0.050, 0.001),
+           CostOp("c&", "matmul", ["a"], ["c&"], 0.050, 0.001),
+           CostOp("d", "add", ["b<1>", "c&"], ["d"], 0.001, 0.0001),
+           CostOp("e", "tanh", ["a"], ["e"], 0.0001, 0.0001)]
     cg = CostGraph(ops, t)
     link = Link(8e6, 16e6, 0.01, "test")
     return cg, link, plan(cg, link)

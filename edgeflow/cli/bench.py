@@ -1,9 +1,11 @@
 """`edgeflow bench`: time a model the way TFLite's benchmark_model does."""
+import json
 import time
 
 import numpy as np
 
-from .interp.inputs import pick_signature, random_inputs
+from ..interp.inputs import pick_signature, random_inputs
+from . import arguments
 
 
 def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, delegates=(), **cloud):
@@ -13,8 +15,8 @@ def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, de
     same length attributes time to ops, so profiling does not inflate the totals. With
     `delegates`, also where ops run and the host<->device copies per run.
     """
-    from .accel import transfers
-    from .interp import Interpreter
+    from ..accel import transfers
+    from ..interp import Interpreter
 
     t0 = time.perf_counter()
     interp = Interpreter(path, delegates=delegates, **cloud)  # cloud=, token=, root_cert=: a split model
@@ -88,3 +90,25 @@ def render(r):
     lines += [f"    {v['percent']:5.1f}%  {v['us_per_run']:9.1f} us/run  {op} x{v['calls_per_run']:g}"
               for op, v in r["by_type"].items()]
     return "\n".join(lines)
+
+
+def add_parser(verbs):
+    p = verbs.add_parser("bench", help="time a model as TFLite's benchmark_model does",
+                         description="Time init, first run and steady-state runs; inputs not "
+                                     "given are random, dynamic dimensions 1.")
+    p.add_argument("model", help="a .efl file")
+    arguments.add_inputs_args(p)
+    p.add_argument("--runs", type=arguments.positive, default=50, help="timed runs (default 50)")
+    p.add_argument("--warmup", type=arguments.non_negative, default=3, help="untimed runs first (default 3)")
+    p.add_argument("--top", type=arguments.positive, default=10, help="ops to list by time (default 10)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    arguments.add_accel_args(p)
+    arguments.add_cloud_args(p)
+    p.set_defaults(fn=cmd_bench)
+
+
+def cmd_bench(args):
+    result = bench_model(args.model, runs=args.runs, warmup=args.warmup, signature=args.signature,
+                         inputs=arguments.parse_inputs(args.input), top=args.top,
+                         delegates=arguments.delegates(args), **arguments.cloud(args))
+    print(json.dumps(result, indent=2) if args.json else render(result))

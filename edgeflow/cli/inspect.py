@@ -1,8 +1,11 @@
 """What `edgeflow inspect` reports about a model: signatures, ops, tensors, sizes."""
+import json
 import os
 from collections import Counter
 
 import numpy as np
+
+from . import arguments
 
 
 def _dims(shape):
@@ -12,8 +15,8 @@ def _dims(shape):
 def describe(path, delegates=()):
     """A JSON-ready summary of the model at `path`; with `delegates`, also where each
     signature's ops run and why the rest fell back to the CPU."""
-    from .format import reader
-    from .interp import Interpreter
+    from ..format import reader
+    from ..interp import Interpreter
     interp = Interpreter(path, delegates=delegates)
     model = interp.model
     sub = model.subgraphs[0]
@@ -30,8 +33,8 @@ def describe(path, delegates=()):
             return "input"
         return "output" if i in sub.outputs else ("intermediate" if i in produced else "unused")
 
-    from . import ops
-    from .interp.plan import needed_operators
+    from .. import ops
+    from ..interp.plan import needed_operators
     producer = {t: i for i, op in enumerate(sub.operators) for t in op.outputs}
     signatures = {}
     for sig in model.signatures:
@@ -79,7 +82,7 @@ def describe(path, delegates=()):
 
 def _split(model):
     """What a device package from `edgeflow split` pairs with and exchanges, or None."""
-    from .splitter.partition import split_info
+    from ..splitter.partition import split_info
     info = split_info(model)
     if info is None:
         return None
@@ -136,3 +139,18 @@ def render(info, max_tensors=30):
     if len(tensors) > max_tensors:
         lines.append(f"  ... {len(tensors) - max_tensors} more (--json lists all)")
     return "\n".join(lines)
+
+
+def add_parser(verbs):
+    p = verbs.add_parser("inspect", help="show a model's signatures, ops, tensors and sizes",
+                         description="Show a model's signatures, ops by type, tensors, "
+                                     "parameters, bytes and arena size.")
+    p.add_argument("model", help="a .efl file")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    arguments.add_accel_args(p)
+    p.set_defaults(fn=cmd_inspect)
+
+
+def cmd_inspect(args):
+    info = describe(args.model, delegates=arguments.delegates(args))
+    print(json.dumps(info, indent=2) if args.json else render(info))

@@ -91,7 +91,7 @@ def convert_onnx(directory):
 def train_on_device(directory):
     """y = 0.1 x + 0.3: package a trainable model, train it with the interpreter, export it."""
     import edgeflow as ef
-    from .training_loop import fit
+    from ..training_loop import fit
     path = os.path.join(directory, "linear.efl")
     g = ef.Graph()
     with g.as_default():
@@ -139,8 +139,8 @@ def split_with_cloud(directory):
     """Split a model for a WiFi link and a phone-class device, serve the cloud part on
     127.0.0.1 in this process, and run a split inference against it."""
     try:
-        from .cloud import Server
-        from .splitter.package import split_file
+        from ..cloud import Server
+        from ..splitter.package import split_file
         import scipy  # noqa: F401 (the planner's max-flow)
     except ImportError:
         print("  skipped: needs the 'cloud' and 'split' extras (pip install 'edgeflow[cloud,split]')")
@@ -174,14 +174,14 @@ def split_training(directory):
     the server trains the middle; a few steps against a server on 127.0.0.1, checked
     against training in one process."""
     try:
-        from .cloud import Server
-        from .splitter.training import write_pair
+        from ..cloud import Server
+        from ..splitter.training import write_pair
     except ImportError:
         print("  skipped: needs the 'cloud' extra (pip install 'edgeflow[cloud]')")
         return
     import edgeflow as ef
-    from .format import reader
-    from .training_loop import batch_at
+    from ..format import reader
+    from ..training_loop import batch_at
     path = os.path.join(directory, "mlp-train.efl")
     g = ef.Graph()
     with g.as_default():
@@ -226,7 +226,7 @@ def split_training(directory):
 def main(directory=None):
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # not gRPC's notes on connections closing
     import edgeflow as ef
-    from .summary import describe, render
+    from .inspect import describe, render
 
     with tempfile.TemporaryDirectory() as tmp:
         directory = directory or tmp
@@ -272,3 +272,18 @@ def main(directory=None):
     print("\nquickstart finished: built, packaged, inspected, ran and benchmarked a model, "
           "converted one from ONNX, trained one on the device, split one with the cloud, and "
           "trained one jointly with it.")
+
+
+def add_parser(verbs):
+    p = verbs.add_parser("quickstart", help="an end-to-end tour: build, convert, run and train models",
+                         description="An end-to-end tour: build a small model with the graph "
+                                     "API, package, inspect, run and benchmark it; convert an "
+                                     "ONNX model; train a model on the device; split a model "
+                                     "with a server it starts on 127.0.0.1, for inference and "
+                                     "for training.")
+    p.add_argument("--dir", default=None, help="where to write files (default: a temp dir)")
+    p.set_defaults(fn=cmd_quickstart)
+
+
+def cmd_quickstart(args):
+    main(args.dir)

@@ -1,0 +1,105 @@
+"""Arguments several verbs share: inputs from .npy files, --accel, --cloud, shapes and counts."""
+import argparse
+import sys
+
+import numpy as np
+
+from ..errors import EdgeflowError
+
+
+def add_inputs_args(p):
+    p.add_argument("--signature", "-s", help="signature key (default: the only one, or 'infer')")
+    p.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy",
+                   help="an input array from a .npy file; repeat for each input")
+
+
+def parse_inputs(items):
+    """{name: array} from NAME=FILE.npy items."""
+    out = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise EdgeflowError(f"--input expects NAME=FILE.npy, got {item!r}")
+        try:
+            out[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise EdgeflowError(f"--input {name}: cannot read {path!r} as .npy ({e})") from None
+    return out
+
+
+def parse_shapes(items):
+    """{input name: shape} from NAME=D1,D2,... items."""
+    out = {}
+    for item in items:
+        name, sep, dims = item.partition("=")
+        try:
+            out[name] = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            sep = ""
+        if not sep or not name:
+            raise EdgeflowError(f"--input-shape expects NAME=D1,D2,..., got {item!r}")
+    return out
+
+
+def add_accel_args(p):
+    p.add_argument("--accel", choices=["none", "opencl", "auto"], default="none",
+                   help="run supported ops on an OpenCL device (opencl), on one if there is one "
+                        "(auto), or with numpy only (none, the default)")
+    p.add_argument("--device", metavar="NAME",
+                   help="with --accel: the OpenCL device, a name substring or an index "
+                        "(default: EDGEFLOW_OPENCL_DEVICE, else the first GPU, else the first device)")
+    p.add_argument("--precision", choices=["fp32", "fp16"], default="fp32",
+                   help="with --accel: how the OpenCL device stores float tensors: fp32 (the default), or "
+                        "fp16 (half: half the device memory and traffic, math still in float32, results "
+                        "within about 1e-3 relative)")
+
+
+def delegates(args):
+    """The delegates --accel asks for; 'auto' without a device says so on stderr."""
+    from ..accel import delegates_for
+    found = delegates_for(args.accel, args.device, args.precision)
+    if args.accel == "auto":
+        print(f"edgeflow {args.verb}: " + (f"using OpenCL on {found[0].device_name}" if found
+                                            else "no OpenCL device found: running with numpy"),
+              file=sys.stderr)
+    return found
+
+
+def add_cloud_args(p):
+    p.add_argument("--cloud", metavar="HOST:PORT",
+                   help="a device package from `edgeflow split`: run (or train) its cloud part on "
+                        "this server")
+    p.add_argument("--token-file", metavar="FILE", help="with --cloud: the server's bearer token")
+    p.add_argument("--root-cert", metavar="PEM", help="with --cloud: use TLS, trusting this certificate")
+
+
+def cloud(args):
+    """Interpreter keyword arguments for --cloud, --token-file, --root-cert."""
+    if not args.cloud:
+        if args.token_file or args.root_cert:
+            raise EdgeflowError("--token-file and --root-cert need --cloud HOST:PORT")
+        return {}
+    token = _read_file(args.token_file, "rt").strip() if args.token_file else None
+    root = _read_file(args.root_cert, "rb") if args.root_cert else None
+    return {"cloud": args.cloud, "token": token, "root_cert": root}
+
+
+def _read_file(path, mode):
+    with open(path, mode) as f:
+        return f.read()
+
+
+def positive(text):
+    """argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def non_negative(text):
+    """argparse type: an integer >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text}")
+    return value

@@ -1,0 +1,45 @@
+"""`edgeflow serve`: serve cloud packages over gRPC until SIGTERM or Ctrl-C."""
+from ..errors import EdgeflowError
+from .arguments import non_negative, positive
+
+
+def add_parser(verbs):
+    p = verbs.add_parser("serve", help="serve cloud packages over gRPC for split models",
+                         description="Serve every .efl in a directory over gRPC (service "
+                                     "edgeflow.v1.Edgeflow, plus grpc.health.v1) until SIGTERM "
+                                     "or Ctrl-C; devices run the rest of their graphs here.")
+    p.add_argument("--model-dir", required=True, help="a directory of .efl packages (id: metadata "
+                                                       "'edgeflow.model_id', else the file name)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; "
+                                                        "0.0.0.0 for every interface)")
+    p.add_argument("--port", type=non_negative, default=50051, help="port (default 50051; 0 picks one)")
+    p.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate (with --tls-key)")
+    p.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    p.add_argument("--token-file", metavar="FILE",
+                   help="require 'authorization: Bearer <token>' with the token in this file")
+    p.add_argument("--max-request-mb", type=float, default=256,
+                   help="largest tensor payload of one request, in MiB (default 256)")
+    p.add_argument("--max-workers", type=positive, default=8, help="requests run at once (default 8)")
+    p.add_argument("--threads", type=positive,
+                   help="BLAS threads per request (default: the cores / --max-workers, at least 1)")
+    p.add_argument("--state-dir", metavar="DIR",
+                   help="training state: checkpoints of the models devices train here (split "
+                        "training), resumed from on restart")
+    p.add_argument("--checkpoint-every", type=positive, default=1, metavar="K",
+                   help="with --state-dir: checkpoint after every K-th training step (default 1)")
+    p.add_argument("--parameter-server", choices=["sync", "async", "fedavg"], metavar="MODE",
+                   help="also serve the cloud variables of the trainable packages to devices that push "
+                        "gradients: sync, async or fedavg (checkpoints in --state-dir)")
+    p.add_argument("--replicas", type=positive, default=1,
+                   help="with --parameter-server sync/fedavg: devices per step or round (default 1)")
+    p.add_argument("--grace", type=float, default=5.0,
+                   help="seconds calls in flight get to finish on shutdown (default 5)")
+    p.set_defaults(fn=cmd_serve)
+
+
+def cmd_serve(args):
+    try:
+        from ..cloud.server import serve
+    except ImportError as e:
+        raise EdgeflowError(f"edgeflow serve needs the 'cloud' extra: pip install 'edgeflow[cloud]' ({e})")
+    serve(args)

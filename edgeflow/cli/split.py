@@ -1,0 +1,77 @@
+"""`edgeflow split`: plan a model's split between the device and a server; write both packages."""
+from .arguments import parse_shapes
+
+
+def add_parser(verbs):
+    p = verbs.add_parser("split", help="split a model between the device and a cloud server",
+                         description="Plan where each op runs (exact minimum cut for the link and "
+                                     "the hardware) and write OUTDIR/device.efl, OUTDIR/cloud.efl, "
+                                     "OUTDIR/plan.json and OUTDIR/plan.svg. Serve cloud.efl with "
+                                     "`edgeflow serve`; run device.efl with --cloud HOST:PORT.")
+    p.add_argument("model", help="a .efl file")
+    p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="where to write the packages")
+    p.add_argument("--link", help="3g (1.1 Mbps up), 4g (5.85), wifi (18.88), or "
+                                  "'up=MBPS,down=MBPS,rtt=SECONDS' (default 4g)")
+    p.add_argument("--up", metavar="MBPS", help="uplink bandwidth (overrides --link's)")
+    p.add_argument("--down", metavar="MBPS", help="downlink bandwidth (overrides --link's)")
+    p.add_argument("--rtt", metavar="SECONDS", help="round-trip time, e.g. 0.05 or 50ms (overrides --link's)")
+    p.add_argument("--objective", choices=["latency", "device-time"], default="latency",
+                   help="minimize end-to-end latency (default) or the device's busy time")
+    p.add_argument("--device-profile", metavar="P", help="op times measured on the device (`edgeflow profile`)")
+    p.add_argument("--server-profile", metavar="P", help="op times measured on the server")
+    p.add_argument("--device-speed", type=float, default=1.0,
+                   help="without a device profile: the device's speed relative to this machine (default 1)")
+    p.add_argument("--server-speed", type=float, default=10.0,
+                   help="without a server profile: the server's speed relative to this machine (default 10)")
+    p.add_argument("--cut", metavar="TENSOR,...", help="cut at these tensors instead of planning")
+    p.add_argument("--compression", choices=["none", "fp16", "int8"], default="none",
+                   help="how float32 tensors travel on the link (default none)")
+    p.add_argument("--memory-budget", type=float, metavar="MB",
+                   help="device memory for weights and activations, in MiB")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D1,D2,...",
+                   help="plan for this input shape (default: declared, dynamic dimensions 1)")
+    p.add_argument("--device-graph", choices=["full", "cut"], default="full",
+                   help="full: the device package also holds the whole graph, to run alone when the "
+                        "server is unreachable and to re-plan (default); cut: only its part")
+    p.add_argument("--cloud-graph", choices=["full", "cut"], default="full",
+                   help="full: the cloud package holds the whole graph, so the device may move the "
+                        "cut at run time (default); cut: only its part")
+    p.add_argument("--model-id", help="the cloud package's id on the server (default: "
+                                      "MODEL-<hash prefix>)")
+    p.add_argument("--signature", "-s", help="the signature to split (default infer)")
+    p.add_argument("--train", action="store_true",
+                   help="split the 'train' signature for split learning: forward ops by the cut, each "
+                        "backward op with its forward op, each variable's update where it lives")
+    p.add_argument("--labels", choices=["cloud", "device"], default="cloud",
+                   help="with --train: send the labels to the cloud (one round trip per step), or "
+                        "keep the loss and labels on the device (U-shaped, two round trips)")
+    p.set_defaults(fn=cmd_split)
+
+
+def cmd_split(args):
+    from ..splitter.package import split_file
+    result = split_file(args.model, args.output, link=_link(args), objective=args.objective,
+                        device_profile=args.device_profile, server_profile=args.server_profile,
+                        cut=[c for c in (args.cut or "").split(",") if c] or None,
+                        input_shapes=parse_shapes(args.input_shape) or None, compression=args.compression,
+                        memory_budget=int(args.memory_budget * 2**20) if args.memory_budget else None,
+                        device_graph=args.device_graph, cloud_graph=args.cloud_graph,
+                        model_id=args.model_id, signature=args.signature or "infer",
+                        device_speed=args.device_speed, server_speed=args.server_speed,
+                        train=args.train, labels=args.labels)
+    print(result.table)
+    print()
+    for key in ("device", "cloud", "plan", "svg"):
+        print(f"wrote {result.paths[key]}")
+    then = (f"train with `edgeflow train {result.paths['device']} --cloud HOST:PORT --data D.npz`"
+            if args.train else f"run with `edgeflow run {result.paths['device']} --cloud HOST:PORT`")
+    print(f"cloud model id {result.model_id} (sha256 {result.cloud_sha256[:16]}...): serve it with "
+          f"`edgeflow serve --model-dir DIR` holding cloud.efl; {then}")
+
+
+def _link(args):
+    """The link spec: --link (default 4g) with --up, --down, --rtt overriding its figures."""
+    overrides = [f"{k}={v}" for k, v in (("up", args.up), ("down", args.down), ("rtt", args.rtt)) if v]
+    if overrides:
+        return ",".join(([args.link] if args.link else []) + overrides)
+    return args.link or "4g"
