@@ -30,7 +30,7 @@ ALLOWED = {
 }
 BASE = {"errors", "dtypes", "atomic"}
 EVERYTHING = set(ALLOWED) - {"top"}
-COMMAND_LINE = {"cli", "__main__", "bench", "summary", "quickstart"}
+COMMAND_LINE = {"cli", "__main__"}
 
 
 def layer(module):
