@@ -101,7 +101,7 @@ def digits_cnn(path, channels=(16, 32), second_pool=True, learning_rate=0.01):
 
 def convert_onnx(name, path, **options):
     """Convert tests/data/onnx/<name>.onnx to `path`; the converter's result."""
-    from converters import onnx as onnx_converter
+    from edgeflow.converters import onnx as onnx_converter
     return onnx_converter.convert(ONNX_DIR / f"{name}.onnx", path, **options)
 
 

@@ -136,3 +136,14 @@ def test_the_builder_loads_on_first_use():
     assert not {layer(m) for m in ours} - ({"top"} | BASE), ours
     ours, _ = loaded_after("import edgeflow as ef; ef.placeholder")
     assert "edgeflow.graph" in ours and "edgeflow.interp.interpreter" not in ours
+
+
+def test_converters_install_inside_edgeflow(tmp_path):
+    """converters/ sits at the repository's root but installs as edgeflow.converters: no
+    top-level `converters` in site-packages to collide with another distribution's."""
+    code = ("import importlib.util as u, json; print(json.dumps([u.find_spec('converters') is None,"
+            " u.find_spec('edgeflow.converters.onnx').origin]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=tmp_path)
+    no_top_level, origin = json.loads(out.stdout)
+    assert no_top_level and Path(origin) == CONVERTERS / "onnx" / "__init__.py"

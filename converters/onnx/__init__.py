@@ -202,7 +202,7 @@ def _package(graph, signatures, description, proto, dst, quantize):
         model = ef.to_model(graph, signatures, description=description)
     except GraphError as e:
         raise ConversionError(str(e)) from None
-    model.producer = "edgeflow converters.onnx"
+    model.producer = "edgeflow.converters.onnx"
     if quantize:
         model = quantization.quantize(model, quantize)
     result = Conversion(model, Counter(n.op_type for n in proto.graph.node),

@@ -31,7 +31,7 @@ def add_parser(verbs):
 
 def cmd_convert(args):
     try:
-        from converters import onnx as onnx_converter
+        from edgeflow.converters import onnx as onnx_converter
     except ImportError as e:
         raise EdgeflowError(f"edgeflow convert needs the 'convert' extra: pip install 'edgeflow[convert]' ({e})")
     if not args.model.lower().endswith(".onnx"):

@@ -66,7 +66,7 @@ def convert_onnx(directory):
     try:
         import onnx
         from onnx.reference import ReferenceEvaluator
-        from converters import onnx as onnx_converter
+        from edgeflow.converters import onnx as onnx_converter
     except ImportError:
         print("  skipped: needs the 'convert' extra (pip install 'edgeflow[convert]')")
         return
