@@ -16,7 +16,7 @@ unless given), hosting two cloud packages made with edgeflow.splitter.partition.
     channels at 16x16 (~30 ms of compute on one core): compute-bound.
 
 Each device is a separate client process (multiprocessing, spawn) that runs the
-package's device side as a device does (`ef.Interpreter(device.efl, cloud=...)`,
+package's device side as a device does (`ef.Interpreter(device.efl, delegates=[CloudDelegate(...)])`,
 `get_signature_runner("infer")`), in a closed loop: the next request when the reply is
 in, no think time. All client processes start first, open their connections and warm
 up (2 requests per model, so the server's interpreter pool is filled), then every phase
@@ -124,13 +124,13 @@ def device_main(index, addresses, infos, x, ready, schedule, results):
     """Connect to every server, warm up, report ready; then run the phases it takes part in."""
     try:
         import edgeflow as ef
-        from edgeflow.cloud import Client
+        from edgeflow.cloud import Client, CloudDelegate
         clients, runners = {}, {}
         for config, address in addresses.items():
             client = clients[config] = Client(address, timeout=60)
             client.wait_ready(timeout=30)
             for info in infos:
-                interp = ef.Interpreter(info["device"], cloud=client, cloud_timeout=60)
+                interp = ef.Interpreter(info["device"], delegates=[CloudDelegate(client, timeout=60)])
                 run = runners[config, info["name"]] = interp.get_signature_runner("infer")
                 for _ in range(2):
                     run(image=x)

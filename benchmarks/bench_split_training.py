@@ -43,7 +43,7 @@ package that is device-only) runs 3 x `--steps` timed steps back to back (a
 CPU-bound loop, throttled by the quota as a real one is; its time per step is the median
 over blocks of 10 steps of the block's time / 10, since single steps under a CFS quota
 are bimodal); per step it records the wall time, the Run calls' time and the server's
-compute in them, the tensor bytes the client counted (interp.cloud.client.link.bytes_sent
+compute in them, the tensor bytes the client counted (the CloudDelegate's client.link.bytes_sent
 / bytes_received) and the bytes that crossed the device's network interface
 (/proc/net/dev: packets with all framing and acks).
 
@@ -77,7 +77,7 @@ Benchmark 2, bytes per epoch (no root; in-process server on 127.0.0.1): one epoc
 batch of each device's share is partial). Split learning: each device trains its share
 through its device package against one server (labels cloud and U-shaped, every cut);
 FedAvg (edgeflow.cloud.ps.ParameterService mode fedavg, replicas N, variables="all"; each
-device runs edgeflow.cloud.federated.train_fedavg with 1 local epoch per round, so one
+device runs edgeflow.cloud.ps.train_fedavg with 1 local epoch per round, so one
 round per epoch). Bytes are tensor payload bytes (what the clients count), both ways,
 summed over the devices. The analytic figures: split learning = per batch of b samples,
 sum over the cut's rounds of its uploads' and downloads' bytes at batch b (tensor shapes
@@ -516,12 +516,12 @@ def split_epoch_analytic(prep, mode, k, n_devices):
 def split_epoch_measured(prep, server, mode, k, n_devices):
     import edgeflow as ef
     from edgeflow import training_loop
-    from edgeflow.cloud import Client
+    from edgeflow.cloud import Client, CloudDelegate
     c = prep.cuts[(mode, k)]
     up = down = calls = 0
     with Client(server.address, timeout=60) as client:
         for i, share in enumerate(shares(prep.data, n_devices)):
-            interp = ef.Interpreter(c["device"], cloud=client, device_id=f"n{n_devices}-d{i}")
+            interp = ef.Interpreter(c["device"], delegates=[CloudDelegate(client, device_id=f"n{n_devices}-d{i}")])
             runner = interp.get_signature_runner("train")
             for _, b in training_loop.batches(share, BATCH, 0, 0):
                 runner(**b)
@@ -534,8 +534,7 @@ def fedavg_measured(prep, n_devices, rounds=2):
     """Run FedAvg for `rounds` rounds with n devices (threads, one ParameterClient each);
     (bytes of the last round, bytes of the initial pull, total), summed over devices."""
     from edgeflow.cloud import Server
-    from edgeflow.cloud.federated import train_fedavg
-    from edgeflow.cloud.ps import ParameterClient, ParameterService
+    from edgeflow.cloud.ps import ParameterClient, ParameterService, train_fedavg
     svc = ParameterService({"cnn": str(prep.path)}, mode="fedavg", replicas=n_devices, variables="all")
     per_round = [[0, 0] for _ in range(rounds)]
     first_pull = [0]

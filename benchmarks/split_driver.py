@@ -53,8 +53,7 @@ def main(argv):
     import numpy as np
 
     import edgeflow as ef
-    from edgeflow.cloud import Client
-    from edgeflow.cloud.sendrecv import SplitRunner
+    from edgeflow.cloud import Client, CloudDelegate, SplitRunner
 
     x = np.load(spec["input"])
     ref = np.load(spec["reference"])
@@ -70,7 +69,7 @@ def main(argv):
     runners = {}
     for c in spec["cuts"]:
         if "device" in c:
-            interp = ef.Interpreter(c["device"], cloud=client, cloud_timeout=timeout)
+            interp = ef.Interpreter(c["device"], delegates=[CloudDelegate(client, timeout=timeout)])
             runner = interp.get_signature_runner("infer")
             # A fixed cut: the package holds only its part, so nothing can re-plan or fall back.
             assert isinstance(runner, SplitRunner) and runner.replanner is None and runner._local is None, \
@@ -90,7 +89,7 @@ def main(argv):
         out = runner(**{in_name: x})[out_name]
         dt = time.perf_counter() - t
         r = res[name]
-        if interp.cloud is not None:
+        if isinstance(runner, SplitRunner):
             link = client.link
             r["call_s"].append(link.last_call_s)
             r["server_s"].append(link.last_compute_s)
@@ -147,8 +146,8 @@ def main(argv):
         r["median_s"], r["min_s"], r["max_s"] = _median(r["samples"]), min(r["samples"]), max(r["samples"])
         r["call_median_s"] = _median(r["call_s"])
         r["server_median_s"] = _median(r["server_s"])
-        interp = runners[name][1]
-        r["calls"] = interp.cloud.calls if interp.cloud is not None else 0
+        runner = runners[name][0]
+        r["calls"] = runner.cloud.calls if isinstance(runner, SplitRunner) else 0
     if client is not None:
         client.close()
     json.dump({"cuts": res, "ping_s": pings, "ping_median_s": _median(pings), "best_anchor_s": best_anchor,

@@ -68,7 +68,7 @@ def _add_cloud_args(p):
 
 
 def _cloud(args):
-    """Interpreter keyword arguments for --cloud, --token-file, --root-cert."""
+    """{"cloud", "token", "root_cert"} from --cloud, --token-file, --root-cert ({} without --cloud)."""
     if not args.cloud:
         if args.token_file or args.root_cert:
             raise EdgeflowError("--token-file and --root-cert need --cloud HOST:PORT")
@@ -78,6 +78,16 @@ def _cloud(args):
     return {"cloud": args.cloud, "token": token, "root_cert": root}
 
 
+def _cloud_delegates(args, device_id=None):
+    """[a CloudDelegate] for --cloud (a device package from `edgeflow split`), else []."""
+    cloud = _cloud(args)
+    if not cloud:
+        return []
+    from .cloud import CloudDelegate
+    return [CloudDelegate(cloud["cloud"], token=cloud["token"], root_cert=cloud["root_cert"],
+                          device_id=device_id)]
+
+
 def _read_file(path, mode):
     with open(path, mode) as f:
         return f.read()
@@ -85,7 +95,7 @@ def _read_file(path, mode):
 
 def cmd_run(args):
     from .interp import Interpreter
-    interp = Interpreter(args.model, delegates=_delegates(args), **_cloud(args))
+    interp = Interpreter(args.model, delegates=_cloud_delegates(args) + _delegates(args))
     runner = pick_signature(interp, args.signature)
     outputs = runner(**_parse_inputs(args.input))
     for name, value in outputs.items():
@@ -102,7 +112,7 @@ def cmd_bench(args):
     from .bench import bench_model, render
     result = bench_model(args.model, runs=args.runs, warmup=args.warmup, signature=args.signature,
                          inputs=_parse_inputs(args.input), top=args.top,
-                         delegates=_delegates(args), **_cloud(args))
+                         delegates=_cloud_delegates(args) + _delegates(args))
     print(json.dumps(result, indent=2) if args.json else render(result))
 
 
@@ -136,8 +146,7 @@ def _counts(counter):
 
 def _train_with_parameter_server(args, data):
     """edgeflow train --mode sync|async|fedavg: push gradients (or models) to the server."""
-    from .cloud.federated import train
-    from .cloud.ps import ParameterClient
+    from .cloud.ps import ParameterClient, train
     if not args.cloud:
         raise EdgeflowError(f"--mode {args.mode} needs --cloud HOST:PORT (a parameter server: "
                             "edgeflow serve --parameter-server MODE)")
@@ -169,12 +178,9 @@ def cmd_train(args):
     from .interp import Interpreter
     if args.mode != "split":
         return _train_with_parameter_server(args, _load_npz(args.data))
-    cloud = _cloud(args)
-    if cloud:
-        cloud["device_id"] = args.device_id
-    elif args.device_id:
+    if args.device_id and not args.cloud:
         raise EdgeflowError("--device-id needs --cloud HOST:PORT")
-    interp = Interpreter(args.model, delegates=_delegates(args), **cloud)
+    interp = Interpreter(args.model, delegates=_cloud_delegates(args, args.device_id) + _delegates(args))
     if "train" not in interp.get_signature_list():
         raise EdgeflowError(f"{args.model} has no 'train' signature; make one with ef.save(..., "
                             "signatures={'train': ...}) or edgeflow convert --trainable")
