@@ -3,8 +3,8 @@
     device = Interpreter("device.efl", delegates=[CloudDelegate("host:port", token=...)])
     device = connect("device.efl", "host:port", token=...)  # the same
 
-The `CloudDelegate` claims the package's send and recv ops (edgeflow/ops/comm.py). A send copies its
-tensor aside under its rendezvous key; the first recv of a run makes one call to the
+The `CloudDelegate` claims the package's send and recv ops (edgeflow/ops/comm.py). A send
+copies its tensor aside under its rendezvous key; the first recv of a run makes one call to the
 server with every tensor sent and fetches every tensor the run receives; later recvs of
 the run take theirs from that reply. Each request names the cloud package's model id
 and SHA-256, so a device package paired with another cloud package is refused.
