@@ -384,8 +384,7 @@ def fedavg_measured(prep, n_devices, rounds=2):
     """Run FedAvg for `rounds` rounds with n devices (threads, one ParameterClient each);
     (bytes of the last round, bytes of the initial pull, total), summed over devices."""
     from edgeflow.cloud import Server
-    from edgeflow.cloud.federated import train_fedavg
-    from edgeflow.cloud.ps import ParameterClient, ParameterService
+    from edgeflow.cloud.ps import ParameterClient, ParameterService, train_fedavg
     svc = ParameterService({"cnn": str(prep.path)}, mode="fedavg", replicas=n_devices, variables="all")
     per_round = [[0, 0] for _ in range(rounds)]
     first_pull = [0]

@@ -152,4 +152,5 @@ def split_device(path, cloud, timeout=None, device_id=None):
     """The interpreter of a split device package talking to `cloud` (an address or an
     edgeflow.cloud.Client): the one place the benchmarks connect a device to the cloud."""
     import edgeflow as ef
-    return ef.Interpreter(path, cloud=cloud, cloud_timeout=timeout, device_id=device_id)
+    from edgeflow.cloud import CloudDelegate
+    return ef.Interpreter(path, delegates=[CloudDelegate(cloud, timeout=timeout, device_id=device_id)])

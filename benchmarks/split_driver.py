@@ -50,8 +50,7 @@ def main(argv):
     import numpy as np
 
     import edgeflow as ef
-    from edgeflow.cloud import Client
-    from edgeflow.cloud.sendrecv import SplitRunner
+    from edgeflow.cloud import Client, SplitRunner
 
     x = np.load(spec["input"])
     ref = np.load(spec["reference"])
@@ -87,7 +86,7 @@ def main(argv):
         out = runner(**{in_name: x})[out_name]
         dt = time.perf_counter() - t
         r = res[name]
-        if interp.cloud is not None:
+        if isinstance(runner, SplitRunner):
             link = client.link
             r["call_s"].append(link.last_call_s)
             r["server_s"].append(link.last_compute_s)
@@ -144,8 +143,8 @@ def main(argv):
         r["median_s"], r["min_s"], r["max_s"] = harness.median(r["samples"]), min(r["samples"]), max(r["samples"])
         r["call_median_s"] = harness.median(r["call_s"])
         r["server_median_s"] = harness.median(r["server_s"])
-        interp = runners[name][1]
-        r["calls"] = interp.cloud.calls if interp.cloud is not None else 0
+        runner = runners[name][0]
+        r["calls"] = runner.cloud.calls if isinstance(runner, SplitRunner) else 0
     if client is not None:
         client.close()
     json.dump({"cuts": res, "ping_s": pings, "ping_median_s": harness.median(pings), "best_anchor_s": best_anchor,

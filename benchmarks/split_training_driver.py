@@ -27,7 +27,7 @@ before the local loops, so that its gRPC threads do not spend the device's quota
 
 Per step it records: the wall time of the step; the Run calls' wall time and the server's
 compute time in them (the rest of the step is the device's own compute); the tensor bytes
-the client sent and received (edgeflow.cloud.client.Link counters); and the bytes that
+the client sent and received (edgeflow.cloud.client.LinkStats counters); and the bytes that
 crossed the device's network interface each way (/proc/net/dev of the device namespace:
 IP packets with their Ethernet, IP, TCP, TLS-less HTTP/2 and gRPC framing, acks included).
 Prints one JSON object on stdout; progress goes to stderr.

@@ -62,7 +62,7 @@ def fit(interpreter, data, epochs=1, batch_size=32, seed=0, checkpoint_dir=None,
     """Train; returns the list of (global step, loss). Resumes from checkpoint_dir if it
     holds a checkpoint of this run.
 
-    With a split training package (`Interpreter(..., cloud=...)`), step ids are the global
+    With a split training package (run with a CloudDelegate), step ids are the global
     steps, and when the server asks to resume from an earlier step (it restarted from an
     older checkpoint: `RemoteError.resume_from`), the device restores its own checkpoint
     of that step and trains on from there; checkpoint every K steps on both sides
@@ -73,8 +73,8 @@ def fit(interpreter, data, epochs=1, batch_size=32, seed=0, checkpoint_dir=None,
     data = check_data(runner, data)
     n = len(next(iter(data.values())))
     per_epoch = -(-n // batch_size)
-    cloud = getattr(interpreter, "cloud", None)
-    cloud = cloud if cloud is not None and getattr(cloud, "rounds", None) else None
+    # A split training package's delegate numbers its steps: the global steps here.
+    cloud = next((d for d in interpreter.delegates if getattr(d, "rounds", None)), None)
     global_step = 0
     if checkpoint_dir:
         os.makedirs(checkpoint_dir, exist_ok=True)

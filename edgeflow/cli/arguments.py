@@ -74,7 +74,7 @@ def add_cloud_args(p):
 
 
 def cloud(args):
-    """Interpreter keyword arguments for --cloud, --token-file, --root-cert."""
+    """{"cloud", "token", "root_cert"} from --cloud, --token-file, --root-cert ({} without --cloud)."""
     if not args.cloud:
         if args.token_file or args.root_cert:
             raise EdgeflowError("--token-file and --root-cert need --cloud HOST:PORT")
@@ -82,6 +82,16 @@ def cloud(args):
     token = _read_file(args.token_file, "rt").strip() if args.token_file else None
     root = _read_file(args.root_cert, "rb") if args.root_cert else None
     return {"cloud": args.cloud, "token": token, "root_cert": root}
+
+
+def cloud_delegates(args, device_id=None):
+    """[a CloudDelegate] for --cloud (a device package from `edgeflow split`), else []."""
+    found = cloud(args)
+    if not found:
+        return []
+    from ..cloud import CloudDelegate
+    return [CloudDelegate(found["cloud"], token=found["token"], root_cert=found["root_cert"],
+                          device_id=device_id)]
 
 
 def _read_file(path, mode):

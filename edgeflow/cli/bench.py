@@ -8,18 +8,19 @@ from ..interp.inputs import pick_signature, random_inputs
 from . import arguments
 
 
-def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, delegates=(), **cloud):
+def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, delegates=()):
     """Init time, first run, steady-state statistics (us), arena bytes and the slowest ops.
 
     Steady-state runs are timed without the profiler; a separate profiled pass of the
     same length attributes time to ops, so profiling does not inflate the totals. With
-    `delegates`, also where ops run and the host<->device copies per run.
+    `delegates`, also where ops run and the host<->device copies per run (a split model
+    runs with an edgeflow.cloud.CloudDelegate among them).
     """
     from ..accel import transfers
     from ..interp import Interpreter
 
     t0 = time.perf_counter()
-    interp = Interpreter(path, delegates=delegates, **cloud)  # cloud=, token=, root_cert=: a split model
+    interp = Interpreter(path, delegates=delegates)
     init_s = time.perf_counter() - t0
     runner = pick_signature(interp, signature)
     feed = random_inputs(runner, inputs or {})
@@ -110,5 +111,5 @@ def add_parser(verbs):
 def cmd_bench(args):
     result = bench_model(args.model, runs=args.runs, warmup=args.warmup, signature=args.signature,
                          inputs=arguments.parse_inputs(args.input), top=args.top,
-                         delegates=arguments.delegates(args), **arguments.cloud(args))
+                         delegates=arguments.cloud_delegates(args) + arguments.delegates(args))
     print(json.dumps(result, indent=2) if args.json else render(result))

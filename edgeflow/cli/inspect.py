@@ -82,8 +82,8 @@ def describe(path, delegates=()):
 
 def _split(model):
     """What a device package from `edgeflow split` pairs with and exchanges, or None."""
-    from ..splitter.partition import split_info
-    info = split_info(model)
+    from ..format import metadata
+    info = metadata.split(model)
     if info is None:
         return None
     rounds = info.get("rounds") or [{"uploads": info.get("uploads", []), "downloads": info.get("downloads", [])}]

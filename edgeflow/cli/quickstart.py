@@ -139,7 +139,7 @@ def split_with_cloud(directory):
     """Split a model for a WiFi link and a phone-class device, serve the cloud part on
     127.0.0.1 in this process, and run a split inference against it."""
     try:
-        from ..cloud import Server
+        from ..cloud import CloudDelegate, Server
         from ..splitter.package import split_file
         import scipy  # noqa: F401 (the planner's max-flow)
     except ImportError:
@@ -160,10 +160,11 @@ def split_with_cloud(directory):
     x = np.random.default_rng(2).standard_normal((1, 3, 64, 64)).astype(np.float32)
     want = ef.Interpreter(source).get_signature_runner("infer")(image=x)["probs"]
     with Server(models={result.model_id: result.paths["cloud"]}) as server:
-        device = ef.Interpreter(result.paths["device"], cloud=server.address)
+        cloud = CloudDelegate(server.address)
+        device = ef.Interpreter(result.paths["device"], delegates=[cloud])
         got = device.get_signature_runner("infer")(image=x)["probs"]
         print(f"  served {result.model_id} on {server.address}; split inference made "
-              f"{device.cloud.calls} call(s); max |split - whole| = {float(np.abs(got - want).max()):.1e}")
+              f"{cloud.calls} call(s); max |split - whole| = {float(np.abs(got - want).max()):.1e}")
     print(f"  wrote {', '.join(os.path.basename(v) for v in result.paths.values())} in {directory}/split")
     if not np.array_equal(got, want):
         raise SystemExit("quickstart: the split inference differs from the whole model")
@@ -174,7 +175,7 @@ def split_training(directory):
     the server trains the middle; a few steps against a server on 127.0.0.1, checked
     against training in one process."""
     try:
-        from ..cloud import Server
+        from ..cloud import Server, connect
         from ..splitter.training import write_pair
     except ImportError:
         print("  skipped: needs the 'cloud' extra (pip install 'edgeflow[cloud]')")
@@ -206,7 +207,7 @@ def split_training(directory):
     data = {"x": xs, "y": (xs[:, :4].argmax(1)).astype(np.int64)}
     local = ef.Interpreter(path).get_signature_runner("train")
     with Server(models={"mlp-train": os.path.join(out, "cloud.efl")}) as server:
-        device = ef.Interpreter(os.path.join(out, "device.efl"), cloud=server.address, device_id="quickstart")
+        device = connect(os.path.join(out, "device.efl"), server.address, device_id="quickstart")
         runner = device.get_signature_runner("train")
         gaps, losses = [], []
         for s in range(16):

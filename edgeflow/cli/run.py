@@ -20,7 +20,7 @@ def add_parser(verbs):
 def cmd_run(args):
     from ..interp import Interpreter
     from ..interp.inputs import pick_signature
-    interp = Interpreter(args.model, delegates=arguments.delegates(args), **arguments.cloud(args))
+    interp = Interpreter(args.model, delegates=arguments.cloud_delegates(args) + arguments.delegates(args))
     runner = pick_signature(interp, args.signature)
     outputs = runner(**arguments.parse_inputs(args.input))
     for name, value in outputs.items():

@@ -42,12 +42,10 @@ def cmd_train(args):
     from ..interp import Interpreter
     if args.mode != "split":
         return _train_with_parameter_server(args, _load_npz(args.data))
-    cloud = arguments.cloud(args)
-    if cloud:
-        cloud["device_id"] = args.device_id
-    elif args.device_id:
+    if args.device_id and not args.cloud:
         raise EdgeflowError("--device-id needs --cloud HOST:PORT")
-    interp = Interpreter(args.model, delegates=arguments.delegates(args), **cloud)
+    interp = Interpreter(args.model, delegates=arguments.cloud_delegates(args, args.device_id)
+                         + arguments.delegates(args))
     if "train" not in interp.get_signature_list():
         raise EdgeflowError(f"{args.model} has no 'train' signature; make one with ef.save(..., "
                             "signatures={'train': ...}) or edgeflow convert --trainable")
@@ -73,8 +71,7 @@ def cmd_train(args):
 
 def _train_with_parameter_server(args, data):
     """edgeflow train --mode sync|async|fedavg: push gradients (or models) to the server."""
-    from ..cloud.federated import train
-    from ..cloud.ps import ParameterClient
+    from ..cloud.ps import ParameterClient, train
     if not args.cloud:
         raise EdgeflowError(f"--mode {args.mode} needs --cloud HOST:PORT (a parameter server: "
                             "edgeflow serve --parameter-server MODE)")

@@ -36,7 +36,7 @@ def _rate(samples):
 
 
 @dataclasses.dataclass
-class Link:
+class LinkStats:
     """What the client has measured of its link to the server.
 
     `rtts` holds the round trips of recent empty pings. `up` and `down` hold (bytes,
@@ -99,7 +99,7 @@ class Client:
         self._stub = pb_grpc.EdgeflowStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._lock = threading.Lock()
-        self._link = Link()
+        self._link = LinkStats()
 
     # -- calls -----------------------------------------------------------------------
     def run(self, model_id, feeds, fetches, sha256=None, timeout=None, request_id=None,
@@ -153,31 +153,42 @@ class Client:
         return {name: outputs[name] for name in fetches}
 
     def _read_reply(self, replies, request_id, fetches):
+        def check(header):
+            if header.request_id != request_id:
+                return f"expected request id {request_id!r}, got {header.request_id!r}"
+        header, outputs, header_at = self.read_chunked(replies, "reply", "a RunReplyHeader", "output", check)
+        if sorted(outputs) != sorted(fetches):
+            raise self._remote_error("INTERNAL", f"malformed reply from {self.target}: expected tensors "
+                                                 f"{sorted(fetches)}, got {sorted(outputs)}")
+        return header, outputs, header_at
+
+    def read_chunked(self, replies, what, header_kind, tensor_kind, check=None):
+        """(header, {name: array}, when the header came) of a reply stream of a header then
+        TensorChunks; `check(header)` may return why the header is wrong. RemoteError
+        INTERNAL ("malformed `what` from ...") or RESOURCE_EXHAUSTED (over max_reply_bytes)."""
         def malformed(reason):
             replies.cancel()
-            return self._remote_error("INTERNAL", f"malformed reply from {self.target}: {reason}")
+            return self._remote_error("INTERNAL", f"malformed {what} from {self.target}: {reason}")
         first = next(replies, None)
         if first is None or first.WhichOneof("kind") != "header":
-            raise malformed("expected a RunReplyHeader first")
+            raise malformed(f"expected {header_kind} first")
         header_at = time.perf_counter()
-        if first.header.request_id != request_id:
-            raise malformed(f"expected request id {request_id!r}, got {first.header.request_id!r}")
-        tensors = wire.Assembler(self.max_reply_bytes, what="output")
+        wrong = check(first.header) if check else None
+        if wrong:
+            raise malformed(wrong)
+        tensors = wire.Assembler(self.max_reply_bytes, what=tensor_kind)
         try:
             for reply in replies:
                 if reply.WhichOneof("kind") != "chunk":
                     raise InvalidInputError("expected TensorChunk messages after the header")
                 tensors.add(reply.chunk)
-            outputs = tensors.finish()
+            return first.header, tensors.finish(), header_at
         except wire.PayloadTooLarge as e:
             replies.cancel()
-            raise self._remote_error("RESOURCE_EXHAUSTED", f"the reply from {self.target} is too large: {e}; "
-                                                           "raise Client(max_reply_bytes=...)") from None
+            raise self._remote_error("RESOURCE_EXHAUSTED", f"the {what} from {self.target} is too large: {e}; "
+                                                           f"raise {type(self).__name__}(max_reply_bytes=...)") from None
         except InvalidInputError as e:
             raise malformed(str(e)) from None
-        if sorted(outputs) != sorted(fetches):
-            raise malformed(f"expected tensors {sorted(fetches)}, got {sorted(outputs)}")
-        return first.header, outputs, header_at
 
     def list_models(self, timeout=None):
         """{model id: {"sha256", "file_bytes", "description", "signatures": {key: {"inputs":
@@ -237,7 +248,7 @@ class Client:
 
     @property
     def link(self):
-        """A snapshot of the link measurements (a Link)."""
+        """A snapshot of the link measurements (a LinkStats)."""
         with self._lock:
             link = self._link
             return dataclasses.replace(link, rtts=collections.deque(link.rtts, _SAMPLES),

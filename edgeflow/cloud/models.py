@@ -15,13 +15,12 @@ import pathlib
 import queue
 import threading
 
-from ..errors import EdgeflowError, FormatError, InvalidInputError
-from ..format import reader
+from ..errors import EdgeflowError, InvalidInputError
+from ..format import metadata, reader
 from ..interp import Interpreter
 from ..interp.interpreter import check_shape
 from ..ops.dims import fmt
 
-MODEL_ID_KEY = "edgeflow.model_id"
 _log = logging.getLogger("edgeflow.cloud")
 
 
@@ -41,7 +40,7 @@ class HostedModel:
         self.model = first.model
         self.id = model_id or _model_id(self.model, default_id)
         if not self.id:
-            raise EdgeflowError(f"{source}: the package has no {MODEL_ID_KEY!r} metadata; give its id")
+            raise EdgeflowError(f"{source}: the package has no {metadata.MODEL_ID!r} metadata; give its id")
         self._tensors = {t.name: t for t in self.model.subgraphs[0].tensors}
         self._idle = queue.SimpleQueue()
         self._idle.put(first)
@@ -117,14 +116,7 @@ class HostedModel:
 
 
 def _model_id(model, fallback):
-    raw = model.metadata.get(MODEL_ID_KEY)
-    if raw is None:
-        return fallback
-    try:
-        model_id = bytes(raw).decode("utf-8")
-    except UnicodeDecodeError:
-        raise FormatError(f"metadata {MODEL_ID_KEY!r} is not UTF-8 text") from None
-    return model_id or fallback
+    return metadata.model_id(model) or fallback
 
 
 def load(source, model_id=None):

@@ -1,8 +1,10 @@
-"""The device side of a split: send/recv kernels that talk to the cloud service.
+"""The device side of a split: a delegate whose send/recv kernels talk to the cloud service.
 
-`Interpreter(device_package, cloud="host:port", token=...)` attaches a `CloudDelegate`,
-which claims the package's send and recv ops (edgeflow/ops/comm.py). A send copies its
-tensor aside under its rendezvous key; the first recv of a run makes one call to the
+    device = Interpreter("device.efl", delegates=[CloudDelegate("host:port", token=...)])
+    device = connect("device.efl", "host:port", token=...)  # the same
+
+The `CloudDelegate` claims the package's send and recv ops (edgeflow/ops/comm.py). A send
+copies its tensor aside under its rendezvous key; the first recv of a run makes one call to the
 server with every tensor sent and fetches every tensor the run receives; later recvs of
 the run take theirs from that reply. Each request names the cloud package's model id
 and SHA-256, so a device package paired with another cloud package is refused.
@@ -18,7 +20,10 @@ import time
 import numpy as np
 
 from ..errors import EdgeflowError, RemoteError
+from ..format import metadata
+from ..interp import Interpreter
 from ..interp.delegate import Delegate
+from ..interp.interpreter import SignatureRunner
 
 _log = logging.getLogger("edgeflow")
 UNREACHABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
@@ -32,25 +37,72 @@ class _Exchange:
 
 
 class CloudDelegate(Delegate):
-    """Runs send/recv ops through a cloud `Client` (edgeflow.cloud.client).
+    """Runs a device package's send/recv ops through a cloud `Client` (edgeflow.cloud.client).
 
-    For a split training package (`rounds` from its metadata) each round trip is a round
-    of a training step, identified by (device_id, step_id, round): a round that fails
-    because the server is unreachable or slow is retried, with backoff, for up to
-    `retry_s` seconds, and the server answers a retry without running it again. `step_id`
-    counts up after each step; a trainer sets it to its global step.
+    `cloud`: "host:port" (with `token`, `root_cert` for TLS, `timeout` per call) or a
+    Client. What the split chose -- the cloud package's `model_id` and `sha256`, the
+    split `signature` and its `local_signature` fallback, `compression`, a training
+    package's `rounds` -- comes from the package's "edgeflow.split" metadata unless given
+    here. One delegate serves one Interpreter.
+
+    For a split training package each round trip is a round of a training step,
+    identified by (device_id, step_id, round): a round that fails because the server is
+    unreachable or slow is retried, with backoff, for up to `retry_s` seconds, and the
+    server answers a retry without running it again. `step_id` counts up after each step;
+    a trainer sets it to its global step. `device_id` defaults to a random one.
     """
 
     name = "cloud"
 
-    def __init__(self, client, model_id, sha256=None, timeout=None):
-        self.client, self.model_id, self.sha256, self.timeout = client, model_id, sha256, timeout
-        self._compiling = None  # (plan arrays, {round: _Exchange}) of the plan being compiled
-        self.signature, self.local_signature = "infer", None
-        self.compression = "none"  # of float32 tensors on the wire, as the split chose
+    def __init__(self, cloud, token=None, root_cert=None, timeout=None, device_id=None, *,
+                 model_id=None, sha256=None, signature=None, local_signature=None, compression=None,
+                 rounds=None):
+        if isinstance(cloud, str):
+            from .client import Client
+            cloud = Client(cloud, token=token, root_cert=root_cert, **({"timeout": timeout} if timeout else {}))
+        self.client, self.timeout = cloud, timeout
+        self.target = getattr(cloud, "target", "the cloud")
+        self._given = {"cloud_model_id": model_id, "cloud_sha256": sha256, "signature": signature,
+                       "local_signature": local_signature, "compression": compression, "rounds": rounds}
+        self.model_id = self.sha256 = self.local_signature = self.rounds = None
+        self.signature, self.compression = "infer", "none"  # compression of float32 tensors on the wire
+        self.device_id, self.step_id, self.retry_s = device_id, 0, 60.0
         self.calls = 0
-        self.rounds = None  # a training package's rounds (edgeflow.splitter.training)
-        self.device_id, self.step_id, self.retry_s = None, 0, 60.0
+        self._compiling = None  # (plan arrays, {round: _Exchange}) of the plan being compiled
+        self._interpreter = None
+
+    def prepare(self, interpreter):
+        if self._interpreter is not None:
+            raise EdgeflowError("a CloudDelegate serves one Interpreter; make one per interpreter")
+        self._interpreter = interpreter
+        info = metadata.split(interpreter.model) or {}
+        info = {**info, **{k: v for k, v in self._given.items() if v is not None}}
+        if info.get("role", "device") != "device" or "cloud_model_id" not in info:
+            raise EdgeflowError("CloudDelegate needs a device package made by `edgeflow split` (this "
+                                f"model has no {metadata.SPLIT!r} metadata)")
+        self.model_id, self.sha256 = info["cloud_model_id"], info.get("cloud_sha256")
+        self.signature = info.get("signature", "infer")
+        self.local_signature = info.get("local_signature")
+        self.compression = info.get("compression", "none")
+        if info.get("kind") == "train" or self._given["rounds"] is not None:
+            import uuid
+            self.rounds = info["rounds"]
+            self.local_signature = None  # training never falls back: the server holds state
+            self.device_id = self.device_id or uuid.uuid4().hex
+
+    def wrap_runner(self, interpreter, key, runner):
+        if key != self.signature:
+            return runner
+        local = self.local_signature
+        fallback = interpreter.get_signature_runner(local) if local in interpreter.get_signature_list() else None
+        return SplitRunner(interpreter, self, runner, fallback)
+
+    def rebound(self):
+        """A delegate like this one (its client, timeout, device and step ids) for another
+        interpreter: that of a re-cut package reads its own split metadata."""
+        other = CloudDelegate(self.client, timeout=self.timeout, device_id=self.device_id)
+        other.step_id, other.retry_s = self.step_id, self.retry_s
+        return other
 
     def unsupported(self, op, ins, outs):
         return None if op.opcode in ("send", "recv") else "runs on the device"
@@ -128,30 +180,12 @@ class CloudDelegate(Delegate):
         return reply
 
 
-def attach(interp, cloud, token=None, root_cert=None, timeout=None, device_id=None):
-    """Make `interp` (an Interpreter of a device package) exchange tensors with `cloud`
-    ("host:port" or a Client); returns the CloudDelegate."""
-    from ..splitter.partition import split_info
-    info = split_info(interp.model)
-    if info is None or info.get("role") != "device":
-        raise EdgeflowError("cloud= needs a device package made by `edgeflow split` (this model "
-                            "has no 'edgeflow.split' metadata)")
-    if isinstance(cloud, str):
-        from .client import Client
-        client = Client(cloud, token=token, root_cert=root_cert,
-                        **({"timeout": timeout} if timeout else {}))
-    else:
-        client = cloud
-    delegate = CloudDelegate(client, info["cloud_model_id"], info["cloud_sha256"], timeout)
-    delegate.signature, delegate.local_signature = info["signature"], info.get("local_signature")
-    delegate.compression = info.get("compression", "none")
-    if info.get("kind") == "train":
-        import uuid
-        delegate.rounds = info["rounds"]
-        delegate.local_signature = None  # training never falls back: the server holds state
-        delegate.device_id = device_id or uuid.uuid4().hex
-    interp.delegates.insert(0, delegate)
-    return delegate
+def connect(model, cloud, token=None, root_cert=None, timeout=None, device_id=None, delegates=(),
+            **interpreter_options):
+    """An Interpreter of the device package `model` whose send/recv ops reach `cloud`
+    ("host:port" or a Client) through a CloudDelegate, ahead of `delegates`."""
+    delegate = CloudDelegate(cloud, token, root_cert, timeout, device_id)
+    return Interpreter(model, delegates=[delegate, *delegates], **interpreter_options)
 
 
 class SplitRunner:
@@ -159,18 +193,17 @@ class SplitRunner:
     unreachable, and re-choosing the cut from the measured link when both packages hold
     the whole graph (`adapt`, edgeflow.splitter.adaptive)."""
 
-    def __init__(self, interp, split_runner, local_runner, target, retry_s=30.0, adapt=True):
+    def __init__(self, interp, cloud, split_runner, local_runner, retry_s=30.0, adapt=True):
         self._interp, self._split, self._local = interp, split_runner, local_runner
-        self._target, self.retry_s = target, retry_s
+        self.cloud, self.retry_s = cloud, retry_s  # the CloudDelegate of the current cut
         self._local_until = 0.0
         self.fallbacks = 0
         self._warned = False
         self.interpreter = interp  # the one running the current cut
         self.replanner = None
         if adapt:
-            from ..splitter.partition import split_info
-            info = split_info(interp.model)
-            if info.get("adaptive") and "cost_graph" in info and local_runner is not None:
+            info = metadata.split(interp.model)
+            if info and info.get("adaptive") and "cost_graph" in info and local_runner is not None:
                 from ..splitter.adaptive import Replanner
                 self.replanner = Replanner(info)
 
@@ -198,7 +231,7 @@ class SplitRunner:
                 raise
             if not self._warned:
                 _log.warning("the cloud at %s is unreachable (%s): running on the device only",
-                             self._target, e)
+                             self.cloud.target, e)
                 self._warned = True
             self._local_until = time.monotonic() + self.retry_s
             return self._run_local(inputs)
@@ -209,11 +242,9 @@ class SplitRunner:
     def _replan(self):
         """Plan again for the measured link; move the cut if another is clearly faster."""
         from ..format import writer
-        from ..interp.interpreter import Interpreter, SignatureRunner
-        current = self.interpreter
-        client = current.cloud.client
+        current, cloud = self.interpreter, self.cloud
         try:
-            link = self.replanner.measure(client)
+            link = self.replanner.measure(cloud.client)
         except RemoteError as e:
             _log.info("re-planning skipped: measuring the link failed (%s)", e)
             return
@@ -222,10 +253,11 @@ class SplitRunner:
             return
         before = len(self.replanner.current)
         model = self.replanner.recut(current.model, proposed)
-        others = [d for d in current.delegates if d is not current.cloud]
-        interp = Interpreter(writer.to_bytes(model), delegates=others, num_threads=current.num_threads,
-                             cloud=client, cloud_timeout=current.cloud.timeout)
-        self._split = SignatureRunner(interp, interp._signatures[current.cloud.signature])
+        others = [d for d in current.delegates if d is not cloud]
+        self.cloud = cloud.rebound()
+        interp = Interpreter(writer.to_bytes(model), delegates=[self.cloud, *others],
+                             num_threads=current.num_threads)
+        self._split = SignatureRunner(interp, interp._signatures[cloud.signature])
         self.interpreter = interp
         _log.info("re-planned the split for the measured link (%s): %d ops on the device, was %d",
                   link.describe(), len(proposed), before)

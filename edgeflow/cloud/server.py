@@ -204,7 +204,7 @@ class Server:
         self.host, self.port, self.token, self.tls = host, port, token, tls
         self.max_workers, self.max_request_bytes = max_workers, max_request_bytes
         self.state_dir, self.checkpoint_every = state_dir, checkpoint_every
-        self.parameter_server = parameter_server  # an edgeflow.cloud.ps.ParameterService, served too
+        self.parameter_server = parameter_server  # an edgeflow.cloud.ParameterService, served too
         self._server = None
         self._health = None
 
@@ -305,7 +305,7 @@ def serve(args):
         if args.tls_cert else None
     parameter_server = None
     if getattr(args, "parameter_server", None):
-        from .ps import ParameterService
+        from .ps.service import ParameterService
         trainable = {p.stem: str(p) for p in sorted(pathlib.Path(args.model_dir).glob("*.efl"))
                      if _trainable(p)}
         if not trainable:

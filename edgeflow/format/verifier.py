@@ -14,7 +14,7 @@ It works in two passes:
 2. Semantic checks on the decoded values, which build the ModelDef skeleton the
    reader hands out: version, indices, dtypes, shapes against buffer sizes, buffer
    placement, ops and attributes against `edgeflow.ops`, dataflow (one producer per
-   tensor, no cycles), signatures, metadata.
+   tensor, no cycles), signatures, metadata (edgeflow's own entries: format/metadata.py).
 
 Every problem raises FormatError naming where it is and what is wrong; no other
 exception escapes, and nothing is allocated from a size that was not checked first.
@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 from .. import dtypes, ops
 from ..errors import FormatError, GraphError
+from . import metadata
 from .model import (ALIGNMENT, FILE_IDENTIFIER, FORMAT_VERSION, ModelDef, OperatorDef,
                     QuantizationDef, SignatureDef, SubGraphDef, TensorDef)
 
@@ -298,6 +299,7 @@ def _check_model(raw, fb_end, file_size):
     model = ModelDef(subgraphs=subgraphs, signatures=_signatures(raw["signatures"], subgraphs),
                      metadata=_metadata(raw["metadata"]), description=raw["description"],
                      producer=raw["producer"], version=raw["version"])
+    metadata.check(model)
     return VerifiedFile(model, [b for _, b in checked], buffers, fb_end, file_size)
 
 

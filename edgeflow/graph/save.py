@@ -105,35 +105,25 @@ def to_model(graph, signatures, description="", state_signatures=True):
                        metadata=metadata, description=description)
 
 
-ROLES_METADATA = "edgeflow.roles"
-
-
 def _roles(op_index, index, gradient_of):
-    """The "edgeflow.roles" metadata: for each backward op, the forward op it differentiates;
-    for each optimizer op, the variable it updates (what a split of a training graph reads).
-
-    JSON {"grad": {op index: forward op index, or -1 - variable tensor index for the sum of
-    a variable's gradient parts}, "update": {op index: variable tensor index},
-    "gradients": {variable tensor index: the gradient tensor its optimizer applies}};
-    empty (no metadata) for graphs without gradients."""
-    import json
+    """The "edgeflow.roles" metadata entry (edgeflow.format.metadata.Roles): for each
+    backward op, the forward op it differentiates; for each optimizer op, the variable it
+    updates; each variable's gradient tensor. Empty for graphs without gradients."""
+    from ..format import metadata
     grad, update = {}, {}
     for node, i in op_index.items():
         if node.role is None:
             continue
         kind, of = node.role
         if kind == "update":
-            update[str(i)] = index[of.outputs[0]]
+            update[i] = index[of.outputs[0]]
         elif of in op_index:
-            grad[str(i)] = op_index[of]
+            grad[i] = op_index[of]
         elif of is not None and of.outputs and of.outputs[0] in index:
-            grad[str(i)] = -1 - index[of.outputs[0]]
-    gradients = {str(index[v.outputs[0]]): index[g] for v, g in gradient_of.items()
+            grad[i] = -1 - index[of.outputs[0]]
+    gradients = {index[v.outputs[0]]: index[g] for v, g in gradient_of.items()
                  if v.outputs[0] in index and g in index}
-    if not grad and not update:
-        return {}
-    return {ROLES_METADATA: json.dumps({"grad": grad, "update": update, "gradients": gradients},
-                                       sort_keys=True).encode()}
+    return metadata.roles_entry(grad, update, gradients)
 
 
 def _state_signatures(tensors, operators, variables):

@@ -5,6 +5,11 @@ form one partition, which becomes a single step of the plan: it copies the parti
 inputs to the device, runs its kernels there (intermediates never come back), and copies
 back only what ops outside it or the caller read. Unclaimed ops run on the CPU, and the
 plan records why each one fell back.
+
+A delegate may also take part in the interpreter's life: `prepare` sees the model once,
+when the interpreter loads it (to read its metadata, or refuse it), and `wrap_runner` may
+wrap the runner of a signature (edgeflow.cloud.CloudDelegate falls back to a local
+signature while the server is unreachable).
 """
 import abc
 from dataclasses import dataclass, field
@@ -25,6 +30,15 @@ class Delegate(abc.ABC):
     @abc.abstractmethod
     def compile(self, partition):
         """A zero-argument step running `partition` (a Partition) and writing its outputs."""
+
+    def prepare(self, interpreter):
+        """Called once by the Interpreter this delegate serves, when its model is loaded and
+        before anything is planned; raise an EdgeflowError to refuse the model."""
+
+    def wrap_runner(self, interpreter, key, runner):
+        """The runner `interpreter.get_signature_runner(key)` hands out: `runner` itself, or
+        one wrapping it (with the same call and details)."""
+        return runner
 
 
 @dataclass

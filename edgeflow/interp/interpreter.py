@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import ops
 from ..errors import EdgeflowError, InvalidInputError, UnsupportedOpError
-from ..format import reader
+from ..format import metadata, reader
 from ..ops.dims import fmt
 from .kernels import KERNELS
 from .plan import Plan, ShapeDependsOnValues
@@ -30,19 +30,15 @@ class Interpreter:
     file's bytes. `delegates` (e.g. `[edgeflow.accel.OpenCLDelegate()]`) run partitions of
     consecutive ops they support on their device; the rest runs on the CPU.
     `preserve_all_tensors` keeps every intermediate readable with `get_tensor` (no arena
-    reuse), for debugging. `cloud` ("host:port", with `token` and `root_cert` for TLS)
-    runs a device package made by `edgeflow split` together with `edgeflow serve`.
+    reuse), for debugging. A device package made by `edgeflow split` runs with an
+    `edgeflow.cloud.CloudDelegate("host:port", token=...)` among its delegates.
     """
 
-    def __init__(self, model, delegates=(), num_threads=None, preserve_all_tensors=False,
-                 cloud=None, token=None, root_cert=None, cloud_timeout=None, device_id=None):
+    def __init__(self, model, delegates=(), num_threads=None, preserve_all_tensors=False):
         self.delegates = list(delegates)
         self.model = reader.load(model)
-        self.cloud = None
-        if cloud is not None:  # a device package from `edgeflow split`: send/recv reach the server
-            from ..cloud.sendrecv import attach
-            self.cloud = attach(self, cloud, token, root_cert, cloud_timeout, device_id)
-            self._cloud_target = cloud if isinstance(cloud, str) else getattr(cloud, "target", "the cloud")
+        for delegate in self.delegates:
+            delegate.prepare(self)
         self._subgraph = self.model.subgraphs[0]
         self._check_kernels()
         tensors = self._subgraph.tensors
@@ -158,11 +154,8 @@ class Interpreter:
             raise InvalidInputError(f"no signature {signature_key!r}; the model has "
                                     f"{sorted(self._signatures)}")
         runner = SignatureRunner(self, self._signatures[signature_key])
-        if self.cloud is not None and signature_key == self.cloud.signature:
-            from ..cloud.sendrecv import SplitRunner
-            local = self.cloud.local_signature
-            return SplitRunner(self, runner, SignatureRunner(self, self._signatures[local])
-                               if local in self._signatures else None, self._cloud_target)
+        for delegate in self.delegates:
+            runner = delegate.wrap_runner(self, signature_key, runner)
         return runner
 
     # -- any tensors in, any tensors out ---------------------------------------------
@@ -334,14 +327,8 @@ class SignatureRunner:
 
 def _update_ops(model):
     """Indices of the ops the graph marked as optimizer updates ("edgeflow.roles")."""
-    raw = model.metadata.get("edgeflow.roles")
-    if raw is None:
-        return frozenset()
-    import json
-    try:
-        return frozenset(int(i) for i in json.loads(bytes(raw).decode()).get("update", {}))
-    except (ValueError, AttributeError, TypeError, UnicodeDecodeError):
-        return frozenset()  # advisory only: a malformed entry changes nothing but placement
+    roles = metadata.roles(model)
+    return frozenset(roles.update) if roles else frozenset()
 
 
 def check_shape(tensor, shape, what):

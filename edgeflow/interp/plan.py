@@ -208,7 +208,8 @@ class Plan:
             if ops.get(op.opcode).remote:
                 raise EdgeflowError(
                     f"op {i} ({op.opcode} {op.attrs.get('key')!r}) exchanges tensors with the cloud: "
-                    "create the Interpreter with cloud='host:port' (or run a signature that "
+                    "create the Interpreter with delegates=[edgeflow.cloud.CloudDelegate('host:port')] "
+                    "(or run a signature that "
                     "runs on the device alone, such as 'infer_local')")
             ins = [self.arrays[t] for t in op.inputs]
             outs = [self.arrays[t] for t in op.outputs]

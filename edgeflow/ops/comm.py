@@ -17,7 +17,7 @@ A recv's output shape is given by `shape`; a dimension that is -1 there is dimen
 recorded when the model was split.
 
 Neither has a numpy kernel: a delegate that reaches the cloud runs them
-(edgeflow.cloud.sendrecv, attached by `Interpreter(..., cloud="host:port")`).
+(`Interpreter(..., delegates=[edgeflow.cloud.CloudDelegate("host:port")])`).
 """
 import numpy as np
 

@@ -13,6 +13,7 @@ import logging
 import time
 
 from ..errors import EdgeflowError
+from ..format import metadata
 from . import partition
 from .cost_graph import CostGraph
 from .links import Link
@@ -25,7 +26,7 @@ PROBE_BYTES = 64 << 10  # a throughput sample; smaller transfers measure latency
 class Replanner:
     """Plans a device package's cut again from measured link figures.
 
-    `info`: the package's split metadata (edgeflow.splitter.partition.split_info).
+    `info`: the package's split metadata (edgeflow.format.metadata.split).
     `every`: calls between re-plans; `probe_every_s`: the least time between active
     probes (pings with payloads), which cost bandwidth on a slow link.
     """
@@ -76,7 +77,7 @@ class Replanner:
 
     def recut(self, device_model, proposed):
         """A new device package (a ModelDef) cutting the original model at `proposed`."""
-        info = partition.split_info(device_model)
+        info = metadata.split(device_model)
         original = partition.original_model(device_model)
         operators = {op.name: op.operator for op in self.cost_graph.ops}
         cut = partition.Cut(original, {operators[n] for n in proposed}, info["signature"])

@@ -51,7 +51,7 @@ class Link:
 
     @classmethod
     def measured(cls, stats, fallback):
-        """A Link from what a cloud client measured (an edgeflow.cloud.Link: its
+        """A Link from what a cloud client measured (an edgeflow.cloud.LinkStats: its
         up_bytes_per_s, down_bytes_per_s and min_rtt_s), for re-planning at run time;
         figures not measured yet (None) come from `fallback` (a Link or a spec)."""
         fallback = cls.parse(fallback)

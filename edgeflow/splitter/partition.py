@@ -18,15 +18,12 @@ The device package's metadata "edgeflow.split" names the cloud package it pairs 
 """
 import copy
 import hashlib
-import json
 
 from .. import ops
 from ..errors import PlacementError
-from ..format import writer
+from ..format import metadata, writer
 from ..format.model import ModelDef, OperatorDef, SignatureDef, SubGraphDef, TensorDef
 
-SPLIT_METADATA = "edgeflow.split"
-MODEL_ID_METADATA = "edgeflow.model_id"
 LOCAL_SIGNATURE = "infer_local"
 
 
@@ -101,7 +98,7 @@ def cloud_package(model, cut, model_id, graph="full"):
     if graph == "full":
         new.signatures.append(SignatureDef(LOCAL_SIGNATURE, dict(cut.signature.inputs),
                                            dict(cut.signature.outputs), cut.signature.subgraph))
-    new.metadata[MODEL_ID_METADATA] = model_id.encode()
+    new.metadata.update(metadata.model_id_entry(model_id))
     return new
 
 
@@ -151,23 +148,18 @@ def device_package(model, cut, cloud_id, cloud_sha256, graph="full", probe_shape
     if graph == "full":  # the original tensors come first: original_model() strips the rest
         meta["original_tensors"] = len(sub.tensors)
     meta.update(extra_metadata or {})
-    metadata = {k: v for k, v in model.metadata.items() if k not in (SPLIT_METADATA, MODEL_ID_METADATA)}
-    metadata[SPLIT_METADATA] = json.dumps(meta, sort_keys=True).encode()
-    return ModelDef(subgraphs=[new_sub], signatures=signatures, metadata=metadata,
-                    description=model.description)
-
-
-def split_info(model):
-    """The "edgeflow.split" metadata of a device package as a dict, or None."""
-    raw = model.metadata.get(SPLIT_METADATA)
-    return json.loads(bytes(raw).decode()) if raw is not None else None
+    # A cut graph renumbers the ops: the original's training roles would name the wrong ones.
+    inherited = metadata.without(model.metadata, metadata.SPLIT, metadata.MODEL_ID,
+                                 *((metadata.ROLES,) if graph == "cut" else ()))
+    return ModelDef(subgraphs=[new_sub], signatures=signatures,
+                    metadata={**inherited, **metadata.split_entry(meta)}, description=model.description)
 
 
 def original_model(device_model):
     """The unsplit model inside a device package that holds the whole graph (the device
     graph "full"): its send/recv ops and their tensors removed, `infer_local` as the
     signature that was split. PlacementError if the package holds only its part."""
-    info = split_info(device_model)
+    info = metadata.split(device_model)
     if not info or info.get("local_signature") is None or "original_tensors" not in info:
         raise PlacementError("the device package holds only its part of the graph (split with "
                              "--device-graph full to re-plan on the device)")
@@ -176,10 +168,9 @@ def original_model(device_model):
     kept = [op for op in sub.operators if not ops.get(op.opcode).remote]
     new_sub = SubGraphDef(sub.name, list(sub.tensors[:info["original_tensors"]]), kept,
                           list(sub.inputs), list(sub.outputs))
-    metadata = {k: v for k, v in device_model.metadata.items() if k != SPLIT_METADATA}
     return ModelDef([new_sub], [SignatureDef(info["signature"], dict(local.inputs), dict(local.outputs),
                                              0, list(local.targets))],
-                    metadata, device_model.description)
+                    metadata.without(device_model.metadata, metadata.SPLIT), device_model.description)
 
 
 def write_pair(model, device_ops, out_dir, *, model_id, signature="infer", device_graph="full",

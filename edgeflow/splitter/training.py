@@ -21,12 +21,11 @@ what later phases read, and returns what the device reads next. The device packa
 carries the plan; the cloud package is the whole model, run by tensor names
 (`Interpreter.run`) so that the server needs no per-split signatures.
 """
-import json
-
 import numpy as np
 
 from .. import ops
 from ..errors import PlacementError
+from ..format import metadata
 from ..format.model import ModelDef, OperatorDef, SignatureDef, SubGraphDef, TensorDef
 from . import partition
 
@@ -37,14 +36,11 @@ LOCAL_TRAIN = "train_local"
 def roles_of(model):
     """The "edgeflow.roles" metadata as ({op: forward op or -1 - variable}, {op: variable},
     {variable: gradient tensor}); PlacementError if the model has none."""
-    raw = model.metadata.get("edgeflow.roles")
-    if raw is None:
+    roles = metadata.roles(model)
+    if roles is None:
         raise PlacementError("the model records no gradient roles (package it with this version "
                              "of edgeflow: ef.save / edgeflow convert --trainable)")
-    data = json.loads(bytes(raw).decode())
-    return ({int(k): v for k, v in data.get("grad", {}).items()},
-            {int(k): v for k, v in data.get("update", {}).items()},
-            {int(k): v for k, v in data.get("gradients", {}).items()})
+    return roles
 
 
 class TrainingCut:
@@ -270,17 +266,15 @@ def device_package(model, cut, cloud_id, cloud_sha256, probe_shapes=None, extra_
             "label_inputs": cut.label_inputs, "rounds": cut.plan_json(), "original_tensors": n_original,
             "cloud_variables": cut.names(cut.cloud_variables())}
     meta.update(extra_metadata or {})
-    metadata = {k: v for k, v in model.metadata.items()
-                if k not in (partition.SPLIT_METADATA, partition.MODEL_ID_METADATA)}
-    metadata[partition.SPLIT_METADATA] = json.dumps(meta, sort_keys=True).encode()
+    inherited = metadata.without(model.metadata, metadata.SPLIT, metadata.MODEL_ID)
     new_sub = SubGraphDef(sub.name, tensors, operators, list(sub.inputs), list(sub.outputs))
-    return ModelDef([new_sub], signatures, metadata, model.description)
+    return ModelDef([new_sub], signatures, {**inherited, **metadata.split_entry(meta)}, model.description)
 
 
 def cloud_package(model, model_id):
     """The server's package: the whole model, under `model_id`."""
-    new = ModelDef(list(model.subgraphs), list(model.signatures), dict(model.metadata), model.description)
-    new.metadata[partition.MODEL_ID_METADATA] = model_id.encode()
+    new = ModelDef(list(model.subgraphs), list(model.signatures),
+                   {**model.metadata, **metadata.model_id_entry(model_id)}, model.description)
     return new
 
 

@@ -9,13 +9,13 @@ import pytest
 
 import edgeflow as ef
 from converters import onnx as onnx_converter
-from edgeflow.format import reader, writer
+from edgeflow.format import metadata, reader, writer
 from edgeflow.splitter import Link, partition
 from edgeflow.splitter.adaptive import Replanner
 from edgeflow.splitter.package import split_file
 
 pytest.importorskip("grpc")
-from edgeflow.cloud import Server  # noqa: E402
+from edgeflow.cloud import CloudDelegate, Server  # noqa: E402
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "onnx"
 
@@ -37,14 +37,16 @@ def test_moves_the_cut_when_the_measured_link_is_fast(split, caplog):
     x = np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype(np.float32)
     want = whole(image=x)["logits"]
     with Server(models={result.model_id: result.paths["cloud"]}) as server:
-        device = ef.Interpreter(result.paths["device"], cloud=server.address)
+        first = CloudDelegate(server.address)
+        device = ef.Interpreter(result.paths["device"], delegates=[first])
         runner = device.get_signature_runner("infer")
         with caplog.at_level(logging.INFO, logger="edgeflow"):
             for _ in range(3 * runner.replanner.every):
                 np.testing.assert_array_equal(runner(image=x)["logits"], want)
     assert runner.replanner.replans == 1  # moved once, then stayed
-    assert runner.interpreter is not device and runner.interpreter.cloud.calls >= runner.replanner.every
-    assert device.cloud.calls == 0  # the first cut never called the cloud
+    assert runner.interpreter is not device and runner.cloud is not first
+    assert runner.cloud.calls >= runner.replanner.every and runner.cloud in runner.interpreter.delegates
+    assert first.calls == 0  # the first cut never called the cloud
     moved = [r.getMessage() for r in caplog.records if "re-planned" in r.getMessage()]
     assert len(moved) == 1 and "was 31" in moved[0]
     link = runner.replanner.link
@@ -53,7 +55,7 @@ def test_moves_the_cut_when_the_measured_link_is_fast(split, caplog):
 
 def test_proposals_follow_the_link(split):
     _, result = split
-    info = partition.split_info(reader.load(result.paths["device"]))
+    info = metadata.split(reader.load(result.paths["device"]))
     planner = Replanner(info)
     assert planner.propose(Link.parse("3g")) is None  # what it was planned for: keep it
     fast = Link(1e9, 1e9, 0.0005)

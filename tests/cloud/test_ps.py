@@ -1,4 +1,4 @@
-"""The parameter server (edgeflow/cloud/ps.py): updates against numpy, exactly-once pushes,
+"""The parameter server (edgeflow/cloud/ps/): updates against numpy, exactly-once pushes,
 sync aggregation and staleness, FedAvg averages, checkpoints and resumption, typed errors."""
 import contextlib
 import threading
@@ -15,7 +15,7 @@ grpc = pytest.importorskip("grpc")
 pytest.importorskip("grpc_health")
 
 from edgeflow.cloud import ps  # noqa: E402
-from edgeflow.cloud.federated import train_async  # noqa: E402
+from edgeflow.cloud.ps import train_async  # noqa: E402
 from edgeflow.cloud.server import Server  # noqa: E402
 from edgeflow.format import writer  # noqa: E402
 

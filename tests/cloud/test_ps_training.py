@@ -4,6 +4,8 @@ FedAvg converge to within 1 point of local training; a server killed with SIGKIL
 mid-training resumes from its checkpoint and training completes with every step applied
 exactly once and the uninterrupted run's result."""
 import json
+import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -20,8 +22,8 @@ pytest.importorskip("grpc")
 pytest.importorskip("grpc_health")
 datasets = pytest.importorskip("sklearn.datasets")
 
-from edgeflow.cloud.federated import steps_per_epoch, train_async, train_fedavg, train_sync  # noqa: E402
-from edgeflow.cloud.ps import ParameterClient, ParameterService, TrainingRoles  # noqa: E402
+from edgeflow.cloud.ps import (ParameterClient, ParameterService, TrainingRoles, steps_per_epoch,  # noqa: E402
+                               train_async, train_fedavg, train_sync)
 from edgeflow.cloud.server import Server  # noqa: E402
 
 DEVICES = 3
@@ -124,8 +126,7 @@ def run_threads(loops):
 DEVICE_PROCESS = r"""
 import json, sys
 import numpy as np
-from edgeflow.cloud.federated import train_sync
-from edgeflow.cloud.ps import ParameterClient
+from edgeflow.cloud.ps import ParameterClient, train_sync
 a = json.loads(sys.argv[1])
 data = dict(np.load(a["data"]))
 seen = {}
@@ -287,21 +288,28 @@ def test_fedavg_converges_within_one_point_of_local_training(local_run):
 # -- SIGKILL the server mid-training ----------------------------------------------------------
 
 def _start_server(path, state, port=0):
-    port_file = state / "port"
-    if port_file.exists():
-        port_file.unlink()
-    log = open(state / "server.log", "a")
-    proc = subprocess.Popen([sys.executable, "-m", "edgeflow.cloud.ps", "--model", f"mlp={path}",
-                             "--mode", "sync",
-                             "--replicas", str(DEVICES), "--checkpoint-dir", str(state / "ckpt"),
-                             "--checkpoint-every", "5", "--port", str(port), "--port-file", str(port_file)],
+    """`edgeflow serve --parameter-server sync` hosting `path` (as "mlp"); (process, port)."""
+    models = state / "models"
+    if not models.exists():
+        models.mkdir()
+        (models / "mlp.efl").write_bytes(pathlib.Path(path).read_bytes())
+    log_path = state / "server.log"
+    start = log_path.stat().st_size if log_path.exists() else 0
+    log = open(log_path, "a")
+    proc = subprocess.Popen([sys.executable, "-m", "edgeflow.cli", "serve", "--model-dir", str(models),
+                             "--parameter-server", "sync", "--replicas", str(DEVICES),
+                             "--state-dir", str(state / "state"), "--checkpoint-every", "5", "--port", str(port)],
                             stdout=log, stderr=log)
     deadline = time.monotonic() + GUARD_S
-    while not port_file.exists():
-        assert proc.poll() is None, (state / "server.log").read_text()[-3000:]
+    while True:
+        with open(log_path) as f:
+            f.seek(start)
+            found = re.search(r"serving \d+ models? on [\d.]+:(\d+)", f.read())
+        if found:
+            return proc, int(found.group(1))
+        assert proc.poll() is None, log_path.read_text()[-3000:]
         assert time.monotonic() < deadline, "the server did not start"
         time.sleep(0.05)
-    return proc, int(port_file.read_text())
 
 
 def _wait_for(client, condition):
@@ -367,5 +375,5 @@ def test_sigkill_mid_training_resumes_with_every_step_applied_once(tmp_path):
     for name, value in final.items():
         np.testing.assert_allclose(value, reference[name], rtol=1e-5, atol=1e-5, err_msg=name)
     assert accuracy(path, final) == accuracy(path, reference)
-    resumed = ParameterService({"mlp": path}, mode="sync", replicas=DEVICES, checkpoint_dir=tmp_path / "ckpt")
+    resumed = ParameterService({"mlp": path}, mode="sync", replicas=DEVICES, checkpoint_dir=tmp_path / "state" / "ps")
     assert resumed.stats("mlp")["version"] == steps  # the shutdown checkpoint

@@ -21,6 +21,7 @@ from edgeflow.splitter import partition
 from .test_serve_cli import Lines, edgeflow
 
 pytest.importorskip("grpc")
+from edgeflow.cloud import CloudDelegate  # noqa: E402
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "onnx"
 MODELS = ("mlp", "mobilenetv2", "resnet", "transformer", "lstm")
@@ -79,7 +80,8 @@ def test_two_processes_equal_one(name, packages, server):
     pairs, originals, _ = packages
     whole = ef.Interpreter(originals[name]).get_signature_runner("infer")
     for label in ("cloud-only", "middle", "late"):
-        device = ef.Interpreter(pairs[name, label], cloud=server[0])
+        cloud = CloudDelegate(server[0])
+        device = ef.Interpreter(pairs[name, label], delegates=[cloud])
         runner = device.get_signature_runner("infer")
         for batch in (1, 4):
             feeds = feeds_for(device, batch, seed=batch)
@@ -87,7 +89,7 @@ def test_two_processes_equal_one(name, packages, server):
             assert set(got) == set(want)
             for key in want:
                 np.testing.assert_array_equal(got[key], want[key], err_msg=f"{name} {label} {key}")
-        assert device.cloud.calls == 2 and runner.fallbacks == 0
+        assert cloud.calls == 2 and runner.fallbacks == 0
 
 
 def test_a_mismatched_pair_is_refused(packages, server, tmp_path):
@@ -96,7 +98,7 @@ def test_a_mismatched_pair_is_refused(packages, server, tmp_path):
     model = reader.load(originals["mlp"])
     partition.write_pair(model, set(partition.Cut(model, set()).ops[:1]), tmp_path,
                          model_id="mlp-middle")
-    device = ef.Interpreter(tmp_path / "device.efl", cloud=server[0])
+    device = ef.Interpreter(tmp_path / "device.efl", delegates=[CloudDelegate(server[0])])
     feeds = feeds_for(device, 2, 0)
     with pytest.raises(RemoteError) as info:
         device.get_signature_runner("infer")(**feeds)
@@ -109,7 +111,7 @@ def test_falls_back_to_the_device_when_the_server_is_gone(packages, caplog, tmp_
                             stderr=subprocess.PIPE, text=True)
     try:
         port = Lines(proc.stderr).wait_for(r"serving \d+ models? on [\d.]+:(\d+)").group(1)
-        device = ef.Interpreter(pairs["resnet", "late"], cloud=f"127.0.0.1:{port}", cloud_timeout=5)
+        device = ef.Interpreter(pairs["resnet", "late"], delegates=[CloudDelegate(f"127.0.0.1:{port}", timeout=5)])
         runner = device.get_signature_runner("infer")
         whole = ef.Interpreter(originals["resnet"]).get_signature_runner("infer")
         feeds = feeds_for(device, 1, 0)

@@ -25,7 +25,7 @@ from .test_serve_cli import Lines
 
 pytest.importorskip("grpc")
 datasets = pytest.importorskip("sklearn.datasets")
-from edgeflow.cloud import Client, Server  # noqa: E402
+from edgeflow.cloud import Client, CloudDelegate, Server  # noqa: E402
 
 DEVICE_OPS = ("conv1/conv", "relu", "pool1_1")  # the device's forward ops: the first conv layer
 
@@ -94,7 +94,7 @@ def test_two_processes_equal_one_step_by_step(tmp_path):
     server = serve(tmp_path / "served", port, tmp_path / "state", 1)
     try:
         local = ef.Interpreter(tmp_path / "m.efl")
-        device = ef.Interpreter(out / "device.efl", cloud=f"127.0.0.1:{port}", device_id="d1")
+        device = ef.Interpreter(out / "device.efl", delegates=[CloudDelegate(f"127.0.0.1:{port}", device_id="d1")])
         runners = local.get_signature_runner("train"), device.get_signature_runner("train")
         cloud_names = json.loads(bytes(reader.load(out / "device.efl").metadata["edgeflow.split"]))["cloud_variables"]
         with Client(f"127.0.0.1:{port}") as client:
@@ -124,7 +124,7 @@ def test_u_shaped_labels_never_reach_the_server(tmp_path):
     data, _ = digits()
     local = ef.Interpreter(tmp_path / "m.efl")
     with Server(models={"cnn-device": out / "cloud.efl"}) as server:
-        device = ef.Interpreter(out / "device.efl", cloud=server.address, device_id="u")
+        device = ef.Interpreter(out / "device.efl", delegates=[CloudDelegate(server.address, device_id="u")])
         for step in range(3):
             batch = training_loop.batch_at(data, 32, 0, 0, step)
             a = local.get_signature_runner("train")(**batch)["loss"]
@@ -178,7 +178,7 @@ def test_server_killed_and_restarted_loses_no_step(tmp_path):
             threading.Thread(target=lambda: servers.append(serve(tmp_path / "served", port, state, 2)),
                              daemon=True).start()
     try:
-        device = ef.Interpreter(out / "device.efl", cloud=f"127.0.0.1:{port}", device_id="k")
+        device = ef.Interpreter(out / "device.efl", delegates=[CloudDelegate(f"127.0.0.1:{port}", device_id="k")])
         history = training_loop.fit(device, data, epochs=2, batch_size=32, seed=0,
                               checkpoint_dir=tmp_path / "device-ckpt", checkpoint_every=2,
                               on_step=kill_then_restart)
@@ -240,7 +240,7 @@ def test_nothing_on_the_device_but_the_data(tmp_path, labels):
     data, _ = digits()
     local = ef.Interpreter(tmp_path / "m.efl").get_signature_runner("train")
     with Server(models={"c": tmp_path / "cloud.efl"}) as server:
-        device = ef.Interpreter(tmp_path / "device.efl", cloud=server.address, device_id="c")
+        device = ef.Interpreter(tmp_path / "device.efl", delegates=[CloudDelegate(server.address, device_id="c")])
         runner = device.get_signature_runner("train")
         for step in range(3):
             batch = training_loop.batch_at(data, 32, 0, 0, step)
@@ -266,7 +266,7 @@ def test_planned_training_splits_take_any_batch_and_keep_device_only_local(tmp_p
     # A forced cut planned at batch 32 still trains a last, partial batch of 9.
     cut = split_file(tmp_path / "m.efl", tmp_path / "cut", cut=["pool1_1"], train=True, input_shapes=shapes)
     with Server(models={cut.model_id: cut.paths["cloud"]}) as server:
-        device = ef.Interpreter(cut.paths["device"], cloud=server.address, device_id="b")
+        device = ef.Interpreter(cut.paths["device"], delegates=[CloudDelegate(server.address, device_id="b")])
         small = {k: v[:9] for k, v in batch.items()}
         assert float(device.get_signature_runner("train")(**small)["loss"]) == pytest.approx(
             float(ef.Interpreter(tmp_path / "m.efl").get_signature_runner("train")(**small)["loss"]), rel=1e-6)

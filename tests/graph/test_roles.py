@@ -5,7 +5,7 @@ import json
 import pytest
 
 import edgeflow as ef
-from edgeflow.graph.save import ROLES_METADATA
+from edgeflow.format.metadata import ROLES as ROLES_METADATA
 from edgeflow.interp.plan import needed_operators
 
 

@@ -12,8 +12,9 @@ import pytest
 
 import edgeflow as ef
 from converters import onnx as onnx_converter
+from edgeflow.cloud import CloudDelegate
 from edgeflow.errors import EdgeflowError, PlacementError
-from edgeflow.format import reader
+from edgeflow.format import metadata, reader
 from edgeflow.splitter import partition
 
 MODELS_DIR = pathlib.Path(__file__).resolve().parents[1] / "data" / "onnx"
@@ -85,7 +86,7 @@ def test_split_pairs_equal_the_whole_model(name, converted, tmp_path):
         cut, sha = partition.write_pair(model, side, out, model_id=name, device_graph=device_graph,
                                         cloud_graph=cloud_graph)
         cloud = InProcess(out / "cloud.efl")
-        device = ef.Interpreter(out / "device.efl", cloud=cloud)
+        device = ef.Interpreter(out / "device.efl", delegates=[CloudDelegate(cloud)])
         runner = device.get_signature_runner("infer")
         for batch in (1, 3):
             feeds = _feeds(device, batch, seed=batch)
@@ -122,7 +123,7 @@ def test_a_tensor_read_by_several_cloud_ops_is_sent_once(tmp_path):
     sends = [op for op in device.subgraphs[0].operators if op.opcode == "send"]
     assert [op.attrs["key"] for op in sends] == ["h"]
     cloud = InProcess(tmp_path / "cloud.efl")
-    runner = ef.Interpreter(tmp_path / "device.efl", cloud=cloud).get_signature_runner("infer")
+    runner = ef.Interpreter(tmp_path / "device.efl", delegates=[CloudDelegate(cloud)]).get_signature_runner("infer")
     x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
     got = runner(x=x)
     h = np.maximum(2 * x, 0)
@@ -134,11 +135,11 @@ def test_a_tensor_read_by_several_cloud_ops_is_sent_once(tmp_path):
 def test_metadata_names_the_cloud_package(converted, tmp_path):
     model = reader.load(converted["mlp"])
     partition.write_pair(model, set(), tmp_path, model_id="mlp-v1")
-    info = partition.split_info(reader.load(tmp_path / "device.efl"))
+    info = metadata.split(reader.load(tmp_path / "device.efl"))
     assert info["cloud_model_id"] == "mlp-v1"
     assert info["cloud_sha256"] == partition.file_sha256(tmp_path / "cloud.efl")
     cloud = reader.load(tmp_path / "cloud.efl")
-    assert bytes(cloud.metadata[partition.MODEL_ID_METADATA]).decode() == "mlp-v1"
+    assert bytes(cloud.metadata["edgeflow.model_id"]).decode() == "mlp-v1"
     json.dumps(info)
 
 
@@ -152,17 +153,17 @@ def test_bad_cuts_and_missing_cloud(converted, tmp_path):
     partition.write_pair(model, set(ops[:1]), tmp_path, model_id="mlp")
     with pytest.raises(PlacementError, match="already split"):
         partition.Cut(reader.load(tmp_path / "device.efl"), set())
-    # Without cloud=, the split signature says what it needs; infer_local runs alone.
+    # Without a CloudDelegate, the split signature says what it needs; infer_local runs alone.
     interp = ef.Interpreter(tmp_path / "device.efl")
     feeds = _feeds(interp, 2)
-    with pytest.raises(EdgeflowError, match="cloud='host:port'"):
+    with pytest.raises(EdgeflowError, match=r"CloudDelegate\('host:port'\)"):
         interp.get_signature_runner("infer")(**feeds)
     want = ef.Interpreter(converted["mlp"]).get_signature_runner("infer")(**feeds)
     got = interp.get_signature_runner("infer_local")(**feeds)
     for key in want:
         np.testing.assert_array_equal(got[key], want[key])
     with pytest.raises(EdgeflowError, match="device package"):
-        ef.Interpreter(converted["mlp"], cloud=InProcess(tmp_path / "cloud.efl"))
+        ef.Interpreter(converted["mlp"], delegates=[CloudDelegate(InProcess(tmp_path / "cloud.efl"))])
 
 
 def test_no_submodule_shadows_an_op_function():

@@ -1,8 +1,7 @@
-"""The device's side of parameter-server training (edgeflow/cloud/ps.py): the loops that
-pull the cloud variables, train on local data and push gradients or models.
+"""The device's side of parameter-server training (edgeflow.cloud.ps): the loops of every
+mode that pull the cloud variables, train on local data and push gradients or models.
 
-    from edgeflow.cloud.ps import ParameterClient
-    from edgeflow.cloud.federated import train
+    from edgeflow.cloud.ps import ParameterClient, train
 
     with ParameterClient("server:50052") as cloud:
         history = train("mlp.efl", {"x": x, "y": y}, cloud, "mlp", "phone-17", mode="sync", steps=300)
@@ -31,11 +30,11 @@ import math
 
 import numpy as np
 
-from ..errors import InvalidInputError, RemoteError
-from ..interp import Interpreter
-from ..training_loop import batches, check_data
-from .ps import TrainingRoles
-from ..splitter.partition import file_sha256
+from ...errors import InvalidInputError, RemoteError
+from ...interp import Interpreter
+from ...splitter.partition import file_sha256
+from ...training_loop import batches, check_data
+from .roles import TrainingRoles
 
 __all__ = ["train", "train_sync", "train_async", "train_fedavg", "steps_per_epoch"]
 WAIT_S = 5.0  # how long one Pull waits for the other replicas before it asks again
@@ -84,7 +83,7 @@ class _Device:
         self._fetches = None
 
     def pull(self, previous=None, wait=0.0):
-        """The server's values (a ps.Pulled); with `previous`, wait for them to change (the
+        """The server's values (a Pulled); with `previous`, wait for them to change (the
         answer keeps previous's values when nothing changed)."""
         if previous is None:
             pulled = self.client.pull(self.model_id, device_id=self.device_id, sha256=self.sha256)

@@ -1,0 +1,229 @@
+"""The parameter server's gRPC service (edgeflow.ps.v1.ParameterServer, ps.proto): checks
+each request and answers it from the models' HostedParameters (edgeflow.cloud.ps.state).
+
+Serve it with `Server(parameter_server=ParameterService(...))`, or
+`edgeflow serve --model-dir DIR --parameter-server sync|async|fedavg`.
+"""
+import logging
+import os
+import pathlib
+import time
+
+import grpc
+import numpy as np
+
+from ...errors import EdgeflowError, GraphError, InvalidInputError
+from .. import ps_pb2 as pb
+from .. import ps_pb2_grpc as pb_grpc
+from .. import wire
+from .state import HostedParameters, Settings
+
+SERVICE = pb.DESCRIPTOR.services_by_name["ParameterServer"].full_name  # "edgeflow.ps.v1.ParameterServer"
+PB_MODES = {"sync": pb.MODE_SYNC, "async": pb.MODE_ASYNC, "fedavg": pb.MODE_FEDAVG}
+MODE_NAMES = {v: k for k, v in PB_MODES.items()}
+MAX_WAIT_S = 30.0  # the longest a Pull waits for the version to change
+DEFAULT_MAX_REQUEST_BYTES = 256 << 20
+_MAX_DEVICE_ID = 128
+_log = logging.getLogger("edgeflow.cloud.ps")
+
+
+class _Reject(Exception):
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+class ParameterService(pb_grpc.ParameterServerServicer):
+    """Serves the cloud variables of trainable packages (see edgeflow.cloud.ps).
+
+    `models`: {id: path or package bytes}. `mode`: "sync", "async" or "fedavg";
+    `replicas`: devices per step (sync) or round (FedAvg). `variables`: "cloud" (those
+    placed in the cloud) or "all" (every trainable one). `checkpoint_dir`: resume from and
+    checkpoint to it every `checkpoint_every` applied updates and on `checkpoint()`.
+    `max_staleness` (async): drop gradients computed more than this many versions ago.
+    """
+
+    def __init__(self, models, mode="async", replicas=1, variables="cloud", checkpoint_dir=None,
+                 checkpoint_every=100, max_staleness=None, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES):
+        self.settings = Settings(mode, replicas, variables, checkpoint_dir, checkpoint_every, max_staleness)
+        if not models:
+            raise InvalidInputError("ParameterService: give models={id: path or package bytes}")
+        self.max_request_bytes = max_request_bytes
+        if checkpoint_dir:
+            os.makedirs(checkpoint_dir, exist_ok=True)
+        self.models = {}
+        for model_id, source in models.items():
+            if isinstance(source, (bytes, bytearray, memoryview)):
+                data, where = bytes(source), "<bytes>"
+            else:
+                try:
+                    data, where = pathlib.Path(source).read_bytes(), str(source)
+                except OSError as e:
+                    raise EdgeflowError(f"model {model_id!r}: cannot read {str(source)!r} "
+                                        f"({e.strerror})") from None
+            self.models[model_id] = HostedParameters(model_id, data, where, self.settings)
+
+    def add_to_server(self, server, health=None):
+        """Register on a grpc.Server (before it starts); mark the service SERVING on `health`."""
+        pb_grpc.add_ParameterServerServicer_to_server(self, server)
+        if health is not None:
+            from grpc_health.v1 import health_pb2
+            health.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
+
+    def checkpoint(self):
+        """Checkpoint every model now (a no-op without checkpoint_dir)."""
+        for hosted in self.models.values():
+            hosted.checkpoint()
+
+    def stats(self, model_id):
+        """The model's status as a dict (what Status answers)."""
+        return self._model(model_id, "").status()
+
+    # -- RPCs ------------------------------------------------------------------------
+    def Status(self, request, context):
+        try:
+            hosted = self._model(request.model_id, "")
+        except _Reject as e:
+            context.abort(e.code, str(e))
+        with hosted.cond:
+            return pb.StatusReply(
+                model_id=hosted.id, model_sha256=hosted.sha256, mode=PB_MODES[hosted.mode],
+                replicas=hosted.replicas, version=hosted.version, incarnation=self.settings.incarnation,
+                updates_applied=hosted.updates, checkpoint_version=hosted.checkpoint_version,
+                variables=[pb.VariableInfo(name=n, dtype=d.name, shape=s, trainable=n in hosted.names)
+                           for n, (d, s) in hosted.specs.items()],
+                devices=[pb.DeviceInfo(device_id=d, last_step_id=r["last"], applied=r["applied"],
+                                       last_result=r["reply"]["result"] if r["reply"] else 0)
+                         for d, r in sorted(hosted.devices.items())],
+                pending_devices=sorted(hosted.pending), duplicates=hosted.duplicates,
+                dropped=hosted.dropped)
+
+    def Pull(self, request, context):
+        try:
+            hosted = self._model(request.model_id, request.model_sha256)
+            names = list(request.names) or hosted.names
+            hosted.check_names(names, "pull")
+            if len(set(names)) != len(names):
+                raise InvalidInputError(f"pull: expected distinct names, got {names}")
+            if request.encoding not in wire.ENCODINGS.values():
+                raise InvalidInputError(f"pull: encoding {request.encoding!r}: expected '', 'fp16' or 'int8'")
+            if not 0 <= request.wait_seconds <= MAX_WAIT_S:
+                raise InvalidInputError(f"pull: expected 0 <= wait_seconds <= {MAX_WAIT_S}, "
+                                        f"got {request.wait_seconds}")
+            _check_device(request.device_id, required=False)
+        except (_Reject, InvalidInputError) as e:
+            self._abort(context, "Pull", e)
+        with hosted.cond:
+            deadline = time.monotonic() + request.wait_seconds
+
+            def unchanged():
+                return (hosted.version == request.wait_while_version
+                        and self.settings.incarnation == request.incarnation)
+            while request.wait_seconds > 0 and unchanged() and context.is_active():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                hosted.cond.wait(min(left, 1.0))
+            changed = not (request.wait_seconds > 0 and unchanged())
+            header = pb.PullHeader(version=hosted.version, incarnation=self.settings.incarnation,
+                                   mode=PB_MODES[hosted.mode], replicas=hosted.replicas,
+                                   last_step_id=hosted.last_step(request.device_id), changed=changed)
+            values = hosted.values(names) if changed else {}
+        yield pb.PullReply(header=header)
+        for name in names if changed else ():
+            for chunk in wire.chunks(name, values[name], encoding=request.encoding):
+                yield pb.PullReply(chunk=chunk)
+
+    def Push(self, requests, context):
+        return self._push(requests, context, "Push")
+
+    def PushModel(self, requests, context):
+        return self._push(requests, context, "PushModel")
+
+    def _push(self, requests, context, method):
+        try:
+            requests = iter(requests)
+            first = next(requests, None)
+            if first is None or first.WhichOneof("kind") != "header":
+                raise InvalidInputError(f"expected a {method} stream to start with its header, got "
+                                        + ("nothing" if first is None else
+                                           f"a {first.WhichOneof('kind') or 'empty'} message"))
+            header = first.header
+            hosted = self._model(header.model_id, header.model_sha256)
+            if method == "Push":
+                mode = MODE_NAMES.get(header.mode, "unspecified")
+                step_id, version = header.step_id, header.version
+                if hosted.mode == "fedavg":
+                    raise _Reject(grpc.StatusCode.FAILED_PRECONDITION,
+                                  f"model {hosted.id!r} trains by FedAvg rounds: devices push their models "
+                                  "with PushModel, not gradients with Push")
+                if mode != hosted.mode:
+                    raise _Reject(grpc.StatusCode.FAILED_PRECONDITION,
+                                  f"model {hosted.id!r} trains in {hosted.mode} mode"
+                                  + (f" with {hosted.replicas} replicas" if hosted.mode != "async" else "")
+                                  + f"; the device pushed in {mode} mode")
+            else:
+                if hosted.mode != "fedavg":
+                    raise _Reject(grpc.StatusCode.FAILED_PRECONDITION,
+                                  f"model {hosted.id!r} trains in {hosted.mode} mode; PushModel is for "
+                                  "FedAvg, push gradients with Push")
+                step_id = version = header.round_id
+            _check_device(header.device_id, required=True)
+            if step_id < 0:
+                raise InvalidInputError(f"{method}: expected a step id >= 0, got {step_id}")
+            if header.sample_count < 1:
+                raise InvalidInputError(f"{method}: expected sample_count >= 1, got {header.sample_count}")
+            tensors = wire.Assembler(self.max_request_bytes, hosted.expect, "variable")
+            for message in requests:
+                if message.WhichOneof("kind") != "chunk":
+                    raise InvalidInputError(f"expected TensorChunk messages after the {method} header, got "
+                                            f"a {message.WhichOneof('kind') or 'empty'} message")
+                tensors.add(message.chunk)
+            arrays = tensors.finish()
+            missing = [n for n in hosted.names if n not in arrays]
+            if missing:
+                raise InvalidInputError(f"{method}: expected a tensor for every served variable "
+                                        f"{hosted.names}; missing {missing}")
+            bad = [n for n, a in arrays.items() if not np.all(np.isfinite(a))]
+            if bad:
+                raise InvalidInputError(f"{method}: {bad} hold NaN or infinite values; expected finite ones")
+            reply = hosted.push(header.device_id, int(step_id), int(version), int(header.sample_count), arrays)
+        except grpc.RpcError:  # the client went away mid-stream
+            return pb.PushReply()
+        except Exception as e:
+            self._abort(context, method, e)
+        return pb.PushReply(**reply)
+
+    # -- helpers ---------------------------------------------------------------------
+    def _model(self, model_id, sha256):
+        hosted = self.models.get(model_id)
+        if hosted is None:
+            raise _Reject(grpc.StatusCode.NOT_FOUND, f"no trained model {model_id!r}; this parameter server "
+                                                     f"trains {sorted(self.models)}")
+        if sha256 and sha256.lower() != hosted.sha256:
+            raise _Reject(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"model {model_id!r}: expected package sha256 {sha256}, this server trains "
+                          f"sha256 {hosted.sha256}")
+        return hosted
+
+    def _abort(self, context, method, e):
+        if isinstance(e, _Reject):
+            code, message = e.code, str(e)
+        elif isinstance(e, wire.PayloadTooLarge):
+            code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)
+        elif isinstance(e, (InvalidInputError, GraphError)):
+            code, message = grpc.StatusCode.INVALID_ARGUMENT, str(e)
+        else:  # a bug: log it, answer, keep serving
+            _log.exception("%s failed", method)
+            code, message = grpc.StatusCode.INTERNAL, (f"internal error ({type(e).__name__}: {e}); "
+                                                       "the server logged it")
+        _log.info("%s: %s: %s", method, code.name, message)
+        context.abort(code, message)
+
+
+def _check_device(device_id, required):
+    if required and not device_id:
+        raise InvalidInputError("expected a device id (a non-empty string naming the device)")
+    if len(device_id) > _MAX_DEVICE_ID or not device_id.isprintable():
+        raise InvalidInputError(f"expected a device id of at most {_MAX_DEVICE_ID} printable characters, "
+                                f"got {device_id[:40]!r}...")

@@ -1,0 +1,167 @@
+"""The metadata entries edgeflow writes into a `.efl` file, read and written in one place.
+
+    roles = metadata.roles(model)        # Roles or None: "edgeflow.roles"
+    info = metadata.split(model)         # dict or None: "edgeflow.split"
+    name = metadata.model_id(model)      # str or None: "edgeflow.model_id"
+    model.metadata.update(metadata.roles_entry(grad, update, gradients))
+
+One strictness everywhere: a malformed entry raises FormatError naming the key and what
+was expected. The verifier calls `check` on every file it loads, so a hostile entry fails
+at load, before anything reads it.
+"""
+import json
+from typing import NamedTuple
+
+from ..errors import FormatError
+
+ROLES = "edgeflow.roles"
+SPLIT = "edgeflow.split"
+MODEL_ID = "edgeflow.model_id"
+
+_ENCODINGS = ("none", "fp16", "int8")
+_KINDS = ("infer", "train")
+
+
+class Roles(NamedTuple):
+    """What "edgeflow.roles" records of a training graph (operator and tensor indices of
+    subgraph 0): `grad` {backward op: the forward op it differentiates, or -1 - variable
+    for the sum of a variable's gradient parts}; `update` {optimizer op: the variable it
+    updates}; `gradients` {variable: the gradient tensor its optimizer applies}."""
+    grad: dict
+    update: dict
+    gradients: dict
+
+
+def _fail(key, expected, detail=""):
+    raise FormatError(f"metadata {key!r}: expected {expected}" + (f" ({detail})" if detail else ""))
+
+
+def _json(model, key, expected):
+    raw = model.metadata.get(key)
+    if raw is None:
+        return None
+    try:
+        value = json.loads(bytes(raw).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        _fail(key, expected, f"not UTF-8 JSON: {type(e).__name__}: {e}"[:200])
+    if not isinstance(value, dict):
+        _fail(key, expected, f"got a JSON {type(value).__name__}")
+    return value
+
+
+def _int_map(key, field, value):
+    expected = f'"{field}": an object of integer keys to integers'
+    if not isinstance(value, dict):
+        _fail(key, expected)
+    out = {}
+    for k, v in value.items():
+        try:
+            index = int(k)
+        except ValueError:
+            _fail(key, expected, f"key {k[:40]!r}")
+        if isinstance(v, bool) or not isinstance(v, int):
+            _fail(key, expected, f"value {v!r:.40} of key {k[:40]!r}")
+        out[index] = v
+    return out
+
+
+def roles(model):
+    """The model's Roles (indices checked against subgraph 0), or None if it has none."""
+    expected = 'a JSON object {"grad", "update", "gradients"} of operator and tensor indices'
+    data = _json(model, ROLES, expected)
+    if data is None:
+        return None
+    found = Roles(*(_int_map(ROLES, f, data.get(f, {})) for f in Roles._fields))
+    if model.subgraphs:
+        n_ops, n_tensors = len(model.subgraphs[0].operators), len(model.subgraphs[0].tensors)
+        ops = list(found.grad) + list(found.update)
+        tensors = list(found.update.values()) + list(found.gradients) + list(found.gradients.values())
+        tensors += [-1 - v for v in found.grad.values() if v < 0]
+        if any(not 0 <= i < n_ops for i in ops + [v for v in found.grad.values() if v >= 0]) or \
+                any(not 0 <= t < n_tensors for t in tensors):
+            _fail(ROLES, f"operator indices in [0, {n_ops}) and tensor indices in [0, {n_tensors})",
+                  "it names some out of range")
+    return found
+
+
+def roles_entry(grad, update, gradients):
+    """{ROLES: bytes} recording these roles (see Roles), or {} when there are none."""
+    if not grad and not update:
+        return {}
+    data = {"grad": {str(k): v for k, v in grad.items()}, "update": {str(k): v for k, v in update.items()},
+            "gradients": {str(k): v for k, v in gradients.items()}}
+    return {ROLES: json.dumps(data, sort_keys=True).encode()}
+
+
+def split(model):
+    """The "edgeflow.split" entry of a device package (a dict: "role", "cloud_model_id",
+    "cloud_sha256", "signature", "local_signature", "compression", "kind", "rounds", ...),
+    or None if the model is not one."""
+    expected = "a JSON object describing a device package (from edgeflow split)"
+    info = _json(model, SPLIT, expected)
+    if info is None:
+        return None
+    for field, ok, what in (
+            ("role", lambda v: v == "device", '"device"'),
+            ("cloud_model_id", lambda v: isinstance(v, str) and v, "a non-empty string"),
+            ("cloud_sha256", lambda v: isinstance(v, str), "a string"),
+            ("signature", lambda v: isinstance(v, str) and v, "a non-empty string"),
+            ("local_signature", lambda v: v is None or isinstance(v, str), "a string or null"),
+            ("compression", lambda v: v in _ENCODINGS, f"one of {list(_ENCODINGS)}"),
+            ("kind", lambda v: v in _KINDS, f"one of {list(_KINDS)}"),
+            ("original_tensors", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+             "an integer >= 0")):
+        if field in info and not ok(info[field]):
+            _fail(SPLIT, f'"{field}": {what}', f"got {info[field]!r:.60}")
+        if field not in info and field in ("role", "cloud_model_id", "cloud_sha256", "signature"):
+            _fail(SPLIT, f'a "{field}" field')
+    if info.get("kind") == "train":
+        _check_rounds(info.get("rounds"))
+    return info
+
+
+def _check_rounds(rounds):
+    expected = '"rounds": a list of objects {"uploads", "downloads", "keep", "fetches": ' \
+               '[names], "targets": [operator indices]}'
+    if not isinstance(rounds, list):
+        _fail(SPLIT, expected)
+    for r in rounds:
+        if not isinstance(r, dict) or \
+                any(not isinstance(r.get(f), list) or not all(isinstance(n, str) for n in r[f])
+                    for f in ("uploads", "downloads", "keep", "fetches")) or \
+                not isinstance(r.get("targets"), list) or \
+                not all(isinstance(t, int) and not isinstance(t, bool) for t in r["targets"]):
+            _fail(SPLIT, expected, f"got {r!r:.80}")
+
+
+def split_entry(info):
+    """{SPLIT: bytes} recording a device package's split `info`."""
+    return {SPLIT: json.dumps(info, sort_keys=True).encode()}
+
+
+def model_id(model):
+    """The model's id on a server ("edgeflow.model_id", UTF-8), or None."""
+    raw = model.metadata.get(MODEL_ID)
+    if raw is None:
+        return None
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        _fail(MODEL_ID, "UTF-8 text")
+
+
+def model_id_entry(name):
+    """{MODEL_ID: bytes} naming the model `name`."""
+    return {MODEL_ID: name.encode("utf-8")}
+
+
+def without(metadata, *keys):
+    """A copy of a metadata dict less `keys` (entries a derived package must not inherit)."""
+    return {k: v for k, v in metadata.items() if k not in keys}
+
+
+def check(model):
+    """FormatError unless every entry edgeflow reads is well formed."""
+    roles(model)
+    split(model)
+    model_id(model)
