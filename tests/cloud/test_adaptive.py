@@ -42,7 +42,9 @@ def test_moves_the_cut_when_the_measured_link_is_fast(split, caplog):
         runner = device.get_signature_runner("infer")
         with caplog.at_level(logging.INFO, logger="edgeflow"):
             for _ in range(3 * runner.replanner.every):
-                np.testing.assert_array_equal(runner(image=x)["logits"], want)
+                # Not bit for bit: the server in this process changes BLAS's threading, and
+                # with it the order of the GEMMs' sums (seen: 3e-8 apart).
+                np.testing.assert_allclose(runner(image=x)["logits"], want, rtol=1e-5, atol=1e-6)
     assert runner.replanner.replans == 1  # moved once, then stayed
     assert runner.interpreter is not device and runner.cloud is not first
     assert runner.cloud.calls >= runner.replanner.every and runner.cloud in runner.interpreter.delegates
