@@ -1,5 +1,5 @@
-"""Steps running gemm.cl, the matrix product (matmul's launcher is in math.py): batched, numpy's broadcasting of the batch dimensions,
-transpose_a/transpose_b and a fused relu/relu6.
+"""Steps running gemm.cl, the matrix product (matmul's launcher is in math.py): batched,
+numpy's broadcasting of the batch dimensions, transpose_a/transpose_b and a fused relu/relu6.
 
 A rank-1 operand is a row (a) or a column (b): the output's memory is the same as for
 (1, K) @ B or A @ (K, 1), so it takes the same kernel.
