@@ -202,3 +202,34 @@ def _slice_grad(g, op, grads):
 def _gather_grad(g, op, grads):
     params, indices = op.inputs
     return [g("gather_grad", grads[0], indices, params, axis=op.attrs["axis"]), None]
+
+
+# Gradients of slice and gather, as ops: their own gradients make second derivatives possible.
+
+@define("slice_grad", inputs=2, attrs={"starts": Attr(AttrKind.INTS, ()), "ends": Attr(AttrKind.INTS, ()),
+                                       "axes": Attr(AttrKind.INTS, ()), "steps": Attr(AttrKind.INTS, ())})
+def _slice_grad_infer(inputs, attrs):
+    """Zeros shaped like `like`, with grad written where slice (same attrs) took its values."""
+    grad, like = inputs
+    slice_params([like], attrs)
+    return [TensorSpec(like.shape, grad.dtype)]
+
+
+@define("gather_grad", inputs=3, attrs={"axis": Attr(AttrKind.INT, 0)})
+def _gather_grad_infer(inputs, attrs):
+    """Zeros shaped like `like` (gather's params), with grad added back at `indices`."""
+    grad, indices, like = inputs
+    if indices.dtype not in INDEX_DTYPES:
+        raise GraphError(f"gather_grad: indices must be int32 or int64, got {indices.dtype}")
+    normalize_axis(attrs["axis"], like.rank, "gather_grad")
+    return [TensorSpec(like.shape, grad.dtype)]
+
+
+@gradient("slice_grad")
+def _slice_grad_grad(g, op, grads):
+    return [g("slice", grads[0], **op.attrs), None]
+
+
+@gradient("gather_grad")
+def _gather_grad_grad(g, op, grads):
+    return [g("gather", grads[0], op.inputs[1], axis=op.attrs["axis"]), None, None]

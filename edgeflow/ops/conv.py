@@ -3,13 +3,15 @@
 1, 2 or 3 spatial axes. The window arithmetic here (strides, dilations, explicit or
 automatic pads, output sizes) is shared with the pooling ops.
 """
+import math
+
 import numpy as np
 
 from .. import dtypes
 from ..errors import GraphError
 from .registry import (Attr, AttrKind, TensorSpec, activation_attr, activation_gradient, check_activation,
                        define, gradient)
-from .dims import fmt
+from .dims import check_gradient_shape, fmt
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
@@ -227,3 +229,46 @@ def _conv_transpose_grad(g, op, grads):
     attrs = {**_window_only(op.attrs), "auto_pad": "NOTSET", "pads": begin + tuple(max(e, 0) for e in end)}
     return [g("conv", cropped, w, **attrs), g("conv_filter_grad", cropped, x, w, **attrs)] + \
         _bias_grad(g, op, dy)
+
+
+# Gradients of conv, as ops; each takes the forward input (or a tensor shaped like it, `like`)
+# as an operand, so that its output shape is known when the batch is not.
+
+def _conv_grad_attrs():
+    return {**window_attrs(), "group": Attr(AttrKind.INT, 1)}
+
+
+def _conv_grad_flops(dy, w):
+    return lambda inputs, outputs, attrs: 2 * math.prod(inputs[dy].shape) * math.prod(inputs[w].shape[1:])
+
+
+@define("conv_input_grad", inputs=3, attrs=_conv_grad_attrs(), flops=_conv_grad_flops(0, 1))
+def _conv_input_grad(inputs, attrs):
+    """Gradient of conv (same attrs) with respect to its input: dy (N, M, *out) taken back
+    through w (M, C/group, *kernel) to like's shape (N, C, *in)."""
+    dy, w, like = inputs
+    check_gradient_shape("conv_input_grad", "conv", (like, w), {**attrs, "activation": ""}, dy)
+    return [TensorSpec(like.shape, dy.dtype)]
+
+
+@define("conv_filter_grad", inputs=3, attrs=_conv_grad_attrs(), flops=_conv_grad_flops(1, 2))
+def _conv_filter_grad(inputs, attrs):
+    """Gradient of conv (same attrs) with respect to its filter: x (N, C, *in) correlated with
+    dy (N, M, *out), summed over the batch, shaped like w (M, C/group, *kernel)."""
+    x, dy, like = inputs
+    check_gradient_shape("conv_filter_grad", "conv", (x, like), {**attrs, "activation": ""}, dy)
+    return [TensorSpec(like.shape, dy.dtype)]
+
+
+# Each is linear in its gradient operand; the rules below are its transpose.
+
+@gradient("conv_input_grad")
+def _conv_input_grad_grad(g, op, grads):
+    dy, w, _ = op.inputs
+    return [g("conv", grads[0], w, **op.attrs), g("conv_filter_grad", grads[0], dy, w, **op.attrs), None]
+
+
+@gradient("conv_filter_grad")
+def _conv_filter_grad_grad(g, op, grads):
+    x, dy, _ = op.inputs
+    return [g("conv_input_grad", dy, grads[0], x, **op.attrs), g("conv", x, grads[0], **op.attrs), None]

@@ -1,5 +1,6 @@
 """Shape arithmetic shared by the op definitions. A dimension is an int, or None if unknown."""
 from ..errors import GraphError
+from .registry import get
 
 
 def broadcast(*shapes):
@@ -46,3 +47,13 @@ def num_elements(shape):
 
 def fmt(shape):
     return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
+
+
+def check_gradient_shape(op, forward, inputs, attrs, dy):
+    """GraphError unless gradient op `op`'s gradient operand dy has the dtype and (where
+    known) the shape of forward op `forward`'s output on `inputs` (its checks included)."""
+    spec = get(forward).infer(list(inputs), attrs)[0]
+    if dy.dtype != spec.dtype:
+        raise GraphError(f"{op}: the gradient is {dy.dtype}, the forward op's output {spec.dtype}")
+    if len(dy.shape) != len(spec.shape) or any(None not in (a, b) and a != b for a, b in zip(dy.shape, spec.shape)):
+        raise GraphError(f"{op}: the gradient has shape {fmt(dy.shape)}, but the forward op gives {fmt(spec.shape)}")

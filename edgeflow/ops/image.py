@@ -3,8 +3,8 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import GraphError
-from .registry import Attr, AttrKind, TensorSpec, define, gradient
-from .dims import fmt
+from .registry import Attr, AttrKind, TensorSpec, define, get, gradient
+from .dims import check_gradient_shape, fmt
 
 PAD_MODES = ("constant", "reflect", "edge")
 
@@ -105,3 +105,37 @@ def _pad_grad(g, op, grads):
 @gradient("resize")
 def _resize_grad(g, op, grads):
     return [g("resize_grad", grads[0], op.inputs[0], **op.attrs)]
+
+
+# Gradients of pad and resize, as ops (their operands as conv_input_grad's).
+
+@define("pad_grad", inputs=2, attrs=get("pad").attrs)
+def _pad_grad_infer(inputs, attrs):
+    """dy of pad (same attrs, mode reflect or edge) with each border element's gradient added
+    to the element it copies, cropped to like's shape."""
+    dy, like = inputs
+    if attrs["mode"] == "constant":
+        raise GraphError("pad_grad: mode 'constant' needs no op of its own: pad by the negated pads")
+    check_gradient_shape("pad_grad", "pad", (like,), attrs, dy)
+    return [TensorSpec(like.shape, dy.dtype)]
+
+
+@define("resize_grad", inputs=2, attrs=get("resize").attrs)
+def _resize_grad_infer(inputs, attrs):
+    """dy of resize (same attrs) added back to the input pixels each output pixel read, with
+    the weights it read them with; shaped like `like`."""
+    dy, like = inputs
+    if dy.dtype not in dtypes.FLOATS:
+        raise GraphError(f"resize_grad: the gradient must be a float tensor, got {dy.dtype}")
+    check_gradient_shape("resize_grad", "resize", (like,), attrs, dy)
+    return [TensorSpec(like.shape, dy.dtype)]
+
+
+@gradient("pad_grad")
+def _pad_grad_grad(g, op, grads):
+    return [g("pad", grads[0], **op.attrs), None]
+
+
+@gradient("resize_grad")
+def _resize_grad_grad(g, op, grads):
+    return [g("resize", grads[0], **op.attrs), None]

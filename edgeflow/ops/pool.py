@@ -5,8 +5,8 @@ Global average pooling needs no op of its own: it is reduce_mean over the spatia
 from .. import dtypes
 from ..errors import GraphError
 from .conv import window_attrs, window_geometry
-from .registry import Attr, AttrKind, TensorSpec, define, gradient
-from .dims import fmt
+from .registry import Attr, AttrKind, TensorSpec, define, get, gradient
+from .dims import check_gradient_shape, fmt
 
 
 def _pool(op, allowed, doc):
@@ -45,3 +45,29 @@ def _max_pool_grad(g, op, grads):
 @gradient("avg_pool")
 def _avg_pool_grad(g, op, grads):
     return [g("avg_pool_grad", grads[0], op.inputs[0], **op.attrs)]
+
+
+# Gradients of pooling, as ops (their operands as conv_input_grad's).
+
+@define("max_pool_grad", inputs=2, attrs=get("max_pool").attrs)
+def _max_pool_grad_infer(inputs, attrs):
+    """dy of max_pool (same attrs) routed to x's element that won each window, the first
+    (in kernel order) on ties; added up where windows overlap."""
+    x, dy = inputs
+    if x.dtype not in dtypes.FLOATS:
+        raise GraphError(f"max_pool_grad: x must be a float tensor, got {x.dtype}")
+    check_gradient_shape("max_pool_grad", "max_pool", (x,), attrs, dy)
+    return [TensorSpec(x.shape, dy.dtype)]
+
+
+@define("avg_pool_grad", inputs=2, attrs=get("avg_pool").attrs)
+def _avg_pool_grad_infer(inputs, attrs):
+    """dy of avg_pool (same attrs), each window's share spread evenly over what it averaged."""
+    dy, like = inputs
+    check_gradient_shape("avg_pool_grad", "avg_pool", (like,), attrs, dy)
+    return [TensorSpec(like.shape, dy.dtype)]
+
+
+@gradient("avg_pool_grad")
+def _avg_pool_grad_grad(g, op, grads):
+    return [g("avg_pool", grads[0], **op.attrs), None]

@@ -191,3 +191,19 @@ def _topk_grad(g, op, grads):
     if moved:
         grad = g("transpose", grad, perm=tuple(perm.index(i) for i in range(x.rank)))
     return [grad]
+
+
+# The gradient of broadcasting, which the gradients of every broadcasting op use.
+
+@define("sum_to", inputs=2)
+def _sum_to(inputs, attrs):
+    """grad summed over the axes that broadcasting added or stretched, to like's shape."""
+    grad, like = inputs
+    if grad.rank < like.rank:
+        raise GraphError(f"sum_to: rank {grad.rank} is below the target's {like.rank}")
+    return [TensorSpec(like.shape, grad.dtype)]
+
+
+@gradient("sum_to")
+def _sum_to_grad(g, op, grads):
+    return [g("expand", grads[0], g("shape", op.inputs[0])), None]

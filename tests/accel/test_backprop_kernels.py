@@ -15,11 +15,11 @@ from .harness import randn, run_both
 if not edgeflow.accel.available():
     pytest.skip("no OpenCL device", allow_module_level=True)
 
-from edgeflow.accel.kernels import CL_KERNELS, backprop, compare  # noqa: E402,F401  (registration)
+from edgeflow.accel.kernels import CL_KERNELS, conv, math  # noqa: E402,F401  (registration)
 
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 OURS = ("sum_to", "slice_grad", "gather_grad", "max_pool_grad", "avg_pool_grad", "conv_input_grad", "conv_filter_grad",
-        *compare.COMPARISONS)
+        *math.COMPARISONS)
 shapes = st.lists(st.integers(1, 5), min_size=0, max_size=4)
 
 
@@ -151,8 +151,8 @@ def test_conv_filter_grad(delegate, data, seed):
 
 
 def test_conv_grads_1d_stay_on_cpu():
-    reason = backprop._conv_grad_unsupported({}, [np.zeros((1, 1, 5), np.float32)] * 2,
-                                             [np.zeros((1, 1, 5), np.float32)])
+    reason = conv._conv_grad_unsupported({}, [np.zeros((1, 1, 5), np.float32)] * 2,
+                                         [np.zeros((1, 1, 5), np.float32)])
     assert reason and "1-D" in reason
 
 
@@ -163,7 +163,7 @@ def forward_shape(op, x, attrs):
 
 
 @SETTINGS
-@given(op=st.sampled_from(sorted(compare.COMPARISONS)), a=shapes, b=shapes,
+@given(op=st.sampled_from(sorted(math.COMPARISONS)), a=shapes, b=shapes,
        dtype=st.sampled_from([np.float32, np.int32, np.bool_]), seed=st.integers(0, 2 ** 16))
 def test_comparisons_broadcast(delegate, op, a, b, dtype, seed):
     rng = np.random.default_rng(seed)

@@ -46,12 +46,12 @@ def _swap_leading(t, name):
     return apply("transpose", [t], {"perm": (1, 0, 2)}, name=name)
 
 
-@handler("LSTM")
+@handler("LSTM", op="lstm")
 def _lstm(ctx, node):
     return _recurrent(ctx, node, "lstm", LSTM_OPTIONAL, {"input_forget": bool(node.attr("input_forget", 0))})
 
 
-@handler("GRU")
+@handler("GRU", op="gru")
 def _gru(ctx, node):
     return _recurrent(ctx, node, "gru", GRU_OPTIONAL,
                       {"linear_before_reset": int(node.attr("linear_before_reset", 0))})

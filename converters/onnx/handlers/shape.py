@@ -1,92 +1,12 @@
-"""Nodes that reshape, select or make tensors. Operands that ONNX passes as tensors
-(a target shape, slice bounds, axes) become attributes when they are constants, and
-stay operands when they are computed from shapes at run time."""
+"""Nodes that read shapes or make tensors from them (edgeflow/ops/shape.py)."""
 import numpy as np
 
 from edgeflow.graph.math_ops import apply
 
-from . import handler, unsupported
+from . import handler
 
 
-@handler("Reshape")
-def _reshape(ctx, node):
-    x, copy_zeros = ctx.input(node, 0), not node.attr("allowzero", 0)
-    shape = ctx.value(node, 1)
-    if shape is not None:
-        return apply("reshape", [x], {"shape": tuple(int(d) for d in shape), "copy_zeros": copy_zeros},
-                     name=node.outputs[0])
-    return apply("reshape", [x, ctx.input(node, 1)], {"copy_zeros": copy_zeros}, name=node.outputs[0])
-
-
-@handler("Flatten")
-def _flatten(ctx, node):
-    x = ctx.input(node, 0)
-    axis = node.attr("axis", 1) % max(len(x.shape), 1) if x.shape else 0
-    head, tail = x.shape[:axis], x.shape[axis:]
-    if None not in tail:
-        shape = (-1, int(np.prod(tail, dtype=np.int64)))
-    elif None not in head:
-        shape = (int(np.prod(head, dtype=np.int64)), -1)
-    else:
-        raise unsupported(node, f"Flatten of a shape with unknown dimensions on both sides of "
-                                f"axis {axis}: {x.shape}")
-    return apply("reshape", [x], {"shape": shape}, name=node.outputs[0])
-
-
-@handler("Transpose")
-def _transpose(ctx, node):
-    return apply("transpose", [ctx.input(node, 0)], {"perm": tuple(node.attr("perm", ()))},
-                 name=node.outputs[0])
-
-
-@handler("Concat")
-def _concat(ctx, node):
-    return apply("concat", [t for t in ctx.inputs(node) if t is not None],
-                 {"axis": node.attr("axis")}, name=node.outputs[0])
-
-
-def _axes(ctx, node, index=1):
-    """Axes given as an attribute (older opsets) or as constant input `index`."""
-    if ctx.has(node, index):
-        return ctx.ints(node, index, "axes")
-    return tuple(node.attr("axes", ()))
-
-
-@handler("Squeeze")
-def _squeeze(ctx, node):
-    return apply("squeeze", [ctx.input(node, 0)], {"axes": _axes(ctx, node)}, name=node.outputs[0])
-
-
-@handler("Unsqueeze")
-def _unsqueeze(ctx, node):
-    return apply("expand_dims", [ctx.input(node, 0)], {"axes": _axes(ctx, node)}, name=node.outputs[0])
-
-
-@handler("Slice")
-def _slice(ctx, node):
-    x = ctx.input(node, 0)
-    if not (ctx.has(node, 1) and ctx.has(node, 2)):
-        raise unsupported(node, "Slice needs starts and ends inputs (opset >= 10)")
-    starts, ends, axes, steps = (ctx.input(node, i) for i in range(1, 5))
-    if axes is None and steps is not None:
-        axes = apply("range", [np.int64(0), apply("shape", [starts]), np.int64(1)],
-                     name=f"{node.outputs[0]}/axes")
-    operands = [t for t in (starts, ends, axes, steps) if t is not None]
-    values = [t.spec.value for t in operands]
-    if all(v is not None for v in values):
-        names = ("starts", "ends", "axes", "steps")
-        attrs = {n: tuple(int(v) for v in np.asarray(val).reshape(-1)) for n, val in zip(names, values)}
-        return apply("slice", [x], attrs, name=node.outputs[0])
-    return apply("slice", [x, *operands], name=node.outputs[0])
-
-
-@handler("Gather")
-def _gather(ctx, node):
-    return apply("gather", [ctx.input(node, 0), ctx.input(node, 1)], {"axis": node.attr("axis", 0)},
-                 name=node.outputs[0])
-
-
-@handler("Shape")
+@handler("Shape", op="shape")
 def _shape(ctx, node):
     attrs = {"start": node.attr("start", 0)}
     if "end" in node.attrs:
@@ -94,13 +14,13 @@ def _shape(ctx, node):
     return apply("shape", [ctx.input(node, 0)], attrs, name=node.outputs[0])
 
 
-@handler("Size")
+@handler("Size", op="shape")
 def _size(ctx, node):
     shape = apply("shape", [ctx.input(node, 0)], name=f"{node.outputs[0]}/shape")
     return apply("reduce_prod", [shape], {"axes": (), "keepdims": False}, name=node.outputs[0])
 
 
-@handler("ConstantOfShape")
+@handler("ConstantOfShape", op="constant_of_shape")
 def _constant_of_shape(ctx, node):
     from onnx import numpy_helper
     fill = numpy_helper.to_array(node.attr("value")) if "value" in node.attrs else np.zeros(1, np.float32)
@@ -108,22 +28,22 @@ def _constant_of_shape(ctx, node):
                  {"value": float(fill.reshape(-1)[0]), "dtype": fill.dtype}, name=node.outputs[0])
 
 
-@handler("Range")
+@handler("Range", op="range")
 def _range(ctx, node):
     return apply("range", ctx.inputs(node), name=node.outputs[0])
 
 
-@handler("Expand")
+@handler("Expand", op="expand")
 def _expand(ctx, node):
     return apply("expand", [ctx.input(node, 0), ctx.input(node, 1)], name=node.outputs[0])
 
 
-@handler("Tile")
+@handler("Tile", op="tile")
 def _tile(ctx, node):
     return apply("tile", [ctx.input(node, 0), ctx.input(node, 1)], name=node.outputs[0])
 
 
-@handler("Split")
+@handler("Split", op="split")
 def _split(ctx, node):
     attrs = {"axis": node.attr("axis", 0)}
     if ctx.has(node, 1):

@@ -50,7 +50,4 @@ for _view in ("reshape", "squeeze", "expand_dims"):
     # Views cost nothing on the device either: the same buffer, a new shape.
     CL_KERNELS[_view] = Entry(None, None, True)
 
-from . import elementwise  # noqa: E402,F401  (registration)
-from . import conv, pool, norm, image  # noqa: E402,F401
-from . import gemm, nn  # noqa: E402,F401
-from . import backprop, compare  # noqa: E402,F401
+from . import math, nn, array, reduce, conv, pool, norm, image  # noqa: E402,F401  (registration)

@@ -1,4 +1,5 @@
-// Gradient ops of edgeflow/ops/backprop.py: one work-item per output element, each
+// Gradient ops (sum_to, slice_grad, gather_grad, pooling and conv gradients; launched from
+// reduce.py, array.py, pool.py and conv.py): one work-item per output element, each
 // gathering what reaches it (no float atomics, so every sum is in a fixed order).
 
 #define MAX_RANK 8

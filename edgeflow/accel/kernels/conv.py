@@ -189,3 +189,41 @@ def _conv_gemm(rt, fixed, x, w, bias, out, n, c, m, group, taps, pixels, pointwi
         first()
         second()
     return run
+
+
+def _conv_grad_unsupported(attrs, ins, outs):
+    if outs[0].ndim != 4:
+        return "1-D and 3-D convolution gradients (only 2-D runs on OpenCL)"
+    if any(a.dtype != np.float32 for a in list(ins[:2]) + list(outs)):
+        return "non-float32 gradients"
+    return too_large(ins, outs)
+
+
+def _conv_grad_geometry(rt, attrs, x_shape, w_shape, dy_shape):
+    """conv.cl's geometry table of the forward conv x (*) w -> dy, on the device."""
+    _, _, h, wd = x_shape
+    m, _, kh, kw = w_shape
+    strides, dilations, _ = window_params("conv", attrs, 2)
+    _, begin, _ = window_geometry("conv", (h, wd), (kh, kw), attrs)
+    return constant_ints(rt, (x_shape[1], h, wd, m, dy_shape[2], dy_shape[3], kh, kw, *strides, *dilations,
+                              *begin, attrs["group"]))
+
+
+@cl_kernel("conv_input_grad", unsupported=_conv_grad_unsupported)
+def _conv_input_grad(rt, ins, outs, attrs):
+    dy, w, dx = ins[0], ins[1], outs[0]
+    geo = _conv_grad_geometry(rt, attrs, dx.shape, w.shape, dy.shape)
+    total = int(dx.size)
+    step = launcher(rt, rt.kernel(rt.program("backprop", INDEX="int"), "conv_input_grad"), total,
+                    dy.data, w.data, dx.data, geo.data, np.int32(total))
+    return lambda keep=geo: step()
+
+
+@cl_kernel("conv_filter_grad", unsupported=_conv_grad_unsupported)
+def _conv_filter_grad(rt, ins, outs, attrs):
+    x, dy, dw = ins[0], ins[1], outs[0]
+    geo = _conv_grad_geometry(rt, attrs, x.shape, dw.shape, dy.shape)
+    total = int(dw.size)
+    step = launcher(rt, rt.kernel(rt.program("backprop", INDEX="int"), "conv_filter_grad"), total,
+                    x.data, dy.data, dw.data, geo.data, np.int32(total), np.int32(x.shape[0]))
+    return lambda keep=geo: step()

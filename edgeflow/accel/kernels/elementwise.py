@@ -1,8 +1,6 @@
-"""Elementwise kernels (elementwise.cl): binary with broadcasting and a fused activation,
-and unary math."""
+"""Steps running elementwise.cl: binary ops with broadcasting and a fused activation, and
+unary math. The launchers are registered where their ops are defined (math.py, nn.py)."""
 import numpy as np
-
-from . import cl_kernel
 
 BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3, "maximum": 4, "minimum": 5, "pow": 6}
 UNARY = {"neg": 0, "abs": 1, "exp": 2, "log": 3, "sqrt": 4, "relu": 5, "sigmoid": 6, "tanh": 7}
@@ -23,49 +21,41 @@ def broadcast_strides(shape, out_shape):
     return np.array(strides[::-1], np.int32)
 
 
-def _binary(name):
-    def make(rt, ins, outs, attrs):
-        a, b = ins
-        out = outs[0]
-        n = int(out.size)
-        act = ACTIVATIONS[attrs.get("activation", "")]
-        program = rt.program("elementwise", OP=BINARY[name], UOP=0, ACT=act)
-        if a.shape == b.shape == out.shape:
-            kernel = rt.kernel(program, "binary_same")
-            group = min(rt.max_group(kernel), 256)
-            kernel.set_args(a.data, b.data, out.data, np.int32(n))
-            return lambda: rt.cl.enqueue_nd_range_kernel(rt.queue, kernel, _global(n, group), (group,))
-        import pyopencl.array as cla
-        dims = cla.to_device(rt.queue, np.array(out.shape or (1,), np.int32))
-        sa = cla.to_device(rt.queue, broadcast_strides(a.shape, out.shape) if out.shape else np.zeros(1, np.int32))
-        sb = cla.to_device(rt.queue, broadcast_strides(b.shape, out.shape) if out.shape else np.zeros(1, np.int32))
-        kernel = rt.kernel(program, "binary_broadcast")
+def binary(rt, name, ins, out, activation=""):
+    """A step computing out = activation(name(a, b)), a and b broadcast to out's shape."""
+    a, b = ins
+    n = int(out.size)
+    act = ACTIVATIONS[activation]
+    program = rt.program("elementwise", OP=BINARY[name], UOP=0, ACT=act)
+    if a.shape == b.shape == out.shape:
+        kernel = rt.kernel(program, "binary_same")
         group = min(rt.max_group(kernel), 256)
-        kernel.set_args(a.data, b.data, out.data, np.int32(n), np.int32(max(len(out.shape), 1)),
-                        dims.data, sa.data, sb.data)
-        keep = (dims, sa, sb)  # the step owns the index buffers
+        kernel.set_args(a.data, b.data, out.data, np.int32(n))
+        return lambda: rt.cl.enqueue_nd_range_kernel(rt.queue, kernel, _global(n, group), (group,))
+    import pyopencl.array as cla
+    dims = cla.to_device(rt.queue, np.array(out.shape or (1,), np.int32))
+    sa = cla.to_device(rt.queue, broadcast_strides(a.shape, out.shape) if out.shape else np.zeros(1, np.int32))
+    sb = cla.to_device(rt.queue, broadcast_strides(b.shape, out.shape) if out.shape else np.zeros(1, np.int32))
+    kernel = rt.kernel(program, "binary_broadcast")
+    group = min(rt.max_group(kernel), 256)
+    kernel.set_args(a.data, b.data, out.data, np.int32(n), np.int32(max(len(out.shape), 1)),
+                    dims.data, sa.data, sb.data)
+    keep = (dims, sa, sb)  # the step owns the index buffers
 
-        def run(keep=keep):
-            rt.cl.enqueue_nd_range_kernel(rt.queue, kernel, _global(n, group), (group,))
-        return run
-    return make
+    def run(keep=keep):
+        rt.cl.enqueue_nd_range_kernel(rt.queue, kernel, _global(n, group), (group,))
+    return run
 
 
-def _rank_supported(attrs, ins, outs):
+def rank_supported(attrs, ins, outs):
+    """Why not, for binary ops: an output of rank above 8; else None."""
     return None if len(outs[0].shape) <= 8 else "rank above 8"
 
 
-def _unary(name):
-    def make(rt, ins, outs, attrs):
-        n = int(outs[0].size)
-        kernel = rt.kernel(rt.program("elementwise", OP=0, UOP=UNARY[name], ACT=0), "unary")
-        group = min(rt.max_group(kernel), 256)
-        kernel.set_args(ins[0].data, outs[0].data, np.int32(n))
-        return lambda: rt.cl.enqueue_nd_range_kernel(rt.queue, kernel, _global(n, group), (group,))
-    return make
-
-
-for _name in BINARY:
-    cl_kernel(_name, unsupported=_rank_supported)(_binary(_name))
-for _name in UNARY:
-    cl_kernel(_name)(_unary(_name))
+def unary(rt, name, x, out):
+    """A step computing out = name(x)."""
+    n = int(out.size)
+    kernel = rt.kernel(rt.program("elementwise", OP=0, UOP=UNARY[name], ACT=0), "unary")
+    group = min(rt.max_group(kernel), 256)
+    kernel.set_args(x.data, out.data, np.int32(n))
+    return lambda: rt.cl.enqueue_nd_range_kernel(rt.queue, kernel, _global(n, group), (group,))

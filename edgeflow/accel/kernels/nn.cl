@@ -1,12 +1,13 @@
-// Normalizing functions, reductions and data movement (nn.py launches them).
+// Normalizing functions, reductions and data movement (launched through layout.py from the
+// modules of their ops: nn.py, norm.py, reduce.py, array.py, math.py).
 //
 // Shapes arrive as a geometry table `geo` of GEO_SETS rows of MAX_RANK ints:
 //   row 0: dims of the index space a work-item (or work-group) walks,
 //   rows 1..: element strides into each operand for those dims (0 where it broadcasts).
 // Row ops (softmax, layer_norm, reductions) run one work-group per output row over two
-// tables: `kept` (which row) and `red` (which element of the row). nn.py merges
+// tables: `kept` (which row) and `red` (which element of the row). layout.py merges
 // adjacent dims first, so the common cases walk rank 1 or 2.
-// Data movement copies elements as WORD (-D, nn.py picks it by the element size: uint
+// Data movement copies elements as WORD (-D, layout.py picks it by the element size: uint
 // for float32 and int32, ushort for fp16 mode's half-stored floats).
 
 #define MAX_RANK 8

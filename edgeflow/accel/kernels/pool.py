@@ -46,3 +46,29 @@ def _pool(name, *extra):
 
 cl_kernel("max_pool", unsupported=_unsupported)(_pool("max_pool"))
 cl_kernel("avg_pool", unsupported=_unsupported)(_pool("avg_pool", "count_include_pad"))
+
+
+def _pool_unsupported(attrs, ins, outs):
+    if ins[0].ndim != 4:
+        return "1-D and 3-D pooling gradients (only 2-D runs on OpenCL)"
+    return too_large(ins, outs)
+
+
+@cl_kernel("max_pool_grad", unsupported=_pool_unsupported)
+def _max_pool_grad(rt, ins, outs, attrs):
+    x, dy, dx = ins[0], ins[1], outs[0]
+    geo = constant_ints(rt, _geometry("max_pool", attrs, x.shape))
+    total = int(dx.size)
+    step = launcher(rt, rt.kernel(rt.program("backprop", INDEX="int"), "max_pool_grad"), total,
+                    x.data, dy.data, dx.data, geo.data, np.int32(total))
+    return lambda keep=geo: step()
+
+
+@cl_kernel("avg_pool_grad", unsupported=_pool_unsupported)
+def _avg_pool_grad(rt, ins, outs, attrs):
+    dy, like, dx = ins[0], ins[1], outs[0]
+    geo = constant_ints(rt, _geometry("avg_pool", attrs, like.shape))
+    total = int(dx.size)
+    step = launcher(rt, rt.kernel(rt.program("backprop", INDEX="int"), "avg_pool_grad"), total,
+                    dy.data, dx.data, geo.data, np.int32(total), np.int32(attrs["count_include_pad"]))
+    return lambda keep=geo: step()

@@ -6,8 +6,6 @@ callable that computes into `outs`. Planning stays out of the hot loop, as in TF
 prepare/eval split. Ops whose definition says `view=True` need no kernel: their output
 is a reshaped view of their input, made by the planner.
 """
-from functools import partial
-
 import numpy as np
 
 from ... import ops
@@ -41,10 +39,5 @@ def evaluate(opcode, attrs, values, specs):
     return outs
 
 
-def ufunc(name, fn):
-    """Register numpy ufunc `fn` as the kernel of elementwise op `name`."""
-    kernel(name)(lambda ins, outs, attrs: partial(fn, *ins, out=outs[0]))
-
-
 from . import (activations, array, conv, einsum, image, math, nn, norm, pool, reduce,  # noqa: E402,F401
-               random, rnn, shape, state, backprop)  # (registration)
+               random, rnn, shape, state)  # (registration)

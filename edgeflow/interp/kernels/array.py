@@ -43,3 +43,33 @@ def _gather(params, indices, axis, out):
 @kernel("gather")
 def _gather_kernel(ins, outs, attrs):
     return partial(_gather, ins[0], ins[1], attrs["axis"] % ins[0].ndim, outs[0])
+
+
+@kernel("slice_grad")
+def _slice_grad(ins, outs, attrs):
+    grad, out = ins[0], outs[0]
+    index = [np.s_[:]] * out.ndim
+    starts, ends, axes, steps = slice_params([TensorSpec(out.shape, out.dtype)], attrs)
+    for axis, start, end, step in zip(axes, starts, ends, steps):
+        index[axis] = slice(start, end, step)
+    window = out[tuple(index)]
+
+    def run():
+        out.fill(0)
+        np.copyto(window, grad)
+    return run
+
+
+@kernel("gather_grad")
+def _gather_grad(ins, outs, attrs):
+    grad, indices, out = ins[0], ins[1], outs[0]
+    axis = attrs["axis"] % out.ndim
+    n = out.shape[axis]
+    flat = indices.reshape(-1)
+    rows = np.moveaxis(grad.reshape(out.shape[:axis] + flat.shape + out.shape[axis + 1:]), axis, 0)
+    target = np.moveaxis(out, axis, 0)  # views: scatter along the first axis
+
+    def run():
+        out.fill(0)
+        np.add.at(target, flat % n, rows)
+    return run

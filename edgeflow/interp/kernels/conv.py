@@ -17,6 +17,7 @@ passes per tap, one of them a slow broadcast) by 1 to 2x.
 import itertools
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -202,3 +203,114 @@ def _conv_transpose(ins, outs, attrs):
         elif not direct:
             np.copyto(out, crop)
     return with_activation(run, attrs["activation"], out)
+
+
+# Window ops run backwards over the tap runs of conv.py: each tap's run of the padded,
+# phase-split input is where that tap's share of the gradient goes, so the gradients are
+# added run by run (long and unit-stride, as the forward reads them) into zeroed buffers
+# laid out as the runs, and the input's part of those is copied out at the end.
+
+def unload_step(runs, grads, x, kernel_shape, strides, dilations, begin):
+    """Step copying x's elements out of `grads` (laid out as runs.buffers): load, undone."""
+    widths = (grads.shape[-1] // math.prod(runs.wide[1:]),) + runs.wide[1:]
+    grid = reshaped(grads, grads.shape[:3] + widths)
+    taps = itertools.product(*map(range, kernel_shape))
+    used = sorted({tuple(t * dl % s for t, dl, s in zip(tap, dilations, strides)) for tap in taps})
+    copies = []
+    for p, phase in enumerate(used):  # as tap_runs placed them
+        src, dst = [], []
+        for a, s, b, m in zip(phase, strides, begin, x.shape[2:]):
+            first = (a - b) % s
+            start = (first + b) // s
+            dst.append(slice(first, m, s))
+            src.append(slice(start, start + len(range(first, m, s))))
+        copies.append((x[(Ellipsis,) + tuple(dst)], grid[(slice(None), p, slice(None)) + tuple(src)]))
+    unread = len(used) < math.prod(strides)  # phases no tap reads get no gradient
+
+    def run():
+        if unread:
+            x.fill(0)
+        for dst, src in copies:
+            np.copyto(dst, src)
+    return run
+
+
+def _widened(runs, dy, shape):
+    """(array, step): dy copied into a zeroed array of `shape` ending in the wide layout
+    (N, M, *wide), or dy itself with no step where that layout is dy's own."""
+    if runs.wide == runs.out_shape and shape == dy.shape and dy.flags.c_contiguous:
+        return dy, None
+    wide = np.zeros(shape, dy.dtype)  # the columns past the outputs stay zero
+    crop = wide[(Ellipsis,) + tuple(slice(0, o) for o in runs.out_shape)]
+    return wide, partial(np.copyto, crop, dy)
+
+
+def _conv_geometry(x, kernel_shape, attrs):
+    strides, dilations, _ = window_params("conv", attrs, x.ndim - 2)
+    out_shape, begin, end = window_geometry("conv", x.shape[2:], kernel_shape, attrs)
+    pointwise = math.prod(kernel_shape) == 1 and set(strides) == {1} and not any(begin + end)
+    return strides, dilations, out_shape, begin, pointwise
+
+
+@kernel("conv_input_grad")
+def _conv_input_grad(ins, outs, attrs):
+    """Columns w^T @ dy (N, C, taps, L), each tap's added into its run, then unloaded."""
+    dy, w, dx = ins[0], ins[1], outs[0]
+    (n, c), m, group, kernel_shape = dx.shape[:2], w.shape[0], attrs["group"], w.shape[2:]
+    strides, dilations, out_shape, begin, pointwise = _conv_geometry(dx, kernel_shape, attrs)
+    ws = np.swapaxes(reshaped(w, (group, m // group, -1)), 1, 2)
+    if pointwise:
+        result = reshaped(dx, (n, group, c // group, -1))
+        return partial(np.matmul, ws, reshaped(dy, (n, group, m // group, -1)), out=result)
+    runs = tap_runs(dx, kernel_shape, strides, dilations, begin, out_shape)  # never loaded
+    wide, widen = _widened(runs, dy, (n, m) + runs.wide)
+    sources = runs.runs()
+    taps, length = len(sources), sources[0].shape[-1]
+    dys = reshaped(wide, (n, group, m // group, length))
+    targets = [reshaped(run, (n, group, c // group, length)) for run in sources]
+    if m == group:  # one output channel per group (depthwise): the product is an outer one, slow in BLAS
+        part = np.empty((n, group, c // group, length), dx.dtype)
+        w_taps = reshaped(w, (group, c // group, taps))[..., None]
+        parts = [(partial(np.multiply, dys, w_taps[:, :, t], out=part), part) for t in range(taps)]
+    else:
+        cols = np.empty((n, group, c // group, taps, length), dx.dtype)
+        product = partial(np.matmul, ws, dys, out=reshaped(cols, (n, group, -1, length)))
+        parts = [(product if t == 0 else None, cols[:, :, :, t]) for t in range(taps)]
+    unload = unload_step(runs, runs.buffers, dx, kernel_shape, strides, dilations, begin)
+
+    def run():
+        runs.buffers.fill(0)
+        for (make, part), target in zip(parts, targets):
+            if make is not None:
+                make()
+            np.add(target, part, out=target)
+        unload()
+    return sequence(widen, run)
+
+
+@kernel("conv_filter_grad")
+def _conv_filter_grad(ins, outs, attrs):
+    """One product per group over the whole batch: dy (M/g, N * L) @ columns (N * L, C/g * taps)."""
+    x, dy, dw = ins[0], ins[1], outs[0]
+    (n, c), m, group, kernel_shape = x.shape[:2], dw.shape[0], attrs["group"], dw.shape[2:]
+    strides, dilations, out_shape, begin, pointwise = _conv_geometry(x, kernel_shape, attrs)
+    result = reshaped(dw, (group, m // group, -1))
+    if pointwise:  # per image (M/g, P) @ (P, C/g), then the sum over images
+        per_image = np.empty((n,) + result.shape, dw.dtype)
+        xs = np.swapaxes(reshaped(x, (n, group, c // group, -1)), 2, 3)
+        dys = reshaped(dy, (n, group, m // group, -1))
+        return sequence(partial(np.matmul, dys, xs, out=per_image),
+                        partial(np.sum, per_image, axis=0, out=result))
+    runs = tap_runs(x, kernel_shape, strides, dilations, begin, out_shape)
+    wide, widen = _widened(runs, np.swapaxes(dy, 0, 1), (m, n) + runs.wide)
+    sources = runs.runs()
+    cols = np.empty((c, len(sources)) + sources[0].shape[::2], x.dtype)  # (C, taps, N, L)
+    gathers = [(cols[:, t], np.swapaxes(run, 0, 1)) for t, run in enumerate(sources)]
+    product = partial(np.matmul, reshaped(wide, (group, m // group, -1)),
+                      np.swapaxes(reshaped(cols, (group, -1, n * cols.shape[-1])), 1, 2), out=result)
+
+    def gather():
+        runs.load()
+        for dst, src in gathers:
+            np.copyto(dst, src)
+    return sequence(gather, widen, product)

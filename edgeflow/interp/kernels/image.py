@@ -1,9 +1,11 @@
 """Kernels of edgeflow/ops/image.py. Index tables are built at prepare time; runs only gather."""
+from functools import partial
+
 import numpy as np
 
 from ...ops.image import spatial_scales
 from . import kernel
-from .conv import reshaped
+from .conv import reshaped, sequence
 
 
 def _pad_constant(x, out, pads, value):
@@ -129,3 +131,87 @@ def _bilinear(x, out, coords):
         np.multiply(right, wx, out=right)
         np.add(out, right, out=out)
     return run
+
+
+def _add_grouped(dst, put, src, take, starts, axis):
+    """Step: dst[put] += src[take] summed along `axis` over the groups beginning at `starts`."""
+    def run():
+        dst[put] += np.add.reduceat(src[take], starts, axis=axis)
+    return run
+
+
+@kernel("pad_grad")
+def _pad_grad(ins, outs, attrs):
+    """pad's borders undone axis by axis, last axis first: each border element's gradient is
+    added to its source's (grouped by source, so repeated sources sum), then the inside kept."""
+    dy, dx, pads, rank = ins[0], outs[0], attrs["pads"], outs[0].ndim
+    acc = np.empty_like(dy)
+    folds, inside = [], [slice(pads[i], pads[i] + n) for i, n in enumerate(dx.shape)]
+    for i in reversed(range(rank)):
+        n, pb, pe = dx.shape[i], pads[i], pads[i + rank]
+        if not pb and not pe:
+            continue
+        source = np.pad(np.arange(n), (pb, pe), mode=attrs["mode"]) + pb  # as the pad kernel fills
+        border = np.r_[0:pb, pb + n:pb + n + pe]
+        border = border[np.argsort(source[border], kind="stable")]
+        put, starts = np.unique(source[border], return_index=True)
+        lead, trail = (slice(None),) * i, tuple(inside[i + 1:])  # later axes are folded already
+        folds.append(_add_grouped(acc, lead + (put,) + trail, acc, lead + (border,) + trail, starts, i))
+    return sequence(partial(np.copyto, acc, dy), *folds, partial(np.copyto, dx, acc[tuple(inside)]))
+
+
+def _transposed(terms, n):
+    """Rounds (index, weight or None) with sum over rounds of weight * g[index] = the gradient
+    over n positions of out = sum over terms (index, weight or None) of weight * x[index].
+
+    Round r holds, per position, its r-th contribution (weight 0 where it has fewer).
+    """
+    source = np.concatenate([np.arange(len(i)) for i, _ in terms])
+    target = np.concatenate([i for i, _ in terms])
+    weight = np.concatenate([np.ones(len(i)) if w is None else w for i, w in terms])
+    keep = weight != 0
+    source, target, weight = source[keep], target[keep], weight[keep]
+    order = np.argsort(target, kind="stable")
+    source, target, weight = source[order], target[order], weight[order]
+    counts = np.bincount(target, minlength=n)
+    rank = np.arange(len(target)) - np.repeat(np.cumsum(counts) - counts, counts)
+    index, scale = np.zeros((counts.max(initial=0), n), np.intp), np.zeros((counts.max(initial=0), n))
+    index[rank, target], scale[rank, target] = source, weight
+    return [(i, None if np.all(w == 1) else w) for i, w in zip(index, scale)]
+
+
+def _gather_axis(src, dst, axis, rounds):
+    """Step: dst = the sum over rounds (index, weight or None) of src gathered at index along
+    `axis`, times weight."""
+    shape, scratch = (-1,) + (1,) * (dst.ndim - 1 - axis), np.empty_like(dst) if len(rounds) > 1 else None
+    steps = [] if rounds else [partial(dst.fill, 0)]
+    for r, (index, weight) in enumerate(rounds):
+        target = dst if r == 0 else scratch
+        steps.append(partial(np.take, src, index, axis=axis, out=target, mode="clip"))
+        if weight is not None:
+            steps.append(partial(np.multiply, target, weight.astype(dst.dtype).reshape(shape), out=target))
+        if r:
+            steps.append(partial(np.add, dst, scratch, out=dst))
+    return sequence(*steps)
+
+
+@kernel("resize_grad")
+def _resize_grad(ins, outs, attrs):
+    """resize undone along W (into scratch (N, C, OH, W)), then along H: each input pixel
+    gathers the gradients of the output pixels that read it, with the weights they read it
+    with (rounds of gathers rather than scattered adds: numpy gathers fast)."""
+    dy, dx = ins[0], outs[0]
+    scales = _axis_scales(dx, dy, attrs)
+    mode = attrs["coordinate_transformation_mode"]
+    coords = [source_coordinates(n, o, s, mode) for n, o, s in zip(dx.shape[2:], dy.shape[2:], scales)]
+    rounds = []
+    for c, n in zip(coords, dx.shape[2:]):
+        if attrs["mode"] == "nearest":
+            terms = [(np.clip(_ROUND[attrs["nearest_mode"]](c), 0, n - 1).astype(np.intp), None)]
+        else:
+            low, high, weight = _linear_taps(c, n)
+            weight = weight.astype(np.float64)  # exactly as the forward pass weighs
+            terms = [(low, 1 - weight), (high, weight)]
+        rounds.append(_transposed(terms, n))
+    rows = np.empty(dy.shape[:3] + dx.shape[3:], dx.dtype)
+    return sequence(_gather_axis(dy, rows, 3, rounds[1]), _gather_axis(rows, dx, 2, rounds[0]))

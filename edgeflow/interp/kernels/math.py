@@ -4,15 +4,23 @@ from functools import partial
 import numpy as np
 
 from ... import dtypes
-from . import kernel, ufunc
+from . import kernel
 from .fused import with_activation
+
+
+def _ufunc(fn):
+    """The kernel of an elementwise op that numpy ufunc `fn` computes."""
+    def make(ins, outs, attrs):
+        return partial(fn, *ins, out=outs[0])
+    return make
+
 
 for _name, _fn in (("sub", np.subtract), ("mul", np.multiply),
                    ("maximum", np.maximum), ("minimum", np.minimum), ("pow", np.power),
                    ("neg", np.negative), ("abs", np.absolute), ("exp", np.exp), ("log", np.log),
                    ("sqrt", np.sqrt), ("tanh", np.tanh), ("equal", np.equal), ("less", np.less),
                    ("greater", np.greater)):
-    ufunc(_name, _fn)
+    kernel(_name)(_ufunc(_fn))
 
 
 def _truncating_divide(a, b, out):

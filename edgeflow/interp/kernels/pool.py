@@ -9,7 +9,7 @@ import numpy as np
 
 from ...ops.conv import window_geometry, window_params
 from . import kernel
-from .conv import tap_runs
+from .conv import reshaped, tap_runs, unload_step
 
 
 def _runs(x, attrs, fill):
@@ -78,4 +78,68 @@ def _avg_pool(ins, outs, attrs):
     def run():
         reduce()
         np.multiply(crop, inverse, out=out, casting="unsafe")
+    return run
+
+
+def _pool_adjoint(like, dx, attrs, fill):
+    """(runs of `like` padded with `fill`, gradient buffers laid out as runs.buffers, per tap
+    the long run of those, step copying dx's gradient out of them)."""
+    runs = _runs(like, attrs, fill)
+    strides, dilations, _ = window_params("pool", attrs, like.ndim - 2)
+    _, begin, _ = window_geometry("pool", like.shape[2:], attrs["kernel_shape"], attrs, attrs["ceil_mode"])
+    n, phases, c, q = runs.buffers.shape
+    grads = np.zeros_like(runs.buffers) if fill else runs.buffers  # zero-padded runs are never loaded
+    flat = reshaped(grads, (n, phases, c * q))
+    length = c * q - max(s for _, s in runs.taps)
+    targets = [flat[:, p, s:s + length] for p, s in runs.taps]
+    return runs, grads, targets, unload_step(runs, grads, dx, attrs["kernel_shape"], strides, dilations, begin)
+
+
+def _long(runs, dtype):
+    """(part the long runs cover, (N, C, *out) outputs) of an array (N, C * Q) of zeros."""
+    n, _, c, q = runs.buffers.shape
+    array = np.zeros((n, c * q), dtype)
+    return array[:, :c * q - max(s for _, s in runs.taps)], runs.crop(array)
+
+
+@kernel("max_pool_grad")
+def _max_pool_grad(ins, outs, attrs):
+    """Each tap in kernel order takes the gradient of the windows it wins and have not yet
+    routed theirs: that is the first maximum on ties, as onnxruntime's and PyTorch's indices."""
+    x, dy, dx = ins[0], ins[1], outs[0]
+    runs, grads, targets, unload = _pool_adjoint(x, dx, attrs, -np.inf)
+    inputs = runs.long_runs()
+    peak, _ = _long(runs, x.dtype)
+    left, dy_view = _long(runs, dx.dtype)  # per window, the gradient no tap has taken yet
+    won, share = np.empty(peak.shape, bool), np.empty_like(left)
+
+    def run():
+        runs.load()
+        np.copyto(peak, inputs[0])
+        for r in inputs[1:]:
+            np.maximum(peak, r, out=peak)
+        np.copyto(dy_view, dy)
+        grads.fill(0)
+        for r, target in zip(inputs, targets):
+            np.equal(r, peak, out=won)
+            np.multiply(won, left, out=share)
+            np.add(target, share, out=target)
+            np.subtract(left, share, out=left)
+        unload()
+    return run
+
+
+@kernel("avg_pool_grad")
+def _avg_pool_grad(ins, outs, attrs):
+    dy, like, dx = ins[0], ins[1], outs[0]
+    runs, grads, targets, unload = _pool_adjoint(like, dx, attrs, 0)
+    part, scaled = _long(runs, dx.dtype)
+    inverse = (1 / _window_counts(like.shape[2:], attrs)).astype(dx.dtype)
+
+    def run():
+        np.multiply(dy, inverse, out=scaled)
+        grads.fill(0)
+        for target in targets:
+            np.add(target, part, out=target)
+        unload()
     return run

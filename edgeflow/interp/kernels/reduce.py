@@ -145,3 +145,13 @@ def _topk_kernel(ins, outs, attrs):
     axis = attrs["axis"] % ins[0].ndim
     last = [np.moveaxis(a, axis, -1) for a in (ins[0], *outs)]
     return partial(_topk, last[0], attrs["k"], attrs["largest"], *last[1:])
+
+
+@kernel("sum_to")
+def _sum_to(ins, outs, attrs):
+    grad, out = ins[0], outs[0]
+    lead = grad.ndim - out.ndim
+    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(out.shape)
+                                      if d == 1 and grad.shape[lead + i] != 1)
+    # keepdims: the sum's shape is out's with `lead` leading 1s, a view of out.
+    return partial(np.sum, grad, axis=axes, keepdims=True, out=out.reshape((1,) * lead + out.shape))

@@ -1,23 +1,16 @@
-"""Elementwise, activation, matrix-product, cast and constant nodes."""
-import math
-
+"""Elementwise math, comparison, cast, where and matrix-product nodes (edgeflow/ops/math.py)."""
 import numpy as np
 
 from edgeflow.graph.math_ops import apply
 
-from . import handler, unsupported
+from . import handler
 
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Equal": "equal",
            "Less": "less", "Greater": "greater"}
-_UNARY = {"Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Relu": "relu",
-          "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Softplus": "softplus",
-          "HardSwish": "hard_swish"}
-# ONNX attribute -> edgeflow attribute, for activations that take parameters.
-_PARAMETRIC = {"LeakyRelu": ("leaky_relu", {"alpha": 0.01}),
-               "HardSigmoid": ("hard_sigmoid", {"alpha": 0.2, "beta": 0.5}),
-               "Elu": ("elu", {"alpha": 1.0}),
-               "Selu": ("selu", {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875}),
-               "Gelu": ("gelu", {"approximate": "none"})}
+_UNARY = {"Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Sigmoid": "sigmoid", "Tanh": "tanh"}
+_VARIADIC = {"Max": "maximum", "Min": "minimum", "Sum": "add", "Mean": "add"}
+# a <= b is "not (a > b)", written as (a > b) == False to use only defined ops.
+_OR_EQUAL = {"LessOrEqual": "greater", "GreaterOrEqual": "less"}
 
 
 def _same_dtype(ctx, node, a, b):
@@ -27,7 +20,7 @@ def _same_dtype(ctx, node, a, b):
     return b
 
 
-@handler(*_BINARY)
+@handler(_BINARY)
 def _binary(ctx, node):
     a, b = ctx.input(node, 0), ctx.input(node, 1)
     if node.op_type == "Pow" and a.dtype.kind in "iu":
@@ -44,9 +37,9 @@ def _integer_pow(node, a, b):
     return apply("cast", [apply("pow", [a64, b64], name=f"{out}/float64")], {"dtype": a.dtype}, name=out)
 
 
-@handler("Max", "Min", "Sum", "Mean")
+@handler(_VARIADIC)
 def _variadic(ctx, node):
-    op = {"Max": "maximum", "Min": "minimum", "Sum": "add", "Mean": "add"}[node.op_type]
+    op = _VARIADIC[node.op_type]
     ins = ctx.inputs(node)
     out = ins[0]
     for k, t in enumerate(ins[1:], 1):
@@ -57,94 +50,47 @@ def _variadic(ctx, node):
     return out
 
 
-@handler("LessOrEqual", "GreaterOrEqual")
+@handler(_OR_EQUAL)
 def _or_equal(ctx, node):
     a, b = ctx.input(node, 0), ctx.input(node, 1)
-    # a <= b is "not (a > b)", written as (a > b) == False to use only defined ops.
-    strict = apply("greater" if node.op_type == "LessOrEqual" else "less", [a, b],
-                   name=f"{node.outputs[0]}/strict")
+    strict = apply(_OR_EQUAL[node.op_type], [a, b], name=f"{node.outputs[0]}/strict")
     return apply("equal", [strict, np.array(False)], name=node.outputs[0])
 
 
-@handler(*_UNARY)
+@handler(_UNARY)
 def _unary(ctx, node):
     return apply(_UNARY[node.op_type], [ctx.input(node, 0)], name=node.outputs[0])
 
 
-@handler("Reciprocal")
+@handler("Reciprocal", op="div")
 def _reciprocal(ctx, node):
     x = ctx.input(node, 0)
     return apply("div", [np.array(1, x.dtype), x], name=node.outputs[0])
 
 
-@handler(*_PARAMETRIC)
-def _parametric(ctx, node):
-    op, defaults = _PARAMETRIC[node.op_type]
-    attrs = {k: node.attr(k, v) for k, v in defaults.items()}
-    return apply(op, [ctx.input(node, 0)], attrs, name=node.outputs[0])
-
-
-@handler("Clip")
-def _clip(ctx, node):
-    x = ctx.input(node, 0)
-    lo, hi = node.attr("min", -math.inf), node.attr("max", math.inf)
-    if ctx.has(node, 1):
-        lo = float(ctx.constant(node, 1, "min"))
-    if ctx.has(node, 2):
-        hi = float(ctx.constant(node, 2, "max"))
-    return apply("clip", [x], {"min": lo, "max": hi}, name=node.outputs[0])
-
-
-@handler("Identity", "Dropout")
-def _identity(ctx, node):
-    if node.op_type == "Dropout" and len(node.outputs) > 1 and node.outputs[1]:
-        raise unsupported(node, "the mask output of Dropout is not supported (inference only)")
-    if node.op_type == "Dropout" and ctx.has(node, 2) and bool(ctx.constant(node, 2, "training_mode")):
-        raise unsupported(node, "Dropout in training mode is not supported")
-    return ctx.input(node, 0)
-
-
-@handler("Cast")
+@handler("Cast", op="cast")
 def _cast(ctx, node):
     from onnx import helper
     dtype = helper.tensor_dtype_to_np_dtype(node.attr("to"))
     return apply("cast", [ctx.input(node, 0)], {"dtype": dtype}, name=node.outputs[0])
 
 
-@handler("Where")
+@handler("Where", op="where")
 def _where(ctx, node):
     return apply("where", ctx.inputs(node), name=node.outputs[0])
 
 
-@handler("Not")
+@handler("Not", op="equal")
 def _not(ctx, node):
     return apply("equal", [ctx.input(node, 0), np.array(False)], name=node.outputs[0])
 
 
-_CONSTANT_KINDS = {"value_float": np.float32, "value_int": np.int64,
-                   "value_floats": np.float32, "value_ints": np.int64}
-
-
-@handler("Constant")
-def _constant(ctx, node):
-    from onnx import numpy_helper
-    from edgeflow.graph.graph import constant
-    (attr,) = node.proto.attribute
-    if attr.name == "value":
-        value = numpy_helper.to_array(attr.t)
-    elif attr.name in _CONSTANT_KINDS:
-        value = np.array(node.attr(attr.name), _CONSTANT_KINDS[attr.name])
-    else:
-        raise unsupported(node, f"Constant given as {attr.name} is not supported")
-    return constant(value, name=node.outputs[0])
-
-
-@handler("MatMul")
+@handler("MatMul", op="matmul")
 def _matmul(ctx, node):
     return apply("matmul", [ctx.input(node, 0), ctx.input(node, 1)], name=node.outputs[0])
 
 
-@handler("Gemm")
+@handler("Gemm", op="matmul")
 def _gemm(ctx, node):
     """alpha * A' @ B' + beta * C, as matmul (with transposes), scale and bias add."""
     a, b, c = ctx.input(node, 0), ctx.input(node, 1), ctx.input(node, 2)
@@ -160,8 +106,3 @@ def _gemm(ctx, node):
             c = apply("mul", [c, np.array(beta, c.dtype)], name=f"{out}/beta")
         y = apply("add", [y, c], name=out)
     return y
-
-
-@handler("Einsum")
-def _einsum(ctx, node):
-    return apply("einsum", ctx.inputs(node), {"equation": node.attr("equation")}, name=node.outputs[0])

@@ -1,0 +1,65 @@
+"""Reduction, running-sum and top-k nodes (edgeflow/ops/reduce.py)."""
+import numpy as np
+
+from edgeflow.graph.math_ops import apply
+
+from . import handler, node_axes
+
+_REDUCE = {"ReduceSum": "reduce_sum", "ReduceMean": "reduce_mean", "ReduceMax": "reduce_max",
+           "ReduceMin": "reduce_min", "ReduceProd": "reduce_prod", "ReduceL2": "reduce_l2"}
+# Global pooling is a reduction over the spatial axes.
+_GLOBAL_POOL = {"GlobalAveragePool": "reduce_mean", "GlobalMaxPool": "reduce_max"}
+
+
+@handler(_REDUCE)
+def _reduce(ctx, node):
+    x = ctx.input(node, 0)
+    axes = node_axes(ctx, node)
+    if not axes and node.attr("noop_with_empty_axes", 0):
+        return x
+    attrs, out = {"axes": axes, "keepdims": bool(node.attr("keepdims", 1))}, node.outputs[0]
+    if x.dtype == np.bool_ and node.op_type in ("ReduceMax", "ReduceMin"):
+        # Any and all (opset 20): edgeflow's reductions are numeric, so reduce 0s and 1s.
+        ints = apply("cast", [x], {"dtype": np.dtype(np.uint8)}, name=f"{out}/uint8")
+        reduced = apply(_REDUCE[node.op_type], [ints], attrs, name=f"{out}/reduced")
+        return apply("cast", [reduced], {"dtype": np.dtype(np.bool_)}, name=out)
+    return apply(_REDUCE[node.op_type], [x], attrs, name=out)
+
+
+@handler("ReduceSumSquare", op="reduce_sum")
+def _reduce_sum_square(ctx, node):
+    x = ctx.input(node, 0)
+    square = apply("mul", [x, x], name=f"{node.outputs[0]}/square")
+    return apply("reduce_sum", [square], {"axes": node_axes(ctx, node),
+                                          "keepdims": bool(node.attr("keepdims", 1))}, name=node.outputs[0])
+
+
+@handler(_GLOBAL_POOL)
+def _global_pool(ctx, node):
+    x = ctx.input(node, 0)
+    return apply(_GLOBAL_POOL[node.op_type], [x], {"axes": tuple(range(2, len(x.shape))), "keepdims": True},
+                 name=node.outputs[0])
+
+
+@handler("ArgMax", op="argmax")
+def _argmax(ctx, node):
+    attrs = {"axis": node.attr("axis", 0), "keepdims": bool(node.attr("keepdims", 1)),
+             "select_last_index": bool(node.attr("select_last_index", 0))}
+    return apply("argmax", [ctx.input(node, 0)], attrs, name=node.outputs[0])
+
+
+@handler("CumSum", op="cumsum")
+def _cumsum(ctx, node):
+    axis = int(np.asarray(ctx.constant(node, 1, "axis")).reshape(()))
+    return apply("cumsum", [ctx.input(node, 0)], {"axis": axis, "exclusive": bool(node.attr("exclusive", 0)),
+                                                  "reverse": bool(node.attr("reverse", 0))},
+                 name=node.outputs[0])
+
+
+@handler("TopK", op="topk")
+def _topk(ctx, node):
+    k = int(np.asarray(ctx.constant(node, 1, "k")).reshape(-1)[0])
+    values, indices = apply("topk", [ctx.input(node, 0)], {
+        "k": k, "axis": node.attr("axis", -1), "largest": bool(node.attr("largest", 1)),
+        "sorted": bool(node.attr("sorted", 1))}, name=node.outputs[0])
+    return [values, indices]
