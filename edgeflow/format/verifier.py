@@ -13,7 +13,7 @@ It works in two passes:
    the weights: the FlatBuffer is size-prefixed, so its end is known up front.
 2. Semantic checks on the decoded values, which build the ModelDef skeleton the
    reader hands out: version, indices, dtypes, shapes against buffer sizes, buffer
-   placement, ops and attributes against `edgeflow.ops`, dataflow (one producer per
+   placement, ops, attributes and input dtypes against `edgeflow.ops`, dataflow (one producer per
    tensor, no cycles), signatures, metadata.
 
 Every problem raises FormatError naming where it is and what is wrong; no other
@@ -413,6 +413,10 @@ def _operator(where, index, raw, opdefs, tensors):
     except GraphError as e:
         _fail(here, str(e))
     attrs = _attrs(here, opdef, raw["attrs"])
+    try:
+        opdef.check_dtypes([tensors[t].dtype for t in inputs], attrs)
+    except GraphError as e:
+        _fail(here, str(e))
     try:
         count = opdef.output_count(attrs)
     except (GraphError, TypeError, ValueError) as e:
