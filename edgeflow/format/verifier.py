@@ -333,7 +333,10 @@ def _subgraph(index, raw, opdefs, buffers):
     for k, t in enumerate(tensors):
         if t.is_variable and buffer_of[k] < 0:
             _fail(f"{where}: {_label('tensor', k, t.name)}", "a variable needs a buffer with its initial value")
-    operators = [_operator(where, k, op, opdefs, tensors) for k, op in enumerate(raw["operators"])]
+    # What ops read: the interpreter dequantizes quantized constants to float32 before any op runs.
+    seen = [dtypes.float32 if t.quantization is not None and buffer_of[k] >= 0 and not t.is_variable
+            else t.dtype for k, t in enumerate(tensors)]
+    operators = [_operator(where, k, op, opdefs, tensors, seen) for k, op in enumerate(raw["operators"])]
     for k, op in enumerate(operators):
         written = [t for t in op.outputs if tensors[t].is_variable]
         if written:
@@ -400,7 +403,8 @@ def _indices(where, raw, tensors):
     return list(raw)
 
 
-def _operator(where, index, raw, opdefs, tensors):
+def _operator(where, index, raw, opdefs, tensors, seen):
+    """The OperatorDef of `raw`, checked against its op; `seen`: the dtype ops read of each tensor."""
     if raw["opcode_index"] >= len(opdefs):
         _fail(f"{where}: operator {index}", f"opcode index {raw['opcode_index']} out of range "
                                             f"(model has {len(opdefs)} opcodes)")
@@ -414,7 +418,7 @@ def _operator(where, index, raw, opdefs, tensors):
         _fail(here, str(e))
     attrs = _attrs(here, opdef, raw["attrs"])
     try:
-        opdef.check_dtypes([tensors[t].dtype for t in inputs], attrs)
+        opdef.check_dtypes([seen[t] for t in inputs], attrs)
     except GraphError as e:
         _fail(here, str(e))
     try:
