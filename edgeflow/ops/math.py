@@ -11,7 +11,7 @@ NUMERIC, FLOATS = dtypes.NUMERIC, dtypes.FLOATS
 
 
 def _elementwise(name, arity, allowed, result=None, attrs=None):
-    """Define an op whose output broadcasts its inputs (of one dtype); dtype kept unless `result` is given."""
+    """Define an op whose output broadcasts its inputs (of one dtype), kept unless `result` is given."""
     def infer(inputs, attrs):
         check_activation(name, attrs)
         return [TensorSpec(broadcast(*(s.shape for s in inputs)), result or inputs[0].dtype)]
@@ -55,9 +55,9 @@ def _matmul_flops(inputs, outputs, attrs):
     return 2 * inner * int(np.prod(outputs[0].shape, dtype=np.int64))
 
 
-@define("matmul", types=Types("a: T, b: T -> T", T=NUMERIC), attrs={"transpose_a": Attr(AttrKind.BOOL, False),
-                                    "transpose_b": Attr(AttrKind.BOOL, False),
-                                    "activation": activation_attr()}, flops=_matmul_flops)
+@define("matmul", types=Types("a: T, b: T -> T", T=NUMERIC), flops=_matmul_flops,
+        attrs={"transpose_a": Attr(AttrKind.BOOL, False), "transpose_b": Attr(AttrKind.BOOL, False),
+               "activation": activation_attr()})
 def _matmul(inputs, attrs):
     """Batched matrix product with numpy's matmul rules; transpose_* swap the last two axes."""
     a, b = inputs
