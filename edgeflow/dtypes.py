@@ -21,8 +21,12 @@ bool_ = np.dtype(np.bool_)
 ALL = (float32, float16, float64, int8, int16, int32, int64, uint8, bool_)
 _CODE = {dt: code for code, dt in enumerate(ALL)}
 
+# Named dtype sets: the ops' type constraints (edgeflow.ops.registry.Types) are written with them.
 FLOATS = frozenset((float16, float32, float64))
 INTEGERS = frozenset((int8, int16, int32, int64, uint8))
+NUMERIC = FLOATS | INTEGERS
+INDEX = frozenset((int32, int64))  # indices, and operands that hold shapes or positions
+ANY = frozenset(ALL)
 
 
 def as_dtype(value):

@@ -10,8 +10,10 @@ import os
 
 import numpy as np
 
+from .. import dtypes, ops
 from ..errors import EdgeflowError
 from ..interp.delegate import Delegate
+from ..ops.registry import dtype_names
 
 INSTALL_HINT = ("install an OpenCL runtime: pip install 'edgeflow[opencl]' brings pyopencl and PoCL "
                 "(a CPU OpenCL runtime); GPUs need their vendor's OpenCL driver")
@@ -140,6 +142,27 @@ class Runtime:
         return array
 
 
+# What the kernels' buffers hold: float32 tensors (as half in fp16 mode) and, in kernels
+# that move or select elements (`int_inputs`), integer and bool tensors as they are.
+STORED = frozenset((dtypes.float32,))
+STORED_INTS = dtypes.INTEGERS | {dtypes.bool_}
+_UNDECLARED = ops.Types("any* -> any*")  # ops that declare no dtypes (gradient ops) take any
+
+
+def _dtype_unsupported(op, entry, ins, outs):
+    """Why an input or output of `op` has a dtype its OpenCL kernel does not take (those the
+    op's declaration admits and the buffers hold), or None."""
+    types = ops.get(op.opcode).types or _UNDECLARED
+    stored = STORED | (STORED_INTS if entry.int_inputs else frozenset())
+    for side, arrays, declared in (("input", ins, types.input_dtypes(len(ins), op.attrs)),
+                                   ("output", outs, types.output_dtypes(len(outs), op.attrs))):
+        for i, (a, allowed) in enumerate(zip(arrays, declared)):
+            if a is not None and a.dtype not in allowed & stored:
+                return (f"{side} {i} has dtype {a.dtype} (OpenCL's {op.opcode} takes "
+                        f"{dtype_names(allowed & stored)})")
+    return None
+
+
 class OpenCLDelegate(Delegate):
     """Runs the ops it has kernels for on an OpenCL device.
 
@@ -184,17 +207,13 @@ class OpenCLDelegate(Delegate):
         entry = CL_KERNELS.get(op.opcode)
         if entry is None:
             return "no OpenCL kernel"
-        arrays = list(ins) + [o for o in outs if o is not None]
-        if any(a.size == 0 for a in arrays):
+        if any(a.size == 0 for a in list(ins) + [o for o in outs if o is not None]):
             return "an empty tensor (nothing to run)"
-        for a in arrays:
-            if a.dtype != np.float32 and not (a.dtype.kind in "iub" and entry.int_inputs):
-                return f"dtype {a.dtype} (OpenCL kernels take float32)"
-        return entry.unsupported(op.attrs, ins, outs) if entry.unsupported else None
+        return _dtype_unsupported(op, entry, ins, outs) or (
+            entry.unsupported(op.attrs, ins, outs) if entry.unsupported else None)
 
     def compile(self, partition):
         from .kernels import CL_KERNELS
-        from .. import ops as registry
         rt = self.rt
         device = {}
         for t in partition.constants:
@@ -205,7 +224,7 @@ class OpenCLDelegate(Delegate):
         launches = []
         for _, op in partition.ops:
             ins = [device[t] for t in op.inputs]
-            if registry.get(op.opcode).view:
+            if ops.get(op.opcode).view:
                 device[op.outputs[0]] = ins[0].reshape(partition.arrays[op.outputs[0]].shape)
                 continue
             outs = []

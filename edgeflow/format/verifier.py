@@ -13,8 +13,9 @@ It works in two passes:
    the weights: the FlatBuffer is size-prefixed, so its end is known up front.
 2. Semantic checks on the decoded values, which build the ModelDef skeleton the
    reader hands out: version, indices, dtypes, shapes against buffer sizes, buffer
-   placement, ops and attributes against `edgeflow.ops`, dataflow (one producer per
-   tensor, no cycles), signatures, metadata (edgeflow's own entries: format/metadata.py).
+   placement, ops, attributes and input dtypes against `edgeflow.ops`, dataflow (one
+   producer per tensor, no cycles), signatures, metadata (edgeflow's own entries:
+   format/metadata.py).
 
 Every problem raises FormatError naming where it is and what is wrong; no other
 exception escapes, and nothing is allocated from a size that was not checked first.
@@ -335,7 +336,10 @@ def _subgraph(index, raw, opdefs, buffers):
     for k, t in enumerate(tensors):
         if t.is_variable and buffer_of[k] < 0:
             _fail(f"{where}: {_label('tensor', k, t.name)}", "a variable needs a buffer with its initial value")
-    operators = [_operator(where, k, op, opdefs, tensors) for k, op in enumerate(raw["operators"])]
+    # What ops read: the interpreter dequantizes quantized constants to float32 before any op runs.
+    seen = [dtypes.float32 if t.quantization is not None and buffer_of[k] >= 0 and not t.is_variable
+            else t.dtype for k, t in enumerate(tensors)]
+    operators = [_operator(where, k, op, opdefs, tensors, seen) for k, op in enumerate(raw["operators"])]
     for k, op in enumerate(operators):
         written = [t for t in op.outputs if tensors[t].is_variable]
         if written:
@@ -402,7 +406,8 @@ def _indices(where, raw, tensors):
     return list(raw)
 
 
-def _operator(where, index, raw, opdefs, tensors):
+def _operator(where, index, raw, opdefs, tensors, seen):
+    """The OperatorDef of `raw`, checked against its op; `seen`: the dtype ops read of each tensor."""
     if raw["opcode_index"] >= len(opdefs):
         _fail(f"{where}: operator {index}", f"opcode index {raw['opcode_index']} out of range "
                                             f"(model has {len(opdefs)} opcodes)")
@@ -415,6 +420,10 @@ def _operator(where, index, raw, opdefs, tensors):
     except GraphError as e:
         _fail(here, str(e))
     attrs = _attrs(here, opdef, raw["attrs"])
+    try:
+        opdef.check_dtypes([seen[t] for t in inputs], attrs)
+    except GraphError as e:
+        _fail(here, str(e))
     try:
         count = opdef.output_count(attrs)
     except (GraphError, TypeError, ValueError) as e:

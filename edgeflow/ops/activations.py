@@ -3,16 +3,9 @@ import math
 
 from .. import dtypes
 from ..errors import GraphError
-from .registry import Attr, AttrKind, TensorSpec, define, gradient
+from .registry import Attr, AttrKind, TensorSpec, Types, define, gradient
 
 _F = AttrKind.FLOAT
-
-
-def _pointwise(op, x, allowed):
-    if x.dtype not in allowed:
-        raise GraphError(f"{op}: dtype {x.dtype} not supported; expected one of "
-                         f"{', '.join(sorted(d.name for d in allowed))}")
-    return [TensorSpec(x.shape, x.dtype)]
 
 
 # name -> (attributes, formula); each takes one float tensor and keeps its shape and dtype.
@@ -39,16 +32,17 @@ def _float_activation(name, formula):
         if name == "gelu" and attrs["approximate"] not in GELU_APPROXIMATIONS:
             raise GraphError(f"gelu: approximate must be one of {GELU_APPROXIMATIONS}, "
                              f"got {attrs['approximate']!r}")
-        return _pointwise(name, inputs[0], dtypes.FLOATS)
+        return [TensorSpec(inputs[0].shape, inputs[0].dtype)]
     infer.__doc__ = f"{name}(x) = {formula}, elementwise."
     return infer
 
 
 for _name, (_attrs, _formula) in FLOAT_ACTIVATIONS.items():
-    define(_name, inputs=1, attrs=_attrs)(_float_activation(_name, _formula))
+    define(_name, attrs=_attrs, types=Types("x: T -> T", T=dtypes.FLOATS))(_float_activation(_name, _formula))
 
 
-@define("clip", inputs=1, attrs={"min": Attr(_F, -math.inf), "max": Attr(_F, math.inf)})
+@define("clip", attrs={"min": Attr(_F, -math.inf), "max": Attr(_F, math.inf)},
+        types=Types("x: T -> T", T=dtypes.NUMERIC))
 def _clip(inputs, attrs):
     """min(max(x, min), max), elementwise; all elements become `max` if min > max.
 
@@ -62,7 +56,7 @@ def _clip(inputs, attrs):
             raise GraphError(f"clip: {key} is NaN")
         if x.dtype in dtypes.INTEGERS and math.isfinite(bound) and bound != int(bound):
             raise GraphError(f"clip: {key} {bound} is not an integer, but the input is {x.dtype}")
-    return _pointwise("clip", x, dtypes.FLOATS | dtypes.INTEGERS)
+    return [TensorSpec(x.shape, x.dtype)]
 
 
 # -- gradients -----------------------------------------------------------------------------

@@ -1,10 +1,13 @@
 """Ops that move, select or reinterpret elements without arithmetic."""
 from .. import dtypes
 from ..errors import GraphError
-from .registry import Attr, AttrKind, TensorSpec, define, gradient
+from .registry import Attr, AttrKind, TensorSpec, Types, define, gradient
 from .dims import fmt, normalize_axes, normalize_axis, num_elements
 
-INDEX_DTYPES = frozenset((dtypes.int32, dtypes.int64))
+INDEX_DTYPES = dtypes.INDEX  # kept for ops/backprop.py, which checks its indices itself
+
+# Data movement: every dtype, as it is.
+_MOVES = Types("x: T -> T", T=dtypes.ANY)
 
 
 def _target_shape(inputs, attrs):
@@ -24,7 +27,7 @@ def _target_shape(inputs, attrs):
     return tuple(shape)
 
 
-@define("reshape", inputs=(1, 2), view=True,
+@define("reshape", view=True, types=Types("x: T, shape: index? -> T", T=dtypes.ANY),
         attrs={"shape": Attr(AttrKind.INTS, ()), "copy_zeros": Attr(AttrKind.BOOL, False)})
 def _reshape(inputs, attrs):
     """Same elements in a new shape: the `shape` attr, or the second operand's value.
@@ -51,7 +54,7 @@ def _reshape(inputs, attrs):
     return [TensorSpec(tuple(inferred if d == -1 else d for d in shape), x.dtype)]
 
 
-@define("squeeze", inputs=1, attrs={"axes": Attr(AttrKind.INTS, ())}, view=True)
+@define("squeeze", attrs={"axes": Attr(AttrKind.INTS, ())}, view=True, types=_MOVES)
 def _squeeze(inputs, attrs):
     """Drop size-1 dimensions: those in `axes`, or all of them when `axes` is empty."""
     x = inputs[0]
@@ -67,7 +70,7 @@ def _squeeze(inputs, attrs):
     return [TensorSpec(tuple(d for i, d in enumerate(x.shape) if i not in axes), x.dtype)]
 
 
-@define("expand_dims", inputs=1, attrs={"axes": Attr(AttrKind.INTS)}, view=True)
+@define("expand_dims", attrs={"axes": Attr(AttrKind.INTS)}, view=True, types=_MOVES)
 def _expand_dims(inputs, attrs):
     """Insert size-1 dimensions at `axes` (positions in the output)."""
     x = inputs[0]
@@ -77,7 +80,7 @@ def _expand_dims(inputs, attrs):
     return [TensorSpec(tuple(1 if i in axes else next(dims) for i in range(rank)), x.dtype)]
 
 
-@define("transpose", inputs=1, attrs={"perm": Attr(AttrKind.INTS, ())})
+@define("transpose", attrs={"perm": Attr(AttrKind.INTS, ())}, types=_MOVES)
 def _transpose(inputs, attrs):
     """Permute dimensions: output dim i is input dim perm[i]; reversed when perm is empty."""
     x = inputs[0]
@@ -87,15 +90,14 @@ def _transpose(inputs, attrs):
     return [TensorSpec(tuple(x.shape[p] for p in perm), x.dtype)]
 
 
-@define("concat", inputs=(1, None), attrs={"axis": Attr(AttrKind.INT)})
+@define("concat", attrs={"axis": Attr(AttrKind.INT)}, types=Types("T+ -> T", T=dtypes.ANY))
 def _concat(inputs, attrs):
     """Join tensors along `axis`; other dimensions must agree."""
     first = inputs[0]
     axis = normalize_axis(attrs["axis"], first.rank, "concat")
     for s in inputs[1:]:
-        if s.dtype != first.dtype or s.rank != first.rank:
-            raise GraphError(f"concat: inputs differ in dtype or rank: {first.dtype}{fmt(first.shape)} "
-                             f"vs {s.dtype}{fmt(s.shape)}")
+        if s.rank != first.rank:
+            raise GraphError(f"concat: inputs differ in rank: {fmt(first.shape)} vs {fmt(s.shape)}")
     shape = []
     for i in range(first.rank):
         dims = [s.shape[i] for s in inputs]
@@ -136,7 +138,8 @@ def slice_params(inputs, attrs):
     return starts, ends, axes, steps
 
 
-@define("slice", inputs=(1, 5), attrs={"starts": Attr(AttrKind.INTS, ()), "ends": Attr(AttrKind.INTS, ()),
+@define("slice", types=Types("x: T, starts: index?, ends: index?, axes: index?, steps: index? -> T",
+                            T=dtypes.ANY), attrs={"starts": Attr(AttrKind.INTS, ()), "ends": Attr(AttrKind.INTS, ()),
                                        "axes": Attr(AttrKind.INTS, ()), "steps": Attr(AttrKind.INTS, ())})
 def _slice(inputs, attrs):
     """x[starts:ends:steps] along `axes` (default the first len(starts) axes), clamped as
@@ -155,12 +158,10 @@ def _slice(inputs, attrs):
     return [TensorSpec(tuple(shape), x.dtype)]
 
 
-@define("gather", inputs=2, attrs={"axis": Attr(AttrKind.INT, 0)})
+@define("gather", attrs={"axis": Attr(AttrKind.INT, 0)}, types=Types("params: T, indices: index -> T", T=dtypes.ANY))
 def _gather(inputs, attrs):
     """Take slices of `params` along `axis` at `indices` (negative ones count from the end)."""
     params, indices = inputs
-    if indices.dtype not in INDEX_DTYPES:
-        raise GraphError(f"gather: indices must be int32 or int64, got {indices.dtype}")
     axis = normalize_axis(attrs["axis"], params.rank, "gather")
     return [TensorSpec(params.shape[:axis] + indices.shape + params.shape[axis + 1:], params.dtype)]
 

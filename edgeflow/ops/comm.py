@@ -21,11 +21,12 @@ Neither has a numpy kernel: a delegate that reaches the cloud runs them
 """
 import numpy as np
 
+from .. import dtypes
 from ..errors import GraphError
-from .registry import Attr, AttrKind, REQUIRED, TensorSpec, define
+from .registry import Attr, AttrKind, REQUIRED, TensorSpec, Types, define
 
 
-@define("send", inputs=1, remote=True, flops=lambda ins, outs, attrs: 0,
+@define("send", remote=True, types=Types("x: T -> receipt: T", T=dtypes.ANY), flops=lambda ins, outs, attrs: 0,
         attrs={"key": Attr(AttrKind.STRING, REQUIRED), "round": Attr(AttrKind.INT, 1)})
 def _send(inputs, attrs):
     """send(x) -> receipt: x goes to the peer under `key`; the receipt is (0, *x.shape), no bytes."""
@@ -33,7 +34,7 @@ def _send(inputs, attrs):
     return [TensorSpec((0,) + tuple(x.shape), x.dtype)]
 
 
-@define("recv", inputs=(0, None), remote=True, flops=lambda ins, outs, attrs: 0,
+@define("recv", remote=True, types=Types("receipts: any* -> dtype"), flops=lambda ins, outs, attrs: 0,
         attrs={"key": Attr(AttrKind.STRING, REQUIRED), "dtype": Attr(AttrKind.DTYPE, REQUIRED),
                "shape": Attr(AttrKind.INTS, REQUIRED), "round": Attr(AttrKind.INT, 1),
                "shape_input": Attr(AttrKind.INTS, ()), "shape_dim": Attr(AttrKind.INTS, ())})

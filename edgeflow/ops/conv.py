@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import GraphError
-from .registry import (Attr, AttrKind, TensorSpec, activation_attr, activation_gradient, check_activation,
+from .registry import (Attr, AttrKind, TensorSpec, Types, activation_attr, activation_gradient, check_activation,
                        define, gradient)
 from .dims import check_gradient_shape, fmt
 
@@ -82,24 +82,15 @@ def window_geometry(op, sizes, kernel, attrs, ceil_mode=False):
     return tuple(zip(*axes))
 
 
-def _floating(op, specs):
-    dts = {s.dtype for s in specs}
-    if len(dts) != 1 or next(iter(dts)) not in dtypes.FLOATS:
-        raise GraphError(f"{op}: inputs must share one float dtype, got "
-                         f"{', '.join(str(s.dtype) for s in specs)}")
-    return dts.pop()
-
-
 def _known_divides(op, what, n, group):
     if n is not None and n % group:
         raise GraphError(f"{op}: {what} ({n}) is not divisible by group ({group})")
 
 
 def _check_operands(op, inputs, attrs):
-    """(x, w, bias or None, dtype), checked for rank, dtype, group and activation."""
+    """(x, w, bias or None, dtype), checked for rank, group and activation."""
     x, w = inputs[:2]
     bias = inputs[2] if len(inputs) > 2 else None
-    dt = _floating(op, inputs)
     if not 3 <= x.rank <= 5 or w.rank != x.rank:
         raise GraphError(f"{op}: x must be (N, C, spatial...) with 1 to 3 spatial axes and w of "
                          f"the same rank; got x {fmt(x.shape)}, w {fmt(w.shape)}")
@@ -110,13 +101,16 @@ def _check_operands(op, inputs, attrs):
     if None in w.shape[2:]:
         raise GraphError(f"{op}: the kernel's spatial size must be known, got w {fmt(w.shape)}")
     check_activation(op, attrs)
-    return x, w, bias, dt
+    return x, w, bias, x.dtype
 
 
 def _check_bias(op, bias, channels):
     if bias is not None and None not in (bias.shape[0], channels) and bias.shape[0] != channels:
         raise GraphError(f"{op}: bias has {bias.shape[0]} elements, expected one per output "
                          f"channel ({channels})")
+
+
+_TYPES = Types("x: T, w: T, bias: T? -> T", T=dtypes.FLOATS)
 
 
 def _conv_attrs():
@@ -135,7 +129,7 @@ def _conv_transpose_flops(inputs, outputs, attrs):
     return 2 * int(np.prod(inputs[0].shape, dtype=np.int64)) * int(np.prod(w[1:], dtype=np.int64))
 
 
-@define("conv", inputs=(2, 3), attrs=_conv_attrs(), flops=_conv_flops)
+@define("conv", attrs=_conv_attrs(), types=_TYPES, flops=_conv_flops)
 def _conv(inputs, attrs):
     """Cross-correlation of x (N, C, *in) with w (M, C/group, *kernel), plus bias (M,)."""
     x, w, bias, dt = _check_operands("conv", inputs, attrs)
@@ -174,7 +168,7 @@ def transposed_geometry(op, sizes, kernel, attrs):
     return tuple(zip(*axes))
 
 
-@define("conv_transpose", inputs=(2, 3), flops=_conv_transpose_flops,
+@define("conv_transpose", types=_TYPES, flops=_conv_transpose_flops,
         attrs={**_conv_attrs(), "output_padding": Attr(AttrKind.INTS, ())})
 def _conv_transpose(inputs, attrs):
     """Gradient of conv w.r.t. its input: x (N, C, *in), w (C, M/group, *kernel) -> (N, M, *out).

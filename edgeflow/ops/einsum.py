@@ -1,9 +1,9 @@
 """einsum: sums of products of tensors, named by an Einstein-summation equation."""
 import string
 
+from .. import dtypes
 from ..errors import GraphError
-from .math import NUMERIC, _same_dtype
-from .registry import Attr, AttrKind, TensorSpec, define, gradient
+from .registry import Attr, AttrKind, TensorSpec, Types, define, gradient
 from .dims import broadcast, fmt
 
 ELLIPSIS = "."  # stands for '...' in a parsed term
@@ -70,7 +70,7 @@ def _size(label, dims, equation):
                          f"{sorted(set(dims))}") from None
 
 
-@define("einsum", inputs=(1, None), attrs={"equation": Attr(AttrKind.STRING)})
+@define("einsum", attrs={"equation": Attr(AttrKind.STRING)}, types=Types("T+ -> T", T=dtypes.NUMERIC))
 def _einsum(inputs, attrs):
     """Sum of products over the labels of `equation` ('ij,jk->ik', 'bhqd,bhkd->bhqk', ...).
 
@@ -81,7 +81,6 @@ def _einsum(inputs, attrs):
     """
     equation = attrs["equation"]
     terms, out = parse(equation, len(inputs))
-    dtype = _same_dtype("einsum", inputs, NUMERIC)
     sizes, ellipses = {}, []
     for spec, term in zip(inputs, terms):
         labeled, ellipsis = _axes(spec, term, equation)
@@ -105,7 +104,7 @@ def _einsum(inputs, attrs):
     shape = ()
     for label in out:
         shape += ellipsis if label == ELLIPSIS else (sizes[label],)
-    return [TensorSpec(shape, dtype)]
+    return [TensorSpec(shape, inputs[0].dtype)]
 
 
 # -- gradients -----------------------------------------------------------------------------

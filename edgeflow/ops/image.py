@@ -3,14 +3,15 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import GraphError
-from .registry import Attr, AttrKind, TensorSpec, define, get, gradient
+from .registry import Attr, AttrKind, TensorSpec, Types, define, get, gradient
 from .dims import check_gradient_shape, fmt
 
 PAD_MODES = ("constant", "reflect", "edge")
 
 
-@define("pad", inputs=1, attrs={"pads": Attr(AttrKind.INTS), "mode": Attr(AttrKind.STRING, "constant"),
-                                "value": Attr(AttrKind.FLOAT, 0.0)})
+@define("pad", types=Types("x: T -> T", T=dtypes.ANY),
+        attrs={"pads": Attr(AttrKind.INTS), "mode": Attr(AttrKind.STRING, "constant"),
+               "value": Attr(AttrKind.FLOAT, 0.0)})
 def _pad(inputs, attrs):
     """Grow each axis by pads (begin..., end...): with `value`, a mirror (reflect) or the edge.
 
@@ -60,7 +61,7 @@ def resized(n, scale):
     return int(np.floor(np.float32(n) * np.float32(scale)))
 
 
-@define("resize", inputs=1, attrs={
+@define("resize", types=Types("x: T -> T", T=dtypes.NUMERIC), attrs={
     "scales": Attr(AttrKind.FLOATS, ()), "sizes": Attr(AttrKind.INTS, ()),
     "mode": Attr(AttrKind.STRING, "nearest"),
     "coordinate_transformation_mode": Attr(AttrKind.STRING, "half_pixel"),
@@ -76,8 +77,7 @@ def _resize(inputs, attrs):
                          ("nearest_mode", NEAREST_MODES)):
         if attrs[key] not in allowed:
             raise GraphError(f"resize: {key} must be one of {allowed}, got {attrs[key]!r}")
-    allowed = dtypes.FLOATS | (dtypes.INTEGERS if attrs["mode"] == "nearest" else frozenset())
-    if x.dtype not in allowed:
+    if attrs["mode"] != "nearest" and x.dtype not in dtypes.FLOATS:  # a declaration cannot say this
         raise GraphError(f"resize: mode {attrs['mode']!r} does not take dtype {x.dtype}")
     if x.rank != 4:
         raise GraphError(f"resize: x must be (N, C, H, W), got {fmt(x.shape)}")

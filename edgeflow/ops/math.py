@@ -3,57 +3,43 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import GraphError
-from .registry import (Attr, AttrKind, TensorSpec, activation_attr, activation_gradient, check_activation,
+from .registry import (Attr, AttrKind, TensorSpec, Types, activation_attr, activation_gradient, check_activation,
                        define, gradient)
 from .dims import broadcast, fmt
 
-NUMERIC = dtypes.FLOATS | dtypes.INTEGERS
-
-
-def _same_dtype(op, specs, allowed):
-    dts = {s.dtype for s in specs}
-    if len(dts) != 1:
-        raise GraphError(f"{op}: inputs must share one dtype, got {', '.join(str(s.dtype) for s in specs)}")
-    dt = dts.pop()
-    if dt not in allowed:
-        raise GraphError(f"{op}: dtype {dt} not supported; expected one of "
-                         f"{', '.join(sorted(d.name for d in allowed))}")
-    return dt
+NUMERIC, FLOATS = dtypes.NUMERIC, dtypes.FLOATS
 
 
 def _elementwise(name, arity, allowed, result=None, attrs=None):
-    """Define an op whose output broadcasts its inputs; dtype kept unless `result` is given."""
+    """Define an op whose output broadcasts its inputs (of one dtype), kept unless `result` is given."""
     def infer(inputs, attrs):
-        dt = _same_dtype(name, inputs, allowed)
         check_activation(name, attrs)
-        return [TensorSpec(broadcast(*(s.shape for s in inputs)), result or dt)]
+        return [TensorSpec(broadcast(*(s.shape for s in inputs)), result or inputs[0].dtype)]
     infer.__doc__ = f"{name}: elementwise with numpy broadcasting"
-    define(name, inputs=arity, attrs=attrs)(infer)
+    signature = ", ".join(("x: T", "y: T")[:arity]) + " -> " + (result.name if result else "T")
+    define(name, attrs=attrs, types=Types(signature, T=allowed))(infer)
 
 
 _elementwise("add", 2, NUMERIC, attrs={"activation": activation_attr()})
 for _name in ("sub", "mul", "div", "maximum", "minimum"):
     _elementwise(_name, 2, NUMERIC)
-_elementwise("pow", 2, dtypes.FLOATS)
-for _name in ("neg", "abs"):
-    _elementwise(_name, 1, NUMERIC - {dtypes.uint8} if _name == "neg" else NUMERIC)
+_elementwise("pow", 2, FLOATS)
+_elementwise("neg", 1, NUMERIC - {dtypes.uint8})
+_elementwise("abs", 1, NUMERIC)
 for _name in ("exp", "log", "sqrt", "sigmoid", "tanh"):
-    _elementwise(_name, 1, dtypes.FLOATS)
+    _elementwise(_name, 1, FLOATS)
 for _name in ("equal", "less", "greater"):
     _elementwise(_name, 2, NUMERIC | {dtypes.bool_}, result=dtypes.bool_)
 
 
-@define("where", inputs=3)
+@define("where", types=Types("condition: bool, x: T, y: T -> T", T=NUMERIC | {dtypes.bool_}))
 def _where(inputs, attrs):
     """where(condition, x, y): x where condition holds, else y, all broadcast together."""
     cond, x, y = inputs
-    if cond.dtype != dtypes.bool_:
-        raise GraphError(f"where: condition must be bool, got {cond.dtype}")
-    dt = _same_dtype("where", [x, y], NUMERIC | {dtypes.bool_})
-    return [TensorSpec(broadcast(cond.shape, x.shape, y.shape), dt)]
+    return [TensorSpec(broadcast(cond.shape, x.shape, y.shape), x.dtype)]
 
 
-@define("cast", inputs=1, attrs={"dtype": Attr(AttrKind.DTYPE)})
+@define("cast", attrs={"dtype": Attr(AttrKind.DTYPE)}, types=Types("x: any -> dtype"))
 def _cast(inputs, attrs):
     """Convert elements to `dtype` (floats to ints truncate toward zero)."""
     return [TensorSpec(inputs[0].shape, attrs["dtype"])]
@@ -69,13 +55,12 @@ def _matmul_flops(inputs, outputs, attrs):
     return 2 * inner * int(np.prod(outputs[0].shape, dtype=np.int64))
 
 
-@define("matmul", inputs=2, attrs={"transpose_a": Attr(AttrKind.BOOL, False),
-                                    "transpose_b": Attr(AttrKind.BOOL, False),
-                                    "activation": activation_attr()}, flops=_matmul_flops)
+@define("matmul", types=Types("a: T, b: T -> T", T=NUMERIC), flops=_matmul_flops,
+        attrs={"transpose_a": Attr(AttrKind.BOOL, False), "transpose_b": Attr(AttrKind.BOOL, False),
+               "activation": activation_attr()})
 def _matmul(inputs, attrs):
     """Batched matrix product with numpy's matmul rules; transpose_* swap the last two axes."""
     a, b = inputs
-    dt = _same_dtype("matmul", inputs, NUMERIC)
     check_activation("matmul", attrs)
     if a.rank == 0 or b.rank == 0:
         raise GraphError(f"matmul: operands must have rank >= 1, got {fmt(a.shape)} and {fmt(b.shape)}")
@@ -85,7 +70,7 @@ def _matmul(inputs, attrs):
         raise GraphError(f"matmul: inner dimensions differ: a {fmt(sa)} and b {fmt(sb)}")
     rows = sa[-2:-1] if len(sa) > 1 else ()
     cols = sb[-1:] if len(sb) > 1 else ()
-    return [TensorSpec(broadcast(sa[:-2], sb[:-2]) + rows + cols, dt)]
+    return [TensorSpec(broadcast(sa[:-2], sb[:-2]) + rows + cols, a.dtype)]
 
 
 # -- gradients -----------------------------------------------------------------------------

@@ -1,32 +1,25 @@
 """Neural-network activations and normalizing functions."""
 from .. import dtypes
-from ..errors import GraphError
-from .registry import Attr, AttrKind, TensorSpec, define, gradient
+from .registry import Attr, AttrKind, TensorSpec, Types, define, gradient
 from .dims import normalize_axis
 
 
-def _unary(op, spec, allowed):
-    if spec.dtype not in allowed:
-        raise GraphError(f"{op}: dtype {spec.dtype} not supported; expected one of "
-                         f"{', '.join(sorted(d.name for d in allowed))}")
-    return [TensorSpec(spec.shape, spec.dtype)]
-
-
-@define("relu", inputs=1)
+@define("relu", types=Types("x: T -> T", T=dtypes.NUMERIC))
 def _relu(inputs, attrs):
     """max(x, 0)."""
-    return _unary("relu", inputs[0], dtypes.FLOATS | dtypes.INTEGERS)
+    return [TensorSpec(inputs[0].shape, inputs[0].dtype)]
 
 
 def _along_axis(name):
     def infer(inputs, attrs):
         normalize_axis(attrs["axis"], inputs[0].rank, name)
-        return _unary(name, inputs[0], dtypes.FLOATS)
+        return [TensorSpec(inputs[0].shape, inputs[0].dtype)]
     return infer
 
 
-define("softmax", inputs=1, attrs={"axis": Attr(AttrKind.INT, -1)})(_along_axis("softmax"))
-define("log_softmax", inputs=1, attrs={"axis": Attr(AttrKind.INT, -1)})(_along_axis("log_softmax"))
+for _name in ("softmax", "log_softmax"):
+    define(_name, attrs={"axis": Attr(AttrKind.INT, -1)}, types=Types("x: T -> T", T=dtypes.FLOATS))(
+        _along_axis(_name))
 
 
 # -- gradients -----------------------------------------------------------------------------

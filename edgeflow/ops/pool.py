@@ -5,15 +5,13 @@ Global average pooling needs no op of its own: it is reduce_mean over the spatia
 from .. import dtypes
 from ..errors import GraphError
 from .conv import window_attrs, window_geometry
-from .registry import Attr, AttrKind, TensorSpec, define, get, gradient
+from .registry import Attr, AttrKind, TensorSpec, Types, define, get, gradient
 from .dims import check_gradient_shape, fmt
 
 
-def _pool(op, allowed, doc):
+def _pool(op, doc):
     def infer(inputs, attrs):
         x = inputs[0]
-        if x.dtype not in allowed:
-            raise GraphError(f"{op}: dtype {x.dtype} not supported")
         kernel = attrs["kernel_shape"]
         if not 3 <= x.rank <= 5 or len(kernel) != x.rank - 2 or min(kernel) < 1:
             raise GraphError(f"{op}: x must be (N, C, spatial...) with 1 to 3 spatial axes and "
@@ -27,14 +25,14 @@ def _pool(op, allowed, doc):
 
 _COMMON = {"kernel_shape": Attr(AttrKind.INTS), "ceil_mode": Attr(AttrKind.BOOL, False)}
 
-define("max_pool", inputs=1, attrs={**window_attrs(), **_COMMON})(
-    _pool("max_pool", dtypes.FLOATS | {dtypes.int8, dtypes.uint8},
-          "Largest element of each window; padding never wins."))
+define("max_pool", attrs={**window_attrs(), **_COMMON},
+       types=Types("x: T -> T", T=dtypes.FLOATS | {dtypes.int8, dtypes.uint8}))(
+    _pool("max_pool", "Largest element of each window; padding never wins."))
 
-define("avg_pool", inputs=1, attrs={**window_attrs(dilations=False), **_COMMON,
-                                    "count_include_pad": Attr(AttrKind.BOOL, False)})(
-    _pool("avg_pool", dtypes.FLOATS, "Mean of each window; padding counts only with "
-                                     "count_include_pad (never the ceil_mode overhang)."))
+define("avg_pool", types=Types("x: T -> T", T=dtypes.FLOATS),
+       attrs={**window_attrs(dilations=False), **_COMMON, "count_include_pad": Attr(AttrKind.BOOL, False)})(
+    _pool("avg_pool", "Mean of each window; padding counts only with count_include_pad (never the ceil_mode "
+                      "overhang)."))
 
 
 @gradient("max_pool")

@@ -7,17 +7,16 @@ in every interpreter.
 """
 from .. import dtypes
 from ..errors import GraphError
-from .registry import Attr, AttrKind, TensorSpec, define
+from .registry import Attr, AttrKind, TensorSpec, Types, define
 from .shape import known_ints, unknown_dims
 
 
-@define("random_uniform", inputs=1, random=True,
+@define("random_uniform", random=True,
+        types=Types("shape: index -> dtype", dtype=(dtypes.float32, dtypes.float64)),
         attrs={"dtype": Attr(AttrKind.DTYPE, dtypes.float32), "minval": Attr(AttrKind.FLOAT, 0.0),
                "maxval": Attr(AttrKind.FLOAT, 1.0), "seed": Attr(AttrKind.INT, 0)})
 def _random_uniform(inputs, attrs):
     """Samples uniform in [minval, maxval), float32 or float64, of shape `shape` (an operand)."""
-    if attrs["dtype"] not in (dtypes.float32, dtypes.float64):
-        raise GraphError(f"random_uniform: dtype must be float32 or float64, got {attrs['dtype']}")
     if not attrs["minval"] < attrs["maxval"]:
         raise GraphError(f"random_uniform: minval ({attrs['minval']}) must be below maxval "
                          f"({attrs['maxval']})")

@@ -1,8 +1,7 @@
 """Reductions over axes, running sums along one, and top-k selection."""
 from .. import dtypes
 from ..errors import GraphError
-from .math import NUMERIC
-from .registry import Attr, AttrKind, TensorSpec, define, gradient
+from .registry import Attr, AttrKind, TensorSpec, Types, define, gradient
 from .dims import normalize_axes, normalize_axis
 
 
@@ -14,16 +13,12 @@ def reduced_shape(shape, axes, keepdims, op):
     return tuple(d for i, d in enumerate(shape) if i not in axes)
 
 
-def _numeric(op, x, allowed=NUMERIC):
-    if x.dtype not in allowed:
-        raise GraphError(f"{op}: dtype {x.dtype} not supported; expected one of "
-                         f"{', '.join(sorted(d.name for d in allowed))}")
+_NUMERIC = Types("x: T -> T", T=dtypes.NUMERIC)
 
 
-def _reduction(name, allowed):
+def _reduction(name):
     def infer(inputs, attrs):
         x = inputs[0]
-        _numeric(name, x, allowed)
         return [TensorSpec(reduced_shape(x.shape, attrs["axes"], attrs["keepdims"], name), x.dtype)]
     infer.__doc__ = f"{name} over `axes` (all when empty), keeping them as 1s if keepdims."
     return infer
@@ -31,13 +26,14 @@ def _reduction(name, allowed):
 
 # reduce_l2 is sqrt(sum(x ** 2)); integer norms are left out as rarely meant.
 for _name in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod", "reduce_l2"):
-    define(_name, inputs=1, attrs={"axes": Attr(AttrKind.INTS, ()),
-                                   "keepdims": Attr(AttrKind.BOOL, False)})(
-        _reduction(_name, dtypes.FLOATS if _name == "reduce_l2" else NUMERIC))
+    define(_name, attrs={"axes": Attr(AttrKind.INTS, ()), "keepdims": Attr(AttrKind.BOOL, False)},
+           types=Types("x: T -> T", T=dtypes.FLOATS) if _name == "reduce_l2" else _NUMERIC)(
+        _reduction(_name))
 
 
-@define("argmax", inputs=1, attrs={"axis": Attr(AttrKind.INT, 0), "keepdims": Attr(AttrKind.BOOL, False),
-                                   "select_last_index": Attr(AttrKind.BOOL, False)})
+@define("argmax", types=Types("x: any -> int64"),
+        attrs={"axis": Attr(AttrKind.INT, 0), "keepdims": Attr(AttrKind.BOOL, False),
+               "select_last_index": Attr(AttrKind.BOOL, False)})
 def _argmax(inputs, attrs):
     """Index (int64) of the largest element along `axis`; on ties the first one, or the
     last one if select_last_index."""
@@ -48,8 +44,8 @@ def _argmax(inputs, attrs):
     return [TensorSpec(reduced_shape(x.shape, (axis,), attrs["keepdims"], "argmax"), dtypes.int64)]
 
 
-@define("cumsum", inputs=1, attrs={"axis": Attr(AttrKind.INT, 0), "exclusive": Attr(AttrKind.BOOL, False),
-                                   "reverse": Attr(AttrKind.BOOL, False)})
+@define("cumsum", types=_NUMERIC, attrs={"axis": Attr(AttrKind.INT, 0), "exclusive": Attr(AttrKind.BOOL, False),
+                                          "reverse": Attr(AttrKind.BOOL, False)})
 def _cumsum(inputs, attrs):
     """Running sums along `axis`, as ONNX's CumSum.
 
@@ -57,16 +53,15 @@ def _cumsum(inputs, attrs):
     run from the end of the axis toward its start.
     """
     x = inputs[0]
-    _numeric("cumsum", x)
     if x.rank == 0:
         raise GraphError("cumsum: input must have rank >= 1")
     normalize_axis(attrs["axis"], x.rank, "cumsum")
     return [TensorSpec(x.shape, x.dtype)]
 
 
-@define("topk", inputs=1, outputs=2, attrs={"k": Attr(AttrKind.INT), "axis": Attr(AttrKind.INT, -1),
-                                            "largest": Attr(AttrKind.BOOL, True),
-                                            "sorted": Attr(AttrKind.BOOL, True)})
+@define("topk", types=Types("x: T -> values: T, indices: int64", T=dtypes.NUMERIC),
+        attrs={"k": Attr(AttrKind.INT), "axis": Attr(AttrKind.INT, -1), "largest": Attr(AttrKind.BOOL, True),
+               "sorted": Attr(AttrKind.BOOL, True)})
 def _topk(inputs, attrs):
     """The k largest (smallest if not `largest`) elements along `axis` and their int64 indices.
 
@@ -75,7 +70,6 @@ def _topk(inputs, attrs):
     NaN counts as larger than every number.
     """
     x, k = inputs[0], attrs["k"]
-    _numeric("topk", x)
     if x.rank == 0:
         raise GraphError("topk: input must have rank >= 1")
     axis = normalize_axis(attrs["axis"], x.rank, "topk")

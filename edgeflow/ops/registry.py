@@ -1,7 +1,7 @@
 """The op registry: every op is defined here once, by name.
 
 An `OpDef` holds what is true of an op whatever runs it: its arity, its typed
-attributes with their defaults, and shape/dtype inference. Kernels (numpy in
+attributes with their defaults, its dtype constraints (`Types`) and shape inference. Kernels (numpy in
 `edgeflow.interp`, OpenCL in `edgeflow.accel`), the file verifier and converters look
 ops up by name; none of them re-describes one.
 """
@@ -94,6 +94,154 @@ def check_activation(op, attrs):
         raise GraphError(f"{op}: activation must be one of {ACTIVATIONS}, got {attrs['activation']!r}")
 
 
+def dtype_names(allowed):
+    """The dtypes of `allowed`, in the schema's order, for messages: "int32 or int64"."""
+    names = [d.name for d in dtypes.ALL if d in allowed]
+    return " or ".join(filter(None, (", ".join(names[:-1]), names[-1]))) if names else "none"
+
+
+@dataclass(frozen=True)
+class _Slot:
+    label: str  # the input's or output's name in messages ("indices"), or ""
+    constraint: str  # a type variable, a dtype name, "any", or a DTYPE attribute
+    repeat: str  # "": exactly one; "?": optional; "+": one or more; "*": any number
+
+
+def _slots(text):
+    slots = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        label, _, constraint = item.rpartition(":")
+        constraint = constraint.strip()
+        repeat = constraint[-1] if constraint[-1] in "?+*" else ""
+        slots.append(_Slot(label.strip(), constraint.rstrip("?+*"), repeat))
+    return tuple(slots)
+
+
+def _arity(slots):
+    """(min, max) values that `slots` take; max None when one of them repeats."""
+    low = sum(s.repeat in ("", "+") for s in slots)
+    return low, None if any(s.repeat in ("+", "*") for s in slots) else low + sum(s.repeat == "?" for s in slots)
+
+
+def _spread(slots, n):
+    """The slot of each of `n` values: optional slots are filled first to last (ops take
+    positional inputs, absent ones skipped), a repeated slot takes what the others leave."""
+    extra, out = n - _arity(slots)[0], []
+    for s in slots:
+        if s.repeat == "?":
+            take = min(extra, 1)
+        elif s.repeat in ("+", "*"):
+            take = extra + (s.repeat == "+")
+        else:
+            take = 1
+        extra -= take - (s.repeat in ("", "+"))
+        out += [s] * take
+    return out
+
+
+class Types:
+    """An op's dtype constraints, in ONNX's type-constraint style:
+
+        Types("x: T, y: T -> T", T=dtypes.NUMERIC)                      add, matmul
+        Types("condition: bool, x: T, y: T -> T", T=dtypes.ANY)           where
+        Types("x: T, indices: index -> T", T=dtypes.ANY)                  gather
+        Types("x: any -> dtype")                                          cast: the `dtype` attr
+        Types("shape: index -> dtype", dtype=(dtypes.float32, dtypes.float64))  random_uniform
+        Types("T+ -> T", T=dtypes.ANY)                                    concat
+        Types("X: T, W: T, R: T, T?, T?, T? -> T, T, T", T=dtypes.FLOATS) lstm
+
+    Inputs, then outputs, each `[name:] constraint[repeat]`; the name only labels messages.
+    A constraint is an upper-case type variable, given as a keyword with the dtypes it
+    admits: every input and output it names has one and the same dtype. Lower-case
+    constraints hold each value on its own: a dtype name (`bool`, `int64`), `index`
+    (int32 or int64), `any`, or, for an output, the op's DTYPE attribute of that name (the
+    output has the dtype it names; a keyword of the same name restricts it). `?` marks an
+    optional value (filled first to last: absent ones are skipped, not left as holes), `+`
+    one or more, `*` any number. `define(..., types=...)` derives the op's arity from it.
+    """
+
+    def __init__(self, signature, **sets):
+        ins, arrow, outs = signature.partition("->")
+        if not arrow:
+            raise AssertionError(f"signature {signature!r} has no '->'")
+        self.signature = signature
+        self.inputs, self.outputs = _slots(ins), _slots(outs)
+        self.sets = {k: frozenset(dtypes.as_dtype(d) for d in v) for k, v in sets.items()}
+
+    def __repr__(self):
+        sets = "".join(f", {k}=({', '.join(d.name for d in dtypes.ALL if d in v)})" for k, v in self.sets.items())
+        return f"Types({self.signature!r}{sets})"
+
+    def validate(self, op, attrs):
+        """AssertionError unless every constraint names something and each side repeats at most once."""
+        dtype_attrs = {k for k, a in attrs.items() if a.kind is AttrKind.DTYPE}
+        names = {d.name for d in dtypes.ALL} | {"any", "index"}
+        for slots, side in ((self.inputs, "inputs"), (self.outputs, "outputs")):
+            repeats = [s.repeat for s in slots if s.repeat]
+            if len(repeats) > 1 and set(repeats) & {"+", "*"}:
+                raise AssertionError(f"{op}: the {side} of {self.signature!r} repeat ambiguously")
+            for s in slots:
+                c = s.constraint
+                known = c in self.sets if c[0].isupper() else c in names or (
+                    side == "outputs" and c in dtype_attrs)
+                if not known:
+                    raise AssertionError(f"{op}: {c!r} in {self.signature!r} names no type variable, "
+                                         f"dtype, set or DTYPE attribute")
+        used = {s.constraint for s in self.inputs + self.outputs}
+        if set(self.sets) - used:
+            raise AssertionError(f"{op}: {sorted(set(self.sets) - used)} unused in {self.signature!r}")
+
+    def allowed(self, constraint, attrs):
+        """The dtypes `constraint` admits for one value (attrs: the op's, coerced)."""
+        if constraint[0].isupper():
+            return self.sets[constraint]
+        if constraint == "any":
+            return dtypes.ANY
+        if constraint == "index":
+            return dtypes.INDEX
+        if constraint in attrs:
+            return frozenset((attrs[constraint],))
+        return frozenset((np.dtype(constraint),))
+
+    def input_dtypes(self, n, attrs):
+        """The dtypes each of `n` inputs may have, one set per input (type variables unbound)."""
+        return [self.allowed(s.constraint, attrs) for s in _spread(self.inputs, n)]
+
+    def output_dtypes(self, n, attrs):
+        return [self.allowed(s.constraint, attrs) for s in _spread(self.outputs, n)]
+
+    def check_inputs(self, op, dts, attrs):
+        """The type variables bound by input dtypes `dts`: {name: dtype}; GraphError naming
+        the op, the input, its dtype and the dtypes allowed when they do not fit."""
+        for key, allowed in self.sets.items():
+            if not key[0].isupper() and attrs[key] not in allowed:
+                raise GraphError(f"{op}: attribute {key!r} is {attrs[key]}; expected "
+                                 f"{dtype_names(allowed)}")
+        bound, where = {}, {}
+        for i, (slot, dt) in enumerate(zip(_spread(self.inputs, len(dts)), dts)):
+            label, c = slot.label or f"input {i}", slot.constraint
+            if c in bound and bound[c] != dt:
+                raise GraphError(f"{op}: {label} must be {bound[c]}, got {dt} (inputs of type {c} share "
+                                 f"one dtype, and {where[c]} is {bound[c]})")
+            allowed = self.allowed(c, attrs)
+            if dt not in allowed:
+                raise GraphError(f"{op}: {label}: dtype {dt} not supported; expected "
+                                 f"{dtype_names(allowed)}")
+            if c[0].isupper() and c not in bound:
+                bound[c], where[c] = dt, label
+        return bound
+
+    def check_outputs(self, op, bound, dts, attrs):
+        """AssertionError unless output dtypes `dts` are the declared ones: the op's
+        inference and its declaration disagree."""
+        for i, (slot, dt) in enumerate(zip(_spread(self.outputs, len(dts)), dts)):
+            c = slot.constraint
+            allowed = {bound[c]} if c in bound else self.allowed(c, attrs)
+            if dt not in allowed:
+                raise AssertionError(f"{op}: inference gave output {i} dtype {dt}; "
+                                     f"{self.signature!r} declares {dtype_names(allowed)}")
+
+
 @dataclass(frozen=True)
 class OpDef:
     name: str
@@ -108,6 +256,7 @@ class OpDef:
     random: bool = False  # draws new values every run: never folded
     remote: bool = False  # exchanges tensors with another process (send/recv): no numpy
     #                       kernel; a delegate that reaches the peer runs it
+    types: Optional[Types] = None  # dtype constraints; None: inference checks dtypes itself
 
     @property
     def gradient(self):
@@ -150,34 +299,61 @@ class OpDef:
     def output_count(self, attrs):
         return self.num_outputs(attrs) if callable(self.num_outputs) else self.num_outputs
 
+    def check_dtypes(self, dts, attrs):
+        """The type variables that input dtypes `dts` bind ({} without a declaration);
+        GraphError when they, or the dtype attributes, break the declaration."""
+        return {} if self.types is None else self.types.check_inputs(self.name, dts, attrs)
+
     def infer_specs(self, inputs, attrs):
         """Output specs for these input specs; GraphError when they are incompatible."""
         self.check_arity(len(inputs))
+        bound = self.check_dtypes([s.dtype for s in inputs], attrs)
         outs = self.infer(list(inputs), attrs)
         if len(outs) != self.output_count(attrs):
             raise AssertionError(f"{self.name}: inference gave {len(outs)} outputs")
+        if self.types is not None:
+            self.types.check_outputs(self.name, bound, [s.dtype for s in outs], attrs)
         return outs
 
 
 _REGISTRY = {}
 
 
-def define(name, *, inputs, outputs=1, attrs=None, view=False, flops=None, stateful=False, random=False,
-           remote=False):
-    """Decorator: register the shape/dtype inference function `fn` as op `name`.
+def _count(name, given, slots):
+    """(min, max) values: `given` (an int or a pair), else what the signature `slots` takes."""
+    derived = None if slots is None else _arity(slots)
+    count = derived if given is None else (given, given) if isinstance(given, int) else tuple(given)
+    if count is None or (derived is not None and count != derived):
+        raise AssertionError(f"{name}: {given} values, but the signature takes {derived}")
+    return count
 
-    `inputs` is an int or a (min, max) pair, max None for variadic; `outputs` an int or
-    a function of the attrs. `fn(input_specs, attrs)` returns the output TensorSpecs
-    (with `value` set where it can compute the value itself, as `shape` does) and
-    raises GraphError on inputs the op cannot take.
+
+def define(name, *, inputs=None, outputs=None, attrs=None, types=None, view=False, flops=None,
+           stateful=False, random=False, remote=False):
+    """Decorator: register the shape inference function `fn` as op `name`.
+
+    `types` declares the dtypes the op takes and gives (a `Types`); its arity follows
+    from it, else `inputs` is an int or a (min, max) pair, max None for variadic, and
+    `outputs` an int or a function of the attrs (default 1). `fn(input_specs, attrs)`,
+    called once the dtypes passed the declaration, returns the output TensorSpecs (with
+    `value` set where it can compute the value itself, as `shape` does) and raises
+    GraphError on inputs the op cannot take.
     """
-    arity = (inputs, inputs) if isinstance(inputs, int) else tuple(inputs)
+    attrs = dict(attrs or {})
+    if types is not None:
+        types.validate(name, attrs)
+    arity = _count(name, inputs, types and types.inputs)
+    if not callable(outputs):
+        low, high = _count(name, 1 if outputs is None and types is None else outputs, types and types.outputs)
+        if low != high:
+            raise AssertionError(f"{name}: the signature leaves the output count open; give it")
+        outputs = low
 
     def register(fn):
         if name in _REGISTRY:
             raise AssertionError(f"op {name!r} defined twice")
-        _REGISTRY[name] = OpDef(name, arity, outputs, dict(attrs or {}), fn, view,
-                                (fn.__doc__ or "").strip(), flops, stateful, random, remote)
+        _REGISTRY[name] = OpDef(name, arity, outputs, attrs, fn, view, (fn.__doc__ or "").strip(), flops,
+                                stateful, random, remote, types)
         return fn
 
     return register

@@ -13,7 +13,7 @@ here, and a converter must reject models that use them.
 """
 from .. import dtypes
 from ..errors import GraphError
-from .registry import Attr, AttrKind, TensorSpec, define, gradient
+from .registry import Attr, AttrKind, TensorSpec, Types, define, gradient
 from .dims import fmt
 
 DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
@@ -63,9 +63,6 @@ def _infer_recurrent(op, gates, optional, num_outputs):
         x = named_inputs(op, inputs, attrs, optional)
         _check_attrs(op, attrs)
         dt = x["X"].dtype
-        if {s.dtype for s in x.values()} != {dt} or dt not in dtypes.FLOATS:
-            raise GraphError(f"{op}: inputs must share one float dtype, got "
-                             f"{', '.join(f'{k} {s.dtype}' for k, s in x.items())}")
         if x["X"].rank != 3:
             raise GraphError(f"{op}: X must be [seq, batch, input], got {fmt(x['X'].shape)}")
         seq, batch, size = x["X"].shape
@@ -93,6 +90,17 @@ def _common_attrs(optional):
 _infer_lstm = _infer_recurrent("lstm", 4, LSTM_OPTIONAL, 3)
 
 
+def _types(optional, num_outputs, grad=False):
+    """X, W, R, then the optional inputs, of one float dtype; the gradient op takes one dY
+    per forward output too, and gives one gradient per input."""
+    inputs = ["X: T", "W: T", "R: T"] + ["T?"] * len(optional)
+    outputs = ["T"] * num_outputs
+    if grad:
+        outputs = ["dX: T", "dW: T", "dR: T"] + ["T?"] * len(optional)
+        inputs += [f"d{y}: T" for y in ("Y", "Y_h", "Y_c")[:num_outputs]]
+    return Types(", ".join(inputs) + " -> " + ", ".join(outputs), T=dtypes.FLOATS)
+
+
 def _recurrent_flops(gates):
     def flops(inputs, outputs, attrs):
         seq, dirs, batch, hidden = outputs[0].shape
@@ -101,7 +109,7 @@ def _recurrent_flops(gates):
     return flops
 
 
-@define("lstm", inputs=(3, 6), outputs=3, flops=_recurrent_flops(4),
+@define("lstm", types=_types(LSTM_OPTIONAL, 3), flops=_recurrent_flops(4),
         attrs={**_common_attrs(LSTM_OPTIONAL), "input_forget": Attr(AttrKind.BOOL, False)})
 def _lstm(inputs, attrs):
     """ONNX LSTM: inputs X, W [dirs, 4H, I], R [dirs, 4H, H], then if present (has_bias,
@@ -116,7 +124,7 @@ def _lstm(inputs, attrs):
 _infer_gru = _infer_recurrent("gru", 3, GRU_OPTIONAL, 2)
 
 
-@define("gru", inputs=(3, 5), outputs=2, flops=_recurrent_flops(3),
+@define("gru", types=_types(GRU_OPTIONAL, 2), flops=_recurrent_flops(3),
         attrs={**_common_attrs(GRU_OPTIONAL), "linear_before_reset": Attr(AttrKind.INT, 0)})
 def _gru(inputs, attrs):
     """ONNX GRU: inputs X, W [dirs, 3H, I], R [dirs, 3H, H], then if present (has_bias,
@@ -140,8 +148,6 @@ def _infer_recurrent_grad(op, forward, num_outputs):
     def infer(inputs, attrs):
         ins, dys = inputs[:-num_outputs], inputs[-num_outputs:]
         for name, dy, out in zip(("dY", "dY_h", "dY_c"), dys, forward(ins, attrs)):
-            if dy.dtype != out.dtype:
-                raise GraphError(f"{op}: {name} must be {out.dtype}, got {dy.dtype}")
             _check_shape(op, name, dy, out.shape)
         return [TensorSpec(s.shape, s.dtype) for s in ins]
     return infer
@@ -158,7 +164,8 @@ def _grad_flops(gates, num_outputs):
 _infer_lstm_grad = _infer_recurrent_grad("lstm_grad", _infer_lstm, 3)
 
 
-@define("lstm_grad", inputs=(6, 9), outputs=_grad_outputs(LSTM_OPTIONAL), flops=_grad_flops(4, 3),
+@define("lstm_grad", types=_types(LSTM_OPTIONAL, 3, grad=True), outputs=_grad_outputs(LSTM_OPTIONAL),
+        flops=_grad_flops(4, 3),
         attrs={**_common_attrs(LSTM_OPTIONAL), "input_forget": Attr(AttrKind.BOOL, False)})
 def _lstm_grad(inputs, attrs):
     """Gradients of lstm (same attrs) with respect to its inputs: inputs are lstm's, then
@@ -169,7 +176,8 @@ def _lstm_grad(inputs, attrs):
 _infer_gru_grad = _infer_recurrent_grad("gru_grad", _gru, 2)
 
 
-@define("gru_grad", inputs=(5, 7), outputs=_grad_outputs(GRU_OPTIONAL), flops=_grad_flops(3, 2),
+@define("gru_grad", types=_types(GRU_OPTIONAL, 2, grad=True), outputs=_grad_outputs(GRU_OPTIONAL),
+        flops=_grad_flops(3, 2),
         attrs={**_common_attrs(GRU_OPTIONAL), "linear_before_reset": Attr(AttrKind.INT, 0)})
 def _gru_grad(inputs, attrs):
     """Gradients of gru (same attrs) with respect to its inputs: inputs are gru's, then

@@ -11,17 +11,14 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import GraphError
-from .registry import Attr, AttrKind, TensorSpec, define, gradient
+from .registry import Attr, AttrKind, TensorSpec, Types, define, gradient
 from .dims import broadcast, fmt, normalize_axis
-
-INDEX_DTYPES = frozenset((dtypes.int32, dtypes.int64))
 
 
 def known_ints(op, spec, what):
-    """The values of a 1-D or scalar integer operand, or None while they are unknown."""
-    if spec.dtype not in INDEX_DTYPES or spec.rank > 1:
-        raise GraphError(f"{op}: {what} must be an int32 or int64 vector, got "
-                         f"{spec.dtype}{fmt(spec.shape)}")
+    """The values of a 1-D or scalar operand (declared `index`), or None while they are unknown."""
+    if spec.rank > 1:
+        raise GraphError(f"{op}: {what} must be a vector, got {spec.dtype}{fmt(spec.shape)}")
     if spec.value is None:
         return None
     return tuple(int(v) for v in np.asarray(spec.value).reshape(-1))
@@ -39,7 +36,8 @@ def unknown_dims(op, spec, what):
     return (None,) * vector_length(op, spec, what)
 
 
-@define("shape", inputs=1, attrs={"start": Attr(AttrKind.INT, 0), "end": Attr(AttrKind.INT, 2**62)})
+@define("shape", types=Types("x: any -> int64"),
+        attrs={"start": Attr(AttrKind.INT, 0), "end": Attr(AttrKind.INT, 2**62)})
 def _shape(inputs, attrs):
     """The shape of x (dims start:end) as int64; its value is known once x's shape is."""
     dims = inputs[0].shape[slice(attrs["start"], attrs["end"])]
@@ -47,8 +45,8 @@ def _shape(inputs, attrs):
     return [TensorSpec((len(dims),), dtypes.int64, value)]
 
 
-@define("constant_of_shape", inputs=1, attrs={"value": Attr(AttrKind.FLOAT, 0.0),
-                                              "dtype": Attr(AttrKind.DTYPE, dtypes.float32)})
+@define("constant_of_shape", types=Types("shape: index -> dtype"),
+        attrs={"value": Attr(AttrKind.FLOAT, 0.0), "dtype": Attr(AttrKind.DTYPE, dtypes.float32)})
 def _constant_of_shape(inputs, attrs):
     """A tensor of shape `shape` (an operand) filled with `value`."""
     shape = known_ints("constant_of_shape", inputs[0], "the shape")
@@ -59,13 +57,12 @@ def _constant_of_shape(inputs, attrs):
     return [TensorSpec(shape, attrs["dtype"])]
 
 
-@define("range", inputs=3)
+@define("range", types=Types("start: T, limit: T, delta: T -> T", T=dtypes.NUMERIC))
 def _range(inputs, attrs):
     """start, start + delta, ... up to (not including) limit; scalars of one dtype."""
-    dts = {s.dtype for s in inputs}
-    if len(dts) != 1 or any(s.rank not in (0, 1) for s in inputs):
-        raise GraphError("range: start, limit and delta must be scalars of one dtype")
-    dt = dts.pop()
+    if any(s.rank not in (0, 1) for s in inputs):
+        raise GraphError("range: start, limit and delta must be scalars")
+    dt = inputs[0].dtype
     if any(s.value is None for s in inputs):
         return [TensorSpec((None,), dt)]
     start, limit, delta = (np.asarray(s.value).reshape(()).item() for s in inputs)
@@ -74,7 +71,7 @@ def _range(inputs, attrs):
     return [TensorSpec((max(int(np.ceil((limit - start) / delta)), 0),), dt)]
 
 
-@define("expand", inputs=2)
+@define("expand", types=Types("x: T, shape: index -> T", T=dtypes.ANY))
 def _expand(inputs, attrs):
     """x broadcast against `shape` (an operand), as ONNX Expand does."""
     x, shape = inputs[0], known_ints("expand", inputs[1], "the shape")
@@ -83,7 +80,7 @@ def _expand(inputs, attrs):
     return [TensorSpec(broadcast(x.shape, shape), x.dtype)]
 
 
-@define("tile", inputs=2)
+@define("tile", types=Types("x: T, repeats: index -> T", T=dtypes.ANY))
 def _tile(inputs, attrs):
     """x repeated `repeats[i]` times along each axis i."""
     x, repeats = inputs[0], known_ints("tile", inputs[1], "repeats")
@@ -111,7 +108,7 @@ def _split_outputs(attrs):
     return len(attrs["sizes"]) or attrs["num_outputs"]
 
 
-@define("split", inputs=1, outputs=_split_outputs,
+@define("split", outputs=_split_outputs, types=Types("x: T -> T+", T=dtypes.ANY),
         attrs={"axis": Attr(AttrKind.INT, 0), "sizes": Attr(AttrKind.INTS, ()),
                "num_outputs": Attr(AttrKind.INT, 0)})
 def _split(inputs, attrs):

@@ -4,15 +4,16 @@ Input 0 is a variable (trainable state, kept outside the arena); they have no ou
 and are run for their effect, after every op that does not depend on them, so that
 reads in the same run see the old values, as an optimizer's updates need.
 """
+from .. import dtypes
 from ..errors import GraphError
-from .registry import define
+from .registry import Types, define
 from .dims import fmt
 
 
 def _update(name):
     def infer(inputs, attrs):
         var, value = inputs
-        if var.dtype != value.dtype or (None not in var.shape + value.shape and var.shape != value.shape):
+        if None not in var.shape + value.shape and var.shape != value.shape:
             raise GraphError(f"{name}: the value {value.dtype}{fmt(value.shape)} must match the "
                              f"variable {var.dtype}{fmt(var.shape)}")
         return []
@@ -20,7 +21,7 @@ def _update(name):
     return infer
 
 
-for _name in ("assign", "assign_add", "assign_sub"):
-    define(_name, inputs=2, outputs=0, stateful=True)(_update(_name))
+for _name, _allowed in (("assign", dtypes.ANY), ("assign_add", dtypes.NUMERIC), ("assign_sub", dtypes.NUMERIC)):
+    define(_name, stateful=True, types=Types("variable: T, value: T ->", T=_allowed))(_update(_name))
 
 

@@ -205,3 +205,21 @@ def test_cli_opencl_without_a_runtime_is_one_clear_line(split_model):
         pytest.skip("this OpenCL loader ignores OCL_ICD_VENDORS")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "install an OpenCL runtime" in r.stderr and "pip install" in r.stderr
+
+
+def test_dtypes_the_kernels_do_not_take_fall_back_with_the_reason(tmp_path, delegate):
+    """relu's kernel computes in float32 only; gather's moves int32 elements too."""
+    path = tmp_path / "ints.efl"
+    g = ef.Graph()
+    with g.as_default():
+        x = ef.placeholder(ef.int32, [4, 3], name="x")
+        y = apply("gather", [ef.nn.relu(x), ef.constant(np.array([2, 0], np.int32))], {"axis": 0})
+    ef.save(g, path, signatures={"infer": ({"x": x}, {"y": y})})
+    x = np.arange(-6, 6, dtype=np.int32).reshape(4, 3)
+    runner = ef.Interpreter(path, delegates=[delegate]).get_signature_runner("infer")
+    np.testing.assert_array_equal(runner(x=x)["y"], np.maximum(x, 0)[[2, 0]])
+    plan = runner.last_plan
+    where = {plan.subgraph.operators[i].opcode: i for i in plan.order}
+    assert plan.placement[where["gather"]] == "opencl", plan.fallbacks
+    assert plan.placement[where["relu"]] == "cpu"
+    assert "input 0 has dtype int32 (OpenCL's relu takes float32)" in plan.fallbacks[where["relu"]]

@@ -77,6 +77,13 @@ GRAPH_RULES = {
         _subgraph(outputs=[99]), SG + r"outputs: tensor 99 out of range"),
     "arity": (
         _op(1, inputs=[3]), r"operator 1 'add': add takes 2 inputs, got 1"),
+    "input dtype declared": (
+        _tensor(0, dtype=np.dtype(np.bool_)),
+        r"operator 0 'matmul': matmul: a: dtype bool not supported; expected float32, float16, float64, "
+        r"int8, int16, int32, int64 or uint8"),
+    "input dtypes of one type variable agree": (
+        _tensor(0, dtype=np.dtype(np.float64)),
+        r"operator 0 'matmul': matmul: b must be float64, got float32"),
     "output count": (
         _op(6, outputs=[11, 10]), r"operator 6 'softmax': softmax has 1 outputs, the file lists 2"),
     "placement known": (

@@ -324,7 +324,7 @@ def test_gru_rejects_bad_shapes_and_attributes(shapes, attrs, message):
 @pytest.mark.parametrize("dtype", ["int32", "float64"])
 def test_rejects_non_float_or_mixed_dtypes(dtype):
     # X is float32; the weights are `dtype`
-    with pytest.raises(GraphError, match="one float dtype"):
+    with pytest.raises(GraphError, match="W must be float32"):
         _build("gru", [(7, 5, 4), (1, 9, 4), (1, 9, 3)], {"hidden_size": 3}, dtype)
 
 

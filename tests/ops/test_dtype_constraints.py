@@ -1,0 +1,192 @@
+"""Dtype constraints declared in define(): inference accepts the declared dtypes, rejects
+the others with GraphError naming the op, the input and the dtypes it takes.
+
+Representative ops are checked against sets written here (ONNX's type constraints and
+the kernels' reach); every other declared op against its declaration, which checks that
+its inference takes each dtype the declaration admits and gives the declared outputs.
+"""
+import numpy as np
+import pytest
+
+from edgeflow import dtypes, ops
+from edgeflow.errors import GraphError
+from edgeflow.ops import TensorSpec
+
+D = "dtype under test"
+
+
+class S:
+    """An input of an example: `shape`, and `dtype` (D: the one under test); `value` where
+    the op reads it (a shape operand), converted to the input's dtype."""
+
+    def __init__(self, shape, dtype=D, value=None):
+        self.shape, self.dtype, self.value = tuple(shape), dtype, value
+
+    def spec(self, dt):
+        dt = np.dtype(dt if self.dtype is D else self.dtype)
+        return TensorSpec(self.shape, dt, None if self.value is None else np.array(self.value).astype(dt))
+
+
+def _unary(dims=(2, 3), **attrs):
+    return [S(dims)], attrs
+
+
+def _binary(a=(2, 3), b=(3,), **attrs):
+    return [S(a), S(b)], attrs
+
+
+_IMAGE = (1, 2, 5, 5)
+_LSTM = [S((5, 2, 4)), S((1, 12, 4)), S((1, 12, 3))]
+_GRU = [S((5, 2, 4)), S((1, 9, 4)), S((1, 9, 3))]
+
+# op -> (inputs, attrs): one valid use of every op that declares its dtypes
+EXAMPLES = {
+    **{name: _unary() for name in ("abs", "neg", "exp", "log", "sqrt", "sigmoid", "tanh", "relu", "softmax",
+                                   "log_softmax", "leaky_relu", "hard_sigmoid", "hard_swish", "gelu", "erf",
+                                   "softplus", "elu", "selu", "clip", "transpose", "shape",
+                                   "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod",
+                                   "reduce_l2", "cumsum", "argmax")},
+    **{name: _binary() for name in ("add", "sub", "mul", "div", "maximum", "minimum", "pow", "equal", "less",
+                                    "greater")},
+    "topk": _unary(k=1),
+    "send": _unary(key="k"),
+    "cast": _unary(dtype="float32"),
+    "squeeze": _unary((2, 1, 3)),
+    "expand_dims": _unary(axes=(0,)),
+    "reshape": _unary(shape=(-1,)),
+    "slice": _unary(starts=(0,), ends=(1,)),
+    "split": _unary((4, 3), num_outputs=2),
+    "pad": _unary(pads=(1, 0, 0, 1)),
+    "resize": _unary(_IMAGE, scales=(2.0, 2.0)),
+    "max_pool": _unary(_IMAGE, kernel_shape=(2, 2)),
+    "avg_pool": _unary(_IMAGE, kernel_shape=(2, 2)),
+    "matmul": _binary((2, 3), (3, 4)),
+    "einsum": _binary((2, 3), (3, 4), equation="ij,jk->ik"),
+    "concat": _binary((2, 3), (1, 3), axis=0),
+    "where": ([S((2, 3), "bool"), S((2, 3)), S((3,))], {}),
+    "gather": ([S((4, 3)), S((2,), "int64")], {}),
+    "expand": ([S((1, 3)), S((2,), "int64", [2, 3])], {}),
+    "tile": ([S((1, 3)), S((2,), "int64", [2, 1])], {}),
+    "range": ([S(()), S(()), S(())], {}),
+    "constant_of_shape": ([S((2,), D, [2, 3])], {}),
+    "random_uniform": ([S((2,), D, [2, 3])], {}),
+    "recv": ([S((0, 3))], {"key": "k", "dtype": "float32", "shape": (3,)}),
+    "conv": ([S(_IMAGE), S((3, 2, 3, 3)), S((3,))], {}),
+    "conv_transpose": ([S(_IMAGE), S((2, 3, 3, 3)), S((3,))], {}),
+    "batch_norm": ([S((2, 3, 4))] + [S((3,)) for _ in range(4)], {}),
+    "layer_norm": ([S((2, 3)), S((3,)), S((3,))], {}),
+    "lstm": (_LSTM, {"hidden_size": 3}),
+    "gru": (_GRU, {"hidden_size": 3}),
+    "lstm_grad": (_LSTM + [S((5, 1, 2, 3)), S((1, 2, 3)), S((1, 2, 3))], {"hidden_size": 3}),
+    "gru_grad": (_GRU + [S((5, 1, 2, 3)), S((1, 2, 3))], {"hidden_size": 3}),
+    **{name: _binary((3,), (3,)) for name in ("assign", "assign_add", "assign_sub")},
+}
+
+# The gradient ops of ops/backprop.py check their dtypes themselves (for now).
+UNDECLARED = {"sum_to", "slice_grad", "gather_grad", "conv_input_grad", "conv_filter_grad", "max_pool_grad",
+              "avg_pool_grad", "pad_grad", "resize_grad"}
+
+FLOAT = ("float16", "float32", "float64")
+INT = ("int8", "int16", "int32", "int64", "uint8")
+EVERY = FLOAT + INT + ("bool",)
+
+# op -> the dtypes it takes, written out here; inputs are the op's example with other
+# dtypes where given: (op, the inputs to vary, their dtypes elsewhere): dtypes taken
+INDEPENDENT = [
+    ("matmul", None, FLOAT + INT),
+    ("add", None, FLOAT + INT),
+    ("relu", None, FLOAT + INT),
+    ("where", "x, y", EVERY),
+    ("where", "condition", ("bool",)),
+    ("cast", None, EVERY),
+    ("conv", None, FLOAT),
+    ("gather", "params", EVERY),
+    ("gather", "indices", ("int32", "int64")),
+    ("concat", None, EVERY),
+    ("argmax", None, EVERY),
+    ("lstm", None, FLOAT),
+]
+_FIXED = {("where", "x, y"): [S((2, 3), "bool"), S((2, 3)), S((3,))],
+          ("where", "condition"): [S((2, 3)), S((2, 3), "float32"), S((3,), "float32")],
+          ("gather", "params"): [S((4, 3)), S((2,), "int32")],
+          ("gather", "indices"): [S((4, 3), "float32"), S((2,))]}
+
+
+def _infer(name, inputs, attrs, dt):
+    opdef = ops.get(name)
+    return opdef.infer_specs([s.spec(dt) for s in inputs], opdef.check_attrs(attrs))
+
+
+def _check(name, inputs, attrs, taken):
+    for dt in dtypes.ALL:
+        if dt in taken:
+            _infer(name, inputs, attrs, dt)
+            continue
+        with pytest.raises(GraphError, match=rf"^{name}: [^:]+: dtype {dt.name} not supported; expected \w"):
+            _infer(name, inputs, attrs, dt)
+
+
+def _defined_in_edgeflow_ops():
+    """The ops of edgeflow/ops/, not those other tests register."""
+    return {name for name in ops.names() if ops.get(name).infer.__module__.startswith("edgeflow.ops.")}
+
+
+def test_ops_without_a_declaration_are_the_gradient_ops_of_backprop():
+    assert {name for name in _defined_in_edgeflow_ops() if ops.get(name).types is None} == UNDECLARED
+
+
+def test_every_declared_op_has_an_example():
+    assert set(EXAMPLES) == _defined_in_edgeflow_ops() - UNDECLARED
+
+
+@pytest.mark.parametrize("name,which,taken", INDEPENDENT, ids=[f"{n}-{w or 'all'}" for n, w, _ in INDEPENDENT])
+def test_representative_ops_take_the_dtypes_onnx_and_the_kernels_do(name, which, taken):
+    inputs, attrs = EXAMPLES[name]
+    _check(name, _FIXED.get((name, which), inputs), attrs, {np.dtype(t) for t in taken})
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_inference_takes_what_the_declaration_admits(name):
+    inputs, attrs = EXAMPLES[name]
+    opdef = ops.get(name)
+    allowed = opdef.types.input_dtypes(len(inputs), opdef.check_attrs(attrs))
+    taken = frozenset.intersection(*(a for a, s in zip(allowed, inputs) if s.dtype is D))
+    _check(name, inputs, attrs, taken)
+
+
+@pytest.mark.parametrize("name,attr,taken", [("cast", "dtype", EVERY), ("constant_of_shape", "dtype", EVERY),
+                                             ("recv", "dtype", EVERY),
+                                             ("random_uniform", "dtype", ("float32", "float64"))])
+def test_output_dtype_from_an_attribute(name, attr, taken):
+    inputs, attrs = EXAMPLES[name]
+    for dt in dtypes.ALL:
+        given = {**attrs, attr: dt}
+        if dt.name in taken:
+            assert _infer(name, inputs, given, "int64")[0].dtype == dt
+            continue
+        with pytest.raises(GraphError, match=rf"^{name}: attribute '{attr}' is {dt.name}; "
+                                             r"expected float32 or float64$"):
+            _infer(name, inputs, given, "int64")
+
+
+def test_the_message_names_the_op_the_input_and_the_dtypes():
+    inputs, attrs = EXAMPLES["gather"]
+    with pytest.raises(GraphError, match=r"^gather: indices: dtype float32 not supported; "
+                                         r"expected int32 or int64$"):
+        _infer("gather", [S((4, 3), "float32"), S((2,), "float32")], attrs, None)
+    with pytest.raises(GraphError, match=r"^matmul: b must be float32, got float64 \(inputs of type T share "
+                                         r"one dtype, and a is float32\)$"):
+        _infer("matmul", [S((2, 3), "float32"), S((3, 4), "float64")], {}, None)
+    with pytest.raises(GraphError, match=r"^concat: input 2 must be int8, got uint8"):
+        _infer("concat", [S((1,), "int8"), S((1,), "int8"), S((1,), "uint8")], {"axis": 0}, None)
+
+
+def test_optional_inputs_fill_first_to_last():
+    """lstm's optional inputs come in ONNX's order (B, initial_h, initial_c), absent ones
+    skipped; all share X's dtype."""
+    x = [S((5, 2, 4), "float32"), S((1, 12, 4), "float32"), S((1, 12, 3), "float32")]
+    h = S((1, 2, 3), "float64")
+    with pytest.raises(GraphError, match=r"^lstm: input 3 must be float32, got float64"):
+        _infer("lstm", x + [h], {"hidden_size": 3, "has_initial_h": True}, None)
+    ops.get("lstm").infer_specs([s.spec(None) for s in x] + [S((1, 2, 3), "float32").spec(None)],
+                                ops.get("lstm").check_attrs({"hidden_size": 3, "has_initial_h": True}))
