@@ -4,7 +4,6 @@ from ..errors import GraphError
 from .registry import Attr, AttrKind, TensorSpec, Types, define, gradient
 from .dims import fmt, normalize_axes, normalize_axis, num_elements
 
-INDEX_DTYPES = dtypes.INDEX  # kept for ops/backprop.py, which checks its indices itself
 
 # Data movement: every dtype, as it is.
 _MOVES = Types("x: T -> T", T=dtypes.ANY)
@@ -207,7 +206,7 @@ def _gather_grad(g, op, grads):
 
 # Gradients of slice and gather, as ops: their own gradients make second derivatives possible.
 
-@define("slice_grad", inputs=2, attrs={"starts": Attr(AttrKind.INTS, ()), "ends": Attr(AttrKind.INTS, ()),
+@define("slice_grad", types=Types("grad: T, like: any -> T", T=dtypes.NUMERIC), attrs={"starts": Attr(AttrKind.INTS, ()), "ends": Attr(AttrKind.INTS, ()),
                                        "axes": Attr(AttrKind.INTS, ()), "steps": Attr(AttrKind.INTS, ())})
 def _slice_grad_infer(inputs, attrs):
     """Zeros shaped like `like`, with grad written where slice (same attrs) took its values."""
@@ -216,12 +215,11 @@ def _slice_grad_infer(inputs, attrs):
     return [TensorSpec(like.shape, grad.dtype)]
 
 
-@define("gather_grad", inputs=3, attrs={"axis": Attr(AttrKind.INT, 0)})
+@define("gather_grad", attrs={"axis": Attr(AttrKind.INT, 0)},
+        types=Types("grad: T, indices: index, like: any -> T", T=dtypes.NUMERIC))
 def _gather_grad_infer(inputs, attrs):
     """Zeros shaped like `like` (gather's params), with grad added back at `indices`."""
     grad, indices, like = inputs
-    if indices.dtype not in INDEX_DTYPES:
-        raise GraphError(f"gather_grad: indices must be int32 or int64, got {indices.dtype}")
     normalize_axis(attrs["axis"], like.rank, "gather_grad")
     return [TensorSpec(like.shape, grad.dtype)]
 

@@ -236,7 +236,7 @@ def _conv_grad_flops(dy, w):
     return lambda inputs, outputs, attrs: 2 * math.prod(inputs[dy].shape) * math.prod(inputs[w].shape[1:])
 
 
-@define("conv_input_grad", inputs=3, attrs=_conv_grad_attrs(), flops=_conv_grad_flops(0, 1))
+@define("conv_input_grad", types=Types("dy: T, w: T, like: T -> T", T=dtypes.FLOATS), attrs=_conv_grad_attrs(), flops=_conv_grad_flops(0, 1))
 def _conv_input_grad(inputs, attrs):
     """Gradient of conv (same attrs) with respect to its input: dy (N, M, *out) taken back
     through w (M, C/group, *kernel) to like's shape (N, C, *in)."""
@@ -245,7 +245,7 @@ def _conv_input_grad(inputs, attrs):
     return [TensorSpec(like.shape, dy.dtype)]
 
 
-@define("conv_filter_grad", inputs=3, attrs=_conv_grad_attrs(), flops=_conv_grad_flops(1, 2))
+@define("conv_filter_grad", types=Types("x: T, dy: T, like: T -> T", T=dtypes.FLOATS), attrs=_conv_grad_attrs(), flops=_conv_grad_flops(1, 2))
 def _conv_filter_grad(inputs, attrs):
     """Gradient of conv (same attrs) with respect to its filter: x (N, C, *in) correlated with
     dy (N, M, *out), summed over the batch, shaped like w (M, C/group, *kernel)."""

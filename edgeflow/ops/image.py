@@ -109,7 +109,7 @@ def _resize_grad(g, op, grads):
 
 # Gradients of pad and resize, as ops (their operands as conv_input_grad's).
 
-@define("pad_grad", inputs=2, attrs=get("pad").attrs)
+@define("pad_grad", types=Types("dy: T, like: T -> T", T=dtypes.NUMERIC), attrs=get("pad").attrs)
 def _pad_grad_infer(inputs, attrs):
     """dy of pad (same attrs, mode reflect or edge) with each border element's gradient added
     to the element it copies, cropped to like's shape."""
@@ -120,13 +120,11 @@ def _pad_grad_infer(inputs, attrs):
     return [TensorSpec(like.shape, dy.dtype)]
 
 
-@define("resize_grad", inputs=2, attrs=get("resize").attrs)
+@define("resize_grad", types=Types("dy: T, like: T -> T", T=dtypes.FLOATS), attrs=get("resize").attrs)
 def _resize_grad_infer(inputs, attrs):
     """dy of resize (same attrs) added back to the input pixels each output pixel read, with
     the weights it read them with; shaped like `like`."""
     dy, like = inputs
-    if dy.dtype not in dtypes.FLOATS:
-        raise GraphError(f"resize_grad: the gradient must be a float tensor, got {dy.dtype}")
     check_gradient_shape("resize_grad", "resize", (like,), attrs, dy)
     return [TensorSpec(like.shape, dy.dtype)]
 

@@ -47,18 +47,16 @@ def _avg_pool_grad(g, op, grads):
 
 # Gradients of pooling, as ops (their operands as conv_input_grad's).
 
-@define("max_pool_grad", inputs=2, attrs=get("max_pool").attrs)
+@define("max_pool_grad", types=Types("x: T, dy: T -> T", T=dtypes.FLOATS), attrs=get("max_pool").attrs)
 def _max_pool_grad_infer(inputs, attrs):
     """dy of max_pool (same attrs) routed to x's element that won each window, the first
     (in kernel order) on ties; added up where windows overlap."""
     x, dy = inputs
-    if x.dtype not in dtypes.FLOATS:
-        raise GraphError(f"max_pool_grad: x must be a float tensor, got {x.dtype}")
     check_gradient_shape("max_pool_grad", "max_pool", (x,), attrs, dy)
     return [TensorSpec(x.shape, dy.dtype)]
 
 
-@define("avg_pool_grad", inputs=2, attrs=get("avg_pool").attrs)
+@define("avg_pool_grad", types=Types("dy: T, like: T -> T", T=dtypes.FLOATS), attrs=get("avg_pool").attrs)
 def _avg_pool_grad_infer(inputs, attrs):
     """dy of avg_pool (same attrs), each window's share spread evenly over what it averaged."""
     dy, like = inputs

@@ -189,7 +189,7 @@ def _topk_grad(g, op, grads):
 
 # The gradient of broadcasting, which the gradients of every broadcasting op use.
 
-@define("sum_to", inputs=2)
+@define("sum_to", types=Types("grad: T, like: any -> T", T=dtypes.NUMERIC))
 def _sum_to(inputs, attrs):
     """grad summed over the axes that broadcasting added or stretched, to like's shape."""
     grad, like = inputs
