@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from converters.onnx.handlers import BUILDS, HANDLERS
+from edgeflow.converters.onnx.handlers import BUILDS, HANDLERS
 from edgeflow import ops
 from edgeflow.accel.kernels import CL_KERNELS
 from edgeflow.interp.kernels import KERNELS

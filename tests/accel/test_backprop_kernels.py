@@ -2,7 +2,7 @@
 model, run with and without the OpenCL delegate; then a small CNN trained with both."""
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import edgeflow as ef
@@ -12,12 +12,8 @@ from edgeflow.graph.math_ops import apply
 
 from .harness import randn, run_both
 
-if not edgeflow.accel.available():
-    pytest.skip("no OpenCL device", allow_module_level=True)
+from edgeflow.accel.kernels import CL_KERNELS, conv, math  # noqa: F401  (registration)
 
-from edgeflow.accel.kernels import CL_KERNELS, conv, math  # noqa: E402,F401  (registration)
-
-SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 OURS = ("sum_to", "slice_grad", "gather_grad", "max_pool_grad", "avg_pool_grad", "conv_input_grad", "conv_filter_grad",
         *math.COMPARISONS)
 shapes = st.lists(st.integers(1, 5), min_size=0, max_size=4)
@@ -28,7 +24,6 @@ def delegate():
     return edgeflow.accel.OpenCLDelegate()
 
 
-@SETTINGS
 @given(shape=shapes, lead=st.lists(st.integers(1, 3), max_size=2), keep=st.lists(st.booleans(), min_size=4, max_size=4),
        seed=st.integers(0, 2 ** 16))
 def test_sum_to(delegate, shape, lead, keep, seed):
@@ -38,7 +33,6 @@ def test_sum_to(delegate, shape, lead, keep, seed):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-@SETTINGS
 @given(data=st.data(), shape=st.lists(st.integers(1, 7), min_size=1, max_size=4), seed=st.integers(0, 2 ** 16))
 def test_slice_grad(delegate, data, shape, seed):
     rng = np.random.default_rng(seed)
@@ -59,7 +53,6 @@ def test_slice_grad(delegate, data, shape, seed):
     np.testing.assert_array_equal(got, want)
 
 
-@SETTINGS
 @given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=3), indices=st.lists(st.integers(1, 4), max_size=2),
        data=st.data(), dtype=st.sampled_from([np.int32, np.int64]), seed=st.integers(0, 2 ** 16))
 def test_gather_grad(delegate, shape, indices, data, dtype, seed):
@@ -86,7 +79,6 @@ def pool_case(data, rng, dilated):
     return x, attrs
 
 
-@SETTINGS
 @given(data=st.data(), ties=st.booleans(), seed=st.integers(0, 2 ** 16))
 def test_max_pool_grad(delegate, data, ties, seed):
     rng = np.random.default_rng(seed)
@@ -98,7 +90,6 @@ def test_max_pool_grad(delegate, data, ties, seed):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-@SETTINGS
 @given(data=st.data(), include=st.booleans(), seed=st.integers(0, 2 ** 16))
 def test_avg_pool_grad(delegate, data, include, seed):
     rng = np.random.default_rng(seed)
@@ -132,7 +123,6 @@ def conv_case(data, rng):
     return x, w, attrs, tuple(y.shape)
 
 
-@SETTINGS
 @given(data=st.data(), seed=st.integers(0, 2 ** 16))
 def test_conv_input_grad(delegate, data, seed):
     rng = np.random.default_rng(seed)
@@ -141,7 +131,6 @@ def test_conv_input_grad(delegate, data, seed):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-@SETTINGS
 @given(data=st.data(), seed=st.integers(0, 2 ** 16))
 def test_conv_filter_grad(delegate, data, seed):
     rng = np.random.default_rng(seed)
@@ -162,7 +151,6 @@ def forward_shape(op, x, attrs):
         return tuple(apply(op, [ef.placeholder(x.dtype, x.shape, name="x")], attrs).shape)
 
 
-@SETTINGS
 @given(op=st.sampled_from(sorted(math.COMPARISONS)), a=shapes, b=shapes,
        dtype=st.sampled_from([np.float32, np.int32, np.bool_]), seed=st.integers(0, 2 ** 16))
 def test_comparisons_broadcast(delegate, op, a, b, dtype, seed):
@@ -196,6 +184,7 @@ def train(package, delegates, batches):
     return losses, interp.get_signature_runner("save")(), runner.last_plan
 
 
+@pytest.mark.slow
 def test_cnn_training_matches_and_runs_more_on_opencl(delegate, monkeypatch):
     rng = np.random.default_rng(1)
     batches = [(randn(rng, (4, 1, 8, 8)), rng.integers(0, 3, 4).astype(np.int32)) for _ in range(3)]

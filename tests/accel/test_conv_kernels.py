@@ -4,7 +4,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import edgeflow as ef
@@ -14,8 +14,9 @@ from edgeflow.accel.kernels import gemm
 from edgeflow.format import writer
 from edgeflow.graph import math_ops
 
-pytestmark = pytest.mark.skipif(not edgeflow.accel.available(), reason="no OpenCL device")
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# The window kernels are built per geometry (every size a compile-time constant), so each
+# new example compiles a program: these tests take a quarter of the profile's examples.
+PER_GEOMETRY = settings(max_examples=max(1, settings.default.max_examples // 4))
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +69,8 @@ def spatial(draw, kernel, attrs):
     return tuple(draw(st.integers((k - 1) * d + 1, (k - 1) * d + 9)) for k, d in zip(kernel, dil))
 
 
+@PER_GEOMETRY
 @given(data=st.data(), rank=st.sampled_from([1, 2, 2]), cpu=st.booleans(), seed=st.integers(0, 2**31))
-@SETTINGS
 def test_conv(delegate, data, rank, cpu, seed):
     """By the direct kernel, and by im2col + the register-blocked GEMM (the CPU path)."""
     kernel, attrs = data.draw(windows(rank))
@@ -84,8 +85,8 @@ def test_conv(delegate, data, rank, cpu, seed):
         check(delegate, "conv", arrays, {**attrs, "group": group, "activation": data.draw(ACTIVATION)})
 
 
+@PER_GEOMETRY
 @given(data=st.data(), rank=st.sampled_from([1, 2, 2]), cpu=st.booleans(), seed=st.integers(0, 2**31))
-@SETTINGS
 def test_depthwise_conv(delegate, data, rank, cpu, seed):
     """By the run-time-geometry kernel (GPUs) and window.cl's, built per geometry (CPUs)."""
     kernel, attrs = data.draw(windows(rank))
@@ -125,7 +126,6 @@ def test_fixed_range_divides_and_fills_units(delegate):
 @given(n=st.integers(1, 2), group=st.sampled_from([1, 1, 2]), cpg=st.integers(1, 20), mpg=st.integers(1, 40),
        h=st.integers(1, 11), w=st.integers(1, 13), bias=st.booleans(), activation=ACTIVATION,
        tiled=st.booleans(), cpu=st.booleans(), seed=st.integers(0, 2**31))
-@SETTINGS
 def test_pointwise_conv(delegate, n, group, cpg, mpg, h, w, bias, activation, tiled, cpu, seed):
     """1x1 stride-1 convs: a GEMM over channels, tiles crossing every edge of the sizes, by
     the local-memory kernel (what GPUs run), the register-blocked GEMM on the input (what
@@ -136,9 +136,9 @@ def test_pointwise_conv(delegate, n, group, cpg, mpg, h, w, bias, activation, ti
         check(delegate, "conv", arrays[:2 + bias], {"group": group, "activation": activation})
 
 
+@PER_GEOMETRY
 @given(data=st.data(), rank=st.sampled_from([1, 2, 2]), ceil_mode=st.booleans(), cpu=st.booleans(),
        seed=st.integers(0, 2**31))
-@SETTINGS
 def test_max_pool(delegate, data, rank, ceil_mode, cpu, seed):
     kernel, attrs = data.draw(windows(rank))
     x = normal(np.random.default_rng(seed), 2, 3, *spatial(data.draw, kernel, attrs))
@@ -155,9 +155,9 @@ def test_max_pool_propagates_nan(delegate):
             assert np.isnan(runner(in0=x)["y"][0, 0, 0, 0])
 
 
+@PER_GEOMETRY
 @given(data=st.data(), rank=st.sampled_from([1, 2, 2]), ceil_mode=st.booleans(), include=st.booleans(),
        cpu=st.booleans(), seed=st.integers(0, 2**31))
-@SETTINGS
 def test_avg_pool(delegate, data, rank, ceil_mode, include, cpu, seed):
     kernel, attrs = data.draw(windows(rank, dilations=False))
     x = normal(np.random.default_rng(seed), 2, 3, *spatial(data.draw, kernel, attrs))
@@ -168,7 +168,6 @@ def test_avg_pool(delegate, data, rank, ceil_mode, include, cpu, seed):
 
 @given(shape=st.lists(st.integers(1, 7), min_size=2, max_size=5), eps=st.sampled_from([1e-5, 1e-3]),
        seed=st.integers(0, 2**31))
-@SETTINGS
 def test_batch_norm(delegate, shape, eps, seed):
     rng = np.random.default_rng(seed)
     c = shape[1]
@@ -178,7 +177,6 @@ def test_batch_norm(delegate, shape, eps, seed):
 
 
 @given(data=st.data(), mode=st.sampled_from(["constant", "reflect", "edge"]), seed=st.integers(0, 2**31))
-@SETTINGS
 def test_pad(delegate, data, mode, seed):
     shape = data.draw(st.lists(st.integers(1, 6), min_size=1, max_size=4))
     low = -2 if mode == "constant" else 0

@@ -13,7 +13,6 @@ import edgeflow as ef
 from edgeflow import accel, training_loop
 from edgeflow.graph.math_ops import apply
 
-pytestmark = pytest.mark.skipif(not accel.available(), reason="no OpenCL device")
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "onnx"
 
 
@@ -81,7 +80,7 @@ def test_random_mlp_matches_numpy(tmp_path, delegate):
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    from converters import onnx as onnx_converter
+    from edgeflow.converters import onnx as onnx_converter
     folder = tmp_path_factory.mktemp("converted")
     out = {}
     for name in ("mobilenetv2", "resnet", "transformer"):
@@ -90,6 +89,7 @@ def converted(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mobilenetv2", "resnet", "transformer"])
 def test_converted_models_match_numpy(converted, delegate, name):
     from edgeflow.accel.kernels import CL_KERNELS

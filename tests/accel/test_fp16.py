@@ -18,10 +18,7 @@ from edgeflow.format.writer import to_bytes
 
 from .harness import one_op_model, randn, run_both, run_numpy
 
-if not edgeflow.accel.available():
-    pytest.skip("no OpenCL device", allow_module_level=True)
-
-from edgeflow.accel.kernels import CL_KERNELS, conv as conv_kernels, gemm  # noqa: E402
+from edgeflow.accel.kernels import CL_KERNELS, conv as conv_kernels, gemm
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "onnx"
 HALF_EPS = 2.0 ** -10  # fp16's machine epsilon: a store rounds by at most HALF_EPS / 2 relative
@@ -259,7 +256,7 @@ def test_device_buffers_are_half():
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    from converters import onnx as onnx_converter
+    from edgeflow.converters import onnx as onnx_converter
     folder = tmp_path_factory.mktemp("converted")
     out = {}
     for name in ("mobilenetv2", "resnet", "transformer"):
@@ -268,6 +265,7 @@ def converted(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mobilenetv2", "resnet", "transformer"])
 def test_converted_models_in_fp16(converted, name):
     """Within MODEL_RTOL of float32 numpy (relative to the largest output magnitude), and
@@ -319,6 +317,7 @@ def digits_cnn(optimizer="momentum"):
 TRAIN_LOSS_TOL = 5e-2  # |fp16 loss - fp32 loss| at every step; measured 1.9e-2 (momentum), 3.2e-2 (Adam)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])
 def test_digits_cnn_trains_in_fp16_close_to_fp32(optimizer):
     """Forward and backward on the device in half storage; the optimizer's updates on the

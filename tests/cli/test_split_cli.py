@@ -16,8 +16,6 @@ def edgeflow(*args):
     return subprocess.run([sys.executable, "-m", "edgeflow.cli", *map(str, args)],
                           capture_output=True, text=True, timeout=120)
 
-pytest.importorskip("grpc")
-pytest.importorskip("scipy")
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,6 @@ import pytest
 import edgeflow as ef
 from edgeflow.format import writer
 
-pytest.importorskip("grpc")
-pytest.importorskip("grpc_health")
 
 W = (np.arange(12, dtype=np.float32).reshape(4, 3) - 5) / 4
 TABLE = np.arange(10, dtype=np.float32).reshape(5, 2)
@@ -67,7 +65,6 @@ def client(server):
 
 def self_signed():
     """(certificate PEM, key PEM): a new self-signed certificate for localhost and 127.0.0.1."""
-    pytest.importorskip("cryptography")
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec

@@ -8,14 +8,13 @@ import numpy as np
 import pytest
 
 import edgeflow as ef
-from converters import onnx as onnx_converter
+from edgeflow.converters import onnx as onnx_converter
 from edgeflow.format import metadata, reader, writer
 from edgeflow.splitter import Link, partition
 from edgeflow.splitter.adaptive import Replanner
 from edgeflow.splitter.package import split_file
 
-pytest.importorskip("grpc")
-from edgeflow.cloud import CloudDelegate, Server  # noqa: E402
+from edgeflow.cloud import CloudDelegate, Server
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "onnx"
 

@@ -7,8 +7,7 @@ from edgeflow.errors import InvalidInputError, RemoteError
 
 from .conftest import reference, self_signed
 
-grpc = pytest.importorskip("grpc")
-from edgeflow.cloud import Client, Server  # noqa: E402
+from edgeflow.cloud import Client, Server
 
 TOKEN = "s3cret-token_0123456789"
 

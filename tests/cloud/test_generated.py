@@ -4,14 +4,12 @@ import pathlib
 import subprocess
 import sys
 
-import pytest
 
 CLOUD = pathlib.Path(__file__).parents[2] / "edgeflow" / "cloud"
 GENERATED = ["edgeflow_pb2.py", "edgeflow_pb2_grpc.py", "ps_pb2.py", "ps_pb2_grpc.py"]
 
 
 def test_generated_code_is_up_to_date(tmp_path):
-    pytest.importorskip("grpc_tools")
     root = CLOUD.parents[1]
     subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I", str(root), f"--python_out={tmp_path}",
                     f"--grpc_python_out={tmp_path}", str(CLOUD / "edgeflow.proto"), str(CLOUD / "ps.proto")],

@@ -11,13 +11,12 @@ from edgeflow import training_loop
 from edgeflow.errors import (EdgeflowError, FormatError, GraphError, InvalidInputError, PlacementError,
                              RemoteError)
 
-grpc = pytest.importorskip("grpc")
-pytest.importorskip("grpc_health")
+import grpc
 
-from edgeflow.cloud import ps  # noqa: E402
-from edgeflow.cloud.ps import train_async  # noqa: E402
-from edgeflow.cloud.server import Server  # noqa: E402
-from edgeflow.format import writer  # noqa: E402
+from edgeflow.cloud import ps
+from edgeflow.cloud.ps import train_async
+from edgeflow.cloud.server import Server
+from edgeflow.format import writer
 
 W0 = np.array([[0.5, -1.0], [0.25, 0.0], [-0.5, 1.5]], np.float32)
 B0 = np.array([0.1, -0.2], np.float32)

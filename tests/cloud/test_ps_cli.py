@@ -11,7 +11,6 @@ import edgeflow as ef
 
 from .test_serve_cli import Lines
 
-pytest.importorskip("grpc")
 
 
 @pytest.mark.parametrize("mode", ["async", "fedavg"])

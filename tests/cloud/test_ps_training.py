@@ -18,13 +18,11 @@ import pytest
 import edgeflow as ef
 from edgeflow import training_loop
 
-pytest.importorskip("grpc")
-pytest.importorskip("grpc_health")
-datasets = pytest.importorskip("sklearn.datasets")
+from sklearn import datasets
 
-from edgeflow.cloud.ps import (ParameterClient, ParameterService, TrainingRoles, steps_per_epoch,  # noqa: E402
+from edgeflow.cloud.ps import (ParameterClient, ParameterService, TrainingRoles, steps_per_epoch,
                                train_async, train_fedavg, train_sync)
-from edgeflow.cloud.server import Server  # noqa: E402
+from edgeflow.cloud.server import Server
 
 DEVICES = 3
 GUARD_S = 120  # hang guards only: no assertion depends on how long anything takes
@@ -226,6 +224,7 @@ def local_run(tmp_path_factory):
     return path, curve
 
 
+@pytest.mark.slow
 def test_async_converges_within_one_point_of_local_training(local_run):
     path, local = local_run
     train, _ = digits()
@@ -257,6 +256,7 @@ def test_async_converges_within_one_point_of_local_training(local_run):
     assert async_acc >= local_acc - 1.0, (local[-LAST:], curve[-LAST:])
 
 
+@pytest.mark.slow
 def test_fedavg_converges_within_one_point_of_local_training(local_run):
     path, local = local_run
     train, _ = digits()
@@ -322,6 +322,7 @@ def _wait_for(client, condition):
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_training_resumes_with_every_step_applied_once(tmp_path):
     path = build_mlp(tmp_path / "mlp.efl", hidden=32)
     train, _ = digits()

@@ -12,8 +12,7 @@ import pytest
 
 from .conftest import reference
 
-pytest.importorskip("grpc")
-from edgeflow.cloud import Client  # noqa: E402
+from edgeflow.cloud import Client
 
 
 def edgeflow(*args):

@@ -12,10 +12,10 @@ from edgeflow.errors import InvalidInputError, RemoteError
 
 from .conftest import reference
 
-grpc = pytest.importorskip("grpc")
-from edgeflow.cloud import Client, Server, wire  # noqa: E402
-from edgeflow.cloud import edgeflow_pb2 as pb  # noqa: E402
-from edgeflow.cloud import edgeflow_pb2_grpc as pb_grpc  # noqa: E402
+import grpc
+from edgeflow.cloud import Client, Server, wire
+from edgeflow.cloud import edgeflow_pb2 as pb
+from edgeflow.cloud import edgeflow_pb2_grpc as pb_grpc
 
 RNG = np.random.default_rng(0)
 

@@ -13,15 +13,14 @@ import numpy as np
 import pytest
 
 import edgeflow as ef
-from converters import onnx as onnx_converter
+from edgeflow.converters import onnx as onnx_converter
 from edgeflow.errors import RemoteError
 from edgeflow.format import reader
 from edgeflow.splitter import partition
 
 from .test_serve_cli import Lines, edgeflow
 
-pytest.importorskip("grpc")
-from edgeflow.cloud import CloudDelegate  # noqa: E402
+from edgeflow.cloud import CloudDelegate
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "onnx"
 MODELS = ("mlp", "mobilenetv2", "resnet", "transformer", "lstm")

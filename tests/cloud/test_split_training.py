@@ -23,9 +23,8 @@ from edgeflow.splitter import training
 
 from .test_serve_cli import Lines
 
-pytest.importorskip("grpc")
-datasets = pytest.importorskip("sklearn.datasets")
-from edgeflow.cloud import Client, CloudDelegate, Server  # noqa: E402
+from sklearn import datasets
+from edgeflow.cloud import Client, CloudDelegate, Server
 
 DEVICE_OPS = ("conv1/conv", "relu", "pool1_1")  # the device's forward ops: the first conv layer
 
@@ -161,6 +160,7 @@ def test_a_retried_round_is_applied_once(tmp_path):
         assert host.updates == 1
 
 
+@pytest.mark.slow
 def test_server_killed_and_restarted_loses_no_step(tmp_path):
     out, _ = split(tmp_path, "cloud")
     data, test = digits()

@@ -4,9 +4,8 @@ import pytest
 
 from edgeflow.errors import InvalidInputError
 
-pytest.importorskip("google.protobuf")
-from edgeflow.cloud import edgeflow_pb2 as pb  # noqa: E402
-from edgeflow.cloud import wire  # noqa: E402
+from edgeflow.cloud import edgeflow_pb2 as pb
+from edgeflow.cloud import wire
 
 
 def roundtrip(arrays, chunk_bytes=wire.CHUNK_BYTES, **kw):

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 import edgeflow as ef
-from converters import onnx as onnx_converter
+from edgeflow.converters import onnx as onnx_converter
 from edgeflow.errors import ConversionError, UnsupportedOpError
 
-onnx = pytest.importorskip("onnx")
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17):

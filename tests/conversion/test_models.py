@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import edgeflow as ef
-from converters import onnx as onnx_converter
+from edgeflow.converters import onnx as onnx_converter
 
-ort = pytest.importorskip("onnxruntime")
+import onnxruntime as ort
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "onnx"
 MODELS = ["mlp", "mobilenetv2", "resnet", "lstm", "transformer", "digits_cnn"]
 

@@ -13,18 +13,15 @@ import re
 import warnings
 
 import numpy as np
-import pytest
+import onnx
+import onnx.backend.base
+import onnx.backend.test
+from onnx.backend.test.loader import load_model_tests
 
-onnx = pytest.importorskip("onnx")
-
-import onnx.backend.base  # noqa: E402
-import onnx.backend.test  # noqa: E402
-from onnx.backend.test.loader import load_model_tests  # noqa: E402
-
-import edgeflow as ef  # noqa: E402
-from converters import onnx as onnx_converter  # noqa: E402
-from converters.onnx.handlers import HANDLERS  # noqa: E402
-from edgeflow.format import writer  # noqa: E402
+import edgeflow as ef
+from edgeflow.converters import onnx as onnx_converter
+from edgeflow.converters.onnx.handlers import HANDLERS
+from edgeflow.format import writer
 
 
 # Operands that converters.onnx needs as constants (they set shapes, or attributes of

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 import edgeflow as ef
-from converters import onnx as onnx_converter
+from edgeflow.converters import onnx as onnx_converter
 from edgeflow.errors import ConversionError
 
-onnx = pytest.importorskip("onnx")
-from onnx import numpy_helper  # noqa: E402
+import onnx
+from onnx import numpy_helper
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "onnx"
 

@@ -6,7 +6,7 @@ import pytest
 import edgeflow as ef
 from edgeflow import training_loop
 
-datasets = pytest.importorskip("sklearn.datasets")
+from sklearn import datasets
 
 
 def digits():
@@ -46,6 +46,7 @@ def model(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_cnn_reaches_97_percent(model):
     data, (x, y) = digits()
     interp = ef.Interpreter(model)

@@ -1,5 +1,5 @@
-"""Gradients of conv, conv_transpose, pooling, pad and resize: against finite differences
-(float64), and against torch.autograd (float32) where torch is installed."""
+"""Gradients of conv, conv_transpose, pooling, pad and resize, against finite differences
+(float64)."""
 import numpy as np
 import pytest
 
@@ -261,62 +261,3 @@ def test_gradient_ops_check_shapes():
         with pytest.raises(GraphError, match="negated pads"):
             apply("pad_grad", [ef.placeholder(ef.float32, (1, 3, 9, 9)), x],
                   {"pads": (0, 0, 1, 0, 0, 0, 0, 1)})
-
-
-# torch.autograd, in float32, where torch is installed (CI has none).
-
-def _torch_check(ef_fn, torch_fn, *arrays, tol=1e-4):
-    torch = pytest.importorskip("torch")
-    arrays = [a.astype(np.float32) for a in arrays]
-    g = ef.Graph()
-    with g.as_default():
-        ps = [ef.placeholder(ef.float32, a.shape) for a in arrays]
-        y = ef_fn(*ps)
-        weights = rng.standard_normal([d for d in y.shape]).astype(np.float32)
-        grads = ef.gradients(ef.reduce_sum(y * ef.constant(weights)), ps)
-        got = ef.Session().run(grads, dict(zip(ps, arrays)))
-    ts = [torch.tensor(a, requires_grad=True) for a in arrays]
-    (torch_fn(*ts) * torch.tensor(weights)).sum().backward()
-    for i, (a, t) in enumerate(zip(got, ts)):
-        np.testing.assert_allclose(a, t.grad.numpy(), rtol=tol, atol=tol, err_msg=f"gradient of input {i}")
-
-
-def _f():
-    return pytest.importorskip("torch").nn.functional
-
-
-@pytest.mark.parametrize("attrs, kwargs", [
-    ({"pads": (1, 1, 1, 1)}, {"padding": 1}),
-    ({"strides": (2, 1), "dilations": (1, 2), "pads": (2, 1, 2, 1), "group": 2},
-     {"stride": (2, 1), "dilation": (1, 2), "padding": (2, 1), "groups": 2}),
-    ({"strides": (2, 2), "group": 4}, {"stride": 2, "groups": 4}),
-])
-def test_conv_against_torch(attrs, kwargs):
-    w = r(8, 4 // attrs.get("group", 1), 3, 3)
-    _torch_check(with_bias("conv", **attrs), lambda x, w, b: _f().conv2d(x, w, b, **kwargs),
-                 r(2, 4, 10, 9), w, r(8))
-
-
-def test_conv_transpose_against_torch():
-    attrs = {"strides": (2, 2), "pads": (1, 1, 1, 1), "output_padding": (1, 0), "group": 2,
-             "dilations": (1, 2)}
-    _torch_check(with_bias("conv_transpose", **attrs),
-                 lambda x, w, b: _f().conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=(1, 0),
-                                                       groups=2, dilation=(1, 2)),
-                 r(2, 4, 5, 6), r(4, 3, 3, 3), r(6))
-
-
-def test_max_pool_against_torch_with_ties():
-    x = rng.integers(0, 3, (2, 3, 9, 8)).astype(np.float64)  # many ties
-    _torch_check(op("max_pool", kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1), ceil_mode=True),
-                 lambda x: _f().max_pool2d(x, 3, 2, 1, ceil_mode=True), x)
-    _torch_check(op("max_pool", kernel_shape=(2, 2), dilations=(2, 1)),
-                 lambda x: _f().max_pool2d(x, 2, 1, dilation=(2, 1)), x)
-
-
-@pytest.mark.parametrize("count_include_pad", [False, True])
-def test_avg_pool_against_torch(count_include_pad):
-    _torch_check(op("avg_pool", kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1), ceil_mode=True,
-                    count_include_pad=count_include_pad),
-                 lambda x: _f().avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=count_include_pad),
-                 r(2, 3, 8, 9))

@@ -1,5 +1,5 @@
 """Gradient rules of activations, normalization, reductions, einsum and recurrent layers
-against finite differences (float64), and LSTM/GRU against torch.autograd (float32)."""
+against finite differences (float64)."""
 import numpy as np
 import pytest
 
@@ -240,67 +240,6 @@ def test_gru(case):
     case = {"optional": ("B", "initial_h"), **case}
     fn, arrays = _recurrent("gru", 3, **case)
     check_gradients(fn, *arrays, rtol=1e-5, atol=1e-8, max_elements=24)
-
-
-def _blocks(a, order, hidden):
-    """Gate blocks of `a` (along its axis 0) taken in `order`."""
-    return a.reshape(len(order), hidden, *a.shape[1:])[list(order)].reshape(a.shape)
-
-
-# ONNX's gate order -> torch's: LSTM iofc -> ifco, GRU zrh -> rzh (torch's GRU is ONNX's
-# linear_before_reset=1).
-TORCH_GATES = {"lstm": (0, 2, 3, 1), "gru": (1, 0, 2)}
-
-
-def _torch_gradients(name, arrays, bidirectional, weights):
-    torch = pytest.importorskip("torch")
-    seq, batch, size = arrays[0].shape
-    hidden = arrays[2].shape[-1]
-    module = getattr(torch.nn, name.upper())(size, hidden, bidirectional=bidirectional)
-    leaves = [torch.tensor(a, requires_grad=True) for a in arrays]
-    x, w, rr, b, h0 = leaves[:5]
-    order, n = TORCH_GATES[name], len(TORCH_GATES[name]) * hidden
-    params = {}
-    for d, suffix in enumerate(["", "_reverse"][:w.shape[0]]):
-        params[f"weight_ih_l0{suffix}"] = _blocks(w[d], order, hidden)
-        params[f"weight_hh_l0{suffix}"] = _blocks(rr[d], order, hidden)
-        params[f"bias_ih_l0{suffix}"] = _blocks(b[d, :n], order, hidden)
-        params[f"bias_hh_l0{suffix}"] = _blocks(b[d, n:], order, hidden)
-    states = (h0, leaves[5]) if name == "lstm" else h0
-    y, final = torch.func.functional_call(module, params, (x, states))
-    finals = final if name == "lstm" else (final,)
-    y = y.reshape(seq, batch, w.shape[0], hidden).permute(0, 2, 1, 3)
-    loss = sum((t * torch.tensor(c)).sum() for t, c in zip((y, *finals), weights))
-    loss.backward()
-    return [leaf.grad.numpy() for leaf in leaves]
-
-
-@pytest.mark.parametrize("name", ["lstm", "gru"])
-@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
-def test_recurrent_against_torch(name, direction):
-    seq, batch, size, hidden, dirs = 5, 3, 4, 6, 1 + (direction == "bidirectional")
-    gates = 4 if name == "lstm" else 3
-    shapes = [(seq, batch, size), (dirs, gates * hidden, size), (dirs, gates * hidden, hidden),
-              (dirs, 2 * gates * hidden)] + [(dirs, batch, hidden)] * (2 if name == "lstm" else 1)
-    arrays = [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
-    outputs = 3 if name == "lstm" else 2
-    weights = [rng.uniform(-1, 1, s).astype(np.float32)
-               for s in [(seq, dirs, batch, hidden)] + [(dirs, batch, hidden)] * (outputs - 1)]
-    attrs = {"hidden_size": hidden, "direction": direction, "has_bias": True, "has_initial_h": True}
-    attrs.update({"has_initial_c": True} if name == "lstm" else {"linear_before_reset": 1})
-    expected = _torch_gradients(name, arrays, dirs == 2, weights)
-    g = ef.Graph()
-    with g.as_default():
-        xs = [ef.placeholder(ef.float32, a.shape) for a in arrays]
-        outs = apply(name, xs, attrs)
-        terms = [ef.reduce_sum(t * ef.constant(c)) for t, c in zip(outs, weights)]
-        loss = terms[0]
-        for term in terms[1:]:
-            loss = loss + term
-        got = ef.Session().run(ef.gradients(loss, xs), dict(zip(xs, arrays)))
-    for i, (a, b) in enumerate(zip(got, expected)):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=f"input {i}")
-
 
 
 @pytest.mark.parametrize("name, gates, output", [("lstm", 4, 1), ("lstm", 4, 2), ("gru", 3, 1), ("gru", 3, 0)])

@@ -128,20 +128,6 @@ def test_conv2d_same_with_unknown_spatial_size(graph):
                                    rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.filterwarnings("ignore:Using padding='same'")
-def test_conv2d_matches_torch(graph):
-    torch = pytest.importorskip("torch")
-    x = ef.placeholder(ef.float32, [2, 3, 9, 8], name="x")
-    y = ef.layers.conv2d(x, 5, (3, 2), padding="same")
-    bias = r(5)
-    sess = session({variable(graph, "conv2d/bias"): bias})
-    w = sess.run(variable(graph, "conv2d/kernel"))
-    xs = r(2, 3, 9, 8)
-    want = torch.nn.functional.conv2d(torch.from_numpy(xs), torch.from_numpy(w), torch.from_numpy(bias),
-                                      padding="same")
-    np.testing.assert_allclose(sess.run(y, {x: xs}), want.numpy(), rtol=1e-4, atol=1e-5)
-
-
 @pytest.mark.parametrize("pool, strides, padding", [
     (2, 2, "valid"), (3, 1, "valid"), (3, 2, "same"), ((2, 3), (1, 2), "same"), (2, 2, "same")])
 def test_max_pool2d_matches_numpy(graph, pool, strides, padding):

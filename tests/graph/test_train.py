@@ -1,5 +1,5 @@
-"""ef.train's optimizers against numpy references of their update rules, against
-torch.optim, on the seeds' linear regression, and through a packaged train signature."""
+"""ef.train's optimizers against numpy references of their update rules, on the seeds'
+linear regression, and through a packaged train signature."""
 import numpy as np
 import pytest
 
@@ -265,53 +265,3 @@ def test_train_signature_matches_session(tmp_path):
     for name, value in host_state.items():
         np.testing.assert_allclose(device_state[name], value, rtol=1e-12, err_msg=name)
     np.testing.assert_array_equal(device_state["w1/AdamW/step"], 4.0)
-
-
-# -- torch.optim ------------------------------------------------------------------------------
-
-def _torch_cases(torch):
-    def rmsprop_state(p, momentum, centered):
-        state = {"step": torch.zeros(()), "square_avg": torch.ones_like(p)}  # TF1 starts rms at ones
-        state.update({"momentum_buffer": torch.zeros_like(p)} if momentum else {})
-        state.update({"grad_avg": torch.zeros_like(p)} if centered else {})
-        return state
-    return {
-        "momentum": (lambda: ef.train.Momentum(0.05, 0.9),
-                     lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), None),
-        "nesterov": (lambda: ef.train.Momentum(0.05, 0.9, use_nesterov=True),
-                     lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True), None),
-        "adam": (lambda: ef.train.Adam(0.1, beta1=0.8, beta2=0.99, epsilon=1e-6),
-                 lambda ps: torch.optim.Adam(ps, lr=0.1, betas=(0.8, 0.99), eps=1e-6), None),
-        "adamw": (lambda: ef.train.AdamW(0.1, weight_decay=0.3),
-                  lambda ps: torch.optim.AdamW(ps, lr=0.1, weight_decay=0.3), None),
-        "adagrad": (lambda: ef.train.Adagrad(0.3, initial_accumulator_value=0.1),
-                    lambda ps: torch.optim.Adagrad(ps, lr=0.3, initial_accumulator_value=0.1, eps=0.0), None),
-        "rmsprop_centered": (lambda: ef.train.RMSProp(0.05, momentum=0.5, epsilon=0.0, centered=True),
-                             lambda ps: torch.optim.RMSprop(ps, lr=0.05, alpha=0.9, eps=0.0, momentum=0.5,
-                                                            centered=True),
-                             lambda p: rmsprop_state(p, 0.5, True)),
-        "rmsprop": (lambda: ef.train.RMSProp(0.05, epsilon=0.0),
-                    lambda ps: torch.optim.RMSprop(ps, lr=0.05, alpha=0.9, eps=0.0),
-                    lambda p: rmsprop_state(p, 0.0, False)),
-    }
-
-
-@pytest.mark.parametrize("case", ["momentum", "nesterov", "adam", "adamw", "adagrad", "rmsprop",
-                                  "rmsprop_centered"])
-def test_matches_torch_optim(case):
-    torch = pytest.importorskip("torch")
-    optimizer, make_torch, state = _torch_cases(torch)[case]
-    initial, batches = _initial(), _batches()
-    got = _train_in_session(optimizer, initial, batches)
-    params = {k: torch.tensor(v, requires_grad=True) for k, v in initial.items()}
-    opt = make_torch(list(params.values()))
-    for p in params.values():
-        if state:
-            opt.state[p] = state(p)
-    for xv, yv in batches:
-        opt.zero_grad()
-        pred = torch.tensor(xv) @ params["W"] + params["b"]
-        ((pred - torch.tensor(yv)) ** 2).mean().backward()
-        opt.step()
-    for k, p in params.items():
-        np.testing.assert_allclose(got[k], p.detach().numpy(), rtol=1e-6, atol=1e-12, err_msg=f"{case} {k}")

@@ -1,6 +1,6 @@
 """The arena plan: tensors alive at the same time never share bytes; reuse keeps results right."""
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 import edgeflow as ef
 from edgeflow.interp import arena
@@ -28,7 +28,6 @@ def _requests(draw):
     return out
 
 
-@settings(max_examples=300, deadline=None)
 @given(_requests())
 def test_place_never_overlaps_live_tensors(requests):
     offsets, total = arena.place(requests)

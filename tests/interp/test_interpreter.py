@@ -187,7 +187,7 @@ def test_bytes_of_a_model_without_a_file():
 
 
 def test_num_threads_caps_blas_threads(tmp_path, monkeypatch):
-    threadpoolctl = pytest.importorskip("threadpoolctl")
+    import threadpoolctl
     from edgeflow.interp.plan import Plan
     rng = np.random.default_rng(4)
     ref = _mlp(tmp_path / "m.efl", rng)

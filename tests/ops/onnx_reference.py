@@ -6,11 +6,8 @@ ONNX's reference evaluator where onnxruntime lacks a mode). `onnx_reference(op_t
 inputs, output_dtypes, **attrs)` feeds every input and returns every output.
 """
 import numpy as np
-import pytest
-
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-from onnx import helper, numpy_helper  # noqa: E402
+import onnxruntime as ort
+from onnx import helper, numpy_helper
 
 _SESSION = None
 

@@ -12,7 +12,6 @@ from edgeflow.graph.math_ops import apply
 from .onnx_reference import onnx_reference
 from .harness import FLOATS, assert_close, random_array
 
-pytest.importorskip("onnxruntime")
 
 
 def activation(name, **attrs):
@@ -105,7 +104,7 @@ def erf_implementation(request, monkeypatch):
     if request.param == "numpy":
         monkeypatch.setattr(kernels, "_special", [(kernels.erf, kernels.erfc)])
     else:
-        special = pytest.importorskip("scipy.special")
+        from scipy import special
         monkeypatch.setattr(kernels, "_special", [(special.erf, special.erfc)])
     return request.param
 

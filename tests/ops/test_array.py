@@ -1,7 +1,7 @@
 """reshape, transpose, concat, squeeze, expand_dims, slice / indexing and gather against numpy."""
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import edgeflow as ef
@@ -234,7 +234,6 @@ def test_indexing(run_op, rng, index):
     assert_close(out, x[index], np.float32)
 
 
-@settings(max_examples=40, deadline=None)
 @given(data=st.data(), shape=st.lists(st.integers(1, 6), min_size=1, max_size=3), seed=st.integers(0, 2**32 - 1))
 def test_random_slices(data, shape, seed):
     index = tuple(data.draw(st.one_of(st.slices(n), st.integers(-n, n - 1)), label=f"axis {i}")

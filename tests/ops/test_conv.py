@@ -1,7 +1,7 @@
 """conv and conv_transpose against onnxruntime's Conv and ConvTranspose (one-node models)."""
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import edgeflow as ef
@@ -146,14 +146,12 @@ def conv_problems(draw):
     return (batch, group * per_group, *sizes), (outs, per_group, *kernel), attrs, draw(st.booleans())
 
 
-@settings(max_examples=100, deadline=None)
 @given(problem=conv_problems(), seed=st.integers(0, 2**32 - 1))
 def test_conv_random(problem, seed):
     x_shape, w_shape, attrs, bias = problem
     check("conv", np.random.default_rng(seed), harness.run_op, x_shape, w_shape, attrs, bias, tol=1e-4)
 
 
-@settings(max_examples=50, deadline=None)
 @given(problem=conv_problems(), seed=st.integers(0, 2**32 - 1), data=st.data())
 def test_conv_transpose_random(problem, seed, data):
     x_shape, w_shape, attrs, bias = problem

@@ -4,7 +4,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import edgeflow as ef
@@ -207,7 +207,6 @@ def equations(draw):
     return equation, shapes
 
 
-@settings(max_examples=80, deadline=None)
 @given(form=equations(), seed=st.integers(0, 2 ** 16))
 def test_random_equations_match_loops(form, seed):
     equation, shapes = form

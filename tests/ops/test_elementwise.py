@@ -3,7 +3,7 @@ import operator
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import mutually_broadcastable_shapes
 
@@ -90,7 +90,6 @@ def test_binary_broadcasts_dynamic_dims(run_op, rng, name):
 
 
 @pytest.mark.parametrize("name", BINARY)
-@settings(max_examples=25, deadline=None)
 @given(shapes=mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=4, min_side=0, max_side=4),
        dynamic=st.booleans(), seed=st.integers(0, 2**32 - 1), data=st.data())
 def test_binary_random_broadcastable_shapes(name, shapes, dynamic, seed, data):

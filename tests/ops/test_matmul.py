@@ -1,7 +1,7 @@
 """matmul: 1-D, 2-D, batched and broadcast operands, transpose flags, against np.matmul."""
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import edgeflow as ef
@@ -98,7 +98,6 @@ def test_matmul_dynamic_batch_dims(run_op, rng):
     assert_close(out, expected_product(a, b), np.float32)
 
 
-@settings(max_examples=25, deadline=None)
 @given(batch_a=st.lists(st.integers(1, 3), max_size=2), batch_b=st.lists(st.integers(1, 3), max_size=2),
        m=st.integers(1, 4), k=st.integers(1, 4), n=st.integers(1, 4), flags=st.tuples(st.booleans(), st.booleans()),
        seed=st.integers(0, 2**32 - 1))

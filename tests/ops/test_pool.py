@@ -1,7 +1,7 @@
 """max_pool and avg_pool against onnxruntime's MaxPool and AveragePool (one-node models)."""
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import edgeflow as ef
@@ -86,7 +86,6 @@ def test_float16(run_op, rng):
     assert_close(got, expected, np.float16, rtol=2e-3, atol=1e-2)
 
 
-@settings(max_examples=80, deadline=None)
 @given(data=st.data())
 def test_pool_random(data):
     d = data.draw(st.integers(1, 2))

@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes
 
@@ -68,7 +68,6 @@ def test_dtypes_match_loops(run_op, rng, name, dtype):
         assert_close(run_op(reduction(name, axes), x), by_loops(name, x, axes, False), dtype)
 
 
-@settings(max_examples=40, deadline=None)
 @given(data=st.data(), name=st.sampled_from(sorted(REDUCTIONS)), keepdims=st.booleans())
 def test_random_shapes_and_axes(data, name, keepdims):
     shape = data.draw(array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=4), label="shape")

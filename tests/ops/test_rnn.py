@@ -13,9 +13,8 @@ from edgeflow.graph.math_ops import apply
 
 from .harness import assert_close, check_static
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
 
 GATES = {"lstm": 4, "gru": 3}
 OUTPUTS = {"lstm": ("Y", "Y_h", "Y_c"), "gru": ("Y", "Y_h")}

@@ -3,7 +3,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes
 
@@ -157,7 +157,6 @@ def test_topk_dtypes_match_onnxruntime_and_loops(run_op, rng, dtype):
         assert_close(indices, loops[1], np.int64)
 
 
-@settings(max_examples=60, deadline=None)
 @given(data=st.data(), largest=st.booleans(), seed=st.integers(0, 2 ** 16))
 def test_topk_random_shapes_with_ties(data, largest, seed):
     shape = data.draw(array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=7), label="shape")

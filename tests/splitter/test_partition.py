@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import edgeflow as ef
-from converters import onnx as onnx_converter
+from edgeflow.converters import onnx as onnx_converter
 from edgeflow.cloud import CloudDelegate
 from edgeflow.errors import EdgeflowError, PlacementError
 from edgeflow.format import metadata, reader
