@@ -23,8 +23,8 @@ ALLOWED = {
     "accel": {"interp", "format", "ops"},
     "graph": {"interp", "format", "ops"},
     "training_loop": {"interp", "format", "ops"},
-    "splitter": {"graph", "interp", "format", "ops"},
-    "cloud": {"splitter", "graph", "interp", "format", "ops", "training_loop"},
+    "splitter": {"interp", "format", "ops"},
+    "cloud": {"splitter", "interp", "format", "ops", "training_loop"},
     "converters": {"graph", "format", "ops"},
     "top": {"graph", "interp"},
 }

@@ -12,6 +12,8 @@ import numpy as np
 FORMAT_VERSION = 1
 FILE_IDENTIFIER = b"EFL1"
 ALIGNMENT = 64
+# Signatures a trainable package carries besides `infer` and `train`: variables out, and in.
+SAVE, RESTORE = "save", "restore"
 
 
 @dataclass

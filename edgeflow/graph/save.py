@@ -10,7 +10,6 @@ from ..format import model as fm
 from .graph import CONST, PLACEHOLDER, Node, Tensor
 from .variables import VARIABLE, Operation
 
-SAVE, RESTORE = "save", "restore"
 
 
 def _targets(key, sig):
@@ -96,8 +95,8 @@ def to_model(graph, signatures, description="", state_signatures=True):
             for key, (ins, outs, targets) in checked.items()]
     variables = [i for i, t in enumerate(tensors) if t.is_variable]
     if state_signatures and variables:
-        if SAVE in checked or RESTORE in checked:
-            raise GraphError(f"signatures {SAVE!r} and {RESTORE!r} are made for models with variables")
+        if fm.SAVE in checked or fm.RESTORE in checked:
+            raise GraphError(f"signatures {fm.SAVE!r} and {fm.RESTORE!r} are made for models with variables")
         sigs += _state_signatures(tensors, operators, variables)
     inputs = list(dict.fromkeys(i for s in sigs for i in s.inputs.values()))
     outputs = list(dict.fromkeys(i for s in sigs for i in s.outputs.values()))
@@ -132,11 +131,11 @@ def _state_signatures(tensors, operators, variables):
     for v in variables:
         var = tensors[v]
         restore_in[var.name] = len(tensors)
-        tensors.append(fm.TensorDef(f"{RESTORE}/{var.name}", var.dtype, var.shape))
+        tensors.append(fm.TensorDef(f"{fm.RESTORE}/{var.name}", var.dtype, var.shape))
         targets.append(len(operators))
         operators.append(fm.OperatorDef("assign", [v, restore_in[var.name]], [], {}))
-    return [fm.SignatureDef(SAVE, {}, {tensors[v].name: v for v in variables}),
-            fm.SignatureDef(RESTORE, restore_in, {}, targets=targets)]
+    return [fm.SignatureDef(fm.SAVE, {}, {tensors[v].name: v for v in variables}),
+            fm.SignatureDef(fm.RESTORE, restore_in, {}, targets=targets)]
 
 
 def save(graph, path, signatures, description=""):

@@ -9,7 +9,7 @@ import numpy as np
 from ... import ops
 from ...errors import FormatError, GraphError, InvalidInputError, PlacementError
 from ...format import metadata
-from ...graph.save import RESTORE
+from ...format.model import RESTORE
 
 
 @dataclasses.dataclass
