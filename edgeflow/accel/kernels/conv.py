@@ -87,6 +87,16 @@ def constant_ints(rt, values):
     return cla.to_device(rt.queue, np.array(values, np.int32))
 
 
+def gradient_step(rt, name, out, geometry, *buffers, extra=()):
+    """A step running backprop.cl's kernel `name` over every element of `out`: its args are
+    `buffers` (device arrays), the geometry table (ints), the element count, `extra`."""
+    geo = constant_ints(rt, geometry)
+    total = int(out.size)
+    step = launcher(rt, rt.kernel(rt.program("backprop", INDEX="int"), name), total,
+                    *(b.data for b in buffers), geo.data, np.int32(total), *(np.int32(e) for e in extra))
+    return lambda keep=geo: step()  # the table lives as long as the step
+
+
 def too_large(ins, outs):
     """Why int32 indices cannot address these arrays, or None."""
     return "more than 2**31 elements" if max(a.size for a in list(ins) + list(outs)) >= 2**31 else None
@@ -199,31 +209,24 @@ def _conv_grad_unsupported(attrs, ins, outs):
     return too_large(ins, outs)
 
 
-def _conv_grad_geometry(rt, attrs, x_shape, w_shape, dy_shape):
-    """conv.cl's geometry table of the forward conv x (*) w -> dy, on the device."""
+def _conv_grad_geometry(attrs, x_shape, w_shape, dy_shape):
+    """backprop.cl's geometry table of the forward conv x (*) w -> dy."""
     _, _, h, wd = x_shape
     m, _, kh, kw = w_shape
     strides, dilations, _ = window_params("conv", attrs, 2)
     _, begin, _ = window_geometry("conv", (h, wd), (kh, kw), attrs)
-    return constant_ints(rt, (x_shape[1], h, wd, m, dy_shape[2], dy_shape[3], kh, kw, *strides, *dilations,
-                              *begin, attrs["group"]))
+    return (x_shape[1], h, wd, m, dy_shape[2], dy_shape[3], kh, kw, *strides, *dilations, *begin, attrs["group"])
 
 
 @cl_kernel("conv_input_grad", unsupported=_conv_grad_unsupported)
 def _conv_input_grad(rt, ins, outs, attrs):
     dy, w, dx = ins[0], ins[1], outs[0]
-    geo = _conv_grad_geometry(rt, attrs, dx.shape, w.shape, dy.shape)
-    total = int(dx.size)
-    step = launcher(rt, rt.kernel(rt.program("backprop", INDEX="int"), "conv_input_grad"), total,
-                    dy.data, w.data, dx.data, geo.data, np.int32(total))
-    return lambda keep=geo: step()
+    return gradient_step(rt, "conv_input_grad", dx, _conv_grad_geometry(attrs, dx.shape, w.shape, dy.shape),
+                         dy, w, dx)
 
 
 @cl_kernel("conv_filter_grad", unsupported=_conv_grad_unsupported)
 def _conv_filter_grad(rt, ins, outs, attrs):
     x, dy, dw = ins[0], ins[1], outs[0]
-    geo = _conv_grad_geometry(rt, attrs, x.shape, dw.shape, dy.shape)
-    total = int(dw.size)
-    step = launcher(rt, rt.kernel(rt.program("backprop", INDEX="int"), "conv_filter_grad"), total,
-                    x.data, dy.data, dw.data, geo.data, np.int32(total), np.int32(x.shape[0]))
-    return lambda keep=geo: step()
+    return gradient_step(rt, "conv_filter_grad", dw, _conv_grad_geometry(attrs, x.shape, dw.shape, dy.shape),
+                         x, dy, dw, extra=(x.shape[0],))

@@ -5,7 +5,7 @@ import numpy as np
 from ...ops.conv import window_geometry, window_params
 from . import cl_kernel
 from . import gemm
-from .conv import constant_ints, fixed_kernel, fixed_step, launcher, too_large
+from .conv import constant_ints, fixed_kernel, fixed_step, gradient_step, launcher, too_large
 
 
 def _unsupported(attrs, ins, outs):
@@ -57,18 +57,11 @@ def _pool_unsupported(attrs, ins, outs):
 @cl_kernel("max_pool_grad", unsupported=_pool_unsupported)
 def _max_pool_grad(rt, ins, outs, attrs):
     x, dy, dx = ins[0], ins[1], outs[0]
-    geo = constant_ints(rt, _geometry("max_pool", attrs, x.shape))
-    total = int(dx.size)
-    step = launcher(rt, rt.kernel(rt.program("backprop", INDEX="int"), "max_pool_grad"), total,
-                    x.data, dy.data, dx.data, geo.data, np.int32(total))
-    return lambda keep=geo: step()
+    return gradient_step(rt, "max_pool_grad", dx, _geometry("max_pool", attrs, x.shape), x, dy, dx)
 
 
 @cl_kernel("avg_pool_grad", unsupported=_pool_unsupported)
 def _avg_pool_grad(rt, ins, outs, attrs):
     dy, like, dx = ins[0], ins[1], outs[0]
-    geo = constant_ints(rt, _geometry("avg_pool", attrs, like.shape))
-    total = int(dx.size)
-    step = launcher(rt, rt.kernel(rt.program("backprop", INDEX="int"), "avg_pool_grad"), total,
-                    dy.data, dx.data, geo.data, np.int32(total), np.int32(attrs["count_include_pad"]))
-    return lambda keep=geo: step()
+    return gradient_step(rt, "avg_pool_grad", dx, _geometry("avg_pool", attrs, like.shape), dy, dx,
+                         extra=(attrs["count_include_pad"],))
