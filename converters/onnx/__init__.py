@@ -3,7 +3,8 @@
 Initializers become constants, graph inputs placeholders (symbolic dimensions stay
 dynamic), and the graph's inputs and outputs the `infer` signature under their ONNX
 names. Each node goes through the handler registered for its op type
-(converters/onnx/handlers); a model with unsupported ops fails with one
+(converters/onnx/handlers); nodes without one whose inputs are all constant are computed
+first (folding.py); a model with other unsupported ops fails with one
 UnsupportedOpError that lists them all.
 """
 import os
@@ -110,6 +111,9 @@ def to_graph(model, progress=False, variables=()):
     from .context import Context, Node
     from .handlers import HANDLERS
 
+    if unsupported_nodes(model):  # nodes computed from constants alone need no handler
+        from .folding import fold_unsupported
+        model = fold_unsupported(model, HANDLERS.keys(), variables)
     found = unsupported_nodes(model)
     if found:
         _raise_unsupported(found)
