@@ -10,20 +10,24 @@ _MOVES = Types("x: T -> T", T=dtypes.ANY)
 
 
 def _target_shape(inputs, attrs):
-    """reshape's target: the `shape` attr, or its second operand (which must be known)."""
+    """(reshape's target, the positions it copies from the input): the `shape` attr, or
+    its second operand (which must be known)."""
     if len(inputs) == 2:
         from .shape import known_ints, unknown_dims
         shape = known_ints("reshape", inputs[1], "the target shape")
         if shape is None:
-            return unknown_dims("reshape", inputs[1], "the target shape")
+            return unknown_dims("reshape", inputs[1], "the target shape"), frozenset()
     else:
         shape = attrs["shape"]
-    if attrs["copy_zeros"]:  # ONNX (allowzero=0): a 0 keeps the input's dimension
-        x = inputs[0]
-        if any(d == 0 and i >= x.rank for i, d in enumerate(shape)):
-            raise GraphError(f"reshape: a 0 in {shape} has no input dimension to copy")
-        shape = tuple(x.shape[i] if d == 0 else d for i, d in enumerate(shape))
-    return tuple(shape)
+    if not attrs["copy_zeros"]:
+        return tuple(shape), frozenset()
+    x = inputs[0]  # ONNX (allowzero=0): a 0 keeps the input's dimension
+    if any(d == 0 and i >= x.rank for i, d in enumerate(shape)):
+        raise GraphError(f"reshape: a 0 in {shape} has no input dimension to copy")
+    # A copied dimension is the same on both sides: it cancels out of the element count,
+    # known or not (but a copied 0 would leave a -1 ambiguous).
+    copied = frozenset(i for i, d in enumerate(shape) if d == 0 and x.shape[i] != 0)
+    return tuple(x.shape[i] if d == 0 else d for i, d in enumerate(shape)), copied
 
 
 @define("reshape", view=True, types=Types("x: T, shape: index? -> T", T=dtypes.ANY),
@@ -34,20 +38,21 @@ def _reshape(inputs, attrs):
     At most one dimension may be -1 (inferred). With copy_zeros, a 0 keeps the input
     dimension at that position, as in ONNX's Reshape; otherwise it is a zero dimension.
     """
-    x, shape = inputs[0], _target_shape(inputs, attrs)
-    if None in shape:
+    x, (shape, copied) = inputs[0], _target_shape(inputs, attrs)
+    if any(d is None for i, d in enumerate(shape) if i not in copied):
         return [TensorSpec(shape, x.dtype)]
     if sum(d == -1 for d in shape) > 1 or any(d is not None and d < -1 for d in shape):
         raise GraphError(f"reshape: bad target shape {shape}; dims must be >= 0 with at most one -1")
-    n, known = num_elements(x.shape), num_elements([d for d in shape if d != -1])
+    n = num_elements([d for j, d in enumerate(x.shape) if j not in copied])
+    known = num_elements([d for i, d in enumerate(shape) if i not in copied and d != -1])
     if -1 not in shape:
         if n is not None and known is not None and n != known:
-            raise GraphError(f"reshape: cannot reshape {fmt(x.shape)} ({n} elements) to {shape}")
+            raise GraphError(f"reshape: cannot reshape {fmt(x.shape)} to {fmt(shape)}")
         return [TensorSpec(shape, x.dtype)]
     if n is None or known is None:
         inferred = None
     elif known == 0 or n % known:
-        raise GraphError(f"reshape: cannot reshape {fmt(x.shape)} ({n} elements) to {shape}")
+        raise GraphError(f"reshape: cannot reshape {fmt(x.shape)} to {fmt(shape)}")
     else:
         inferred = n // known
     return [TensorSpec(tuple(inferred if d == -1 else d for d in shape), x.dtype)]
