@@ -80,6 +80,8 @@ EXAMPLES = {
     "lstm_grad": (_LSTM + [S((5, 1, 2, 3)), S((1, 2, 3)), S((1, 2, 3))], {"hidden_size": 3}),
     "gru_grad": (_GRU + [S((5, 1, 2, 3)), S((1, 2, 3))], {"hidden_size": 3}),
     **{name: _binary((3,), (3,)) for name in ("assign", "assign_add", "assign_sub")},
+    "quantize_linear": ([S((2, 3)), S(()), S((), "uint8")], {}),
+    "dequantize_linear": ([S((2, 3)), S((), "float32"), S(())], {}),
     # Gradient ops: where `like` gives only a shape, any dtype does; where it is the forward
     # op's input, the gradient's dtype.
     "sum_to": ([S((2, 3)), S((3,), "int8")], {}),

@@ -1,0 +1,46 @@
+"""numpy kernels of the affine quantization ops (edgeflow/ops/quantize.py)."""
+import numpy as np
+
+from . import kernel
+
+
+def _along(a, axis, rank):
+    """A scale or zero point shaped to broadcast against the tensor: as is per tensor,
+    along `axis` per axis."""
+    if a.ndim == 0 or a.size == 1:
+        return a.reshape(())
+    shape = [1] * rank
+    shape[axis % rank] = -1
+    return a.reshape(shape)
+
+
+@kernel("quantize_linear")
+def _quantize_linear(ins, outs, attrs):
+    x, scale, zero_point = (ins + [None])[:3]
+    y, axis = outs[0], attrs["axis"]
+    info = np.iinfo(y.dtype)
+    s = _along(scale, axis, x.ndim)
+    z = None if zero_point is None else _along(zero_point, axis, x.ndim)  # a view: read each run
+    work = np.empty(x.shape, np.float32)
+
+    def run():
+        np.divide(x, s, out=work, casting="unsafe")
+        np.rint(work, out=work)  # half to even, as ONNX rounds
+        if z is not None:
+            np.add(work, z, out=work, casting="unsafe")
+        np.clip(work, info.min, info.max, out=work)
+        np.copyto(y, work, casting="unsafe")
+    return run
+
+
+@kernel("dequantize_linear")
+def _dequantize_linear(ins, outs, attrs):
+    x, scale, zero_point = (ins + [None])[:3]
+    y, axis = outs[0], attrs["axis"]
+    s = _along(scale, axis, x.ndim)
+    z = None if zero_point is None else _along(zero_point, axis, x.ndim)
+
+    def run():
+        q = x.astype(np.int64) if z is None else x.astype(np.int64) - z
+        np.multiply(q, s, out=y, casting="unsafe")
+    return run

@@ -1,0 +1,35 @@
+"""A model in the QDQ form onnxruntime's quantization tool writes (QuantizeLinear ->
+DequantizeLinear on activations, DequantizeLinear on int8 per-channel weights) converts and
+matches onnxruntime."""
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+import edgeflow as ef
+from edgeflow.converters import onnx as onnx_converter
+from edgeflow.format import writer
+
+
+def qdq_matmul():
+    rng = np.random.default_rng(0)
+    w = rng.integers(-127, 128, (6, 4)).astype(np.int8)
+    inits = [numpy_helper.from_array(a, n) for a, n in [
+        (w, "w_q"), (rng.uniform(0.005, 0.02, 4).astype(np.float32), "w_scale"), (np.zeros(4, np.int8), "w_zero"),
+        (np.array(0.02, np.float32), "x_scale"), (np.array(128, np.uint8), "x_zero"),
+        (rng.standard_normal(4).astype(np.float32), "bias")]]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["x_q"]),
+             helper.make_node("DequantizeLinear", ["x_q", "x_scale", "x_zero"], ["x_dq"]),
+             helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zero"], ["w_dq"], axis=1),
+             helper.make_node("MatMul", ["x_dq", "w_dq"], ["mm"]),
+             helper.make_node("Add", ["mm", "bias"], ["y"])]
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", 19)])
+
+
+def test_qdq_matmul_matches_onnxruntime():
+    proto = qdq_matmul()
+    runner = ef.Interpreter(writer.to_bytes(onnx_converter.convert(proto).model)).get_signature_runner("infer")
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).uniform(-2.5, 2.5, (5, 6)).astype(np.float32)
+    np.testing.assert_allclose(runner(x=x)["y"], session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
