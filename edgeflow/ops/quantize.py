@@ -13,13 +13,18 @@ from .registry import Attr, AttrKind, TensorSpec, Types, define
 QUANTIZED = (dtypes.int8, dtypes.uint8, dtypes.int16)
 
 
+def _per_tensor(t):
+    return t.rank == 0 or t.shape == (1,)
+
+
 def _check_scales(op, x, scale, zero_point, axis):
     """GraphError unless scale (and zero_point, which must match it) is a scalar or a
     vector as long as x's dimension `axis`."""
-    if zero_point is not None and zero_point.shape != scale.shape:
+    if zero_point is not None and zero_point.shape != scale.shape and not (
+            _per_tensor(zero_point) and _per_tensor(scale)):
         raise GraphError(f"{op}: zero_point has shape {fmt(zero_point.shape)}, scale {fmt(scale.shape)}; "
                          "they must match")
-    if scale.rank == 0 or scale.shape == (1,):
+    if _per_tensor(scale):
         return
     if scale.rank != 1:
         raise GraphError(f"{op}: scale must be a scalar (per tensor) or a vector (per axis), got "

@@ -1,4 +1,5 @@
-"""ONNX QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear (edgeflow/ops/quantize.py)."""
+"""ONNX QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger and QLinearMatMul
+(edgeflow/ops/quantize.py; the integer products accumulate exactly in int32)."""
 import numpy as np
 
 from edgeflow.graph.math_ops import apply
@@ -43,3 +44,41 @@ def _dynamic_quantize_linear(ctx, node):
                   name=scale_name)
     zero_point = apply("quantize_linear", [apply("neg", [low], name=f"{y}/neg_low"), scale], name=zero_name)
     return [apply("quantize_linear", [x, scale, zero_point], name=y), scale, zero_point]
+
+
+def _centered(ctx, node, value, zero_point, per_row):
+    """Input `value` as int32 less its zero point (input `zero_point`, if given); a
+    per-row zero point of A (a vector) applies along A's rows."""
+    out = node.outputs[0]
+    x = apply("cast", [ctx.input(node, value)], {"dtype": np.dtype(np.int32)}, name=f"{out}/int{value}")
+    if not ctx.has(node, zero_point):
+        return x
+    zero = apply("cast", [ctx.input(node, zero_point)], {"dtype": np.dtype(np.int32)}, name=f"{out}/zero{value}")
+    if per_row and zero.rank == 1:
+        zero = apply("expand_dims", [zero], {"axes": (1,)}, name=f"{out}/rows{value}")
+    return apply("sub", [x, zero], name=f"{out}/centered{value}")
+
+
+@handler("MatMulInteger", op="matmul")
+def _matmul_integer(ctx, node):
+    """(A - a_zero_point) @ (B - b_zero_point), accumulated exactly in int32."""
+    return apply("matmul", [_centered(ctx, node, 0, 2, True), _centered(ctx, node, 1, 3, False)],
+                 name=node.outputs[0])
+
+
+@handler("QLinearMatMul", op="matmul")
+def _qlinear_matmul(ctx, node):
+    """The int32 product of the centered operands, scaled by a_scale * b_scale / y_scale and
+    requantized to y's zero point, in the order ONNX's reference evaluator computes it."""
+    out = node.outputs[0]
+    product = apply("matmul", [_centered(ctx, node, 0, 2, False), _centered(ctx, node, 3, 5, False)],
+                    name=f"{out}/int32")
+    a_scale, b_scale, y_scale = (ctx.input(node, i) for i in (1, 4, 6))
+    multiplier = apply("div", [apply("mul", [a_scale, b_scale], name=f"{out}/ab_scale"), y_scale],
+                       name=f"{out}/multiplier")
+    scaled = apply("mul", [apply("cast", [product], {"dtype": multiplier.dtype}, name=f"{out}/float"),
+                           multiplier], name=f"{out}/scaled")
+    zero = ctx.input(node, 7)
+    dtype = zero.dtype if zero is not None else ctx.input(node, 0).dtype
+    inputs = [scaled, np.ones((), multiplier.dtype)] + ([zero] if zero is not None else [])
+    return apply("quantize_linear", inputs, {"dtype": dtype}, name=out)
