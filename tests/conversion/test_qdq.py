@@ -33,3 +33,26 @@ def test_qdq_matmul_matches_onnxruntime():
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     x = np.random.default_rng(1).uniform(-2.5, 2.5, (5, 6)).astype(np.float32)
     np.testing.assert_allclose(runner(x=x)["y"], session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_qlinear_conv_per_channel_matches_onnxruntime_within_one_step():
+    """onnxruntime's integer kernels requantize in their own order: results may differ by
+    one quantization step, no more."""
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(a, n) for a, n in [
+        (np.array(0.05, np.float32), "x_scale"), (np.array(120, np.uint8), "x_zero"),
+        (rng.integers(-60, 60, (4, 3, 3, 3)).astype(np.int8), "w"),
+        (rng.uniform(0.002, 0.01, 4).astype(np.float32), "w_scale"), (np.zeros(4, np.int8), "w_zero"),
+        (np.array(0.1, np.float32), "y_scale"), (np.array(100, np.uint8), "y_zero"),
+        (rng.integers(-500, 500, 4).astype(np.int32), "bias")]]
+    node = helper.make_node("QLinearConv", ["x", "x_scale", "x_zero", "w", "w_scale", "w_zero", "y_scale",
+                                            "y_zero", "bias"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])
+    graph = helper.make_graph([node], "qconv", [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 3, 9, 9])],
+                              [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 4, 5, 5])],
+                              initializer=inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", 19)])
+    x = rng.integers(0, 256, (1, 3, 9, 9)).astype(np.uint8)
+    got = ef.Interpreter(writer.to_bytes(onnx_converter.convert(proto).model)).get_signature_runner("infer")(x=x)["y"]
+    want = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert got.dtype == np.uint8 and got.shape == want.shape
+    assert np.abs(got.astype(int) - want.astype(int)).max() <= 1

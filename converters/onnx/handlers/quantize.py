@@ -1,5 +1,6 @@
-"""ONNX QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger and QLinearMatMul
-(edgeflow/ops/quantize.py; the integer products accumulate exactly in int32)."""
+"""ONNX QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, and the integer ops
+composed from them: MatMulInteger, QLinearMatMul (int32 products), ConvInteger, QLinearConv
+(float64 sums, exact for these integers)."""
 import numpy as np
 
 from edgeflow.graph.math_ops import apply
@@ -47,15 +48,17 @@ def _dynamic_quantize_linear(ctx, node):
 
 
 def _centered(ctx, node, value, zero_point, per_row):
-    """Input `value` as int32 less its zero point (input `zero_point`, if given); a
-    per-row zero point of A (a vector) applies along A's rows."""
+    """Input `value` as int32 less its zero point (input `zero_point`, if given); with
+    `per_row`, a vector zero point applies along axis 0 (A's rows, a filter's output
+    channels)."""
     out = node.outputs[0]
     x = apply("cast", [ctx.input(node, value)], {"dtype": np.dtype(np.int32)}, name=f"{out}/int{value}")
     if not ctx.has(node, zero_point):
         return x
     zero = apply("cast", [ctx.input(node, zero_point)], {"dtype": np.dtype(np.int32)}, name=f"{out}/zero{value}")
-    if per_row and zero.rank == 1:
-        zero = apply("expand_dims", [zero], {"axes": (1,)}, name=f"{out}/rows{value}")
+    rank = ctx.input(node, value).rank
+    if per_row and zero.rank == 1 and rank > 1:
+        zero = apply("expand_dims", [zero], {"axes": tuple(range(1, rank))}, name=f"{out}/rows{value}")
     return apply("sub", [x, zero], name=f"{out}/centered{value}")
 
 
@@ -81,4 +84,42 @@ def _qlinear_matmul(ctx, node):
     zero = ctx.input(node, 7)
     dtype = zero.dtype if zero is not None else ctx.input(node, 0).dtype
     inputs = [scaled, np.ones((), multiplier.dtype)] + ([zero] if zero is not None else [])
+    return apply("quantize_linear", inputs, {"dtype": dtype}, name=out)
+
+
+def _integer_conv(ctx, node, x, x_zero, w, w_zero, bias=None):
+    """The convolution of the centered int operands (and an int32 bias), in float64, which
+    holds their integer sums exactly."""
+    from .conv import window_attrs
+    out, f64 = node.outputs[0], np.dtype(np.float64)
+    ins = [apply("cast", [_centered(ctx, node, i, z, per_row)], {"dtype": f64}, name=f"{out}/f64_{i}")
+           for i, z, per_row in ((x, x_zero, False), (w, w_zero, True))]
+    if bias is not None and ctx.has(node, bias):
+        ins.append(apply("cast", [ctx.input(node, bias)], {"dtype": f64}, name=f"{out}/f64_bias"))
+    return apply("conv", ins, {**window_attrs(node), "group": node.attr("group", 1)}, name=f"{out}/conv")
+
+
+@handler("ConvInteger", op="conv")
+def _conv_integer(ctx, node):
+    return apply("cast", [_integer_conv(ctx, node, 0, 2, 1, 3)], {"dtype": np.dtype(np.int32)},
+                 name=node.outputs[0])
+
+
+@handler("QLinearConv", op="conv")
+def _qlinear_conv(ctx, node):
+    """As QLinearMatMul: the exact convolution (bias included) scaled by
+    x_scale * w_scale / y_scale, w_scale per output channel, then requantized."""
+    out = node.outputs[0]
+    product = _integer_conv(ctx, node, 0, 2, 3, 5, bias=8)
+    x_scale, w_scale, y_scale = (ctx.input(node, i) for i in (1, 4, 6))
+    if w_scale.rank == 1 and w_scale.shape != (1,):  # per output channel: along axis 1 of y
+        w_scale = apply("expand_dims", [w_scale], {"axes": tuple(range(1, product.rank - 1))},
+                        name=f"{out}/channels")
+    multiplier = apply("div", [apply("mul", [x_scale, w_scale], name=f"{out}/xw_scale"), y_scale],
+                       name=f"{out}/multiplier")
+    scaled = apply("mul", [product, apply("cast", [multiplier], {"dtype": product.dtype}, name=f"{out}/m64")],
+                   name=f"{out}/scaled")
+    zero = ctx.input(node, 7)
+    dtype = zero.dtype if zero is not None else ctx.input(node, 0).dtype
+    inputs = [scaled, np.ones((), product.dtype)] + ([zero] if zero is not None else [])
     return apply("quantize_linear", inputs, {"dtype": dtype}, name=out)

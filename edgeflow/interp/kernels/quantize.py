@@ -21,7 +21,7 @@ def _quantize_linear(ins, outs, attrs):
     info = np.iinfo(y.dtype)
     s = _along(scale, axis, x.ndim)
     z = None if zero_point is None else _along(zero_point, axis, x.ndim)  # a view: read each run
-    work = np.empty(x.shape, np.float32)
+    work = np.empty(x.shape, np.result_type(x.dtype, np.float32))  # float64 stays float64
 
     def run():
         np.divide(x, s, out=work, casting="unsafe")
