@@ -136,6 +136,8 @@ EXCLUDED = {
     r"^test_resize_downsample_scales_linear_align_corners_":
         "align_corners at a fractional input length * scale: edgeflow divides by the output "
         "length, as onnxruntime does; ONNX's reference divides by input length * scale",
+    r"^test_onehot_": "OneHot's depth comes as a float graph input and sets the output shape: "
+                      "conversion needs it constant (a float input's value is never planned with)",
 }
 
 backend_test = onnx.backend.test.BackendTest(EdgeflowBackend, __name__)
