@@ -106,7 +106,7 @@ def _gather_elements(ins, outs, attrs):
 def _nd_index(op, indices, shape):
     """The flat positions in `shape` (a data shape past the batch dims) of index tuples."""
     k = indices.shape[-1]
-    tuples = indices.reshape(-1, k)
+    tuples = indices.reshape(int(np.prod(indices.shape[:-1], dtype=np.int64)), k)
     columns = [in_range(op, tuples[:, i], n, f"dimension {i} of the index tuples") for i, n in enumerate(shape[:k])]
     return np.ravel_multi_index(columns, shape[:k]) if k else np.zeros(len(tuples), np.intp)
 
