@@ -237,3 +237,154 @@ def _slice_grad_grad(g, op, grads):
 @gradient("gather_grad")
 def _gather_grad_grad(g, op, grads):
     return [g("gather", grads[0], op.inputs[1], axis=op.attrs["axis"]), None, None]
+
+
+# -- indexing by tensors of positions (ONNX's GatherElements, GatherND, Scatter*, OneHot) ------
+
+_REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+def _reduction(op, attrs):
+    if attrs["reduction"] not in _REDUCTIONS:
+        raise GraphError(f"{op}: reduction must be one of {', '.join(_REDUCTIONS)}, got {attrs['reduction']!r}")
+
+
+def _same_rank(op, data, indices):
+    if data.rank == 0 or indices.rank != data.rank:
+        raise GraphError(f"{op}: indices {fmt(indices.shape)} must have the rank of data "
+                         f"{fmt(data.shape)}, at least 1")
+
+
+@define("gather_elements", attrs={"axis": Attr(AttrKind.INT, 0)},
+        types=Types("data: T, indices: index -> T", T=dtypes.ANY))
+def _gather_elements(inputs, attrs):
+    """out[i][j][k] = data[indices[i][j][k]][j][k] (for axis 0): indices has data's rank."""
+    data, indices = inputs
+    _same_rank("gather_elements", data, indices)
+    normalize_axis(attrs["axis"], data.rank, "gather_elements")
+    return [TensorSpec(indices.shape, data.dtype)]
+
+
+def nd_index_depth(op, data, indices, batch_dims):
+    """k, the length of each index tuple (indices' last dimension), checked against data."""
+    if indices.rank < 1 or batch_dims < 0 or batch_dims >= min(data.rank, indices.rank):
+        raise GraphError(f"{op}: batch_dims {batch_dims} must be below the ranks of data "
+                         f"{fmt(data.shape)} and indices {fmt(indices.shape)} (indices rank >= 1)")
+    k = indices.shape[-1]
+    if k is None:
+        raise GraphError(f"{op}: the last dimension of indices {fmt(indices.shape)} must be known")
+    if k > data.rank - batch_dims:
+        raise GraphError(f"{op}: index tuples of length {k} exceed data {fmt(data.shape)} "
+                         f"past {batch_dims} batch dims")
+    return k
+
+
+@define("gather_nd", attrs={"batch_dims": Attr(AttrKind.INT, 0)},
+        types=Types("data: T, indices: index -> T", T=dtypes.ANY))
+def _gather_nd(inputs, attrs):
+    """Slices of data at the index tuples in indices' last dimension, as ONNX's GatherND;
+    the first batch_dims dimensions of both are batch dimensions."""
+    data, indices = inputs
+    b = attrs["batch_dims"]
+    k = nd_index_depth("gather_nd", data, indices, b)
+    return [TensorSpec(indices.shape[:-1] + data.shape[b + k:], data.dtype)]
+
+
+@define("scatter_elements", attrs={"axis": Attr(AttrKind.INT, 0), "reduction": Attr(AttrKind.STRING, "none")},
+        types=Types("data: T, indices: index, updates: T -> T", T=dtypes.ANY))
+def _scatter_elements(inputs, attrs):
+    """A copy of data with updates written (or combined by `reduction`: add, mul, max,
+    min) at the places gather_elements would read them from."""
+    data, indices, updates = inputs
+    _same_rank("scatter_elements", data, indices)
+    _reduction("scatter_elements", attrs)
+    normalize_axis(attrs["axis"], data.rank, "scatter_elements")
+    if not _compatible(indices.shape, updates.shape):
+        raise GraphError(f"scatter_elements: updates {fmt(updates.shape)} must be shaped like "
+                         f"indices {fmt(indices.shape)}")
+    return [TensorSpec(data.shape, data.dtype)]
+
+
+def _compatible(a, b):
+    return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
+
+
+@define("scatter_nd", attrs={"reduction": Attr(AttrKind.STRING, "none")},
+        types=Types("data: T, indices: index, updates: T -> T", T=dtypes.ANY))
+def _scatter_nd(inputs, attrs):
+    """A copy of data with updates written (or combined by `reduction`) at the index
+    tuples in indices' last dimension, as ONNX's ScatterND."""
+    data, indices, updates = inputs
+    _reduction("scatter_nd", attrs)
+    k = nd_index_depth("scatter_nd", data, indices, 0)
+    if not _compatible(indices.shape[:-1] + data.shape[k:], updates.shape):
+        raise GraphError(f"scatter_nd: updates {fmt(updates.shape)} must be shaped "
+                         f"{fmt(indices.shape[:-1] + data.shape[k:])}")
+    return [TensorSpec(data.shape, data.dtype)]
+
+
+@define("one_hot", attrs={"depth": Attr(AttrKind.INT), "axis": Attr(AttrKind.INT, -1)},
+        types=Types("indices: I, values: T -> T", I=dtypes.NUMERIC, T=dtypes.ANY))
+def _one_hot(inputs, attrs):
+    """values[1] where the position along the new axis `axis` equals the index (negative
+    ones count from depth), values[0] elsewhere; indices outside [-depth, depth) are all off."""
+    indices, values = inputs
+    if attrs["depth"] < 1:
+        raise GraphError(f"one_hot: depth must be >= 1, got {attrs['depth']}")
+    if values.shape not in ((2,), (None,)):
+        raise GraphError(f"one_hot: values must hold [off, on], got shape {fmt(values.shape)}")
+    axis = normalize_axis(attrs["axis"], indices.rank + 1, "one_hot")
+    return [TensorSpec(indices.shape[:axis] + (attrs["depth"],) + indices.shape[axis:], values.dtype)]
+
+
+@define("trilu", attrs={"upper": Attr(AttrKind.BOOL, True), "k": Attr(AttrKind.INT, 0)},
+        types=Types("x: T, k: int64? -> T", T=dtypes.ANY))
+def _trilu(inputs, attrs):
+    """The upper (lower) triangle of each matrix in x's last two dimensions, from diagonal k
+    (the operand's value when given, else the attribute); the rest zero."""
+    x = inputs[0]
+    if x.rank < 2:
+        raise GraphError(f"trilu: x must have rank >= 2, got {fmt(x.shape)}")
+    if len(inputs) > 1 and inputs[1].rank != 0 and inputs[1].shape != (1,):
+        raise GraphError(f"trilu: k must be a scalar, got shape {fmt(inputs[1].shape)}")
+    return [TensorSpec(x.shape, x.dtype)]
+
+
+@gradient("gather_elements")
+def _gather_elements_grad(g, op, grads):
+    data, indices = op.inputs
+    return [g("scatter_elements", g.zeros_like(data), indices, grads[0], axis=op.attrs["axis"],
+              reduction="add"), None]
+
+
+@gradient("gather_nd")
+def _gather_nd_grad(g, op, grads):
+    data, indices = op.inputs
+    if op.attrs["batch_dims"]:
+        raise GraphError("gather_nd: gradients need batch_dims 0")
+    return [g("scatter_nd", g.zeros_like(data), indices, grads[0], reduction="add"), None]
+
+
+def _scatter_grad(scatter, gather):
+    """add: data's gradient passes through; none: it stops where updates overwrote data.
+    updates get the gradient at the places they went to."""
+    def rule(g, op, grads):
+        data, indices, updates = op.inputs
+        attrs = {"axis": op.attrs["axis"]} if scatter == "scatter_elements" else {}
+        if op.attrs["reduction"] == "add":
+            through = grads[0]
+        elif op.attrs["reduction"] == "none":
+            through = g(scatter, grads[0], indices, g.zeros_like(updates), **attrs, reduction="none")
+        else:
+            raise GraphError(f"{scatter}: gradients need reduction none or add, not {op.attrs['reduction']!r}")
+        return [through, None, g(gather, grads[0], indices, **attrs)]
+    gradient(scatter)(rule)
+
+
+_scatter_grad("scatter_elements", "gather_elements")
+_scatter_grad("scatter_nd", "gather_nd")
+
+
+@gradient("trilu")
+def _trilu_grad(g, op, grads):
+    return [g("trilu", grads[0], *op.inputs[1:], **op.attrs)] + [None] * (len(op.inputs) - 1)

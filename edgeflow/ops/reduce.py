@@ -31,17 +31,30 @@ for _name in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_p
         _reduction(_name))
 
 
-@define("argmax", types=Types("x: any -> int64"),
-        attrs={"axis": Attr(AttrKind.INT, 0), "keepdims": Attr(AttrKind.BOOL, False),
-               "select_last_index": Attr(AttrKind.BOOL, False)})
+_ARG_ATTRS = {"axis": Attr(AttrKind.INT, 0), "keepdims": Attr(AttrKind.BOOL, False),
+              "select_last_index": Attr(AttrKind.BOOL, False)}
+
+
+def _arg_index(op, inputs, attrs):
+    x = inputs[0]
+    if x.rank == 0:
+        raise GraphError(f"{op}: input must have rank >= 1")
+    axis = normalize_axis(attrs["axis"], x.rank, op)
+    return [TensorSpec(reduced_shape(x.shape, (axis,), attrs["keepdims"], op), dtypes.int64)]
+
+
+@define("argmax", types=Types("x: any -> int64"), attrs=_ARG_ATTRS)
 def _argmax(inputs, attrs):
     """Index (int64) of the largest element along `axis`; on ties the first one, or the
     last one if select_last_index."""
-    x = inputs[0]
-    if x.rank == 0:
-        raise GraphError("argmax: input must have rank >= 1")
-    axis = normalize_axis(attrs["axis"], x.rank, "argmax")
-    return [TensorSpec(reduced_shape(x.shape, (axis,), attrs["keepdims"], "argmax"), dtypes.int64)]
+    return _arg_index("argmax", inputs, attrs)
+
+
+@define("argmin", types=Types("x: any -> int64"), attrs=_ARG_ATTRS)
+def _argmin(inputs, attrs):
+    """Index (int64) of the smallest element along `axis`; on ties the first one, or the
+    last one if select_last_index."""
+    return _arg_index("argmin", inputs, attrs)
 
 
 @define("cumsum", types=_NUMERIC, attrs={"axis": Attr(AttrKind.INT, 0), "exclusive": Attr(AttrKind.BOOL, False),
@@ -152,7 +165,7 @@ def _cumsum_grad(g, op, grads):
               reverse=not op.attrs["reverse"])]
 
 
-@gradient("argmax")
+@gradient("argmax", "argmin")
 def _argmax_grad(g, op, grads):
     return [None]  # piecewise constant in x
 

@@ -131,3 +131,50 @@ def test_missing_rule_is_named():
         assert ef.gradients(y, [x]) == [None]  # argmax is a function of order only: no path
         with pytest.raises(GraphError, match="only float tensors"):
             ef.gradients(ef.argmax(x, axis=1), [x])
+
+
+# -- indexing ops (issue 12): gradients scatter-add back to where values were read -------------
+
+def _apply(op, attrs, *operands):
+    from edgeflow.graph.math_ops import apply
+    return apply(op, [o if isinstance(o, ef.Tensor) else ef.constant(np.asarray(o, np.int64)) for o in operands],
+                 attrs)
+
+
+@pytest.mark.parametrize("fn, shapes", [
+    # repeated and negative indices: the gradients of the reads add up
+    (lambda x: _apply("gather_elements", {"axis": 0}, x, [[0, -1, 1], [0, 0, 2], [2, 1, 0]]), [(3, 3)]),
+    (lambda x: _apply("gather_elements", {"axis": -1}, x, [[1, 1, 0, -1]]), [(1, 3)]),
+    (lambda x: _apply("gather_nd", {}, x, [[0, 1], [-2, 1], [1, 2]]), [(2, 3)]),
+    (lambda x: _apply("gather_nd", {}, x, [[1], [1], [0]]), [(2, 3)]),
+    (lambda x, u: _apply("scatter_elements", {"axis": 1, "reduction": "add"}, x, [[0, 0], [2, -1]], u),
+     [(2, 3), (2, 2)]),
+    (lambda x, u: _apply("scatter_elements", {"axis": 0}, x, [[1, 0, 1]], u), [(2, 3), (1, 3)]),
+    (lambda x, u: _apply("scatter_nd", {"reduction": "add"}, x, [[1], [1]], u), [(3, 2), (2, 2)]),
+    (lambda x, u: _apply("scatter_nd", {}, x, [[0, 1], [-1, 0]], u), [(3, 2), (2,)]),
+    (lambda x: _apply("trilu", {"upper": False, "k": 1}, x), [(3, 4)]),
+    (lambda x: _apply("trilu", {}, x, np.array(-1)), [(2, 3, 3)]),
+])
+def test_indexing_ops(fn, shapes):
+    check_gradients(fn, *(r(*s) for s in shapes))
+
+
+def test_gather_elements_second_derivative():
+    """Through scatter_elements' own gradient: d/dx of sum(w * d/dx(sum(gather(x)^2)))."""
+    def fn(x):
+        y = _apply("gather_elements", {"axis": 1}, x, [[2, 2, 0], [1, -1, 0]])
+        return ef.gradients(ef.reduce_sum(y * y), [x])[0] * x
+    check_gradients(fn, r(2, 3))
+
+
+@pytest.mark.parametrize("op, attrs, operands", [
+    ("scatter_elements", {"reduction": "mul"}, [(2, 3), [[0, 1, 0]], (1, 3)]),
+    ("scatter_nd", {"reduction": "max"}, [(2, 3), [[0]], (1, 3)]),
+    ("gather_nd", {"batch_dims": 1}, [(2, 3), [[0], [2]]]),
+])
+def test_indexing_gradients_refused(op, attrs, operands):
+    with ef.Graph().as_default():
+        xs = [ef.placeholder("float64", o) if isinstance(o, tuple) else o for o in operands]
+        y = _apply(op, attrs, *xs)
+        with pytest.raises(GraphError, match=op):
+            ef.gradients(ef.reduce_sum(y), [xs[0]])

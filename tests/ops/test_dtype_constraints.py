@@ -82,6 +82,13 @@ EXAMPLES = {
     **{name: _binary((3,), (3,)) for name in ("assign", "assign_add", "assign_sub")},
     "quantize_linear": ([S((2, 3)), S(()), S((), "uint8")], {}),
     "dequantize_linear": ([S((2, 3)), S((), "float32"), S(())], {}),
+    "argmin": _unary(),
+    "gather_elements": ([S((4, 3)), S((2, 3), "int64")], {}),
+    "gather_nd": ([S((4, 3)), S((2, 1), "int64")], {}),
+    "scatter_elements": ([S((4, 3)), S((2, 3), "int64"), S((2, 3))], {"reduction": "add"}),
+    "scatter_nd": ([S((4, 3)), S((2, 1), "int64"), S((2, 3))], {}),
+    "one_hot": ([S((2, 3)), S((2,))], {"depth": 4}),
+    "trilu": ([S((3, 3)), S((), "int64")], {}),
     # Gradient ops: where `like` gives only a shape, any dtype does; where it is the forward
     # op's input, the gradient's dtype.
     "sum_to": ([S((2, 3)), S((3,), "int8")], {}),

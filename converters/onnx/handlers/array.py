@@ -77,3 +77,80 @@ def _slice(ctx, node):
 def _gather(ctx, node):
     return apply("gather", [ctx.input(node, 0), ctx.input(node, 1)], {"axis": node.attr("axis", 0)},
                  name=node.outputs[0])
+
+
+@handler("GatherElements", op="gather_elements")
+def _gather_elements(ctx, node):
+    return apply("gather_elements", [ctx.input(node, 0), ctx.input(node, 1)], {"axis": node.attr("axis", 0)},
+                 name=node.outputs[0])
+
+
+@handler("GatherND", op="gather_nd")
+def _gather_nd(ctx, node):
+    return apply("gather_nd", [ctx.input(node, 0), ctx.input(node, 1)],
+                 {"batch_dims": node.attr("batch_dims", 0)}, name=node.outputs[0])
+
+
+# Scatter (opsets 9-10) is ScatterElements without a reduction.
+@handler({"ScatterElements": "scatter_elements", "Scatter": "scatter_elements"})
+def _scatter_elements(ctx, node):
+    return apply("scatter_elements", ctx.inputs(node)[:3],
+                 {"axis": node.attr("axis", 0), "reduction": node.attr("reduction", "none")}, name=node.outputs[0])
+
+
+@handler("ScatterND", op="scatter_nd")
+def _scatter_nd(ctx, node):
+    return apply("scatter_nd", ctx.inputs(node)[:3], {"reduction": node.attr("reduction", "none")},
+                 name=node.outputs[0])
+
+
+@handler("OneHot", op="one_hot")
+def _one_hot(ctx, node):
+    depth = int(np.asarray(ctx.constant(node, 1, "depth")).reshape(-1)[0])  # ONNX truncates a float depth
+    return apply("one_hot", [ctx.input(node, 0), ctx.input(node, 2)], {"depth": depth, "axis": node.attr("axis", -1)},
+                 name=node.outputs[0])
+
+
+@handler("Trilu", op="trilu")
+def _trilu(ctx, node):
+    upper, k = bool(node.attr("upper", 1)), ctx.value(node, 1)
+    if k is not None:
+        return apply("trilu", [ctx.input(node, 0)], {"upper": upper, "k": int(np.asarray(k).reshape(()))},
+                     name=node.outputs[0])
+    return apply("trilu", [t for t in ctx.inputs(node)[:2] if t is not None], {"upper": upper},
+                 name=node.outputs[0])
+
+
+def _blocks(node, x):
+    """(N, C, H, W) of DepthToSpace's or SpaceToDepth's input, with C, H and W known."""
+    if len(x.shape) != 4 or None in x.shape[1:]:
+        raise unsupported(node, f"{node.op_type} needs a 4-D input with known C, H and W, got {x.shape}")
+    return x.shape
+
+
+# DepthToSpace and SpaceToDepth are reshape, transpose, reshape (ONNX's own definition).
+@handler("DepthToSpace", op="reshape")
+def _depth_to_space(ctx, node):
+    x, b, out = ctx.input(node, 0), node.attr("blocksize"), node.outputs[0]
+    _, c, h, w = _blocks(node, x)
+    if c % (b * b):
+        raise unsupported(node, f"DepthToSpace: {c} channels are not a multiple of blocksize {b} squared")
+    if node.attr("mode", "DCR") == "DCR":
+        split, perm = (0, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2)
+    else:  # CRD
+        split, perm = (0, c // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3)
+    y = apply("reshape", [x], {"shape": split, "copy_zeros": True}, name=f"{out}/blocks")
+    y = apply("transpose", [y], {"perm": perm}, name=f"{out}/moved")
+    return apply("reshape", [y], {"shape": (0, c // (b * b), h * b, w * b), "copy_zeros": True}, name=out)
+
+
+@handler("SpaceToDepth", op="reshape")
+def _space_to_depth(ctx, node):
+    x, b, out = ctx.input(node, 0), node.attr("blocksize"), node.outputs[0]
+    _, c, h, w = _blocks(node, x)
+    if h % b or w % b:
+        raise unsupported(node, f"SpaceToDepth: {h}x{w} is not a multiple of blocksize {b}")
+    y = apply("reshape", [x], {"shape": (0, c, h // b, b, w // b, b), "copy_zeros": True}, name=f"{out}/blocks")
+    perm = (0, 3, 5, 1, 2, 4) if node.attr("mode", "DCR") == "DCR" else (0, 1, 3, 5, 2, 4)  # CRD: opset 28
+    y = apply("transpose", [y], {"perm": perm}, name=f"{out}/moved")
+    return apply("reshape", [y], {"shape": (0, c * b * b, h // b, w // b), "copy_zeros": True}, name=out)

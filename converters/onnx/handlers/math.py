@@ -106,3 +106,9 @@ def _gemm(ctx, node):
             c = apply("mul", [c, np.array(beta, c.dtype)], name=f"{out}/beta")
         y = apply("add", [y, c], name=out)
     return y
+
+
+@handler("CastLike", op="cast")
+def _cast_like(ctx, node):
+    """Cast to the dtype of the second input, which conversion knows."""
+    return apply("cast", [ctx.input(node, 0)], {"dtype": ctx.input(node, 1).dtype}, name=node.outputs[0])

@@ -41,11 +41,11 @@ def _global_pool(ctx, node):
                  name=node.outputs[0])
 
 
-@handler("ArgMax", op="argmax")
-def _argmax(ctx, node):
+@handler({"ArgMax": "argmax", "ArgMin": "argmin"})
+def _arg_index(ctx, node):
     attrs = {"axis": node.attr("axis", 0), "keepdims": bool(node.attr("keepdims", 1)),
              "select_last_index": bool(node.attr("select_last_index", 0))}
-    return apply("argmax", [ctx.input(node, 0)], attrs, name=node.outputs[0])
+    return apply(node.op_type.lower(), [ctx.input(node, 0)], attrs, name=node.outputs[0])
 
 
 @handler("CumSum", op="cumsum")

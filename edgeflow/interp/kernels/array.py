@@ -33,10 +33,16 @@ def _reorder(params):
     return axes, starts, ends, steps
 
 
-def _gather(params, indices, axis, out):
-    n = params.shape[axis]
+def in_range(op, indices, n, where):
+    """indices with the negative ones counted from n; IndexError (which the plan reports as
+    InvalidInputError) if one lies outside [-n, n): a model's indices are not trusted."""
     if indices.size and (indices.min() < -n or indices.max() >= n):
-        raise IndexError(f"gather: an index is out of range [-{n}, {n}) for axis {axis}")
+        raise IndexError(f"{op}: an index is out of range [-{n}, {n}) for {where}")
+    return np.where(indices < 0, indices + n, indices)
+
+
+def _gather(params, indices, axis, out):
+    in_range("gather", indices, params.shape[axis], f"axis {axis}")
     np.take(params, indices, axis=axis, out=out)
 
 
@@ -72,4 +78,111 @@ def _gather_grad(ins, outs, attrs):
     def run():
         out.fill(0)
         np.add.at(target, flat % n, rows)
+    return run
+
+
+# -- indexing by tensors of positions ---------------------------------------------------
+
+def _element_index(op, indices, axis, shape):
+    """The full index tuple of a gather/scatter along `axis`: indices there, each element's
+    own position along every other axis (checked: indices may not outgrow data there)."""
+    if any(i > d for a, (i, d) in enumerate(zip(indices.shape, shape)) if a != axis):
+        raise IndexError(f"{op}: indices {indices.shape} exceed data {shape} off axis {axis}")
+    index = list(np.indices(indices.shape, sparse=True))
+    index[axis] = in_range(op, indices, shape[axis], f"axis {axis}")
+    return tuple(index)
+
+
+@kernel("gather_elements")
+def _gather_elements(ins, outs, attrs):
+    data, indices, out = ins[0], ins[1], outs[0]
+    axis = attrs["axis"] % data.ndim
+
+    def run():
+        out[...] = data[_element_index("gather_elements", indices, axis, data.shape)]
+    return run
+
+
+def _nd_index(op, indices, shape):
+    """The flat positions in `shape` (a data shape past the batch dims) of index tuples."""
+    k = indices.shape[-1]
+    tuples = indices.reshape(int(np.prod(indices.shape[:-1], dtype=np.int64)), k)
+    columns = [in_range(op, tuples[:, i], n, f"dimension {i} of the index tuples") for i, n in enumerate(shape[:k])]
+    return np.ravel_multi_index(columns, shape[:k]) if k else np.zeros(len(tuples), np.intp)
+
+
+@kernel("gather_nd")
+def _gather_nd(ins, outs, attrs):
+    data, indices, out = ins[0], ins[1], outs[0]
+    b = attrs["batch_dims"]
+    batch = int(np.prod(data.shape[:b], dtype=np.int64))
+    k = indices.shape[-1]
+
+    def run():
+        if indices.shape[:b] != data.shape[:b]:
+            raise ValueError(f"gather_nd: batch dims of indices {indices.shape} and data {data.shape} differ")
+        flat = _nd_index("gather_nd", indices, data.shape[b:]).reshape(batch, -1)
+        rows = data.reshape((batch, -1) + data.shape[b + k:])
+        out[...] = rows[np.arange(batch)[:, None], flat].reshape(out.shape)
+    return run
+
+
+_COMBINE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def _scatter(target, index, updates, reduction):
+    if reduction == "none":
+        target[index] = updates
+    else:
+        _COMBINE[reduction].at(target, index, updates)
+
+
+@kernel("scatter_elements")
+def _scatter_elements(ins, outs, attrs):
+    data, indices, updates, out = *ins, outs[0]
+    axis = attrs["axis"] % data.ndim
+
+    def run():
+        index = _element_index("scatter_elements", indices, axis, data.shape)
+        np.copyto(out, data)
+        _scatter(out, index, updates, attrs["reduction"])
+    return run
+
+
+@kernel("scatter_nd")
+def _scatter_nd(ins, outs, attrs):
+    data, indices, updates, out = *ins, outs[0]
+    k = indices.shape[-1]
+
+    def run():
+        flat = _nd_index("scatter_nd", indices, data.shape)
+        np.copyto(out, data)
+        rows = out.view()
+        rows.shape = (-1,) + data.shape[k:]  # in place: raises rather than copy
+        _scatter(rows, flat, updates.reshape((len(flat),) + data.shape[k:]), attrs["reduction"])
+    return run
+
+
+@kernel("one_hot")
+def _one_hot(ins, outs, attrs):
+    indices, values, out = ins[0], ins[1], outs[0]
+    depth, axis = attrs["depth"], attrs["axis"] % out.ndim
+    positions = np.arange(depth).reshape((depth,) + (1,) * (out.ndim - 1 - axis))
+
+    def run():
+        whole = indices.astype(np.int64) if indices.dtype.kind == "f" else indices
+        hot = np.expand_dims(np.where(whole < 0, whole + depth, whole), axis) == positions
+        np.copyto(out, np.where(hot, values[1], values[0]))
+    return run
+
+
+@kernel("trilu")
+def _trilu(ins, outs, attrs):
+    x, out = ins[0], outs[0]
+    triangle = np.triu if attrs["upper"] else np.tril
+
+    def run():
+        k = int(ins[1].reshape(())) if len(ins) > 1 else attrs["k"]
+        k = max(min(k, x.shape[-1] + 1), -x.shape[-2] - 1)  # beyond the matrix: all or nothing
+        np.copyto(out, triangle(x, k))
     return run

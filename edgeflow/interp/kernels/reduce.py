@@ -57,15 +57,23 @@ kernel("reduce_prod")(_reduction(_in_float32_for_float16(np.prod)))
 kernel("reduce_l2")(_reduction(_in_float32_for_float16(_l2)))
 
 
-def _last_argmax(x, axis, out, keepdims):
-    np.argmax(np.flip(x, axis), axis=axis, out=out, keepdims=keepdims)
-    np.subtract(x.shape[axis] - 1, out, out=out)
+def _last(fn):
+    """fn (np.argmax or np.argmin) choosing the last of tied elements: the first of the flipped axis."""
+    def last(x, axis, out, keepdims):
+        fn(np.flip(x, axis), axis=axis, out=out, keepdims=keepdims)
+        np.subtract(x.shape[axis] - 1, out, out=out)
+    return last
 
 
-@kernel("argmax")
-def _argmax(ins, outs, attrs):
-    fn = _last_argmax if attrs["select_last_index"] else np.argmax
-    return partial(fn, ins[0], axis=attrs["axis"], out=outs[0], keepdims=attrs["keepdims"])
+def _arg_index(fn):
+    def make(ins, outs, attrs):
+        chosen = _last(fn) if attrs["select_last_index"] else fn
+        return partial(chosen, ins[0], axis=attrs["axis"], out=outs[0], keepdims=attrs["keepdims"])
+    return make
+
+
+kernel("argmax")(_arg_index(np.argmax))
+kernel("argmin")(_arg_index(np.argmin))
 
 
 def _running_sum(x, axis, out):
