@@ -1,4 +1,6 @@
 """Convolution nodes (edgeflow/ops/conv.py), NCHW as edgeflow's ops."""
+import numpy as np
+
 from edgeflow.graph.math_ops import apply
 from edgeflow.ops.conv import same_pads
 
@@ -52,3 +54,21 @@ def _pads_for_output_shape(node, spatial, kernel, attrs):
         begin.append(first)
         end.append(max(last, 0))
     return {"pads": tuple(begin + end), "output_padding": tuple(extra), "auto_pad": "NOTSET"}
+
+
+def integer_conv(ctx, node, x, x_zero, w, w_zero, bias=None):
+    """The convolution of the centered int operands (and an int32 bias), in float64, which
+    holds their integer sums exactly."""
+    from .quantize import centered
+    out, f64 = node.outputs[0], np.dtype(np.float64)
+    ins = [apply("cast", [centered(ctx, node, i, z, per_row)], {"dtype": f64}, name=f"{out}/f64_{i}")
+           for i, z, per_row in ((x, x_zero, False), (w, w_zero, True))]
+    if bias is not None and ctx.has(node, bias):
+        ins.append(apply("cast", [ctx.input(node, bias)], {"dtype": f64}, name=f"{out}/f64_bias"))
+    return apply("conv", ins, {**window_attrs(node), "group": node.attr("group", 1)}, name=f"{out}/conv")
+
+
+@handler("ConvInteger", op="conv")
+def _conv_integer(ctx, node):
+    return apply("cast", [integer_conv(ctx, node, 0, 2, 1, 3)], {"dtype": np.dtype(np.int32)},
+                 name=node.outputs[0])

@@ -112,3 +112,11 @@ def _gemm(ctx, node):
 def _cast_like(ctx, node):
     """Cast to the dtype of the second input, which conversion knows."""
     return apply("cast", [ctx.input(node, 0)], {"dtype": ctx.input(node, 1).dtype}, name=node.outputs[0])
+
+
+@handler("MatMulInteger", op="matmul")
+def _matmul_integer(ctx, node):
+    """(A - a_zero_point) @ (B - b_zero_point), accumulated exactly in int32."""
+    from .quantize import centered
+    return apply("matmul", [centered(ctx, node, 0, 2, True), centered(ctx, node, 1, 3, False)],
+                 name=node.outputs[0])

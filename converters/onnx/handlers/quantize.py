@@ -1,6 +1,6 @@
-"""ONNX QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, and the integer ops
-composed from them: MatMulInteger, QLinearMatMul (int32 products), ConvInteger, QLinearConv
-(float64 sums, exact for these integers)."""
+"""ONNX QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, and QLinearMatMul and
+QLinearConv: the integer product of the centered operands (int32 for matmul, float64 sums
+for conv, exact for these integers), requantized by quantize_linear."""
 import numpy as np
 
 from edgeflow.graph.math_ops import apply
@@ -47,7 +47,7 @@ def _dynamic_quantize_linear(ctx, node):
     return [apply("quantize_linear", [x, scale, zero_point], name=y), scale, zero_point]
 
 
-def _centered(ctx, node, value, zero_point, per_row):
+def centered(ctx, node, value, zero_point, per_row):
     """Input `value` as int32 less its zero point (input `zero_point`, if given); with
     `per_row`, a vector zero point applies along axis 0 (A's rows, a filter's output
     channels)."""
@@ -62,19 +62,12 @@ def _centered(ctx, node, value, zero_point, per_row):
     return apply("sub", [x, zero], name=f"{out}/centered{value}")
 
 
-@handler("MatMulInteger", op="matmul")
-def _matmul_integer(ctx, node):
-    """(A - a_zero_point) @ (B - b_zero_point), accumulated exactly in int32."""
-    return apply("matmul", [_centered(ctx, node, 0, 2, True), _centered(ctx, node, 1, 3, False)],
-                 name=node.outputs[0])
-
-
-@handler("QLinearMatMul", op="matmul")
+@handler("QLinearMatMul", op="quantize_linear")
 def _qlinear_matmul(ctx, node):
     """The int32 product of the centered operands, scaled by a_scale * b_scale / y_scale and
     requantized to y's zero point, in the order ONNX's reference evaluator computes it."""
     out = node.outputs[0]
-    product = apply("matmul", [_centered(ctx, node, 0, 2, False), _centered(ctx, node, 3, 5, False)],
+    product = apply("matmul", [centered(ctx, node, 0, 2, False), centered(ctx, node, 3, 5, False)],
                     name=f"{out}/int32")
     a_scale, b_scale, y_scale = (ctx.input(node, i) for i in (1, 4, 6))
     multiplier = apply("div", [apply("mul", [a_scale, b_scale], name=f"{out}/ab_scale"), y_scale],
@@ -87,30 +80,13 @@ def _qlinear_matmul(ctx, node):
     return apply("quantize_linear", inputs, {"dtype": dtype}, name=out)
 
 
-def _integer_conv(ctx, node, x, x_zero, w, w_zero, bias=None):
-    """The convolution of the centered int operands (and an int32 bias), in float64, which
-    holds their integer sums exactly."""
-    from .conv import window_attrs
-    out, f64 = node.outputs[0], np.dtype(np.float64)
-    ins = [apply("cast", [_centered(ctx, node, i, z, per_row)], {"dtype": f64}, name=f"{out}/f64_{i}")
-           for i, z, per_row in ((x, x_zero, False), (w, w_zero, True))]
-    if bias is not None and ctx.has(node, bias):
-        ins.append(apply("cast", [ctx.input(node, bias)], {"dtype": f64}, name=f"{out}/f64_bias"))
-    return apply("conv", ins, {**window_attrs(node), "group": node.attr("group", 1)}, name=f"{out}/conv")
-
-
-@handler("ConvInteger", op="conv")
-def _conv_integer(ctx, node):
-    return apply("cast", [_integer_conv(ctx, node, 0, 2, 1, 3)], {"dtype": np.dtype(np.int32)},
-                 name=node.outputs[0])
-
-
-@handler("QLinearConv", op="conv")
+@handler("QLinearConv", op="quantize_linear")
 def _qlinear_conv(ctx, node):
     """As QLinearMatMul: the exact convolution (bias included) scaled by
     x_scale * w_scale / y_scale, w_scale per output channel, then requantized."""
     out = node.outputs[0]
-    product = _integer_conv(ctx, node, 0, 2, 3, 5, bias=8)
+    from .conv import integer_conv
+    product = integer_conv(ctx, node, 0, 2, 3, 5, bias=8)
     x_scale, w_scale, y_scale = (ctx.input(node, i) for i in (1, 4, 6))
     if w_scale.rank == 1 and w_scale.shape != (1,):  # per output channel: along axis 1 of y
         w_scale = apply("expand_dims", [w_scale], {"axes": tuple(range(1, product.rank - 1))},
