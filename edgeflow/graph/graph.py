@@ -109,7 +109,7 @@ class Graph:
         except GraphError as e:
             label = f" {name!r}" if name else ""
             raise GraphError(f"op{label}: {e}") from None
-        if inputs and not opdef.random and all(t.spec.value is not None for t in inputs):
+        if inputs and not (opdef.random or opdef.fold_at_plan) and all(t.spec.value is not None for t in inputs):
             specs = _with_values(op, attrs, inputs, specs)
         return self.add_node(op, inputs, attrs, name, specs)
 

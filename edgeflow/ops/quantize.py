@@ -45,7 +45,7 @@ def _quantize_linear(inputs, attrs):
     return [TensorSpec(x.shape, attrs["dtype"])]
 
 
-@define("dequantize_linear", attrs={"axis": Attr(AttrKind.INT, 1)},
+@define("dequantize_linear", attrs={"axis": Attr(AttrKind.INT, 1)}, fold_at_plan=True,
         types=Types("x: Q, scale: F, zero_point: Q? -> F", Q=QUANTIZED + (dtypes.int32,), F=dtypes.FLOATS))
 def _dequantize_linear(inputs, attrs):
     """int8/uint8/int16/int32 -> the scale's float dtype."""

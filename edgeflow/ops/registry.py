@@ -257,6 +257,8 @@ class OpDef:
     remote: bool = False  # exchanges tensors with another process (send/recv): no numpy
     #                       kernel; a delegate that reaches the peer runs it
     types: Optional[Types] = None  # dtype constraints; None: inference checks dtypes itself
+    fold_at_plan: bool = False  # on constants, computed when a plan is made, not when the graph
+    #                             is built, so the file keeps the compact operands (int8 weights)
 
     @property
     def gradient(self):
@@ -329,7 +331,7 @@ def _count(name, given, slots):
 
 
 def define(name, *, inputs=None, outputs=None, attrs=None, types=None, view=False, flops=None,
-           stateful=False, random=False, remote=False):
+           stateful=False, random=False, remote=False, fold_at_plan=False):
     """Decorator: register the shape inference function `fn` as op `name`.
 
     `types` declares the dtypes the op takes and gives (a `Types`); its arity follows
@@ -353,7 +355,7 @@ def define(name, *, inputs=None, outputs=None, attrs=None, types=None, view=Fals
         if name in _REGISTRY:
             raise AssertionError(f"op {name!r} defined twice")
         _REGISTRY[name] = OpDef(name, arity, outputs, attrs, fn, view, (fn.__doc__ or "").strip(), flops,
-                                stateful, random, remote, types)
+                                stateful, random, remote, types, fold_at_plan)
         return fn
 
     return register
