@@ -36,3 +36,43 @@ def _layer_norm_statistics(node, x, axis, epsilon):
     std = apply("sqrt", [apply("add", [variance, np.array(epsilon, x.dtype)], name=f"{inv_name}/eps")],
                 name=f"{inv_name}/std")
     return [mean, apply("div", [np.array(1, x.dtype), std], name=inv_name)]
+
+
+def _per_group(x, groups, epsilon, out):
+    """x (N, C, ...) normalized over each group of C / `groups` channels and their
+    spatial positions: layer_norm of x seen as (N, groups, everything else)."""
+    grouped = apply("reshape", [x, np.array([0, groups, -1], np.int64)], {"copy_zeros": True},
+                    name=f"{out}/grouped")
+    normalized = apply("layer_norm", [grouped, np.ones((), x.dtype)], {"axis": 2, "epsilon": epsilon},
+                       name=f"{out}/normalized")
+    return apply("reshape", [normalized, apply("shape", [x], name=f"{out}/shape")], name=f"{out}/ungrouped")
+
+
+def _affine(y, scale, bias, axis_count, out):
+    """y * scale + bias, scale and bias (vectors) along axis 1 of y, whose rank is axis_count + 1."""
+    along = {"axes": tuple(range(1, axis_count))}
+    if along["axes"]:
+        scale = apply("expand_dims", [scale], along, name=f"{out}/scale")
+        bias = apply("expand_dims", [bias], along, name=f"{out}/bias")
+    return apply("add", [apply("mul", [y, scale], name=f"{out}/scaled"), bias], name=out)
+
+
+@handler("InstanceNormalization", op="layer_norm")
+def _instance_norm(ctx, node):
+    """Each channel of each sample normalized over its spatial positions, then scaled."""
+    x, scale, bias = ctx.inputs(node)[:3]
+    channels, out = x.shape[1], node.outputs[0]
+    if channels is None:
+        raise unsupported(node, "InstanceNormalization with an unknown channel count")
+    y = _per_group(x, channels, node.attr("epsilon", 1e-5), out)
+    return _affine(y, scale, bias, x.rank - 1, out)
+
+
+@handler("GroupNormalization", op="layer_norm")
+def _group_norm(ctx, node):
+    """Groups of channels normalized together, then scaled per channel (opset 21; ONNX's
+    checker refuses the deprecated opset-18 form, which scaled per group)."""
+    x, scale, bias = ctx.inputs(node)[:3]
+    out = node.outputs[0]
+    y = _per_group(x, node.attr("num_groups"), node.attr("epsilon", 1e-5), out)
+    return _affine(y, scale, bias, x.rank - 1, out)
