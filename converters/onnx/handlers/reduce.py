@@ -3,7 +3,7 @@ import numpy as np
 
 from edgeflow.graph.math_ops import apply
 
-from . import handler, node_axes
+from . import handler, node_axes, unsupported
 
 _REDUCE = {"ReduceSum": "reduce_sum", "ReduceMean": "reduce_mean", "ReduceMax": "reduce_max",
            "ReduceMin": "reduce_min", "ReduceProd": "reduce_prod", "ReduceL2": "reduce_l2"}
@@ -63,3 +63,35 @@ def _topk(ctx, node):
         "k": k, "axis": node.attr("axis", -1), "largest": bool(node.attr("largest", 1)),
         "sorted": bool(node.attr("sorted", 1))}, name=node.outputs[0])
     return [values, indices]
+
+
+@handler("MeanVarianceNormalization", op="reduce_mean")
+def _mean_variance_normalization(ctx, node):
+    """(x - E[x]) / (sqrt(E[x^2] - E[x]^2) + 1e-9) over `axes`, as ONNX's function body
+    computes it."""
+    x, out = ctx.input(node, 0), node.outputs[0]
+    reduce = {"axes": tuple(node.attr("axes", (0, 2, 3))), "keepdims": True}
+    mean = apply("reduce_mean", [x], reduce, name=f"{out}/mean")
+    mean_of_squares = apply("reduce_mean", [apply("mul", [x, x], name=f"{out}/squares")], reduce,
+                            name=f"{out}/mean_of_squares")
+    variance = apply("sub", [mean_of_squares, apply("mul", [mean, mean], name=f"{out}/square_of_mean")],
+                     name=f"{out}/variance")
+    std = apply("add", [apply("sqrt", [variance], name=f"{out}/sqrt"), np.array(1e-9, x.dtype)], name=f"{out}/std")
+    return apply("div", [apply("sub", [x, mean], name=f"{out}/centered"), std], name=out)
+
+
+@handler("LpNormalization", op="reduce_l2")
+def _lp_normalization(ctx, node):
+    """x / ||x||_p along `axis` (p 1 or 2), 0 where the norm is 0."""
+    x, out = ctx.input(node, 0), node.outputs[0]
+    p, reduce = node.attr("p", 2), {"axes": (node.attr("axis", -1),), "keepdims": True}
+    if p not in (1, 2):
+        raise unsupported(node, f"LpNormalization with p={p} (ONNX defines p = 1 or 2)")
+    if p == 2:
+        norm = apply("reduce_l2", [x], reduce, name=f"{out}/norm")
+    else:
+        norm = apply("reduce_sum", [apply("abs", [x], name=f"{out}/abs")], reduce, name=f"{out}/norm")
+    zero = np.zeros((), x.dtype)
+    safe = apply("where", [apply("equal", [norm, zero], name=f"{out}/is_zero"), np.ones((), x.dtype), norm],
+                 name=f"{out}/safe_norm")
+    return apply("div", [x, safe], name=out)
