@@ -95,3 +95,21 @@ def _lp_normalization(ctx, node):
     safe = apply("where", [apply("equal", [norm, zero], name=f"{out}/is_zero"), np.ones((), x.dtype), norm],
                  name=f"{out}/safe_norm")
     return apply("div", [x, safe], name=out)
+
+
+@handler("RMSNormalization", op="reduce_mean")
+def _rms_normalization(ctx, node):
+    """x / sqrt(mean(x^2) + epsilon) * scale, the mean over axes [axis, rank), computed in
+    float32 for half inputs (stash_type 1)."""
+    x, scale, out = ctx.input(node, 0), ctx.input(node, 1), node.outputs[0]
+    f32 = np.dtype(np.float32)
+    work = apply("cast", [x], {"dtype": f32}, name=f"{out}/f32") if x.dtype == np.float16 else x
+    reduce = {"axes": tuple(range(node.attr("axis", -1) % x.rank, x.rank)), "keepdims": True}
+    mean_square = apply("reduce_mean", [apply("mul", [work, work], name=f"{out}/squares")], reduce,
+                        name=f"{out}/mean_square")
+    rms = apply("sqrt", [apply("add", [mean_square, np.array(node.attr("epsilon", 1e-5), work.dtype)],
+                               name=f"{out}/eps")], name=f"{out}/rms")
+    y = apply("div", [work, rms], name=f"{out}/normalized")
+    if work is not x:
+        y = apply("cast", [y], {"dtype": x.dtype}, name=f"{out}/half")
+    return apply("mul", [y, scale], name=out)
