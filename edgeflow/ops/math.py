@@ -30,6 +30,22 @@ for _name in ("exp", "log", "sqrt", "sigmoid", "tanh"):
     _elementwise(_name, 1, FLOATS)
 for _name in ("equal", "less", "greater"):
     _elementwise(_name, 2, NUMERIC | {dtypes.bool_}, result=dtypes.bool_)
+# Trigonometric and hyperbolic functions; their gradient rules are the table TRIG_GRADIENTS.
+TRIG = ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")
+for _name in TRIG + ("floor", "ceil", "round"):
+    _elementwise(_name, 1, FLOATS)
+_elementwise("sign", 1, NUMERIC)
+for _name in ("logical_and", "logical_or", "logical_xor"):
+    _elementwise(_name, 2, {dtypes.bool_})
+for _name in ("is_nan", "is_inf"):
+    _elementwise(_name, 1, FLOATS, result=dtypes.bool_,
+                 attrs={"detect_positive": Attr(AttrKind.BOOL, True), "detect_negative": Attr(AttrKind.BOOL, True)}
+                 if _name == "is_inf" else None)
+# mod: the remainder with the divisor's sign (Python's %), or with fmod the dividend's (C's fmod).
+_elementwise("mod", 2, NUMERIC, attrs={"fmod": Attr(AttrKind.BOOL, False)})
+# bit_shift: a shift by a negative amount or by the width or more gives 0 (-1 for a
+# negative value shifted right); signed values shift left as their unsigned bits.
+_elementwise("bit_shift", 2, dtypes.INTEGERS, attrs={"left": Attr(AttrKind.BOOL, True)})
 
 
 @define("where", types=Types("condition: bool, x: T, y: T -> T", T=NUMERIC | {dtypes.bool_}))
@@ -202,3 +218,29 @@ def _matmul_grad(g, op, grads):
         da = g("matmul", b, dy, transpose_a=True, transpose_b=True)
         db = g("matmul", dy, a, transpose_a=True, transpose_b=True)
     return [g.sum_to(da, a), g.sum_to(db, b)]
+
+
+# d/dx of each function of TRIG, from x, y = f(x) and dy, with the graph builder g.
+TRIG_GRADIENTS = {
+    "sin": lambda g, x, y, dy: g("mul", dy, g("cos", x)),
+    "cos": lambda g, x, y, dy: g("neg", g("mul", dy, g("sin", x))),
+    "tan": lambda g, x, y, dy: g("mul", dy, g("add", g.constant(1, y), g("mul", y, y))),
+    "asin": lambda g, x, y, dy: g("div", dy, g("sqrt", g("sub", g.constant(1, x), g("mul", x, x)))),
+    "acos": lambda g, x, y, dy: g("neg", g("div", dy, g("sqrt", g("sub", g.constant(1, x), g("mul", x, x))))),
+    "atan": lambda g, x, y, dy: g("div", dy, g("add", g.constant(1, x), g("mul", x, x))),
+    "sinh": lambda g, x, y, dy: g("mul", dy, g("cosh", x)),
+    "cosh": lambda g, x, y, dy: g("mul", dy, g("sinh", x)),
+    "asinh": lambda g, x, y, dy: g("div", dy, g("sqrt", g("add", g("mul", x, x), g.constant(1, x)))),
+    "acosh": lambda g, x, y, dy: g("div", dy, g("sqrt", g("sub", g("mul", x, x), g.constant(1, x)))),
+    "atanh": lambda g, x, y, dy: g("div", dy, g("sub", g.constant(1, x), g("mul", x, x))),
+}
+
+
+def _trig_gradient(name):
+    def rule(g, op, grads):
+        return [TRIG_GRADIENTS[name](g, op.inputs[0], op.outputs[0], grads[0])]
+    return rule
+
+
+for _name in TRIG:
+    gradient(_name)(_trig_gradient(_name))

@@ -178,3 +178,11 @@ def test_indexing_gradients_refused(op, attrs, operands):
         y = _apply(op, attrs, *xs)
         with pytest.raises(GraphError, match=op):
             ef.gradients(ef.reduce_sum(y), [xs[0]])
+
+
+@pytest.mark.parametrize("name, low, high", [
+    ("sin", -3, 3), ("cos", -3, 3), ("tan", -1.2, 1.2), ("asin", -0.9, 0.9), ("acos", -0.9, 0.9),
+    ("atan", -3, 3), ("sinh", -2, 2), ("cosh", -2, 2), ("asinh", -3, 3), ("acosh", 1.2, 3), ("atanh", -0.9, 0.9)])
+def test_trigonometric(name, low, high):
+    from edgeflow.graph.math_ops import apply
+    check_gradients(lambda x: apply(name, [x]), r(3, 4, low=low, high=high), rtol=1e-4)

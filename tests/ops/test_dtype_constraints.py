@@ -89,6 +89,9 @@ EXAMPLES = {
     "scatter_nd": ([S((4, 3)), S((2, 1), "int64"), S((2, 3))], {}),
     "one_hot": ([S((2, 3)), S((2,))], {"depth": 4}),
     "trilu": ([S((3, 3)), S((), "int64")], {}),
+    **{name: _unary() for name in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
+                                   "atanh", "floor", "ceil", "round", "sign", "is_nan", "is_inf")},
+    **{name: _binary() for name in ("logical_and", "logical_or", "logical_xor", "mod", "bit_shift")},
     # Gradient ops: where `like` gives only a shape, any dtype does; where it is the forward
     # op's input, the gradient's dtype.
     "sum_to": ([S((2, 3)), S((3,), "int8")], {}),

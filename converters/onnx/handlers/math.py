@@ -6,8 +6,11 @@ from edgeflow.graph.math_ops import apply
 from . import handler
 
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Equal": "equal",
-           "Less": "less", "Greater": "greater"}
-_UNARY = {"Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Sigmoid": "sigmoid", "Tanh": "tanh"}
+           "Less": "less", "Greater": "greater", "And": "logical_and", "Or": "logical_or", "Xor": "logical_xor"}
+_UNARY = {"Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Sigmoid": "sigmoid", "Tanh": "tanh",
+          "Sin": "sin", "Cos": "cos", "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan",
+          "Sinh": "sinh", "Cosh": "cosh", "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh",
+          "Floor": "floor", "Ceil": "ceil", "Round": "round", "Sign": "sign", "IsNaN": "is_nan"}
 _VARIADIC = {"Max": "maximum", "Min": "minimum", "Sum": "add", "Mean": "add"}
 # a <= b is "not (a > b)", written as (a > b) == False to use only defined ops.
 _OR_EQUAL = {"LessOrEqual": "greater", "GreaterOrEqual": "less"}
@@ -120,3 +123,22 @@ def _matmul_integer(ctx, node):
     from .quantize import centered
     return apply("matmul", [centered(ctx, node, 0, 2, True), centered(ctx, node, 1, 3, False)],
                  name=node.outputs[0])
+
+
+@handler("IsInf", op="is_inf")
+def _is_inf(ctx, node):
+    return apply("is_inf", [ctx.input(node, 0)], {"detect_positive": bool(node.attr("detect_positive", 1)),
+                                                  "detect_negative": bool(node.attr("detect_negative", 1))},
+                 name=node.outputs[0])
+
+
+@handler("Mod", op="mod")
+def _mod(ctx, node):
+    return apply("mod", [ctx.input(node, 0), ctx.input(node, 1)], {"fmod": bool(node.attr("fmod", 0))},
+                 name=node.outputs[0])
+
+
+@handler("BitShift", op="bit_shift")
+def _bit_shift(ctx, node):
+    left = {"LEFT": True, "RIGHT": False}[node.attr("direction")]
+    return apply("bit_shift", [ctx.input(node, 0), ctx.input(node, 1)], {"left": left}, name=node.outputs[0])

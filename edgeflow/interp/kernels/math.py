@@ -19,8 +19,47 @@ for _name, _fn in (("sub", np.subtract), ("mul", np.multiply),
                    ("maximum", np.maximum), ("minimum", np.minimum), ("pow", np.power),
                    ("neg", np.negative), ("abs", np.absolute), ("exp", np.exp), ("log", np.log),
                    ("sqrt", np.sqrt), ("tanh", np.tanh), ("equal", np.equal), ("less", np.less),
-                   ("greater", np.greater)):
+                   ("greater", np.greater), ("sin", np.sin), ("cos", np.cos), ("tan", np.tan),
+                   ("asin", np.arcsin), ("acos", np.arccos), ("atan", np.arctan), ("sinh", np.sinh),
+                   ("cosh", np.cosh), ("asinh", np.arcsinh), ("acosh", np.arccosh), ("atanh", np.arctanh),
+                   ("floor", np.floor), ("ceil", np.ceil), ("round", np.rint), ("sign", np.sign),
+                   ("logical_and", np.logical_and), ("logical_or", np.logical_or),
+                   ("logical_xor", np.logical_xor), ("is_nan", np.isnan)):
     kernel(_name)(_ufunc(_fn))
+
+
+@kernel("is_inf")
+def _is_inf(ins, outs, attrs):
+    x, y = ins[0], outs[0]
+    tests = [t for t, on in ((np.isposinf, attrs["detect_positive"]), (np.isneginf, attrs["detect_negative"])) if on]
+
+    def run():
+        y[...] = False
+        for test in tests:
+            np.logical_or(y, test(x), out=y)
+    return run
+
+
+@kernel("mod")
+def _mod(ins, outs, attrs):
+    return partial(np.fmod if attrs["fmod"] else np.mod, *ins, out=outs[0])
+
+
+@kernel("bit_shift")
+def _bit_shift(ins, outs, attrs):
+    y, left = outs[0], attrs["left"]
+    bits, unsigned = np.iinfo(y.dtype).bits, np.dtype(f"u{y.dtype.itemsize}")
+
+    def run():
+        a, b = (np.ascontiguousarray(v) for v in np.broadcast_arrays(*ins))
+        valid = (b >= 0) & (b < bits)
+        shift = np.where(valid, b, 0).astype(unsigned)
+        if left:
+            shifted, beyond = np.left_shift(a.view(unsigned), shift).view(y.dtype), 0
+        else:
+            shifted, beyond = np.right_shift(a, shift.astype(a.dtype)), np.where(a < 0, -1, 0)
+        np.copyto(y, np.where(valid, shifted, beyond), casting="unsafe")
+    return run
 
 
 def _truncating_divide(a, b, out):
