@@ -23,6 +23,12 @@ FLOAT_ACTIVATIONS = {
     # ONNX's defaults: the float32 roundings of SELU's self-normalizing constants.
     "selu": ({"alpha": Attr(_F, 1.67326319217681884765625), "gamma": Attr(_F, 1.05070102214813232421875)},
              "gamma * (x if x > 0 else alpha * (exp(x) - 1))"),
+    "celu": ({"alpha": Attr(_F, 1.0)}, "max(0, x) + min(0, alpha * (exp(x / alpha) - 1))"),
+    "softsign": ({}, "x / (1 + |x|)"),
+    "mish": ({}, "x * tanh(softplus(x))"),
+    "thresholded_relu": ({"alpha": Attr(_F, 1.0)}, "x if x > alpha else 0"),
+    "shrink": ({"lambd": Attr(_F, 0.5), "bias": Attr(_F, 0.0)},
+               "x - bias if x > lambd, x + bias if x < -lambd, else 0"),
 }
 GELU_APPROXIMATIONS = ("none", "tanh")
 
@@ -158,3 +164,45 @@ def _elu_grad(g, op, grads):
 @gradient("selu")
 def _selu_grad(g, op, grads):
     return _exponential_grad(g, op, grads[0], op.attrs["gamma"])
+
+
+def _where_x(g, op, dy, test, threshold):
+    """dy where `test`(x, threshold) holds, else 0: the gradient of a piecewise-linear
+    function of slope 1 or 0."""
+    x = op.inputs[0]
+    return [g("where", test(x, g.constant(threshold, x)), dy, g.constant(0, x))]
+
+
+@gradient("thresholded_relu")
+def _thresholded_relu_grad(g, op, grads):
+    return _where_x(g, op, grads[0], lambda x, t: g("greater", x, t), op.attrs["alpha"])
+
+
+@gradient("shrink")
+def _shrink_grad(g, op, grads):
+    return _where_x(g, op, grads[0], lambda x, t: g("greater", g("abs", x), t), op.attrs["lambd"])
+
+
+@gradient("celu")
+def _celu_grad(g, op, grads):
+    """dy for x > 0, else dy * exp(x / alpha)."""
+    x, dy = op.inputs[0], grads[0]
+    below = g("mul", dy, g("exp", g("div", x, g.constant(op.attrs["alpha"], x))))
+    return [g("where", g("greater", x, g.constant(0, x)), dy, below)]
+
+
+@gradient("softsign")
+def _softsign_grad(g, op, grads):
+    """dy / (1 + |x|)^2."""
+    x = op.inputs[0]
+    d = g("add", g.constant(1, x), g("abs", x))
+    return [g("div", grads[0], g("mul", d, d))]
+
+
+@gradient("mish")
+def _mish_grad(g, op, grads):
+    """tanh(sp) + x (1 - tanh(sp)^2) sigmoid(x), sp = softplus(x)."""
+    x = op.inputs[0]
+    t = g("tanh", g("softplus", x))
+    slope = g("mul", g("mul", x, g("sub", g.constant(1, x), g("mul", t, t))), g("sigmoid", x))
+    return [g("mul", grads[0], g("add", t, slope))]

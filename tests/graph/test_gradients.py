@@ -186,3 +186,13 @@ def test_indexing_gradients_refused(op, attrs, operands):
 def test_trigonometric(name, low, high):
     from edgeflow.graph.math_ops import apply
     check_gradients(lambda x: apply(name, [x]), r(3, 4, low=low, high=high), rtol=1e-4)
+
+
+@pytest.mark.parametrize("name, attrs", [("celu", {"alpha": 0.7}), ("softsign", {}), ("mish", {}),
+                                         ("thresholded_relu", {"alpha": 0.3}), ("shrink", {"lambd": 0.4, "bias": 0.2})])
+def test_activations(name, attrs):
+    """Away from the kinks (|x| near 0.3 and 0.4 is avoided), as finite differences need."""
+    from edgeflow.graph.math_ops import apply
+    x = r(3, 4)
+    x[np.abs(np.abs(x) - 0.35) < 0.1] = 1.0
+    check_gradients(lambda t: apply(name, [t], attrs), x, rtol=1e-4)

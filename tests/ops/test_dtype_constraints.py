@@ -92,6 +92,7 @@ EXAMPLES = {
     **{name: _unary() for name in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
                                    "atanh", "floor", "ceil", "round", "sign", "is_nan", "is_inf")},
     **{name: _binary() for name in ("logical_and", "logical_or", "logical_xor", "mod", "bit_shift")},
+    **{name: _unary() for name in ("celu", "softsign", "mish", "thresholded_relu", "shrink")},
     # Gradient ops: where `like` gives only a shape, any dtype does; where it is the forward
     # op's input, the gradient's dtype.
     "sum_to": ([S((2, 3)), S((3,), "int8")], {}),

@@ -5,13 +5,16 @@ from edgeflow.graph.math_ops import apply
 
 from . import handler
 
-_UNARY = {"Erf": "erf", "Softplus": "softplus", "HardSwish": "hard_swish"}
+_UNARY = {"Erf": "erf", "Softplus": "softplus", "HardSwish": "hard_swish", "Softsign": "softsign", "Mish": "mish"}
 # ONNX attribute -> edgeflow attribute, for activations that take parameters.
 _PARAMETRIC = {"LeakyRelu": ("leaky_relu", {"alpha": 0.01}),
                "HardSigmoid": ("hard_sigmoid", {"alpha": 0.2, "beta": 0.5}),
                "Elu": ("elu", {"alpha": 1.0}),
                "Selu": ("selu", {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875}),
-               "Gelu": ("gelu", {"approximate": "none"})}
+               "Gelu": ("gelu", {"approximate": "none"}),
+               "Celu": ("celu", {"alpha": 1.0}),
+               "ThresholdedRelu": ("thresholded_relu", {"alpha": 1.0}),
+               "Shrink": ("shrink", {"lambd": 0.5, "bias": 0.0})}
 _PARAMETRIC_OPS = {onnx: op for onnx, (op, _) in _PARAMETRIC.items()}
 
 

@@ -109,6 +109,11 @@ _FORMULAS = {
     "softplus": lambda x, a: np.logaddexp(0, x),
     "elu": lambda x, a: _elu(x, a["alpha"]),
     "selu": lambda x, a: a["gamma"] * _elu(x, a["alpha"]),
+    "celu": lambda x, a: np.maximum(x, 0) + np.minimum(0, a["alpha"] * np.expm1(x / a["alpha"])),
+    "softsign": lambda x, a: x / (1 + np.abs(x)),
+    "mish": lambda x, a: x * np.tanh(np.logaddexp(0, x)),
+    "thresholded_relu": lambda x, a: np.where(x > a["alpha"], x, 0),
+    "shrink": lambda x, a: np.where(x > a["lambd"], x - a["bias"], np.where(x < -a["lambd"], x + a["bias"], 0)),
 }
 
 
