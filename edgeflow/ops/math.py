@@ -28,7 +28,8 @@ _elementwise("neg", 1, NUMERIC - {dtypes.uint8})
 _elementwise("abs", 1, NUMERIC)
 for _name in ("exp", "log", "sqrt", "sigmoid", "tanh"):
     _elementwise(_name, 1, FLOATS)
-for _name in ("equal", "less", "greater"):
+# less_equal and greater_equal are ops of their own: "not greater" would hold for NaN.
+for _name in ("equal", "less", "greater", "less_equal", "greater_equal"):
     _elementwise(_name, 2, NUMERIC | {dtypes.bool_}, result=dtypes.bool_)
 # Trigonometric and hyperbolic functions; their gradient rules are the table TRIG_GRADIENTS.
 TRIG = ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")
@@ -37,6 +38,7 @@ for _name in TRIG + ("floor", "ceil", "round"):
 _elementwise("sign", 1, NUMERIC)
 for _name in ("logical_and", "logical_or", "logical_xor"):
     _elementwise(_name, 2, {dtypes.bool_})
+_elementwise("logical_not", 1, {dtypes.bool_})
 for _name in ("is_nan", "is_inf"):
     _elementwise(_name, 1, FLOATS, result=dtypes.bool_,
                  attrs={"detect_positive": Attr(AttrKind.BOOL, True), "detect_negative": Attr(AttrKind.BOOL, True)}

@@ -6,14 +6,13 @@ from edgeflow.graph.math_ops import apply
 from . import handler
 
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Equal": "equal",
-           "Less": "less", "Greater": "greater", "And": "logical_and", "Or": "logical_or", "Xor": "logical_xor"}
+           "Less": "less", "Greater": "greater",
+           "LessOrEqual": "less_equal", "GreaterOrEqual": "greater_equal", "And": "logical_and", "Or": "logical_or", "Xor": "logical_xor"}
 _UNARY = {"Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Sigmoid": "sigmoid", "Tanh": "tanh",
           "Sin": "sin", "Cos": "cos", "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan",
           "Sinh": "sinh", "Cosh": "cosh", "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh",
-          "Floor": "floor", "Ceil": "ceil", "Round": "round", "Sign": "sign", "IsNaN": "is_nan"}
+          "Floor": "floor", "Ceil": "ceil", "Round": "round", "Sign": "sign", "IsNaN": "is_nan", "Not": "logical_not"}
 _VARIADIC = {"Max": "maximum", "Min": "minimum", "Sum": "add", "Mean": "add"}
-# a <= b is "not (a > b)", written as (a > b) == False to use only defined ops.
-_OR_EQUAL = {"LessOrEqual": "greater", "GreaterOrEqual": "less"}
 
 
 def _same_dtype(ctx, node, a, b):
@@ -53,13 +52,6 @@ def _variadic(ctx, node):
     return out
 
 
-@handler(_OR_EQUAL)
-def _or_equal(ctx, node):
-    a, b = ctx.input(node, 0), ctx.input(node, 1)
-    strict = apply(_OR_EQUAL[node.op_type], [a, b], name=f"{node.outputs[0]}/strict")
-    return apply("equal", [strict, np.array(False)], name=node.outputs[0])
-
-
 @handler(_UNARY)
 def _unary(ctx, node):
     return apply(_UNARY[node.op_type], [ctx.input(node, 0)], name=node.outputs[0])
@@ -81,11 +73,6 @@ def _cast(ctx, node):
 @handler("Where", op="where")
 def _where(ctx, node):
     return apply("where", ctx.inputs(node), name=node.outputs[0])
-
-
-@handler("Not", op="equal")
-def _not(ctx, node):
-    return apply("equal", [ctx.input(node, 0), np.array(False)], name=node.outputs[0])
 
 
 @handler("MatMul", op="matmul")

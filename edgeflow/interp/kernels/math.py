@@ -19,12 +19,13 @@ for _name, _fn in (("sub", np.subtract), ("mul", np.multiply),
                    ("maximum", np.maximum), ("minimum", np.minimum), ("pow", np.power),
                    ("neg", np.negative), ("abs", np.absolute), ("exp", np.exp), ("log", np.log),
                    ("sqrt", np.sqrt), ("tanh", np.tanh), ("equal", np.equal), ("less", np.less),
-                   ("greater", np.greater), ("sin", np.sin), ("cos", np.cos), ("tan", np.tan),
+                   ("greater", np.greater), ("less_equal", np.less_equal),
+                   ("greater_equal", np.greater_equal), ("sin", np.sin), ("cos", np.cos), ("tan", np.tan),
                    ("asin", np.arcsin), ("acos", np.arccos), ("atan", np.arctan), ("sinh", np.sinh),
                    ("cosh", np.cosh), ("asinh", np.arcsinh), ("acosh", np.arccosh), ("atanh", np.arctanh),
                    ("floor", np.floor), ("ceil", np.ceil), ("round", np.rint), ("sign", np.sign),
                    ("logical_and", np.logical_and), ("logical_or", np.logical_or),
-                   ("logical_xor", np.logical_xor), ("is_nan", np.isnan)):
+                   ("logical_xor", np.logical_xor), ("logical_not", np.logical_not), ("is_nan", np.isnan)):
     kernel(_name)(_ufunc(_fn))
 
 
