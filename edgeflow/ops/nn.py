@@ -17,7 +17,8 @@ def _along_axis(name):
     return infer
 
 
-for _name in ("softmax", "log_softmax"):
+# hardmax: 1 at the first maximum along `axis`, 0 elsewhere (ONNX's Hardmax, opset 13).
+for _name in ("softmax", "log_softmax", "hardmax"):
     define(_name, attrs={"axis": Attr(AttrKind.INT, -1)}, types=Types("x: T -> T", T=dtypes.FLOATS))(
         _along_axis(_name))
 

@@ -104,6 +104,9 @@ EXAMPLES = {
     "avg_pool_grad": ([S((1, 2, 4, 4)), S(_IMAGE)], {"kernel_shape": (2, 2)}),
     "pad_grad": ([S((3, 4)), S((2, 3))], {"pads": (1, 0, 0, 1), "mode": "reflect"}),
     "resize_grad": ([S((1, 2, 10, 10)), S(_IMAGE)], {"scales": (2.0, 2.0)}),
+    **{name: _binary() for name in ("less_equal", "greater_equal")},
+    "logical_not": _unary(),
+    "hardmax": _unary(),
 }
 
 

@@ -1,4 +1,4 @@
-"""Softmax and relu nodes (edgeflow/ops/nn.py)."""
+"""Softmax, Hardmax and relu nodes (edgeflow/ops/nn.py)."""
 from edgeflow.graph.math_ops import apply
 
 from . import handler, unsupported
@@ -12,16 +12,13 @@ def _softmax_axis(ctx, node):
     return x, axis
 
 
-@handler("Softmax", op="softmax")
-def _softmax(ctx, node):
-    x, axis = _softmax_axis(ctx, node)
-    return apply("softmax", [x], {"axis": axis}, name=node.outputs[0])
+_ALONG_AXIS = {"Softmax": "softmax", "LogSoftmax": "log_softmax", "Hardmax": "hardmax"}
 
 
-@handler("LogSoftmax", op="log_softmax")
-def _log_softmax(ctx, node):
+@handler(_ALONG_AXIS)
+def _along_axis(ctx, node):
     x, axis = _softmax_axis(ctx, node)
-    return apply("log_softmax", [x], {"axis": axis}, name=node.outputs[0])
+    return apply(_ALONG_AXIS[node.op_type], [x], {"axis": axis}, name=node.outputs[0])
 
 
 @handler("Relu", op="relu")

@@ -30,3 +30,14 @@ def _softmax_kernel(ins, outs, attrs):
 @kernel("log_softmax")
 def _log_softmax_kernel(ins, outs, attrs):
     return partial(_log_softmax, ins[0], attrs["axis"], outs[0])
+
+
+def _hardmax(x, axis, out):
+    out[...] = 0
+    # argmax gives the first maximum (or the first NaN, as ONNX's reference does).
+    np.put_along_axis(out, np.expand_dims(np.argmax(x, axis=axis), axis), 1, axis=axis)
+
+
+@kernel("hardmax")
+def _hardmax_kernel(ins, outs, attrs):
+    return partial(_hardmax, ins[0], attrs["axis"], outs[0])
