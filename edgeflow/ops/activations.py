@@ -8,7 +8,8 @@ from .registry import Attr, AttrKind, TensorSpec, Types, define, gradient
 _F = AttrKind.FLOAT
 
 
-# name -> (attributes, formula); each takes one float tensor and keeps its shape and dtype.
+# name -> (attributes, formula); each takes one float tensor (or those of _TAKES) and keeps
+# its shape and dtype.
 FLOAT_ACTIVATIONS = {
     "leaky_relu": ({"alpha": Attr(_F, 0.01)}, "x if x >= 0 else alpha * x"),
     "hard_sigmoid": ({"alpha": Attr(_F, 0.2), "beta": Attr(_F, 0.5)},
@@ -43,8 +44,11 @@ def _float_activation(name, formula):
     return infer
 
 
+# ONNX's Shrink takes integers too (computed in float64, truncated back as ONNX's reference does).
+_TAKES = {"shrink": dtypes.NUMERIC}
 for _name, (_attrs, _formula) in FLOAT_ACTIVATIONS.items():
-    define(_name, attrs=_attrs, types=Types("x: T -> T", T=dtypes.FLOATS))(_float_activation(_name, _formula))
+    define(_name, attrs=_attrs, types=Types("x: T -> T", T=_TAKES.get(_name, dtypes.FLOATS)))(
+        _float_activation(_name, _formula))
 
 
 @define("clip", attrs={"min": Attr(_F, -math.inf), "max": Attr(_F, math.inf)},

@@ -1,5 +1,5 @@
-"""Activations (clip, leaky_relu, hard_sigmoid, hard_swish, gelu, erf, softplus, elu, selu)
-against onnxruntime running the ONNX operator, and against closed forms in float64."""
+"""Activations (clip, leaky_relu, hard_sigmoid, hard_swish, gelu, erf, softplus, elu, selu,
+celu, softsign, mish, thresholded_relu, shrink) against onnxruntime running the ONNX operator, and against closed forms in float64."""
 import math
 
 import numpy as np
@@ -51,8 +51,19 @@ CASES = [
     ("selu", {"alpha": 2.0, "gamma": 0.5}, "Selu", lambda x: 0.5 * _elu(x, 2.0), HALF_SINGLE),
     ("gelu", {}, "Gelu", lambda x: x / 2 * (1 + _erf(x / math.sqrt(2))), HALF_SINGLE),
     ("gelu", {"approximate": "tanh"}, "Gelu", _gelu_tanh, HALF_SINGLE),
+    ("celu", {}, "Celu", lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0))), ("float32",)),
+    ("celu", {"alpha": 2.0}, "Celu", lambda x: np.where(x > 0, x, 2 * np.expm1(np.minimum(x, 0) / 2)),
+     ("float32",)),
+    ("softsign", {}, "Softsign", lambda x: x / (1 + abs(x)), HALF_SINGLE),
+    ("mish", {}, "Mish", lambda x: x * np.tanh(np.log1p(np.exp(-abs(x))) + np.maximum(x, 0)), FLOATS),
+    ("thresholded_relu", {}, "ThresholdedRelu", lambda x: np.where(x > 1, x, 0), HALF_SINGLE),
+    ("thresholded_relu", {"alpha": -0.5}, "ThresholdedRelu", lambda x: np.where(x > -0.5, x, 0), HALF_SINGLE),
+    ("shrink", {}, "Shrink", lambda x: np.where(x > 0.5, x - 0, np.where(x < -0.5, x + 0, 0)), FLOATS),
+    ("shrink", {"lambd": 1.5, "bias": 0.75}, "Shrink",
+     lambda x: np.where(x > 1.5, x - 0.75, np.where(x < -1.5, x + 0.75, 0)), FLOATS),
 ]
 NAMES = sorted({case[0] for case in CASES})
+OPSET = {"gelu": 20, "mish": 18}  # the first opset with the op (where later than 17)
 
 
 def case_id(case):
@@ -76,7 +87,7 @@ def inputs(rng, dtype, shape=(3, 4, 5)):
 def test_matches_onnxruntime(run_op, rng, case, dtype):
     name, attrs, op_type, _, _ = case
     x = inputs(rng, dtype)
-    expected, = onnx_reference(op_type, [x], [dtype], opset=20 if name == "gelu" else 17, **attrs)
+    expected, = onnx_reference(op_type, [x], [dtype], opset=OPSET.get(name, 17), **attrs)
     tol = ORT_RTOL[np.dtype(dtype)]
     assert_close(run_op(activation(name, **attrs), x), expected, dtype, rtol=tol, atol=tol)
 
@@ -134,6 +145,18 @@ def test_exact_gelu_keeps_relative_precision_far_into_the_negative_tail(run_op, 
     x = -np.linspace(1, 37, 361)
     expected = [v / 2 * math.erfc(-v / math.sqrt(2)) for v in x]
     assert_close(run_op(activation("gelu"), x), expected, np.float64, rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("dtype", ("int8", "int16", "int32", "int64", "uint8"))
+def test_shrink_of_integers_truncates_like_onnxruntime(run_op, rng, dtype):
+    """ONNX's Shrink takes integers: x -+ bias in float, truncated toward zero."""
+    x = random_array(rng, (4, 6), dtype, 0 if dtype == "uint8" else -60, 60)
+    attrs = {"lambd": 2.5, "bias": 1.75}
+    expected, = onnx_reference("Shrink", [x], [dtype], **attrs)
+    assert_close(run_op(activation("shrink", **attrs), x), expected, dtype)
+    wide = x.astype(np.float64)
+    assert_close(run_op(activation("shrink", **attrs), x),
+                 np.trunc(np.where(wide > 2.5, wide - 1.75, np.where(wide < -2.5, wide + 1.75, 0))), dtype)
 
 
 def test_softplus_does_not_overflow(run_op):
@@ -207,7 +230,7 @@ def test_invalid_attributes_and_dtypes(graph):
         apply("leaky_relu", [f], {"alpha": "big"})
     with pytest.raises(GraphError, match="unknown attribute"):
         apply("hard_swish", [f], {"alpha": 0.5})
-    for name in NAMES:
+    for name in set(NAMES) - {"shrink"}:  # ONNX's Shrink takes integers
         with pytest.raises(GraphError, match="dtype int32 not supported"):
             apply(name, [i])
     with pytest.raises(GraphError, match="takes 1 inputs"):
