@@ -1,4 +1,4 @@
-"""ef.nn: relu, softmax and log_softmax (any axis, stable for large logits)."""
+"""ef.nn: relu, softmax and log_softmax (any axis, stable for large logits); hardmax."""
 import numpy as np
 import pytest
 
@@ -101,3 +101,32 @@ def test_softmax_errors(graph, fn):
 def test_relu_rejects_bool(graph):
     with pytest.raises(GraphError):
         ef.nn.relu(ef.placeholder("bool", (2,)))
+
+
+def hardmax_reference(x, axis):
+    """1 at the first largest element of each slice along `axis` (Python's max/index), else 0."""
+    moved = np.moveaxis(x, axis, -1)
+    out = np.zeros(moved.shape, x.dtype)
+    for index in np.ndindex(moved.shape[:-1]):
+        row = moved[index].tolist()
+        out[index + (row.index(max(row)),)] = 1
+    return np.moveaxis(out, -1, axis)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_hardmax_marks_the_first_maximum(run_op, rng, dtype, axis):
+    from edgeflow.graph.math_ops import apply
+    x = np.round(random_array(rng, (3, 4, 5), dtype, -2, 2))  # ties: the first one wins
+    y = run_op(lambda t: apply("hardmax", [t], {"axis": axis}), x)
+    assert_close(y, hardmax_reference(x, axis), dtype)
+    if dtype != "float64":  # what onnxruntime's Hardmax takes
+        from .onnx_reference import onnx_reference
+        expected, = onnx_reference("Hardmax", [x], [dtype], opset=13, axis=axis)
+        assert_close(y, expected, dtype)
+
+
+def test_hardmax_axis_out_of_range(graph):
+    from edgeflow.graph.math_ops import apply
+    with pytest.raises(GraphError, match="axis"):
+        apply("hardmax", [ef.placeholder("float32", (2, 3))], {"axis": 2})
