@@ -161,7 +161,8 @@ def _cases():
               Case("cast", [r(41) > 0], {"dtype": np.dtype(np.float32)}, "exact", name="bool-to-float"),
               Case("cast", [r(41)], {"dtype": np.dtype(np.float32)}, "exact", name="float-to-float")]
     ties = np.round(r(4, 6)).astype(np.float32)  # many equal pairs
-    cases += [Case(op, [ties, np.round(r(6))], {}, "exact") for op in ("equal", "less", "greater")]
+    cases += [Case(op, [ties, np.round(r(6))], {}, "exact")
+              for op in ("equal", "less", "greater", "less_equal", "greater_equal")]
     # gradients
     cases += [Case("sum_to", [r(3, 4, 57), r(4, 1)], {}, "abs"),
               Case("slice_grad", [r(3, 3), r(7, 9)], {"starts": (1, -2), "ends": (6, 0), "axes": (0, 1),

@@ -1,7 +1,7 @@
-// equal, less and greater with numpy broadcasting (broadcast_offsets, in common.cl):
+// equal, less, greater, less_equal and greater_equal with numpy broadcasting (broadcast_offsets, in common.cl):
 // FLOAT=1 for float operands (read through LOAD, so half storage works too), else T is
 // the operands' type (int, or uchar for bool); OP the comparison (0 equal, 1 less,
-// 2 greater); out is bool as uchar.
+// 2 greater, 3 less or equal, 4 greater or equal); out is bool as uchar.
 
 #if FLOAT
 #define OPERAND store_t
@@ -22,7 +22,11 @@ __kernel void compare(__global const OPERAND* a, __global const OPERAND* b, __gl
     out[i] = READ(a, ia) == READ(b, ib);
 #elif OP == 1
     out[i] = READ(a, ia) < READ(b, ib);
-#else
+#elif OP == 2
     out[i] = READ(a, ia) > READ(b, ib);
+#elif OP == 3
+    out[i] = READ(a, ia) <= READ(b, ib);
+#else
+    out[i] = READ(a, ia) >= READ(b, ib);
 #endif
 }

@@ -31,7 +31,7 @@ for _name in UNARY:
 # -- comparisons: float32, int32 or bool operands, a bool (uchar) result; gradient graphs
 # feed these to `where`.
 
-COMPARISONS = {"equal": 0, "less": 1, "greater": 2}
+COMPARISONS = {"equal": 0, "less": 1, "greater": 2, "less_equal": 3, "greater_equal": 4}
 TYPES = {np.dtype(np.float32): "float", np.dtype(np.int32): "int", np.dtype(np.bool_): "uchar"}
 
 
