@@ -59,10 +59,35 @@ def _at_supported_opset(model):
         return model
     from onnx import version_converter
     try:
-        return version_converter.convert_version(model, MIN_OPSET)
+        return version_converter.convert_version(_hardmax_in_2d(model), MIN_OPSET)
     except Exception as e:
         raise ConversionError(f"the model uses opset {_opset(model)}; edgeflow reads opset "
                               f">= {MIN_OPSET} and ONNX's version converter failed: {e}") from None
+
+
+def _hardmax_in_2d(model):
+    """Hardmax before opset 13 works on the input flattened to 2D at `axis`; ONNX's version
+    converter keeps the node as it is (opset 13 reads `axis` as one axis), so each one is
+    spelled Reshape(Hardmax(Flatten(x, axis), axis=1), Shape(x)), the same at any opset."""
+    from onnx import helper
+    if not any(n.op_type == "Hardmax" and n.domain in ("", "ai.onnx") for n in model.graph.node):
+        return model
+    nodes = []
+    for n in model.graph.node:
+        if n.op_type != "Hardmax" or n.domain not in ("", "ai.onnx"):
+            nodes.append(n)
+            continue
+        axis = next((helper.get_attribute_value(a) for a in n.attribute if a.name == "axis"), 1)
+        x, y = n.input[0], n.output[0]
+        nodes += [helper.make_node("Flatten", [x], [f"{y}/2d"], axis=axis, name=f"{n.name}/2d"),
+                  helper.make_node("Hardmax", [f"{y}/2d"], [f"{y}/hardmax"], axis=1, name=n.name),
+                  helper.make_node("Shape", [x], [f"{y}/shape"], name=f"{n.name}/shape"),
+                  helper.make_node("Reshape", [f"{y}/hardmax", f"{y}/shape"], [y], name=f"{n.name}/back")]
+    rewritten = type(model)()
+    rewritten.CopyFrom(model)
+    del rewritten.graph.node[:]
+    rewritten.graph.node.extend(nodes)
+    return rewritten
 
 
 def _shape(value_info):

@@ -8,6 +8,7 @@ import pytest
 import edgeflow as ef
 from edgeflow.converters import onnx as onnx_converter
 from edgeflow.errors import ConversionError, UnsupportedOpError
+from edgeflow.format import writer
 
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -69,6 +70,19 @@ def test_old_opsets_are_lifted(tmp_path):
     e = np.exp(x - x.max(1, keepdims=True))
     np.testing.assert_allclose(out, e / e.sum(1, keepdims=True), rtol=1e-6)
     assert result.ops == {"softmax": 1}
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1, None])
+def test_hardmax_before_opset_13_flattens_at_its_axis(axis):
+    """ONNX's version converter leaves such a Hardmax as it is; onnxruntime runs opset 11."""
+    import onnxruntime as ort
+    model = _model([helper.make_node("Hardmax", ["x"], ["y"], **({} if axis is None else {"axis": axis}))],
+                   [_vi("x", ["n", 3, 4])], [_vi("y", ["n", 3, 4])], opset=11)
+    model.ir_version = 8  # what onnxruntime reads
+    x = np.round(np.random.default_rng(1).standard_normal((2, 3, 4)), 1).astype(np.float32)  # ties
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    runner = ef.Interpreter(writer.to_bytes(onnx_converter.convert(model).model)).get_signature_runner("infer")
+    np.testing.assert_array_equal(runner(x=x)["y"], expected[0])
 
 
 def test_invalid_models_raise_conversion_error(tmp_path):
