@@ -2,7 +2,7 @@
 from .. import dtypes
 from ..errors import GraphError
 from .registry import Attr, AttrKind, TensorSpec, Types, define, gradient
-from .dims import fmt, normalize_axes, normalize_axis, num_elements
+from .dims import fmt, normalize_axes, normalize_axis, num_elements, vector_length
 
 
 # Data movement: every dtype, as it is.
@@ -58,7 +58,25 @@ def _reshape(inputs, attrs):
     return [TensorSpec(tuple(inferred if d == -1 else d for d in shape), x.dtype)]
 
 
-@define("squeeze", attrs={"axes": Attr(AttrKind.INTS, ())}, view=True, types=_MOVES)
+def _fewer_dims(own, attrs, operands):
+    """Squeezed while the axes are unknown: as many dims fewer as there are axes, all ?."""
+    x, n = own[0], vector_length("squeeze", operands[0], "axes")
+    if n == 0:
+        raise GraphError("squeeze: with no axes given, which dims drop depends on x's shape; "
+                         "the axes must be known")
+    return [TensorSpec((None,) * (x.rank - n), x.dtype)]
+
+
+def _more_dims(own, attrs, operands):
+    x = own[0]
+    return [TensorSpec((None,) * (x.rank + vector_length("expand_dims", operands[0], "axes")), x.dtype)]
+
+
+_MOVES_ALONG_AXES = Types("x: T, axes: index? -> T", T=dtypes.ANY)
+
+
+@define("squeeze", attrs={"axes": Attr(AttrKind.INTS, ())}, view=True, types=_MOVES_ALONG_AXES,
+        operands=("axes",), unknown=_fewer_dims)
 def _squeeze(inputs, attrs):
     """Drop size-1 dimensions: those in `axes`, or all of them when `axes` is empty."""
     x = inputs[0]
@@ -74,7 +92,8 @@ def _squeeze(inputs, attrs):
     return [TensorSpec(tuple(d for i, d in enumerate(x.shape) if i not in axes), x.dtype)]
 
 
-@define("expand_dims", attrs={"axes": Attr(AttrKind.INTS)}, view=True, types=_MOVES)
+@define("expand_dims", attrs={"axes": Attr(AttrKind.INTS)}, view=True, types=_MOVES_ALONG_AXES,
+        operands=("axes",), unknown=_more_dims)
 def _expand_dims(inputs, attrs):
     """Insert size-1 dimensions at `axes` (positions in the output)."""
     x = inputs[0]
@@ -323,8 +342,15 @@ def _scatter_nd(inputs, attrs):
     return [TensorSpec(data.shape, data.dtype)]
 
 
+def _one_more_dim(own, attrs, operands):
+    indices, values = own
+    axis = normalize_axis(attrs["axis"], indices.rank + 1, "one_hot")
+    return [TensorSpec(indices.shape[:axis] + (None,) + indices.shape[axis:], values.dtype)]
+
+
 @define("one_hot", attrs={"depth": Attr(AttrKind.INT), "axis": Attr(AttrKind.INT, -1)},
-        types=Types("indices: I, values: T -> T", I=dtypes.NUMERIC, T=dtypes.ANY))
+        types=Types("indices: I, values: T, depth: D? -> T", I=dtypes.NUMERIC, T=dtypes.ANY, D=dtypes.NUMERIC),
+        operands=("depth",), unknown=_one_more_dim)
 def _one_hot(inputs, attrs):
     """values[1] where the position along the new axis `axis` equals the index (negative
     ones count from depth), values[0] elsewhere; indices outside [-depth, depth) are all off."""

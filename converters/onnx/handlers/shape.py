@@ -3,7 +3,7 @@ import numpy as np
 
 from edgeflow.graph.math_ops import apply
 
-from . import handler
+from . import attrs_or_operands, handler, ints
 
 
 @handler("Shape", op="shape")
@@ -45,12 +45,11 @@ def _tile(ctx, node):
 
 @handler("Split", op="split")
 def _split(ctx, node):
-    attrs = {"axis": node.attr("axis", 0)}
-    if ctx.has(node, 1):
-        attrs["sizes"] = ctx.ints(node, 1, "split")
-    elif "split" in node.attrs:
+    attrs, operands = attrs_or_operands(ctx, node, {"sizes": (1, ints)})
+    attrs["axis"] = node.attr("axis", 0)
+    if "split" in node.attrs:  # before opset 13
         attrs["sizes"] = tuple(node.attr("split"))
-    else:
+    elif "sizes" not in attrs:
         attrs["num_outputs"] = node.attr("num_outputs", len(node.outputs))
-    outs = apply("split", [ctx.input(node, 0)], attrs, name=node.outputs[0])
+    outs = apply("split", [ctx.input(node, 0), *operands], attrs, name=node.outputs[0])
     return list(outs) if isinstance(outs, tuple) else [outs]
