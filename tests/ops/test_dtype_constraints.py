@@ -107,6 +107,9 @@ EXAMPLES = {
     **{name: _binary() for name in ("less_equal", "greater_equal")},
     "logical_not": _unary(),
     "hardmax": _unary(),
+    "nonzero": _unary(),
+    "compress": ([S((4, 3)), S((4,), "bool")], {"axis": 0}),
+    "unique": _unary(),
 }
 
 
