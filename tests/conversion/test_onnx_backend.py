@@ -32,18 +32,34 @@ CONSTANT_OPERANDS = {
     "Reshape": (1,), "Expand": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
     "Slice": (1, 2, 3, 4), "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,),
     "Pad": (1, 2, 3), "Resize": (1, 2, 3), "TopK": (1,), "CumSum": (1,), "Dropout": (1, 2), "OneHot": (1,),
-    "Clip": (1, 2),
+    "Clip": (1, 2), "DFT": (1, 2), "STFT": (1, 3), "MelWeightMatrix": (0, 1),
+    **{op: (0,) for op in ("HannWindow", "HammingWindow", "BlackmanWindow")},
     **{op: (1,) for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
                            "ReduceL2", "ReduceSumSquare")},
 }
 
 
+# Ops whose output depends only on their input's shape: values traced back stop there.
+_SHAPE_ONLY = {"Shape", "Size"}
+
+
 def _constant_inputs(model):
-    """Names of graph inputs that feed an operand listed in CONSTANT_OPERANDS."""
+    """Names of graph inputs whose values an operand listed in CONSTANT_OPERANDS depends
+    on, directly or through the nodes computing it (a function's `_expanded` body)."""
     graph_inputs = {vi.name for vi in model.graph.input}
-    return {node.input[i] for node in model.graph.node
-            for i in CONSTANT_OPERANDS.get(node.op_type, ())
-            if i < len(node.input) and node.input[i] in graph_inputs}
+    producer = {out: node for node in model.graph.node for out in node.output}
+    pending = [node.input[i] for node in model.graph.node for i in CONSTANT_OPERANDS.get(node.op_type, ())
+               if i < len(node.input) and node.input[i]]
+    seen = set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        node = producer.get(name)
+        if node is not None and node.op_type not in _SHAPE_ONLY:
+            pending.extend(v for v in node.input if v)
+    return seen & graph_inputs
 
 
 def _with_initializers(model, values):

@@ -110,6 +110,10 @@ EXAMPLES = {
     **{name: _binary() for name in ("bitwise_and", "bitwise_or", "bitwise_xor")},
     "bitwise_not": _unary(),
     "bitcast": _unary(dtype="int32"),
+    "dft": ([S((2, 8, 2)), S((), "int64", 6)], {"axis": 1}),
+    "stft": ([S((1, 16, 1)), S((), "int64", 4), S((), "int64", 8), S((8,))], {}),
+    "window": ([S((), D, 8)], {"kind": "hann"}),
+    "mel_weight_matrix": ([S((), D, 4), S((), D, 16), S((), D, 8000), S((), "float32", 0), S((), "float32", 4000)], {}),
 }
 
 # Ops whose inference takes fewer dtypes than their declaration admits (a constraint that

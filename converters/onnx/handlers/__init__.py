@@ -48,4 +48,4 @@ def node_axes(ctx, node, index=1):
 
 
 from . import (activations, array, conv, einsum, image, math, nn, no_op, norm, pool, reduce,  # noqa: E402,F401
-               quantize, rnn, shape)  # (registration)
+               quantize, rnn, shape, signal)  # (registration)

@@ -40,4 +40,4 @@ def evaluate(opcode, attrs, values, specs):
 
 
 from . import (activations, array, conv, einsum, image, math, nn, norm, pool, reduce,  # noqa: E402,F401
-               quantize, random, rnn, shape, state)  # (registration)
+               quantize, random, rnn, shape, signal, state)  # (registration)
