@@ -65,7 +65,7 @@ def _dft(inputs, attrs):
     given = _scalar("dft", inputs[1], "length") if len(inputs) > 1 else None
     if given is not None and given < 1:
         raise GraphError(f"dft: length must be at least 1, got {given}")
-    n = dft_length(x.shape[axis], given, inverse, onesided)
+    n = None if len(inputs) > 1 and given is None else dft_length(x.shape[axis], given, inverse, onesided)
     if n is not None and n < 1:
         raise GraphError(f"dft: an inverse one-sided transform of {x.shape[axis]} bins has no default length; "
                          "give one")

@@ -69,7 +69,8 @@ def _window(ins, outs, attrs):
         size = out.shape[0]
         with np.errstate(divide="ignore", invalid="ignore"):  # size 1, symmetric: 0 / 0, as ONNX's function
             angle = np.arange(size) * (2 * np.pi / np.float64(size if periodic else size - 1))
-            w = a0 - a1 * np.cos(angle) + a2 * np.cos(2 * angle)
+            # a0 added last, as ONNX's reference does: Blackman's peak is then exactly 1 (an integer window keeps it)
+            w = (a2 * np.cos(2 * angle) - a1 * np.cos(angle)) + a0
             np.copyto(out, w, casting="unsafe")
     return run
 
