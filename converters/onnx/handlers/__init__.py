@@ -70,4 +70,4 @@ def first_float(value):
 
 
 from . import (activations, array, conv, einsum, image, math, nn, no_op, norm, pool, reduce,  # noqa: E402,F401
-               quantize, rnn, select, shape)  # (registration)
+               quantize, rnn, select, shape, signal)  # (registration)

@@ -41,4 +41,4 @@ def evaluate(opcode, attrs, values, specs):
 
 
 from . import (activations, array, conv, einsum, image, math, nn, norm, pool, reduce,  # noqa: E402,F401
-               quantize, random, rnn, select, shape, state)  # (registration)
+               quantize, random, rnn, select, shape, signal, state)  # (registration)
