@@ -176,7 +176,7 @@ def test_batch_norm(delegate, shape, eps, seed):
     check(delegate, "batch_norm", arrays, {"epsilon": eps})
 
 
-@given(data=st.data(), mode=st.sampled_from(["constant", "reflect", "edge"]), seed=st.integers(0, 2**31))
+@given(data=st.data(), mode=st.sampled_from(["constant", "reflect", "edge", "wrap"]), seed=st.integers(0, 2**31))
 def test_pad(delegate, data, mode, seed):
     shape = data.draw(st.lists(st.integers(1, 6), min_size=1, max_size=4))
     low = -2 if mode == "constant" else 0

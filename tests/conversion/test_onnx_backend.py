@@ -128,7 +128,6 @@ EXCLUDED = {
     r"^test_maxpool_with_argmax_": "MaxPool's Indices output",
     r"^test_averagepool_.*dilations": "AveragePool with dilations (opset 19): avg_pool has none",
     r"^test_lstm_with_peepholes_": "LSTM peephole weights",
-    r"^test_wrap_pad_": "Pad mode wrap",
     r"^test_resize_.*cubic": "Resize mode cubic",
     r"^test_resize_.*antialias": "Resize with antialias",
     r"^test_resize_tf_crop_and_resize": "Resize with tf_crop_and_resize",

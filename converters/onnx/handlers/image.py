@@ -18,10 +18,7 @@ def _pad(ctx, node):
         for k, a in enumerate(axes):
             full[a], full[rank + a] = pads[k], pads[len(axes) + k]
         pads = tuple(full)
-    mode = node.attr("mode", "constant")
-    if mode == "wrap":
-        raise unsupported(node, "Pad mode 'wrap'")
-    return apply("pad", [x], {"pads": pads, "mode": mode, "value": value}, name=node.outputs[0])
+    return apply("pad", [x], {"pads": pads, "mode": node.attr("mode", "constant"), "value": value}, name=node.outputs[0])
 
 
 @handler("Resize", op="resize")
