@@ -30,7 +30,7 @@ define("max_pool", attrs={**window_attrs(), **_COMMON},
     _pool("max_pool", "Largest element of each window; padding never wins."))
 
 define("avg_pool", types=Types("x: T -> T", T=dtypes.FLOATS),
-       attrs={**window_attrs(dilations=False), **_COMMON, "count_include_pad": Attr(AttrKind.BOOL, False)})(
+       attrs={**window_attrs(), **_COMMON, "count_include_pad": Attr(AttrKind.BOOL, False)})(
     _pool("avg_pool", "Mean of each window; padding counts only with count_include_pad (never the ceil_mode "
                       "overhang)."))
 

@@ -193,3 +193,13 @@ def test_conv_3d_falls_back_with_its_reason(delegate):
     runner(in0=normal(rng, 1, 2, 4, 4, 4), in1=normal(rng, 3, 2, 2, 2, 2))
     assert set(runner.last_plan.placement.values()) == {"cpu"}
     assert "3-D convolution" in next(iter(runner.last_plan.fallbacks.values()))
+
+
+def test_dilated_avg_pool_falls_back_with_its_reason(delegate):
+    rng = np.random.default_rng(0)
+    attrs = {"kernel_shape": (2, 2), "dilations": (2, 2)}
+    model = one_op_model("avg_pool", [normal(rng, 1, 2, 6, 6)], attrs)
+    runner = ef.Interpreter(model, delegates=[delegate]).get_signature_runner("infer")
+    runner(in0=normal(rng, 1, 2, 6, 6))
+    assert set(runner.last_plan.placement.values()) == {"cpu"}
+    assert "dilations" in next(iter(runner.last_plan.fallbacks.values()))

@@ -126,7 +126,6 @@ EXCLUDED = {
     r"^test_training_dropout": "Dropout in training mode (inference graphs only)",
     r"^test_dropout_default_mask": "Dropout's mask output (inference graphs only)",
     r"^test_maxpool_with_argmax_": "MaxPool's Indices output",
-    r"^test_averagepool_.*dilations": "AveragePool with dilations (opset 19): avg_pool has none",
     r"^test_lstm_with_peepholes_": "LSTM peephole weights",
     r"^test_resize_.*cubic": "Resize mode cubic",
     r"^test_resize_.*antialias": "Resize with antialias",

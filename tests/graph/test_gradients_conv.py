@@ -99,9 +99,10 @@ def test_max_pool(case):
 
 
 @pytest.mark.parametrize("count_include_pad", [False, True])
-@pytest.mark.parametrize("case", POOL)
+@pytest.mark.parametrize("case", list(POOL) + ["dilations"])
 def test_avg_pool(case, count_include_pad):
-    x_shape, attrs = POOL[case]
+    x_shape, attrs = POOL.get(case) or ((1, 2, 9, 8), {"kernel_shape": (2, 3), "dilations": (3, 2),
+                                                        "strides": (2, 1), "pads": (1, 1, 2, 0), "ceil_mode": True})
     check_gradients(op("avg_pool", count_include_pad=count_include_pad, **attrs), r(*x_shape))
 
 

@@ -56,13 +56,35 @@ def test_avg_pool(run_op, rng, case, count_include_pad):
           {**attrs, "count_include_pad": count_include_pad}, run_op)
 
 
-@pytest.mark.parametrize("attrs", [
+DILATED = [
     {"kernel_shape": (2, 2), "dilations": (2, 2)},
     {"kernel_shape": (3, 2), "dilations": (2, 3), "strides": (2, 1), "pads": (1, 0, 2, 1)},
     {"kernel_shape": (2, 2), "dilations": (2, 1), "strides": (2, 2), "ceil_mode": True},
-])
+    {"kernel_shape": (3, 3), "dilations": (2, 2), "strides": (3, 2), "pads": (2, 1, 2, 2), "ceil_mode": True},
+]
+
+
+@pytest.mark.parametrize("attrs", DILATED)
 def test_max_pool_dilations(run_op, rng, attrs):
     check("max_pool", rng.standard_normal((1, 3, 9, 8)).astype(np.float32), attrs, run_op)
+
+
+@pytest.mark.parametrize("count_include_pad", [False, True])
+@pytest.mark.parametrize("attrs", DILATED)
+def test_avg_pool_dilations(run_op, rng, attrs, count_include_pad):
+    check("avg_pool", rng.standard_normal((1, 3, 9, 8)).astype(np.float32),
+          {**attrs, "count_include_pad": count_include_pad}, run_op)
+
+
+def test_avg_pool_dilations_closed_form(run_op):
+    """1-D, kernel 2, dilation 3, stride 2, pads 2: window o averages x[2o - 2] and x[2o + 1]
+    where they exist (x[i] = i + 1)."""
+    x = np.arange(1, 8, dtype=np.float64).reshape(1, 1, 7)
+    attrs = {"kernel_shape": (2,), "dilations": (3,), "strides": (2,), "pads": (2, 2)}
+    got = run_op(lambda t: apply("avg_pool", [t], attrs), x)
+    np.testing.assert_allclose(got.ravel(), [2, (1 + 4) / 2, (3 + 6) / 2, 5])
+    got = run_op(lambda t: apply("avg_pool", [t], {**attrs, "count_include_pad": True}), x)
+    np.testing.assert_allclose(got.ravel(), [2 / 2, (1 + 4) / 2, (3 + 6) / 2, 5 / 2])
 
 
 def test_max_pool_padding_never_wins(run_op):
@@ -128,7 +150,7 @@ def test_dynamic_batch_and_spatial(compile_graph, graph, rng):
     ("max_pool", (1, 2, 4, 4), {"kernel_shape": (2, 2), "strides": (1,)}, "strides"),
     ("max_pool", (1, 2, 4, 4), {"kernel_shape": (2, 2), "auto_pad": "same"}, "auto_pad"),
     ("avg_pool", (1, 2, 4, 4), {"kernel_shape": (2, 2), "pads": (1, 1, 1)}, "pads"),
-    ("avg_pool", (1, 2, 4, 4), {"kernel_shape": (2, 2), "dilations": (2, 2)}, "unknown attribute"),
+    ("avg_pool", (1, 2, 4, 4), {"kernel_shape": (2, 2), "dilations": (4, 4)}, "larger"),
 ])
 def test_invalid(graph, op, shape, attrs, message):
     x = ef.placeholder("float32", shape)

@@ -18,9 +18,7 @@ def _max_pool(ctx, node):
 
 @handler("AveragePool", op="avg_pool")
 def _avg_pool(ctx, node):
-    if any(d != 1 for d in node.attr("dilations", ())):
-        raise unsupported(node, "AveragePool with dilations (opset 19)")
     return apply("avg_pool", [ctx.input(node, 0)], {
-        **window_attrs(node, dilations=False), "kernel_shape": tuple(node.attr("kernel_shape")),
+        **window_attrs(node), "kernel_shape": tuple(node.attr("kernel_shape")),
         "ceil_mode": bool(node.attr("ceil_mode", 0)),
         "count_include_pad": bool(node.attr("count_include_pad", 0))}, name=node.outputs[0])

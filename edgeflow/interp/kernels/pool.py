@@ -51,17 +51,18 @@ def _max_pool(ins, outs, attrs):
 def _window_counts(sizes, attrs):
     """Elements each window averages over (spatial shape of the output), as ONNX Runtime counts.
 
-    Padding counts only with count_include_pad, and never the part of a ceil_mode
-    window that hangs past the end padding.
+    A window's taps count where they fall inside the input, or inside the padded input with
+    count_include_pad; never the taps of a ceil_mode window that hang past the end padding.
     """
     kernel_shape = attrs["kernel_shape"]
     out_shape, begin, end = window_geometry("avg_pool", sizes, kernel_shape, attrs, attrs["ceil_mode"])
-    strides = attrs["strides"] or (1,) * len(sizes)
+    strides, dilations, _ = window_params("avg_pool", attrs, len(sizes))
     counts = np.ones(out_shape)
-    for axis, (n, k, s, o, b, e) in enumerate(zip(sizes, kernel_shape, strides, out_shape, begin, end)):
-        start = np.arange(o) * s - b
+    for axis, (n, k, s, d, o, b, e) in enumerate(zip(sizes, kernel_shape, strides, dilations, out_shape,
+                                                     begin, end)):
+        taps = (np.arange(o) * s - b)[:, None] + np.arange(k) * d
         low, high = (-b, n + e) if attrs["count_include_pad"] else (0, n)
-        along = np.minimum(start + k, high) - np.maximum(start, low)
+        along = ((taps >= low) & (taps < high)).sum(1)
         counts = counts * along.reshape((-1,) + (1,) * (len(sizes) - 1 - axis))
     return counts
 
