@@ -125,7 +125,6 @@ EXCLUDED = {
     r"^test_batchnorm_.*_training_mode_": "BatchNormalization in training mode (inference graphs only)",
     r"^test_training_dropout": "Dropout in training mode (inference graphs only)",
     r"^test_dropout_default_mask": "Dropout's mask output (inference graphs only)",
-    r"^test_lstm_with_peepholes_": "LSTM peephole weights",
     r"^test_maxunpool_export_with_output_shape": "MaxUnpool's indices index the output_shape tensor, as "
         "onnxruntime and PyTorch read them (MaxPool's input, which the unpooling restores); ONNX's "
         "reference reads them in the default-shaped output and pads that to output_shape",

@@ -83,6 +83,7 @@ EXAMPLES = {
     "layer_norm": ([S((2, 3)), S((3,)), S((3,))], {}),
     "lstm": (_LSTM, {"hidden_size": 3}),
     "gru": (_GRU, {"hidden_size": 3}),
+    "rnn": ([S((5, 2, 4)), S((1, 3, 4)), S((1, 3, 3))], {"hidden_size": 3}),
     "lstm_grad": (_LSTM + [S((5, 1, 2, 3)), S((1, 2, 3)), S((1, 2, 3))], {"hidden_size": 3}),
     "gru_grad": (_GRU + [S((5, 1, 2, 3)), S((1, 2, 3))], {"hidden_size": 3}),
     **{name: _binary((3,), (3,)) for name in ("assign", "assign_add", "assign_sub")},
