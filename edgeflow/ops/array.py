@@ -376,6 +376,22 @@ def _trilu(inputs, attrs):
     return [TensorSpec(x.shape, x.dtype)]
 
 
+@define("reverse_sequence", attrs={"batch_axis": Attr(AttrKind.INT, 1), "time_axis": Attr(AttrKind.INT, 0)},
+        types=Types("x: T, sequence_lens: int64 -> T", T=dtypes.ANY))
+def _reverse_sequence(inputs, attrs):
+    """The first sequence_lens[b] steps along time_axis reversed in each batch entry b (along
+    batch_axis); later steps unchanged (ONNX's ReverseSequence). Axes are 0 and 1."""
+    x, lens = inputs
+    axes = attrs["batch_axis"], attrs["time_axis"]
+    if x.rank < 2 or sorted(axes) != [0, 1]:
+        raise GraphError(f"reverse_sequence: x must have rank >= 2 and batch_axis, time_axis be 0 and 1 "
+                         f"in some order; got x {fmt(x.shape)}, axes {axes}")
+    if lens.rank != 1 or None not in (lens.shape[0], x.shape[axes[0]]) and lens.shape[0] != x.shape[axes[0]]:
+        raise GraphError(f"reverse_sequence: sequence_lens must hold one length per batch entry "
+                         f"({x.shape[axes[0]]}), got shape {fmt(lens.shape)}")
+    return [TensorSpec(x.shape, x.dtype)]
+
+
 @gradient("gather_elements")
 def _gather_elements_grad(g, op, grads):
     data, indices = op.inputs
@@ -414,3 +430,9 @@ _scatter_grad("scatter_nd", "gather_nd")
 @gradient("trilu")
 def _trilu_grad(g, op, grads):
     return [g("trilu", grads[0], *op.inputs[1:], **op.attrs)] + [None] * (len(op.inputs) - 1)
+
+
+@gradient("reverse_sequence")
+def _reverse_sequence_grad(g, op, grads):
+    """Reversing the same steps again is the inverse (a permutation that is its own)."""
+    return [g("reverse_sequence", grads[0], op.inputs[1], **op.attrs), None]

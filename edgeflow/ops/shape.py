@@ -1,5 +1,5 @@
-"""Ops that make or reshape tensors from shape values: shape, constant_of_shape, range,
-expand, tile, split.
+"""Ops that make or reshape tensors from shape values: shape, constant_of_shape, eye_like,
+range, expand, tile, split.
 
 Operands that decide an output's shape (a target shape, a repeat count, a limit) are
 tensors, as in ONNX. While building, their values may be unknown (they depend on a
@@ -47,6 +47,17 @@ def _constant_of_shape(inputs, attrs):
     if any(d < 0 for d in shape):
         raise GraphError(f"constant_of_shape: negative dimension in {shape}")
     return [TensorSpec(shape, attrs["dtype"])]
+
+
+@define("eye_like", types=Types("x: any -> dtype"),
+        attrs={"k": Attr(AttrKind.INT, 0), "dtype": Attr(AttrKind.DTYPE)})
+def _eye_like(inputs, attrs):
+    """Ones on diagonal k (above the main one for k > 0) of a matrix shaped like x, zeros
+    elsewhere (ONNX's EyeLike)."""
+    x = inputs[0]
+    if x.rank != 2:
+        raise GraphError(f"eye_like: x must be a matrix, got {fmt(x.shape)}")
+    return [TensorSpec(x.shape, attrs["dtype"])]
 
 
 @define("range", types=Types("start: T, limit: T, delta: T -> T", T=dtypes.NUMERIC))

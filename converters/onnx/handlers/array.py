@@ -120,6 +120,13 @@ def _trilu(ctx, node):
                  name=node.outputs[0])
 
 
+@handler("ReverseSequence", op="reverse_sequence")
+def _reverse_sequence(ctx, node):
+    return apply("reverse_sequence", [ctx.input(node, 0), ctx.input(node, 1)],
+                 {"batch_axis": node.attr("batch_axis", 1), "time_axis": node.attr("time_axis", 0)},
+                 name=node.outputs[0])
+
+
 def _blocks(node, x):
     """(N, C, H, W) of DepthToSpace's or SpaceToDepth's input, with C, H and W known."""
     if len(x.shape) != 4 or None in x.shape[1:]:

@@ -28,6 +28,14 @@ def _constant_of_shape(ctx, node):
                  {"value": float(fill.reshape(-1)[0]), "dtype": fill.dtype}, name=node.outputs[0])
 
 
+@handler("EyeLike", op="eye_like")
+def _eye_like(ctx, node):
+    from onnx import helper
+    x = ctx.input(node, 0)
+    dtype = helper.tensor_dtype_to_np_dtype(node.attr("dtype")) if "dtype" in node.attrs else x.dtype
+    return apply("eye_like", [x], {"k": node.attr("k", 0), "dtype": dtype}, name=node.outputs[0])
+
+
 @handler("Range", op="range")
 def _range(ctx, node):
     return apply("range", ctx.inputs(node), name=node.outputs[0])
