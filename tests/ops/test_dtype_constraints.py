@@ -107,6 +107,8 @@ EXAMPLES = {
     **{name: _binary() for name in ("less_equal", "greater_equal")},
     "logical_not": _unary(),
     "hardmax": _unary(),
+    **{name: ([S((2, 3, 4)), S((2, 4), "int64"), S((3,))], {}) for name in ("nll_loss", "softmax_cross_entropy_loss")},
+    "nll_loss_grad": ([S(()), S((2, 3, 4), "int8"), S((2, 4), "int32"), S((3,))], {}),
 }
 
 
