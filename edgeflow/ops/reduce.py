@@ -25,9 +25,12 @@ def _reduction(name):
 
 
 # reduce_l2 is sqrt(sum(x ** 2)); integer norms are left out as rarely meant.
-for _name in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod", "reduce_l2"):
+# reduce_log_sum_exp is log(sum(exp(x))), computed as m + log(sum(exp(x - m))) with m the
+# largest x: no overflow; -inf over an empty set.
+_FLOAT_ONLY = ("reduce_l2", "reduce_log_sum_exp")
+for _name in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod") + _FLOAT_ONLY:
     define(_name, attrs={"axes": Attr(AttrKind.INTS, ()), "keepdims": Attr(AttrKind.BOOL, False)},
-           types=Types("x: T -> T", T=dtypes.FLOATS) if _name == "reduce_l2" else _NUMERIC)(
+           types=Types("x: T -> T", T=dtypes.FLOATS) if _name in _FLOAT_ONLY else _NUMERIC)(
         _reduction(_name))
 
 
@@ -156,6 +159,13 @@ def _reduce_l2_grad(g, op, grads):
     empty = g("equal", y, zero)
     scale = g("where", empty, zero, g("div", kept(g, op, grads[0]), g("where", empty, g.constant(1, y), y)))
     return [g("mul", x, scale)]
+
+
+@gradient("reduce_log_sum_exp")
+def _reduce_log_sum_exp_grad(g, op, grads):
+    """dy * softmax(x) over the reduced axes: dy * exp(x - y)."""
+    x, y = op.inputs[0], kept(g, op, op.outputs[0])
+    return [g("mul", g("exp", g("sub", x, y)), kept(g, op, grads[0]))]
 
 
 @gradient("cumsum")

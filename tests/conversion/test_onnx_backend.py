@@ -32,9 +32,9 @@ CONSTANT_OPERANDS = {
     "Reshape": (1,), "Expand": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
     "Slice": (1, 2, 3, 4), "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,),
     "Pad": (1, 2, 3), "Resize": (1, 2, 3), "TopK": (1,), "CumSum": (1,), "Dropout": (1, 2), "OneHot": (1,),
-    "Clip": (1, 2),
+    "Clip": (1, 2), "CumProd": (1,),
     **{op: (1,) for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
-                           "ReduceL2", "ReduceSumSquare")},
+                           "ReduceL2", "ReduceSumSquare", "ReduceL1", "ReduceLogSum", "ReduceLogSumExp")},
 }
 
 

@@ -99,7 +99,7 @@ def test_layer_norm_of_nearly_constant_rows():
 AXES = [((), False), ((1,), False), ((0, 2), True), ((-1,), True)]
 
 
-@pytest.mark.parametrize("name", ["reduce_min", "reduce_prod", "reduce_l2"])
+@pytest.mark.parametrize("name", ["reduce_min", "reduce_prod", "reduce_l2", "reduce_log_sum_exp"])
 @pytest.mark.parametrize("axes, keepdims", AXES)
 def test_reductions(name, axes, keepdims):
     x = r(3, 4, 5, low=0.5, high=1.5) * rng.choice([-1, 1], (3, 4, 5)) if name == "reduce_prod" else r(3, 4, 5)

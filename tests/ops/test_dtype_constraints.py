@@ -45,7 +45,7 @@ EXAMPLES = {
                                    "log_softmax", "leaky_relu", "hard_sigmoid", "hard_swish", "gelu", "erf",
                                    "softplus", "elu", "selu", "clip", "transpose", "shape",
                                    "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod",
-                                   "reduce_l2", "cumsum", "argmax")},
+                                   "reduce_l2", "reduce_log_sum_exp", "cumsum", "argmax")},
     **{name: _binary() for name in ("add", "sub", "mul", "div", "maximum", "minimum", "pow", "equal", "less",
                                     "greater")},
     "topk": _unary(k=1),

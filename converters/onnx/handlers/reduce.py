@@ -6,7 +6,8 @@ from edgeflow.graph.math_ops import apply
 from . import handler, node_axes, unsupported
 
 _REDUCE = {"ReduceSum": "reduce_sum", "ReduceMean": "reduce_mean", "ReduceMax": "reduce_max",
-           "ReduceMin": "reduce_min", "ReduceProd": "reduce_prod", "ReduceL2": "reduce_l2"}
+           "ReduceMin": "reduce_min", "ReduceProd": "reduce_prod", "ReduceL2": "reduce_l2",
+           "ReduceLogSumExp": "reduce_log_sum_exp"}
 # Global pooling is a reduction over the spatial axes.
 _GLOBAL_POOL = {"GlobalAveragePool": "reduce_mean", "GlobalMaxPool": "reduce_max"}
 
@@ -26,12 +27,27 @@ def _reduce(ctx, node):
     return apply(_REDUCE[node.op_type], [x], attrs, name=out)
 
 
-@handler("ReduceSumSquare", op="reduce_sum")
-def _reduce_sum_square(ctx, node):
-    x = ctx.input(node, 0)
-    square = apply("mul", [x, x], name=f"{node.outputs[0]}/square")
-    return apply("reduce_sum", [square], {"axes": node_axes(ctx, node),
-                                          "keepdims": bool(node.attr("keepdims", 1))}, name=node.outputs[0])
+# Reductions spelled as a sum between elementwise ops, as ONNX's function bodies spell
+# them: ONNX type -> (op before the sum, op after it); "square" is x * x.
+_AROUND_SUM = {"ReduceSumSquare": ("square", None), "ReduceL1": ("abs", None), "ReduceLogSum": (None, "log")}
+
+
+@handler({op_type: "reduce_sum" for op_type in _AROUND_SUM})
+def _around_sum(ctx, node):
+    """With noop_with_empty_axes and no axes, the sum is left out (the elementwise ops stay)."""
+    x, out = ctx.input(node, 0), node.outputs[0]
+    axes = node_axes(ctx, node)
+    before, after = _AROUND_SUM[node.op_type]
+    noop = not axes and node.attr("noop_with_empty_axes", 0)
+    steps = [s for s in (before, None if noop else "reduce_sum", after) if s is not None]
+    for i, step in enumerate(steps):
+        name = out if i == len(steps) - 1 else f"{out}/{step}"
+        if step == "square":
+            x = apply("mul", [x, x], name=name)
+        else:
+            attrs = {"axes": axes, "keepdims": bool(node.attr("keepdims", 1))} if step == "reduce_sum" else {}
+            x = apply(step, [x], attrs, name=name)
+    return x
 
 
 @handler(_GLOBAL_POOL)

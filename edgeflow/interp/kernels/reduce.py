@@ -33,6 +33,13 @@ def _l2(x, axis, keepdims):
     return np.sqrt(np.sum(np.square(x), axis=axis, keepdims=keepdims))
 
 
+def _log_sum_exp(x, axis, keepdims):
+    top = np.max(x, axis=axis, keepdims=True, initial=-np.inf)
+    top[~np.isfinite(top)] = 0  # all -inf (or an inf, or NaN): nothing to shift by
+    total = np.log(np.sum(np.exp(x - top), axis=axis, keepdims=True)) + top
+    return total if keepdims else np.squeeze(total, axis)
+
+
 def _lowest(dtype):
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
@@ -55,6 +62,7 @@ kernel("reduce_max")(_reduction(_starting_at(np.max, _lowest)))
 kernel("reduce_min")(_reduction(_starting_at(np.min, _highest)))
 kernel("reduce_prod")(_reduction(_in_float32_for_float16(np.prod)))
 kernel("reduce_l2")(_reduction(_in_float32_for_float16(_l2)))
+kernel("reduce_log_sum_exp")(_reduction(_in_float32_for_float16(_log_sum_exp)))
 
 
 def _last(fn):
