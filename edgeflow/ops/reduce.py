@@ -60,19 +60,26 @@ def _argmin(inputs, attrs):
     return _arg_index("argmin", inputs, attrs)
 
 
-@define("cumsum", types=_NUMERIC, attrs={"axis": Attr(AttrKind.INT, 0), "exclusive": Attr(AttrKind.BOOL, False),
-                                          "reverse": Attr(AttrKind.BOOL, False)})
-def _cumsum(inputs, attrs):
-    """Running sums along `axis`, as ONNX's CumSum.
+# op -> (what runs, ONNX's op, the first value of an exclusive run)
+_RUNNING = {"cumsum": ("sums", "CumSum", 0), "cumprod": ("products", "CumProd", 1)}
 
-    exclusive: each sum leaves out its own element (the first is 0); reverse: the sums
-    run from the end of the axis toward its start.
-    """
-    x = inputs[0]
-    if x.rank == 0:
-        raise GraphError("cumsum: input must have rank >= 1")
-    normalize_axis(attrs["axis"], x.rank, "cumsum")
-    return [TensorSpec(x.shape, x.dtype)]
+
+def _running(name):
+    def infer(inputs, attrs):
+        x = inputs[0]
+        if x.rank == 0:
+            raise GraphError(f"{name}: input must have rank >= 1")
+        normalize_axis(attrs["axis"], x.rank, name)
+        return [TensorSpec(x.shape, x.dtype)]
+    what, onnx_op, first = _RUNNING[name]
+    infer.__doc__ = (f"Running {what} along `axis`, as ONNX's {onnx_op}. exclusive: each leaves out its own "
+                     f"element (the first is {first}); reverse: they run from the end of the axis toward its start.")
+    return infer
+
+
+for _name in _RUNNING:
+    define(_name, types=_NUMERIC, attrs={"axis": Attr(AttrKind.INT, 0), "exclusive": Attr(AttrKind.BOOL, False),
+                                         "reverse": Attr(AttrKind.BOOL, False)})(_running(_name))
 
 
 @define("topk", types=Types("x: T -> values: T, indices: int64", T=dtypes.NUMERIC),

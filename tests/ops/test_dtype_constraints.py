@@ -45,7 +45,7 @@ EXAMPLES = {
                                    "log_softmax", "leaky_relu", "hard_sigmoid", "hard_swish", "gelu", "erf",
                                    "softplus", "elu", "selu", "clip", "transpose", "shape",
                                    "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod",
-                                   "reduce_l2", "reduce_log_sum_exp", "cumsum", "argmax")},
+                                   "reduce_l2", "reduce_log_sum_exp", "cumsum", "cumprod", "argmax")},
     **{name: _binary() for name in ("add", "sub", "mul", "div", "maximum", "minimum", "pow", "equal", "less",
                                     "greater")},
     "topk": _unary(k=1),
@@ -107,6 +107,7 @@ EXAMPLES = {
     **{name: _binary() for name in ("less_equal", "greater_equal")},
     "logical_not": _unary(),
     "hardmax": _unary(),
+    "det": _unary((2, 3, 3)),
     **{name: ([S((2, 3, 4)), S((2, 4), "int64"), S((3,))], {}) for name in ("nll_loss", "softmax_cross_entropy_loss")},
     "nll_loss_grad": ([S(()), S((2, 3, 4), "int8"), S((2, 4), "int32"), S((3,))], {}),
 }

@@ -64,12 +64,15 @@ def _arg_index(ctx, node):
     return apply(node.op_type.lower(), [ctx.input(node, 0)], attrs, name=node.outputs[0])
 
 
-@handler("CumSum", op="cumsum")
-def _cumsum(ctx, node):
+_RUNNING = {"CumSum": "cumsum", "CumProd": "cumprod"}
+
+
+@handler(_RUNNING)
+def _running(ctx, node):
     axis = int(np.asarray(ctx.constant(node, 1, "axis")).reshape(()))
-    return apply("cumsum", [ctx.input(node, 0)], {"axis": axis, "exclusive": bool(node.attr("exclusive", 0)),
-                                                  "reverse": bool(node.attr("reverse", 0))},
-                 name=node.outputs[0])
+    return apply(_RUNNING[node.op_type], [ctx.input(node, 0)], {
+        "axis": axis, "exclusive": bool(node.attr("exclusive", 0)), "reverse": bool(node.attr("reverse", 0))},
+        name=node.outputs[0])
 
 
 @handler("TopK", op="topk")

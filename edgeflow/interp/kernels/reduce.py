@@ -84,31 +84,39 @@ kernel("argmax")(_arg_index(np.argmax))
 kernel("argmin")(_arg_index(np.argmin))
 
 
-def _running_sum(x, axis, out):
-    if out.dtype == np.float16:  # sum in float32, round once
-        np.copyto(out, np.cumsum(x, axis, np.float32), casting="unsafe")
-    else:
-        np.cumsum(x, axis, out.dtype, out)
+def _running(fn):
+    """fn (np.cumsum or np.cumprod) into out; in float32 for float16, rounded once."""
+    def run(x, axis, out):
+        if out.dtype == np.float16:
+            np.copyto(out, fn(x, axis, np.float32), casting="unsafe")
+        else:
+            fn(x, axis, out.dtype, out)
+    return run
 
 
-def _exclusive_running_sum(x, axis, first, rest):
-    first.fill(0)
-    _running_sum(x, axis, rest)
+def _exclusive(run, identity, x, axis, first, rest):
+    first.fill(identity)
+    run(x, axis, rest)
 
 
-@kernel("cumsum")
-def _cumsum(ins, outs, attrs):
-    x, out = ins[0], outs[0]
-    axis = attrs["axis"] % x.ndim
-    if attrs["reverse"]:  # a running sum over flipped views runs from the end
-        x, out = np.flip(x, axis), np.flip(out, axis)
-    if not attrs["exclusive"]:
-        return partial(_running_sum, x, axis, out)
+def _running_kernel(fn, identity):
+    def make(ins, outs, attrs):
+        x, out = ins[0], outs[0]
+        axis = attrs["axis"] % x.ndim
+        if attrs["reverse"]:  # a running sum over flipped views runs from the end
+            x, out = np.flip(x, axis), np.flip(out, axis)
+        if not attrs["exclusive"]:
+            return partial(_running(fn), x, axis, out)
 
-    def along(part):
-        return (slice(None),) * axis + (part,)
-    return partial(_exclusive_running_sum, x[along(slice(None, -1))], axis,
-                   out[along(slice(None, 1))], out[along(slice(1, None))])
+        def along(part):
+            return (slice(None),) * axis + (part,)
+        return partial(_exclusive, _running(fn), identity, x[along(slice(None, -1))], axis,
+                       out[along(slice(None, 1))], out[along(slice(1, None))])
+    return make
+
+
+kernel("cumsum")(_running_kernel(np.cumsum, 0))
+kernel("cumprod")(_running_kernel(np.cumprod, 1))
 
 
 def _selection(rows, kth, largest):
