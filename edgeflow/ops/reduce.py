@@ -182,6 +182,27 @@ def _cumsum_grad(g, op, grads):
               reverse=not op.attrs["reverse"])]
 
 
+@gradient("cumprod")
+def _cumprod_grad(g, op, grads):
+    """dx_i = sum of dy_j * y_j / x_i over the products y_j that hold x_i: a running sum the
+    other way, divided by x_i. Not dividing by 0: past a line's first zero every product
+    holds it (0); at it, the products are those of x with that zero made 1."""
+    x, y, dy = op.inputs[0], op.outputs[0], grads[0]
+    run = {"axis": op.attrs["axis"], "exclusive": op.attrs["exclusive"]}
+    back = {**run, "reverse": not op.attrs["reverse"]}
+    zero, one = g.constant(0, x), g.constant(1, x)
+    is_zero = g("equal", x, zero)
+    zeros_before = g("cumsum", g("cast", is_zero, dtype=x.dtype), axis=run["axis"], exclusive=True,
+                     reverse=op.attrs["reverse"])
+    no_zero_before = g("equal", zeros_before, zero)
+    first_zero = g("logical_and", is_zero, no_zero_before)
+    x_safe = g("where", no_zero_before, g("where", first_zero, one, x), one)
+    before = g("div", g("cumsum", g("mul", dy, y), **back), x_safe)
+    y_at = g("cumprod", g("where", first_zero, one, x), **run, reverse=op.attrs["reverse"])
+    at = g("cumsum", g("mul", dy, y_at), **back)
+    return [g("where", first_zero, at, g("where", no_zero_before, before, zero))]
+
+
 @gradient("argmax", "argmin")
 def _argmax_grad(g, op, grads):
     return [None]  # piecewise constant in x

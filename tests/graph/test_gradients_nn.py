@@ -134,6 +134,23 @@ def test_cumsum(axis, exclusive, reverse):
     check_gradients(op("cumsum", axis=axis, exclusive=exclusive, reverse=reverse), r(3, 4, 2))
 
 
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("exclusive", [False, True])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_cumprod(axis, exclusive, reverse):
+    check_gradients(op("cumprod", axis=axis, exclusive=exclusive, reverse=reverse), r(3, 4, 2))
+
+
+@pytest.mark.parametrize("exclusive", [False, True])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_cumprod_with_zeros(exclusive, reverse):
+    """No zero, one (first, inside, last) and two per line: a polynomial in each x, so
+    central differences are exact."""
+    x = r(6, 5)
+    x[1, 0] = x[2, 2] = x[3, 4] = x[4, 1] = x[4, 3] = x[5, 2] = x[5, 3] = 0
+    check_gradients(op("cumprod", axis=1, exclusive=exclusive, reverse=reverse), x, max_elements=30)
+
+
 @pytest.mark.parametrize("shape, k, axis, largest", [
     ((3, 6), 2, -1, True), ((3, 6), 3, 0, False), ((2, 5, 3), 4, 1, True), ((7,), 7, 0, False),
     ((2, 3, 4), 1, 0, True),
