@@ -144,3 +144,4 @@ def test_log_sum_exp_does_not_overflow(run_op, dtype):
     assert_close(run_op(reduction("reduce_log_sum_exp", (1,)), x), expected, dtype)
     empty = run_op(reduction("reduce_log_sum_exp", (1,), True), np.zeros((2, 0, 3), dtype))
     assert_close(empty, np.full((2, 1, 3), -np.inf), dtype)
+    assert_close(run_op(reduction("reduce_log_sum_exp"), np.array(-np.inf, dtype)), -np.inf, dtype)

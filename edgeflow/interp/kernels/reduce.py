@@ -35,7 +35,7 @@ def _l2(x, axis, keepdims):
 
 def _log_sum_exp(x, axis, keepdims):
     top = np.max(x, axis=axis, keepdims=True, initial=-np.inf)
-    top[~np.isfinite(top)] = 0  # all -inf (or an inf, or NaN): nothing to shift by
+    top = np.where(np.isfinite(top), top, 0)  # all -inf (or an inf, or NaN): nothing to shift by
     total = np.log(np.sum(np.exp(x - top), axis=axis, keepdims=True)) + top
     return total if keepdims else np.squeeze(total, axis)
 
