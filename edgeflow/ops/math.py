@@ -106,6 +106,15 @@ def _matmul(inputs, attrs):
     return [TensorSpec(broadcast(sa[:-2], sb[:-2]) + rows + cols, a.dtype)]
 
 
+@define("det", types=Types("x: T -> T", T=FLOATS))
+def _det(inputs, attrs):
+    """Determinants of the square matrices in the last two axes (ONNX's Det): (*, M, M) -> (*)."""
+    x = inputs[0]
+    if x.rank < 2 or (None not in x.shape[-2:] and x.shape[-2] != x.shape[-1]):
+        raise GraphError(f"det: input must be (*, M, M), square in its last two axes, got {fmt(x.shape)}")
+    return [TensorSpec(x.shape[:-2], x.dtype)]
+
+
 # -- gradients -----------------------------------------------------------------------------
 
 @gradient("add")

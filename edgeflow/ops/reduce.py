@@ -32,9 +32,12 @@ def _reduction(name):
 
 
 # reduce_l2 is sqrt(sum(x ** 2)); integer norms are left out as rarely meant.
-for _name in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod", "reduce_l2"):
+# reduce_log_sum_exp is log(sum(exp(x))), computed as m + log(sum(exp(x - m))) with m the
+# largest x: no overflow; -inf over an empty set.
+_FLOAT_ONLY = ("reduce_l2", "reduce_log_sum_exp")
+for _name in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod") + _FLOAT_ONLY:
     define(_name, attrs={"axes": Attr(AttrKind.INTS, ()), "keepdims": Attr(AttrKind.BOOL, False)},
-           types=Types("x: T, axes: index? -> T", T=dtypes.FLOATS if _name == "reduce_l2" else dtypes.NUMERIC),
+           types=Types("x: T, axes: index? -> T", T=dtypes.FLOATS if _name in _FLOAT_ONLY else dtypes.NUMERIC),
            operands=("axes",), unknown=_reduced_unknown)(
         _reduction(_name))
 
@@ -69,20 +72,27 @@ def _same_shape(own, attrs, operands):
     return [TensorSpec(own[0].shape, own[0].dtype)]
 
 
-@define("cumsum", types=Types("x: T, axis: index? -> T", T=dtypes.NUMERIC), operands=("axis",),
-        unknown=_same_shape, attrs={"axis": Attr(AttrKind.INT, 0), "exclusive": Attr(AttrKind.BOOL, False),
-                                    "reverse": Attr(AttrKind.BOOL, False)})
-def _cumsum(inputs, attrs):
-    """Running sums along `axis`, as ONNX's CumSum.
+# op -> (what runs, ONNX's op, the first value of an exclusive run)
+_RUNNING = {"cumsum": ("sums", "CumSum", 0), "cumprod": ("products", "CumProd", 1)}
 
-    exclusive: each sum leaves out its own element (the first is 0); reverse: the sums
-    run from the end of the axis toward its start.
-    """
-    x = inputs[0]
-    if x.rank == 0:
-        raise GraphError("cumsum: input must have rank >= 1")
-    normalize_axis(attrs["axis"], x.rank, "cumsum")
-    return [TensorSpec(x.shape, x.dtype)]
+
+def _running(name):
+    def infer(inputs, attrs):
+        x = inputs[0]
+        if x.rank == 0:
+            raise GraphError(f"{name}: input must have rank >= 1")
+        normalize_axis(attrs["axis"], x.rank, name)
+        return [TensorSpec(x.shape, x.dtype)]
+    what, onnx_op, first = _RUNNING[name]
+    infer.__doc__ = (f"Running {what} along `axis`, as ONNX's {onnx_op}. exclusive: each leaves out its own "
+                     f"element (the first is {first}); reverse: they run from the end of the axis toward its start.")
+    return infer
+
+
+for _name in _RUNNING:
+    define(_name, types=Types("x: T, axis: index? -> T", T=dtypes.NUMERIC), operands=("axis",), unknown=_same_shape,
+           attrs={"axis": Attr(AttrKind.INT, 0), "exclusive": Attr(AttrKind.BOOL, False),
+                  "reverse": Attr(AttrKind.BOOL, False)})(_running(_name))
 
 
 def _k_unknown(own, attrs, operands):
@@ -179,11 +189,39 @@ def _reduce_l2_grad(g, op, grads):
     return [g("mul", x, scale)]
 
 
+@gradient("reduce_log_sum_exp")
+def _reduce_log_sum_exp_grad(g, op, grads):
+    """dy * softmax(x) over the reduced axes: dy * exp(x - y)."""
+    x, y = op.inputs[0], kept(g, op, op.outputs[0])
+    return [g("mul", g("exp", g("sub", x, y)), kept(g, op, grads[0]))]
+
+
 @gradient("cumsum")
 def _cumsum_grad(g, op, grads):
     """Each x reaches the sums after it (before it, if reverse): a running sum the other way."""
     return [g("cumsum", grads[0], axis=op.attrs["axis"], exclusive=op.attrs["exclusive"],
               reverse=not op.attrs["reverse"])]
+
+
+@gradient("cumprod")
+def _cumprod_grad(g, op, grads):
+    """dx_i = sum of dy_j * y_j / x_i over the products y_j that hold x_i: a running sum the
+    other way, divided by x_i. Not dividing by 0: past a line's first zero every product
+    holds it (0); at it, the products are those of x with that zero made 1."""
+    x, y, dy = op.inputs[0], op.outputs[0], grads[0]
+    run = {"axis": op.attrs["axis"], "exclusive": op.attrs["exclusive"]}
+    back = {**run, "reverse": not op.attrs["reverse"]}
+    zero, one = g.constant(0, x), g.constant(1, x)
+    is_zero = g("equal", x, zero)
+    zeros_before = g("cumsum", g("cast", is_zero, dtype=x.dtype), axis=run["axis"], exclusive=True,
+                     reverse=op.attrs["reverse"])
+    no_zero_before = g("equal", zeros_before, zero)
+    first_zero = g("logical_and", is_zero, no_zero_before)
+    x_safe = g("where", no_zero_before, g("where", first_zero, one, x), one)
+    before = g("div", g("cumsum", g("mul", dy, y), **back), x_safe)
+    y_at = g("cumprod", g("where", first_zero, one, x), **run, reverse=op.attrs["reverse"])
+    at = g("cumsum", g("mul", dy, y_at), **back)
+    return [g("where", first_zero, at, g("where", no_zero_before, before, zero))]
 
 
 @gradient("argmax", "argmin")

@@ -99,7 +99,7 @@ def test_layer_norm_of_nearly_constant_rows():
 AXES = [((), False), ((1,), False), ((0, 2), True), ((-1,), True)]
 
 
-@pytest.mark.parametrize("name", ["reduce_min", "reduce_prod", "reduce_l2"])
+@pytest.mark.parametrize("name", ["reduce_min", "reduce_prod", "reduce_l2", "reduce_log_sum_exp"])
 @pytest.mark.parametrize("axes, keepdims", AXES)
 def test_reductions(name, axes, keepdims):
     x = r(3, 4, 5, low=0.5, high=1.5) * rng.choice([-1, 1], (3, 4, 5)) if name == "reduce_prod" else r(3, 4, 5)
@@ -132,6 +132,23 @@ def test_reduce_min_splits_ties_and_l2_of_zeros_is_zero():
 @pytest.mark.parametrize("reverse", [False, True])
 def test_cumsum(axis, exclusive, reverse):
     check_gradients(op("cumsum", axis=axis, exclusive=exclusive, reverse=reverse), r(3, 4, 2))
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("exclusive", [False, True])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_cumprod(axis, exclusive, reverse):
+    check_gradients(op("cumprod", axis=axis, exclusive=exclusive, reverse=reverse), r(3, 4, 2))
+
+
+@pytest.mark.parametrize("exclusive", [False, True])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_cumprod_with_zeros(exclusive, reverse):
+    """No zero, one (first, inside, last) and two per line: a polynomial in each x, so
+    central differences are exact."""
+    x = r(6, 5)
+    x[1, 0] = x[2, 2] = x[3, 4] = x[4, 1] = x[4, 3] = x[5, 2] = x[5, 3] = 0
+    check_gradients(op("cumprod", axis=1, exclusive=exclusive, reverse=reverse), x, max_elements=30)
 
 
 @pytest.mark.parametrize("shape, k, axis, largest", [

@@ -45,7 +45,7 @@ EXAMPLES = {
                                    "log_softmax", "leaky_relu", "hard_sigmoid", "hard_swish", "gelu", "erf",
                                    "softplus", "elu", "selu", "clip", "transpose", "shape",
                                    "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod",
-                                   "reduce_l2", "cumsum", "argmax")},
+                                   "reduce_l2", "reduce_log_sum_exp", "cumsum", "cumprod", "argmax")},
     **{name: _binary() for name in ("add", "sub", "mul", "div", "maximum", "minimum", "pow", "equal", "less",
                                     "greater")},
     "topk": _unary(k=1),
@@ -124,6 +124,9 @@ EXAMPLES = {
     "stft": ([S((1, 16, 1)), S((), "int64", 4), S((), "int64", 8), S((8,))], {}),
     "window": ([S((), D, 8)], {"kind": "hann"}),
     "mel_weight_matrix": ([S((), D, 4), S((), D, 16), S((), D, 8000), S((), "float32", 0), S((), "float32", 4000)], {}),
+    "det": _unary((2, 3, 3)),
+    **{name: ([S((2, 3, 4)), S((2, 4), "int64"), S((3,))], {}) for name in ("nll_loss", "softmax_cross_entropy_loss")},
+    "nll_loss_grad": ([S(()), S((2, 3, 4), "int8"), S((2, 4), "int32"), S((3,))], {}),
 }
 
 # Ops whose inference takes fewer dtypes than their declaration admits (a constraint that

@@ -1,4 +1,4 @@
-"""reduce_l2, reduce_prod and reduce_min: against onnxruntime and element-by-element loops."""
+"""reduce_l2, reduce_log_sum_exp, reduce_prod and reduce_min: against onnxruntime and element-by-element loops."""
 import math
 
 import numpy as np
@@ -24,6 +24,8 @@ REDUCTIONS = {
     "reduce_l2": ("ReduceL2", lambda vs: math.sqrt(sum(v * v for v in vs)), FLOATS, FLOATS),
     "reduce_prod": ("ReduceProd", math.prod, ALL_NUMERIC, FLOATS + ("int32", "int64")),
     "reduce_min": ("ReduceMin", min, ALL_NUMERIC, FLOATS + ("int8", "int32", "int64", "uint8")),
+    "reduce_log_sum_exp": ("ReduceLogSumExp", lambda vs: math.log(math.fsum(math.exp(v) for v in vs)), FLOATS,
+                           FLOATS),
 }
 
 
@@ -123,6 +125,23 @@ def test_invalid_inputs(graph, name):
         apply(name, [x], {"keepdims": "yes"})
 
 
-def test_l2_rejects_integers(graph):
+@pytest.mark.parametrize("name", ["reduce_l2", "reduce_log_sum_exp"])
+def test_float_only_reductions_reject_integers(graph, name):
     with pytest.raises(GraphError, match="dtype int32 not supported"):
-        apply("reduce_l2", [ef.placeholder("int32", SHAPE)])
+        apply(name, [ef.placeholder("int32", SHAPE)])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_log_sum_exp_does_not_overflow(run_op, dtype):
+    """Past exp's range (float64 to 709, float16 to 11) and at -inf, inf and NaN; -inf over
+    an empty set."""
+    top = {"float16": 60000.0, "float32": 1e30, "float64": 1e300}[dtype]
+    x = np.array([[top, top, -np.inf], [-np.inf, -np.inf, -np.inf], [1000, 1000 + np.log(3), -1000],
+                  [np.inf, 1, 2], [np.nan, 1, 2]], dtype)
+    with np.errstate(over="ignore"):
+        a, b = float(x[2, 0]), float(x[2, 1])  # as rounded to dtype
+        expected = [float(x[0, 0]) + math.log(2), -math.inf, b + math.log1p(math.exp(a - b)), math.inf, math.nan]
+    assert_close(run_op(reduction("reduce_log_sum_exp", (1,)), x), expected, dtype)
+    empty = run_op(reduction("reduce_log_sum_exp", (1,), True), np.zeros((2, 0, 3), dtype))
+    assert_close(empty, np.full((2, 1, 3), -np.inf), dtype)
+    assert_close(run_op(reduction("reduce_log_sum_exp"), np.array(-np.inf, dtype)), -np.inf, dtype)

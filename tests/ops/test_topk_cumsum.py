@@ -1,4 +1,4 @@
-"""cumsum (exclusive, reverse) and topk (ties, largest, axis): against onnxruntime and loops."""
+"""cumsum and cumprod (exclusive, reverse) and topk (ties, largest, axis): against onnxruntime and loops."""
 import itertools
 
 import numpy as np
@@ -107,6 +107,56 @@ def test_cumsum_invalid(graph):
         cumsum(0)(ef.placeholder("float32", ()))
     with pytest.raises(GraphError, match="not supported"):
         cumsum(0)(ef.placeholder("bool", (3,)))
+
+
+# -- cumprod -----------------------------------------------------------------------------
+
+def running_products(values, exclusive, reverse):
+    if reverse:
+        return running_products(values[::-1], exclusive, False)[::-1]
+    out, total = [], 1
+    for v in values:
+        if exclusive:
+            out.append(total)
+        total *= v
+        if not exclusive:
+            out.append(total)
+    return out
+
+
+def cumprod(axis, exclusive=False, reverse=False):
+    return lambda t: apply("cumprod", [t], {"axis": axis, "exclusive": exclusive, "reverse": reverse})
+
+
+@pytest.mark.parametrize("exclusive,reverse", FLAGS)
+@pytest.mark.parametrize("axis", [0, 1, 2, -1, -3])
+def test_cumprod_matches_onnxruntime(run_op, rng, axis, exclusive, reverse):
+    x = random_array(rng, SHAPE, "float32", -2, 2)
+    expected, = onnx_reference("CumProd", [x, np.array(axis, np.int64)], ["float32"], opset=26,
+                               exclusive=int(exclusive), reverse=int(reverse))
+    assert_close(run_op(cumprod(axis, exclusive, reverse), x), expected, np.float32)
+
+
+@pytest.mark.parametrize("dtype", ALL_NUMERIC)
+def test_cumprod_dtypes_match_loops(run_op, rng, dtype):
+    x = random_array(rng, SHAPE, dtype, -3, 4)  # int8 products wrap, as the dtype does
+    for (exclusive, reverse), axis in itertools.product(FLAGS, (0, -1)):
+        expected = along(x, axis, lambda line: running_products(line, exclusive, reverse))
+        if np.dtype(dtype).kind in "iu":
+            expected = expected.astype(np.int64).astype(dtype)  # wrapped once at the end, as Python ints do
+        assert_close(run_op(cumprod(axis, exclusive, reverse), x), expected, dtype)
+
+
+def test_cumprod_float16_rounds_once_per_product(run_op):
+    x = np.full(300, 1.01, np.float16)  # 1.00977 each; multiplied in float16 the error grows
+    assert_close(run_op(cumprod(0), x), np.cumprod(x.astype(np.float64)), np.float16)
+
+
+@pytest.mark.parametrize("exclusive,reverse", FLAGS)
+def test_cumprod_short_and_empty_axes(run_op, exclusive, reverse):
+    one = np.array([[5.0], [7.0]], np.float32)
+    assert_close(run_op(cumprod(1, exclusive, reverse), one), [[1], [1]] if exclusive else one, np.float32)
+    assert run_op(cumprod(1, exclusive, reverse), np.zeros((3, 0), np.float32)).shape == (3, 0)
 
 
 # -- topk --------------------------------------------------------------------------------

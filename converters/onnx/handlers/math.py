@@ -82,6 +82,11 @@ def _matmul(ctx, node):
     return apply("matmul", [ctx.input(node, 0), ctx.input(node, 1)], name=node.outputs[0])
 
 
+@handler("Det", op="det")
+def _det(ctx, node):
+    return apply("det", [ctx.input(node, 0)], name=node.outputs[0])
+
+
 @handler("Gemm", op="matmul")
 def _gemm(ctx, node):
     """alpha * A' @ B' + beta * C, as matmul (with transposes), scale and bias add."""

@@ -6,7 +6,8 @@ from edgeflow.graph.math_ops import apply
 from . import attrs_or_operands, first_int, handler, ints, unsupported
 
 _REDUCE = {"ReduceSum": "reduce_sum", "ReduceMean": "reduce_mean", "ReduceMax": "reduce_max",
-           "ReduceMin": "reduce_min", "ReduceProd": "reduce_prod", "ReduceL2": "reduce_l2"}
+           "ReduceMin": "reduce_min", "ReduceProd": "reduce_prod", "ReduceL2": "reduce_l2",
+           "ReduceLogSumExp": "reduce_log_sum_exp"}
 # Global pooling is a reduction over the spatial axes.
 _GLOBAL_POOL = {"GlobalAveragePool": "reduce_mean", "GlobalMaxPool": "reduce_max"}
 
@@ -37,14 +38,28 @@ def _reduce(ctx, node):
     return apply(_REDUCE[node.op_type], [x, *operands], attrs, name=out)
 
 
-@handler("ReduceSumSquare", op="reduce_sum")
-def _reduce_sum_square(ctx, node):
-    x = ctx.input(node, 0)
+# Reductions spelled as a sum between elementwise ops, as ONNX's function bodies spell
+# them: ONNX type -> (op before the sum, op after it); "square" is x * x.
+_AROUND_SUM = {"ReduceSumSquare": ("square", None), "ReduceL1": ("abs", None), "ReduceLogSum": (None, "log")}
+
+
+@handler({op_type: "reduce_sum" for op_type in _AROUND_SUM})
+def _around_sum(ctx, node):
+    """With noop_with_empty_axes and no axes, the sum is left out (the elementwise ops stay)."""
+    x, out = ctx.input(node, 0), node.outputs[0]
     attrs, operands = _axes(ctx, node)
-    if "axes" in attrs and not attrs["axes"] and node.attr("noop_with_empty_axes", 0):
-        return apply("mul", [x, x], name=node.outputs[0])
-    square = apply("mul", [x, x], name=f"{node.outputs[0]}/square")
-    return apply("reduce_sum", [square, *operands], attrs, name=node.outputs[0])
+    before, after = _AROUND_SUM[node.op_type]
+    noop = "axes" in attrs and not attrs["axes"] and node.attr("noop_with_empty_axes", 0)
+    steps = [s for s in (before, None if noop else "reduce_sum", after) if s is not None]
+    for i, step in enumerate(steps):
+        name = out if i == len(steps) - 1 else f"{out}/{step}"
+        if step == "square":
+            x = apply("mul", [x, x], name=name)
+        elif step == "reduce_sum":
+            x = apply(step, [x, *operands], attrs, name=name)
+        else:
+            x = apply(step, [x], name=name)
+    return x
 
 
 @handler(_GLOBAL_POOL)
@@ -61,12 +76,15 @@ def _arg_index(ctx, node):
     return apply(node.op_type.lower(), [ctx.input(node, 0)], attrs, name=node.outputs[0])
 
 
-@handler("CumSum", op="cumsum")
-def _cumsum(ctx, node):
+_RUNNING = {"CumSum": "cumsum", "CumProd": "cumprod"}
+
+
+@handler(_RUNNING)
+def _running(ctx, node):
     attrs, operands = attrs_or_operands(ctx, node, {"axis": (1, first_int)})
-    return apply("cumsum", [ctx.input(node, 0), *operands], {**attrs, "exclusive": bool(node.attr("exclusive", 0)),
-                                                             "reverse": bool(node.attr("reverse", 0))},
-                 name=node.outputs[0])
+    return apply(_RUNNING[node.op_type], [ctx.input(node, 0), *operands], {
+        **attrs, "exclusive": bool(node.attr("exclusive", 0)), "reverse": bool(node.attr("reverse", 0))},
+        name=node.outputs[0])
 
 
 @handler("TopK", op="topk")

@@ -40,5 +40,5 @@ def evaluate(opcode, attrs, values, specs):
     return outs
 
 
-from . import (activations, array, conv, einsum, image, math, nn, norm, pool, reduce,  # noqa: E402,F401
-               quantize, random, rnn, select, shape, signal, state)  # (registration)
+from . import (activations, array, conv, einsum, image, loss, math, nn, norm, pool,  # noqa: E402,F401
+               quantize, random, reduce, rnn, select, shape, signal, state)  # (registration)

@@ -33,6 +33,13 @@ def _l2(x, axis, keepdims):
     return np.sqrt(np.sum(np.square(x), axis=axis, keepdims=keepdims))
 
 
+def _log_sum_exp(x, axis, keepdims):
+    top = np.max(x, axis=axis, keepdims=True, initial=-np.inf)
+    top = np.where(np.isfinite(top), top, 0)  # all -inf (or an inf, or NaN): nothing to shift by
+    total = np.log(np.sum(np.exp(x - top), axis=axis, keepdims=True)) + top
+    return total if keepdims else np.squeeze(total, axis)
+
+
 def _lowest(dtype):
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
@@ -55,6 +62,7 @@ kernel("reduce_max")(_reduction(_starting_at(np.max, _lowest)))
 kernel("reduce_min")(_reduction(_starting_at(np.min, _highest)))
 kernel("reduce_prod")(_reduction(_in_float32_for_float16(np.prod)))
 kernel("reduce_l2")(_reduction(_in_float32_for_float16(_l2)))
+kernel("reduce_log_sum_exp")(_reduction(_in_float32_for_float16(_log_sum_exp)))
 
 
 def _last(fn):
@@ -76,31 +84,39 @@ kernel("argmax")(_arg_index(np.argmax))
 kernel("argmin")(_arg_index(np.argmin))
 
 
-def _running_sum(x, axis, out):
-    if out.dtype == np.float16:  # sum in float32, round once
-        np.copyto(out, np.cumsum(x, axis, np.float32), casting="unsafe")
-    else:
-        np.cumsum(x, axis, out.dtype, out)
+def _running(fn):
+    """fn (np.cumsum or np.cumprod) into out; in float32 for float16, rounded once."""
+    def run(x, axis, out):
+        if out.dtype == np.float16:
+            np.copyto(out, fn(x, axis, np.float32), casting="unsafe")
+        else:
+            fn(x, axis, out.dtype, out)
+    return run
 
 
-def _exclusive_running_sum(x, axis, first, rest):
-    first.fill(0)
-    _running_sum(x, axis, rest)
+def _exclusive(run, identity, x, axis, first, rest):
+    first.fill(identity)
+    run(x, axis, rest)
 
 
-@kernel("cumsum")
-def _cumsum(ins, outs, attrs):
-    x, out = ins[0], outs[0]
-    axis = attrs["axis"] % x.ndim
-    if attrs["reverse"]:  # a running sum over flipped views runs from the end
-        x, out = np.flip(x, axis), np.flip(out, axis)
-    if not attrs["exclusive"]:
-        return partial(_running_sum, x, axis, out)
+def _running_kernel(fn, identity):
+    def make(ins, outs, attrs):
+        x, out = ins[0], outs[0]
+        axis = attrs["axis"] % x.ndim
+        if attrs["reverse"]:  # a running sum over flipped views runs from the end
+            x, out = np.flip(x, axis), np.flip(out, axis)
+        if not attrs["exclusive"]:
+            return partial(_running(fn), x, axis, out)
 
-    def along(part):
-        return (slice(None),) * axis + (part,)
-    return partial(_exclusive_running_sum, x[along(slice(None, -1))], axis,
-                   out[along(slice(None, 1))], out[along(slice(1, None))])
+        def along(part):
+            return (slice(None),) * axis + (part,)
+        return partial(_exclusive, _running(fn), identity, x[along(slice(None, -1))], axis,
+                       out[along(slice(None, 1))], out[along(slice(1, None))])
+    return make
+
+
+kernel("cumsum")(_running_kernel(np.cumsum, 0))
+kernel("cumprod")(_running_kernel(np.cumprod, 1))
 
 
 def _selection(rows, kth, largest):
