@@ -107,6 +107,7 @@ EXAMPLES = {
     **{name: _binary() for name in ("less_equal", "greater_equal")},
     "logical_not": _unary(),
     "hardmax": _unary(),
+    "attention": ([S((1, 2, 3, 4)), S((1, 1, 5, 4)), S((1, 1, 5, 6))], {}),
 }
 
 

@@ -47,5 +47,5 @@ def node_axes(ctx, node, index=1):
     return tuple(node.attr("axes", ()))
 
 
-from . import (activations, array, conv, einsum, image, math, nn, no_op, norm, pool, reduce,  # noqa: E402,F401
+from . import (activations, array, attention, conv, einsum, image, math, nn, no_op, norm, pool, reduce,  # noqa: E402,F401
                quantize, rnn, shape)  # (registration)

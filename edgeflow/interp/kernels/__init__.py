@@ -39,5 +39,5 @@ def evaluate(opcode, attrs, values, specs):
     return outs
 
 
-from . import (activations, array, conv, einsum, image, math, nn, norm, pool, reduce,  # noqa: E402,F401
+from . import (activations, array, attention, conv, einsum, image, math, nn, norm, pool, reduce,  # noqa: E402,F401
                quantize, random, rnn, shape, state)  # (registration)

@@ -1,0 +1,106 @@
+"""Kernels of edgeflow/ops/attention.py.
+
+Grouped-query heads are never repeated: the query heads that share a key/value head are
+stacked along the query axis, so each key/value head takes one matrix product. float16
+products accumulate in float32; the rest follows ONNX's dtypes step by step (scores and
+bias in Q's dtype, softmax in softmax_precision's).
+"""
+import math
+from functools import partial, reduce
+
+import numpy as np
+
+from ...ops.attention import attention_inputs
+from . import kernel
+
+
+def _heads(a, heads):
+    """The (batch, heads, seq, size) view of a 3D (batch, seq, heads * size) array."""
+    batch, seq, hidden = a.shape
+    return a.reshape(batch, seq, heads, hidden // heads).transpose(0, 2, 1, 3)
+
+
+def _matmul(a, b, dtype):
+    if dtype == np.float16:
+        return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(dtype)
+    return np.matmul(a, b)
+
+
+def _allowed(lengths, past, q_seq, total, attrs):
+    """Where query i may attend key j, broadcastable to (batch, 1, q_seq, total); None: everywhere."""
+    j = np.arange(total)
+    offset = past if lengths is None else lengths.reshape(-1, 1, 1, 1).astype(np.int64) - q_seq
+    i = np.arange(q_seq)[:, None] + offset  # the query's absolute position
+    tests = [j <= i] if attrs["is_causal"] else []
+    if attrs["left_window"] >= 0:
+        tests.append(i - j <= attrs["left_window"])
+    if attrs["right_window"] >= 0:
+        tests.append(j - i <= attrs["right_window"])
+    if lengths is not None:
+        tests.append(j < lengths.reshape(-1, 1, 1, 1))
+    return reduce(np.logical_and, tests) if tests else None
+
+
+def _bias(x, past, q_seq, total, attrs, dtype):
+    """The additive bias (0 where attended, -inf where not, plus a float mask), broadcastable
+    to (batch, q_heads, q_seq, total)."""
+    bias = np.zeros((q_seq, total), dtype)
+    mask = x.get("attn_mask")
+    if mask is not None:
+        if mask.dtype == np.bool_:
+            mask = np.where(mask, dtype.type(0), dtype.type(-np.inf))
+        pad = np.full(mask.shape[:-1] + (total - mask.shape[-1],), -np.inf, dtype)
+        bias = bias + np.concatenate([mask.astype(dtype, copy=False), pad], axis=-1)
+    allowed = _allowed(x.get("nonpad_kv_seqlen"), past, q_seq, total, attrs)
+    if allowed is not None:
+        # Added, not selected: a NaN in a float mask stays NaN, as ONNX's reference has it.
+        bias = bias + np.where(allowed, dtype.type(0), dtype.type(-np.inf))
+    return bias
+
+
+def _softmax(s, bias):
+    """softmax(s) along the last axis; rows whose bias is all -inf (no key attended) are zeros."""
+    top = s.max(axis=-1, keepdims=True)
+    top[np.isneginf(top)] = 0
+    e = np.exp(s - top)
+    total = e.sum(axis=-1, keepdims=True)
+    total[total == 0] = 1
+    e /= total
+    return np.where(np.isneginf(bias.max(axis=-1, keepdims=True)), e.dtype.type(0), e)
+
+
+def _attention(ins, outs, attrs):
+    x = attention_inputs(ins, attrs)
+    q, k, v = x["Q"], x["K"], x["V"]
+    t1 = q.dtype
+    if q.ndim == 3:
+        q, k, v = _heads(q, attrs["q_num_heads"]), _heads(k, attrs["kv_num_heads"]), _heads(v, attrs["kv_num_heads"])
+    past = 0
+    if attrs["has_past"]:
+        past = x["past_key"].shape[2]
+        k = np.concatenate([x["past_key"], k], axis=2)
+        v = np.concatenate([x["past_value"], v], axis=2)
+    if attrs["with_present"]:
+        outs[1][...], outs[2][...] = k, v
+    batch, q_heads, q_seq, head = q.shape
+    kv_heads, total = k.shape[1:3]
+    stacked = (batch, kv_heads, q_heads // kv_heads * q_seq)  # the query heads of one kv head stacked
+    root = t1.type(math.sqrt(attrs["scale"] or 1 / math.sqrt(head)))
+    scores = _matmul((q * root).reshape(stacked + (head,)), (k * root).swapaxes(2, 3), t1)
+    scores = scores.reshape(batch, q_heads, q_seq, total)
+    raw = scores
+    if attrs["softcap"] > 0:
+        scores = np.tanh(scores / t1.type(attrs["softcap"])) * t1.type(attrs["softcap"])
+    bias = _bias(x, past, q_seq, total, attrs, t1)
+    biased = scores + bias
+    probs = _softmax(biased.astype(attrs["softmax_precision"] or t1, copy=False), bias).astype(t1, copy=False)
+    mode = attrs["qk_output"]
+    if mode >= 0:
+        outs[-1][...] = (raw, scores, biased, probs)[mode]
+    y = _matmul(probs.reshape(stacked + (total,)), v, t1).reshape(batch, q_heads, q_seq, -1)
+    outs[0][...] = y if outs[0].ndim == 4 else y.transpose(0, 2, 1, 3).reshape(outs[0].shape)
+
+
+@kernel("attention")
+def _attention_kernel(ins, outs, attrs):
+    return partial(_attention, ins, outs, attrs)
