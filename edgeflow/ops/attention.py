@@ -175,3 +175,44 @@ def _attention(inputs, attrs):
             raise GraphError(f"attention: attn_mask {fmt(x['attn_mask'].shape)} does not broadcast to "
                              f"{fmt(target + (d['total'],))}")
     return outs
+
+
+@define("rotary_embedding", types=Types("X: T, cos_cache: T, sin_cache: T, position_ids: index? -> T",
+                                        T=dtypes.FLOATS),
+        attrs={"interleaved": Attr(_B, False), "rotary_embedding_dim": Attr(_I, 0), "num_heads": Attr(_I, 0)})
+def _rotary_embedding(inputs, attrs):
+    """ONNX RotaryEmbedding: rotates the first rotary_embedding_dim (0: all) features of
+    each head of X (batch, heads, seq, head) or 3D (batch, seq, num_heads * head) by the
+    angles whose cosines and sines the caches hold: pairs (x1, x2) become
+    (cos x1 - sin x2, sin x1 + cos x2), x1 and x2 the two halves of the rotated features,
+    or (interleaved) its even and odd ones. The caches are (batch, seq, rotary dim / 2),
+    or with position_ids (batch, seq) the rows they pick of (positions, rotary dim / 2).
+    """
+    x, cos, sin = inputs[:3]
+    if x.rank == 4:
+        batch, _, seq, head = x.shape
+    elif x.rank == 3:
+        batch, seq, hidden = x.shape
+        heads = attrs["num_heads"]
+        if heads <= 0 or (hidden is not None and hidden % heads):
+            raise GraphError(f"rotary_embedding: a 3D input needs num_heads dividing its hidden size "
+                             f"{hidden}, got num_heads {heads}")
+        head = None if hidden is None else hidden // heads
+    else:
+        raise GraphError(f"rotary_embedding: X must be 3D or 4D, got {fmt(x.shape)}")
+    rotary = attrs["rotary_embedding_dim"] or head
+    if rotary is not None and (rotary % 2 or rotary < 0 or (head is not None and rotary > head)):
+        raise GraphError(f"rotary_embedding: the rotated size {rotary} must be even and at most the "
+                         f"head size {head}")
+    half = None if rotary is None else rotary // 2
+    if len(inputs) == 4:
+        expected = (None, half)
+        if inputs[3].rank != 2 or any(None not in (a, b) and a != b for a, b in zip(inputs[3].shape, (batch, seq))):
+            raise GraphError(f"rotary_embedding: position_ids must be (batch, seq) = {fmt((batch, seq))}, "
+                             f"got {fmt(inputs[3].shape)}")
+    else:
+        expected = (batch, seq, half)
+    for name, spec in (("cos_cache", cos), ("sin_cache", sin)):
+        if spec.rank != len(expected) or any(None not in (a, b) and a != b for a, b in zip(spec.shape, expected)):
+            raise GraphError(f"rotary_embedding: {name} must have shape {fmt(expected)}, got {fmt(spec.shape)}")
+    return [TensorSpec(x.shape, x.dtype)]

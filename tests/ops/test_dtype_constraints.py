@@ -108,6 +108,9 @@ EXAMPLES = {
     "logical_not": _unary(),
     "hardmax": _unary(),
     "attention": ([S((1, 2, 3, 4)), S((1, 1, 5, 4)), S((1, 1, 5, 6))], {}),
+    "swish": _unary(),
+    "swiglu": _binary((2, 3), (2, 3)),
+    "rotary_embedding": ([S((1, 2, 3, 4)), S((1, 3, 2)), S((1, 3, 2))], {}),
 }
 
 

@@ -14,7 +14,8 @@ _PARAMETRIC = {"LeakyRelu": ("leaky_relu", {"alpha": 0.01}),
                "Gelu": ("gelu", {"approximate": "none"}),
                "Celu": ("celu", {"alpha": 1.0}),
                "ThresholdedRelu": ("thresholded_relu", {"alpha": 1.0}),
-               "Shrink": ("shrink", {"lambd": 0.5, "bias": 0.0})}
+               "Shrink": ("shrink", {"lambd": 0.5, "bias": 0.0}),
+               "Swish": ("swish", {"alpha": 1.0})}
 _PARAMETRIC_OPS = {onnx: op for onnx, (op, _) in _PARAMETRIC.items()}
 
 
@@ -39,3 +40,9 @@ def _clip(ctx, node):
     if ctx.has(node, 2):
         hi = float(ctx.constant(node, 2, "max"))
     return apply("clip", [x], {"min": lo, "max": hi}, name=node.outputs[0])
+
+
+@handler("SwiGLU", op="swiglu")
+def _swiglu(ctx, node):
+    return apply("swiglu", [ctx.input(node, 0), ctx.input(node, 1)], {"alpha": node.attr("alpha", 1.0)},
+                 name=node.outputs[0])

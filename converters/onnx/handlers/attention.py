@@ -39,3 +39,11 @@ def _attention(ctx, node):
     present = rest[:2] if attrs["with_present"] else [None, None]
     qk = rest[-1] if attrs["qk_output"] >= 0 else None
     return [y, *present, qk]
+
+
+@handler("RotaryEmbedding", op="rotary_embedding")
+def _rotary_embedding(ctx, node):
+    ins = [ctx.input(node, i) for i in range(3)] + ([ctx.input(node, 3)] if ctx.has(node, 3) else [])
+    attrs = {"interleaved": bool(node.attr("interleaved", 0)),
+             "rotary_embedding_dim": node.attr("rotary_embedding_dim", 0), "num_heads": node.attr("num_heads", 0)}
+    return apply("rotary_embedding", ins, attrs, name=node.outputs[0])

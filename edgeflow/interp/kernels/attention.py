@@ -104,3 +104,27 @@ def _attention(ins, outs, attrs):
 @kernel("attention")
 def _attention_kernel(ins, outs, attrs):
     return partial(_attention, ins, outs, attrs)
+
+
+def _rotary(x, cos, sin, positions, out, attrs):
+    batch, seq = x.shape[0], x.shape[-2 if x.ndim == 4 else 1]
+    # (batch, seq, heads, head) layout, where the caches broadcast over the heads.
+    y = x.transpose(0, 2, 1, 3).copy() if x.ndim == 4 else x.reshape(batch, seq, attrs["num_heads"], -1).copy()
+    if positions is not None:
+        cos, sin = cos[positions], sin[positions]
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    rotary = attrs["rotary_embedding_dim"] or y.shape[-1]
+    if attrs["interleaved"]:
+        first, second = slice(0, rotary, 2), slice(1, rotary, 2)
+    else:
+        first, second = slice(0, rotary // 2), slice(rotary // 2, rotary)
+    x1, x2 = y[..., first].copy(), y[..., second]
+    y[..., first] = cos * x1 - sin * x2
+    y[..., second] = sin * x1 + cos * x2
+    out[...] = y.transpose(0, 2, 1, 3) if x.ndim == 4 else y.reshape(out.shape)
+
+
+@kernel("rotary_embedding")
+def _rotary_embedding(ins, outs, attrs):
+    x, cos, sin, *positions = ins
+    return partial(_rotary, x, cos, sin, positions[0] if positions else None, outs[0], attrs)
