@@ -12,7 +12,7 @@ past_key and past_value (has_past), nonpad_kv_seqlen (has_nonpad).
 """
 from .. import dtypes
 from ..errors import GraphError
-from .dims import broadcast, fmt
+from .dims import fmt
 from .registry import Attr, AttrKind, TensorSpec, Types, define
 
 ATTENTION_OPTIONAL = (("attn_mask", "has_mask"), ("past_key", "has_past"), ("past_value", "has_past"),
@@ -170,8 +170,8 @@ def _attention(inputs, attrs):
         outs.append(TensorSpec((d["batch"], d["q_heads"], d["q_seq"], d["total"]), q.dtype))
     if "attn_mask" in x:
         target = (d["batch"], d["q_heads"], d["q_seq"])
-        joint = broadcast(x["attn_mask"].shape[:-1], target)
-        if any(None not in (a, b) and a != b for a, b in zip(joint, target)):
+        dims = x["attn_mask"].shape[-2::-1]
+        if any(None not in (a, b) and a not in (1, b) for a, b in zip(dims, target[::-1])):
             raise GraphError(f"attention: attn_mask {fmt(x['attn_mask'].shape)} does not broadcast to "
                              f"{fmt(target + (d['total'],))}")
     return outs

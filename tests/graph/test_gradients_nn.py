@@ -41,10 +41,16 @@ def op(name, **attrs):
     ("erf", {}, ()), ("softplus", {}, ()),
     ("elu", {}, (0.0,)), ("elu", {"alpha": 0.5}, (0.0,)),
     ("selu", {}, (0.0,)), ("selu", {"alpha": 2.0, "gamma": 1.5}, (0.0,)),
+    ("swish", {}, ()), ("swish", {"alpha": 0.4}, ()),
 ])
 def test_activation(name, attrs, kinks):
     x = away_from(r(4, 10, low=-4, high=4), kinks)
     check_gradients(op(name, **attrs), x, rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.702])
+def test_swiglu(alpha):
+    check_gradients(op("swiglu", alpha=alpha), r(3, 7, low=-4, high=4), r(3, 7), rtol=1e-5, atol=1e-8)
 
 
 def test_clip_gradient_is_zero_outside_and_passes_at_the_bounds():
