@@ -352,3 +352,10 @@ def test_rotary_invalid_operands(shapes, attrs, message):
     specs = [TensorSpec(s, np.dtype(np.float32)) for s in shapes]
     with pytest.raises(GraphError, match=message):
         op.infer_specs(specs, op.check_attrs(attrs))
+
+
+@pytest.mark.parametrize("position", [-1, 11])
+def test_rotary_position_ids_outside_the_caches(run_op, position):
+    x, cache = np.ones((1, 1, 2, 4), np.float32), np.ones((11, 2), np.float32)
+    with pytest.raises(ef.errors.InvalidInputError, match=r"position id is outside the caches' \[0, 11\)"):
+        run_op(lambda *xs: apply("rotary_embedding", list(xs)), x, cache, cache, np.array([[0, position]]))

@@ -111,6 +111,9 @@ def _rotary(x, cos, sin, positions, out, attrs):
     # (batch, seq, heads, head) layout, where the caches broadcast over the heads.
     y = x.transpose(0, 2, 1, 3).copy() if x.ndim == 4 else x.reshape(batch, seq, attrs["num_heads"], -1).copy()
     if positions is not None:
+        if positions.size and (positions.min() < 0 or positions.max() >= len(cos)):
+            # reported as InvalidInputError: a model's inputs are not trusted
+            raise IndexError(f"rotary_embedding: a position id is outside the caches' [0, {len(cos)})")
         cos, sin = cos[positions], sin[positions]
     cos, sin = cos[:, :, None, :], sin[:, :, None, :]
     rotary = attrs["rotary_embedding_dim"] or y.shape[-1]
