@@ -13,7 +13,7 @@ past_key and past_value (has_past), nonpad_kv_seqlen (has_nonpad).
 from .. import dtypes
 from ..errors import GraphError
 from .dims import fmt
-from .registry import Attr, AttrKind, TensorSpec, Types, define
+from .registry import Attr, AttrKind, TensorSpec, Types, define, gradient
 
 ATTENTION_OPTIONAL = (("attn_mask", "has_mask"), ("past_key", "has_past"), ("past_value", "has_past"),
                       ("nonpad_kv_seqlen", "has_nonpad"))
@@ -133,14 +133,16 @@ def _attention_flops(inputs, outputs, attrs):
     return 2 * d["batch"] * d["q_heads"] * d["q_seq"] * d["total"] * (d["head"] + d["v_head"])
 
 
+_ATTENTION_ATTRS = {
+    "scale": Attr(_F, 0.0), "is_causal": Attr(_B, False), "q_num_heads": Attr(_I, 0), "kv_num_heads": Attr(_I, 0),
+    "softcap": Attr(_F, 0.0), "softmax_precision": Attr(AttrKind.STRING, ""), "left_window": Attr(_I, -1),
+    "right_window": Attr(_I, -1), "has_mask": Attr(_B, False), "has_past": Attr(_B, False),
+    "has_nonpad": Attr(_B, False), "with_present": Attr(_B, False), "qk_output": Attr(_I, -1)}
+
+
 @define("attention", types=Types("Q: T1, K: T1, V: T2, any?, any?, any?, any? -> T1, T1?, T2?, T1?",
                                  T1=dtypes.FLOATS, T2=dtypes.FLOATS),
-        outputs=attention_outputs, flops=_attention_flops,
-        attrs={"scale": Attr(_F, 0.0), "is_causal": Attr(_B, False), "q_num_heads": Attr(_I, 0),
-               "kv_num_heads": Attr(_I, 0), "softcap": Attr(_F, 0.0),
-               "softmax_precision": Attr(AttrKind.STRING, ""), "left_window": Attr(_I, -1),
-               "right_window": Attr(_I, -1), "has_mask": Attr(_B, False), "has_past": Attr(_B, False),
-               "has_nonpad": Attr(_B, False), "with_present": Attr(_B, False), "qk_output": Attr(_I, -1)})
+        outputs=attention_outputs, flops=_attention_flops, attrs=_ATTENTION_ATTRS)
 def _attention(inputs, attrs):
     """ONNX Attention: Y = softmax(Q K^T * scale + bias) V per head, Q (batch, q_heads, q_seq,
     head) and K, V (batch, kv_heads, kv_seq, head or v_head), or 3D (batch, seq, heads * size)
@@ -175,6 +177,42 @@ def _attention(inputs, attrs):
             raise GraphError(f"attention: attn_mask {fmt(x['attn_mask'].shape)} does not broadcast to "
                              f"{fmt(target + (d['total'],))}")
     return outs
+
+
+# -- gradients -----------------------------------------------------------------------------
+# attention_grad recomputes the forward pass (in float64) and takes dY, and dpresent_key and
+# dpresent_value when the forward op gives them; it gives dQ, dK, dV, and d past_key and
+# d past_value when the forward op takes them. attn_mask and nonpad_kv_seqlen get none.
+
+@define("attention_grad", types=Types("Q: T1, K: T1, V: T2, any?, any?, any?, any?, any?, any?, any? "
+                                      "-> dQ: T1, dK: T1, dV: T2, T1?, T2?", T1=dtypes.FLOATS, T2=dtypes.FLOATS),
+        outputs=lambda attrs: 3 + 2 * attrs["has_past"], attrs=_ATTENTION_ATTRS,
+        flops=lambda ins, outs, attrs: 2 * _attention_flops(ins[:len(ins) - 1 - 2 * attrs["with_present"]], outs, attrs))
+def _attention_grad(inputs, attrs):
+    """The gradients of attention's Q, K, V (then past_key, past_value), given its inputs
+    and the gradients of Y (then present_key, present_value)."""
+    n = 1 + 2 * attrs["with_present"]
+    forward, dys = inputs[:-n], inputs[-n:]
+    outs = _attention(forward, {**attrs, "qk_output": -1})
+    for name, dy, out in zip(("dY", "dpresent_key", "dpresent_value"), dys, outs):
+        if dy.dtype != out.dtype or dy.rank != len(out.shape) or any(
+                None not in (a, b) and a != b for a, b in zip(dy.shape, out.shape)):
+            raise GraphError(f"attention_grad: {name} must be {out.dtype} {fmt(out.shape)}, got "
+                             f"{dy.dtype} {fmt(dy.shape)}")
+    x = attention_inputs(forward, attrs)
+    names = ("Q", "K", "V") + (("past_key", "past_value") if attrs["has_past"] else ())
+    return [TensorSpec(x[k].shape, x[k].dtype) for k in names]
+
+
+@gradient("attention")
+def _attention_gradient(g, op, grads):
+    attrs = op.attrs
+    if attrs["qk_output"] >= 0 and grads[-1] is not None:
+        raise GraphError("attention: no gradient flows back through qk_matmul_output")
+    n = 1 + 2 * attrs["with_present"]
+    dys = [dy if dy is not None else g.zeros_like(y) for dy, y in zip(grads[:n], op.outputs[:n])]
+    dq, dk, dv, *dpast = g("attention_grad", *op.inputs, *dys, **attrs)
+    return [dq, dk, dv] + [None] * attrs["has_mask"] + dpast + [None] * attrs["has_nonpad"]
 
 
 @define("rotary_embedding", types=Types("X: T, cos_cache: T, sin_cache: T, position_ids: index? -> T",

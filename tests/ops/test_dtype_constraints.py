@@ -108,6 +108,7 @@ EXAMPLES = {
     "logical_not": _unary(),
     "hardmax": _unary(),
     "attention": ([S((1, 2, 3, 4)), S((1, 1, 5, 4)), S((1, 1, 5, 6))], {}),
+    "attention_grad": ([S((1, 2, 3, 4)), S((1, 1, 5, 4)), S((1, 1, 5, 6)), S((1, 2, 3, 6))], {}),
     "swish": _unary(),
     "swiglu": _binary((2, 3), (2, 3)),
     "rotary_embedding": ([S((1, 2, 3, 4)), S((1, 3, 2)), S((1, 3, 2))], {}),

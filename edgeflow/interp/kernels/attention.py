@@ -69,41 +69,95 @@ def _softmax(s, bias):
     return np.where(np.isneginf(bias.max(axis=-1, keepdims=True)), e.dtype.type(0), e)
 
 
+class _Pass:
+    """The forward pass of one attention op on its input arrays, keeping what the
+    gradient needs: heads as (batch, heads, seq, size), keys and values with the past
+    before them, the scores at each stage and the probabilities."""
+
+    def __init__(self, ins, attrs):
+        x = attention_inputs(ins, attrs)
+        q, k, v = x["Q"], x["K"], x["V"]
+        self.three_d, t1 = q.ndim == 3, q.dtype
+        if self.three_d:
+            q, k, v = (_heads(q, attrs["q_num_heads"]), _heads(k, attrs["kv_num_heads"]),
+                       _heads(v, attrs["kv_num_heads"]))
+        self.past = 0
+        if attrs["has_past"]:
+            self.past = x["past_key"].shape[2]
+            k = np.concatenate([x["past_key"], k], axis=2)
+            v = np.concatenate([x["past_value"], v], axis=2)
+        self.q, self.k, self.v = q, k, v
+        batch, q_heads, q_seq, head = q.shape
+        kv_heads, total = k.shape[1:3]
+        self.heads = (batch, q_heads, q_seq, total)
+        self.stacked = (batch, kv_heads, q_heads // kv_heads * q_seq)  # the query heads of one kv head
+        self.root = t1.type(math.sqrt(attrs["scale"] or 1 / math.sqrt(head)))
+        scores = _matmul((q * self.root).reshape(self.stacked + (head,)), (k * self.root).swapaxes(2, 3), t1)
+        self.raw = scores = scores.reshape(self.heads)
+        if attrs["softcap"] > 0:
+            scores = np.tanh(scores / t1.type(attrs["softcap"])) * t1.type(attrs["softcap"])
+        self.capped = scores
+        bias = _bias(x, self.past, q_seq, total, attrs, t1)
+        self.biased = scores + bias
+        precision = attrs["softmax_precision"] or t1
+        self.probs = _softmax(self.biased.astype(precision, copy=False), bias).astype(t1, copy=False)
+
+    def stack(self, a):
+        """(batch, q_heads, q_seq, n) -> (batch, kv_heads, group * q_seq, n)."""
+        return a.reshape(self.stacked + (a.shape[-1],))
+
+    def unstack(self, a):
+        return a.reshape(self.heads[:3] + (a.shape[-1],))
+
+    def merge(self, a):
+        """A (batch, heads, seq, size) result in the inputs' layout."""
+        return a.transpose(0, 2, 1, 3).reshape(a.shape[0], a.shape[2], -1) if self.three_d else a
+
+
 def _attention(ins, outs, attrs):
-    x = attention_inputs(ins, attrs)
-    q, k, v = x["Q"], x["K"], x["V"]
-    t1 = q.dtype
-    if q.ndim == 3:
-        q, k, v = _heads(q, attrs["q_num_heads"]), _heads(k, attrs["kv_num_heads"]), _heads(v, attrs["kv_num_heads"])
-    past = 0
-    if attrs["has_past"]:
-        past = x["past_key"].shape[2]
-        k = np.concatenate([x["past_key"], k], axis=2)
-        v = np.concatenate([x["past_value"], v], axis=2)
+    f = _Pass(ins, attrs)
     if attrs["with_present"]:
-        outs[1][...], outs[2][...] = k, v
-    batch, q_heads, q_seq, head = q.shape
-    kv_heads, total = k.shape[1:3]
-    stacked = (batch, kv_heads, q_heads // kv_heads * q_seq)  # the query heads of one kv head stacked
-    root = t1.type(math.sqrt(attrs["scale"] or 1 / math.sqrt(head)))
-    scores = _matmul((q * root).reshape(stacked + (head,)), (k * root).swapaxes(2, 3), t1)
-    scores = scores.reshape(batch, q_heads, q_seq, total)
-    raw = scores
-    if attrs["softcap"] > 0:
-        scores = np.tanh(scores / t1.type(attrs["softcap"])) * t1.type(attrs["softcap"])
-    bias = _bias(x, past, q_seq, total, attrs, t1)
-    biased = scores + bias
-    probs = _softmax(biased.astype(attrs["softmax_precision"] or t1, copy=False), bias).astype(t1, copy=False)
-    mode = attrs["qk_output"]
-    if mode >= 0:
-        outs[-1][...] = (raw, scores, biased, probs)[mode]
-    y = _matmul(probs.reshape(stacked + (total,)), v, t1).reshape(batch, q_heads, q_seq, -1)
-    outs[0][...] = y if outs[0].ndim == 4 else y.transpose(0, 2, 1, 3).reshape(outs[0].shape)
+        outs[1][...], outs[2][...] = f.k, f.v
+    if attrs["qk_output"] >= 0:
+        outs[-1][...] = (f.raw, f.capped, f.biased, f.probs)[attrs["qk_output"]]
+    outs[0][...] = f.merge(f.unstack(_matmul(f.stack(f.probs), f.v, f.q.dtype)))
 
 
 @kernel("attention")
 def _attention_kernel(ins, outs, attrs):
     return partial(_attention, ins, outs, attrs)
+
+
+def _attention_grad(ins, outs, attrs):
+    """Gradients of Q, K, V (and past_key, past_value), in float64."""
+    n = 1 + 2 * attrs["with_present"]
+    f = _Pass([a.astype(np.float64) if a.dtype.kind == "f" else a for a in ins[:-n]],
+              {**attrs, "softmax_precision": ""})
+    dy, *dpresent = (a.astype(np.float64) for a in ins[-n:])
+    if f.three_d:
+        dy = _heads(dy, attrs["q_num_heads"])
+    probs = f.stack(f.probs)
+    dv = probs.swapaxes(2, 3) @ f.stack(dy)  # (batch, kv_heads, total, v_head)
+    dp = f.unstack(f.stack(dy) @ f.v.swapaxes(2, 3))
+    ds = f.probs * (dp - (dp * f.probs).sum(axis=-1, keepdims=True))
+    if attrs["softcap"] > 0:
+        ds *= 1 - (f.capped / attrs["softcap"]) ** 2
+    ds = f.stack(ds) * f.root ** 2
+    dq = f.unstack(ds @ f.k)
+    dk = ds.swapaxes(2, 3) @ f.stack(f.q)
+    if dpresent:
+        dk, dv = dk + dpresent[0], dv + dpresent[1]
+    past = f.past
+    results = [f.merge(dq), f.merge(dk[:, :, past:]), f.merge(dv[:, :, past:])]
+    if attrs["has_past"]:
+        results += [dk[:, :, :past], dv[:, :, :past]]
+    for out, r in zip(outs, results):
+        out[...] = r
+
+
+@kernel("attention_grad")
+def _attention_grad_kernel(ins, outs, attrs):
+    return partial(_attention_grad, ins, outs, attrs)
 
 
 def _rotary(x, cos, sin, positions, out, attrs):
