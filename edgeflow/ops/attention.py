@@ -254,3 +254,12 @@ def _rotary_embedding(inputs, attrs):
         if spec.rank != len(expected) or any(None not in (a, b) and a != b for a, b in zip(spec.shape, expected)):
             raise GraphError(f"rotary_embedding: {name} must have shape {fmt(expected)}, got {fmt(spec.shape)}")
     return [TensorSpec(x.shape, x.dtype)]
+
+
+@gradient("rotary_embedding")
+def _rotary_embedding_grad(g, op, grads):
+    """Each rotation's transpose turns by the opposite angle: dX is dY rotated with -sin.
+    The caches and position ids get no gradient."""
+    x, cos, sin, *positions = op.inputs
+    return [g("rotary_embedding", grads[0], cos, g("neg", sin), *positions, **op.attrs), None, None] + (
+        [None] if positions else [])

@@ -335,3 +335,14 @@ def test_attention_has_no_gradient_through_its_scores_output():
         y, scores = apply("attention", [q, q, q], {"qk_output": 0})
         with pytest.raises(GraphError, match="no gradient flows back through qk_matmul_output"):
             ef.gradients(ef.reduce_sum(scores), [q])
+
+
+@pytest.mark.parametrize("shapes, attrs", [
+    ([(2, 2, 3, 4), (2, 3, 2), (2, 3, 2)], {}),
+    ([(1, 3, 12), (5, 2), (5, 2), (1, 3)], {"num_heads": 2, "interleaved": True, "rotary_embedding_dim": 4}),
+])
+def test_rotary_embedding(shapes, attrs):
+    xs = [r(*s) for s in shapes]
+    if len(xs) == 4:
+        xs[3] = np.array([[4, 0, 2]])
+    check_gradients(op("rotary_embedding", **attrs), *xs, wrt=[0], rtol=1e-5, atol=1e-8)
