@@ -187,7 +187,8 @@ def _attention(inputs, attrs):
 @define("attention_grad", types=Types("Q: T1, K: T1, V: T2, any?, any?, any?, any?, any?, any?, any? "
                                       "-> dQ: T1, dK: T1, dV: T2, T1?, T2?", T1=dtypes.FLOATS, T2=dtypes.FLOATS),
         outputs=lambda attrs: 3 + 2 * attrs["has_past"], attrs=_ATTENTION_ATTRS,
-        flops=lambda ins, outs, attrs: 2 * _attention_flops(ins[:len(ins) - 1 - 2 * attrs["with_present"]], outs, attrs))
+        flops=lambda ins, outs, attrs: 2 * _attention_flops(ins[:len(ins) - 1 - 2 * attrs["with_present"]],
+                                                            outs, attrs))
 def _attention_grad(inputs, attrs):
     """The gradients of attention's Q, K, V (then past_key, past_value), given its inputs
     and the gradients of Y (then present_key, present_value)."""
