@@ -3,6 +3,7 @@ import math
 
 from .. import dtypes
 from ..errors import GraphError
+from .dims import fmt
 from .registry import Attr, AttrKind, TensorSpec, Types, define, gradient
 
 _F = AttrKind.FLOAT
@@ -30,6 +31,7 @@ FLOAT_ACTIVATIONS = {
     "thresholded_relu": ({"alpha": Attr(_F, 1.0)}, "x if x > alpha else 0"),
     "shrink": ({"lambd": Attr(_F, 0.5), "bias": Attr(_F, 0.0)},
                "x - bias if x > lambd, x + bias if x < -lambd, else 0"),
+    "swish": ({"alpha": Attr(_F, 1.0)}, "x * sigmoid(alpha * x)"),
 }
 GELU_APPROXIMATIONS = ("none", "tanh")
 
@@ -49,6 +51,16 @@ _TAKES = {"shrink": dtypes.NUMERIC}
 for _name, (_attrs, _formula) in FLOAT_ACTIVATIONS.items():
     define(_name, attrs=_attrs, types=Types("x: T -> T", T=_TAKES.get(_name, dtypes.FLOATS)))(
         _float_activation(_name, _formula))
+
+
+@define("swiglu", attrs={"alpha": Attr(_F, 1.0)}, types=Types("a: T, b: T -> T", T=dtypes.FLOATS))
+def _swiglu(inputs, attrs):
+    """swish(a) * b = a * sigmoid(alpha * a) * b, elementwise (ONNX's SwiGLU: a and b of one
+    shape, no broadcasting)."""
+    a, b = inputs
+    if a.rank != b.rank or any(None not in (m, n) and m != n for m, n in zip(a.shape, b.shape)):
+        raise GraphError(f"swiglu: a and b must have one shape, got {fmt(a.shape)} and {fmt(b.shape)}")
+    return [TensorSpec(tuple(m if m is not None else n for m, n in zip(a.shape, b.shape)), a.dtype)]
 
 
 @define("clip", attrs={"min": Attr(_F, -math.inf), "max": Attr(_F, math.inf)},
@@ -202,6 +214,26 @@ def _softsign_grad(g, op, grads):
     x = op.inputs[0]
     d = g("add", g.constant(1, x), g("abs", x))
     return [g("div", grads[0], g("mul", d, d))]
+
+
+def _swish_slope(g, x, alpha):
+    """d/dx x * sigmoid(alpha x) = s + alpha x s (1 - s), s = sigmoid(alpha x); and swish(x)."""
+    s = g("sigmoid", g("mul", x, g.constant(alpha, x)))
+    ax = g("mul", x, g.constant(alpha, x))
+    slope = g("add", s, g("mul", g("mul", ax, s), g("sub", g.constant(1, x), s)))
+    return slope, g("mul", x, s)
+
+
+@gradient("swish")
+def _swish_grad(g, op, grads):
+    return [g("mul", grads[0], _swish_slope(g, op.inputs[0], op.attrs["alpha"])[0])]
+
+
+@gradient("swiglu")
+def _swiglu_grad(g, op, grads):
+    a, b = op.inputs
+    slope, swish = _swish_slope(g, a, op.attrs["alpha"])
+    return [g("mul", g("mul", grads[0], b), slope), g("mul", grads[0], swish)]
 
 
 @gradient("mish")

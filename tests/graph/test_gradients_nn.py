@@ -41,10 +41,16 @@ def op(name, **attrs):
     ("erf", {}, ()), ("softplus", {}, ()),
     ("elu", {}, (0.0,)), ("elu", {"alpha": 0.5}, (0.0,)),
     ("selu", {}, (0.0,)), ("selu", {"alpha": 2.0, "gamma": 1.5}, (0.0,)),
+    ("swish", {}, ()), ("swish", {"alpha": 0.4}, ()),
 ])
 def test_activation(name, attrs, kinks):
     x = away_from(r(4, 10, low=-4, high=4), kinks)
     check_gradients(op(name, **attrs), x, rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.702])
+def test_swiglu(alpha):
+    check_gradients(op("swiglu", alpha=alpha), r(3, 7, low=-4, high=4), r(3, 7), rtol=1e-5, atol=1e-8)
 
 
 def test_clip_gradient_is_zero_outside_and_passes_at_the_bounds():
@@ -303,3 +309,57 @@ def test_recurrent_grad_ops_check_their_gradients():
             apply("gru_grad", [x, w, rr, y, y], {"hidden_size": 3})
         with pytest.raises(GraphError, match="dY must be float32"):
             apply("gru_grad", [x, w, rr, ef.cast(y, ef.float64), h], {"hidden_size": 3})
+
+
+# -- attention ----------------------------------------------------------------------------
+
+def _attention(attrs, past=False):
+    def fn(*xs):
+        flags = {"has_past": past, "with_present": past, **attrs}
+        outs = apply("attention", list(xs), flags)
+        if not past:
+            return outs
+        # every output weighs in, so the present_* gradients are checked too
+        y, present_key, present_value = outs
+        return ef.reduce_sum(y) + ef.reduce_sum(present_key * present_key) + ef.reduce_sum(present_value)
+    return fn
+
+
+@pytest.mark.parametrize("shapes, attrs", [
+    ([(2, 2, 3, 4), (2, 2, 5, 4), (2, 2, 5, 3)], {}),
+    ([(1, 4, 3, 4), (1, 2, 3, 4), (1, 2, 3, 5)], {"is_causal": True, "scale": 0.7}),
+    ([(2, 3, 8), (2, 4, 4), (2, 4, 6)], {"q_num_heads": 2, "kv_num_heads": 1, "softcap": 1.5}),
+    ([(1, 2, 3, 4), (1, 2, 4, 4), (1, 2, 4, 4), (1, 4)], {"has_mask": True, "left_window": 1}),
+])
+def test_attention(shapes, attrs):
+    xs = [r(*s) for s in shapes]
+    wrt = range(3)
+    if attrs.get("has_mask"):
+        xs[3] = xs[3] > -1.0  # a bool mask, with some keys masked
+        xs[3][..., 0] = True
+    check_gradients(_attention(attrs), *xs, wrt=wrt, rtol=1e-5, atol=1e-8)
+
+
+def test_attention_with_a_past_and_grouped_heads():
+    xs = [r(1, 4, 2, 3), r(1, 2, 2, 3), r(1, 2, 2, 5), r(1, 2, 3, 3), r(1, 2, 3, 5)]
+    check_gradients(_attention({"is_causal": True}, past=True), *xs, rtol=1e-5, atol=1e-8)
+
+
+def test_attention_has_no_gradient_through_its_scores_output():
+    g = ef.Graph()
+    with g.as_default():
+        q = ef.placeholder("float64", (1, 1, 2, 3))
+        y, scores = apply("attention", [q, q, q], {"qk_output": 0})
+        with pytest.raises(GraphError, match="no gradient flows back through qk_matmul_output"):
+            ef.gradients(ef.reduce_sum(scores), [q])
+
+
+@pytest.mark.parametrize("shapes, attrs", [
+    ([(2, 2, 3, 4), (2, 3, 2), (2, 3, 2)], {}),
+    ([(1, 3, 12), (5, 2), (5, 2), (1, 3)], {"num_heads": 2, "interleaved": True, "rotary_embedding_dim": 4}),
+])
+def test_rotary_embedding(shapes, attrs):
+    xs = [r(*s) for s in shapes]
+    if len(xs) == 4:
+        xs[3] = np.array([[4, 0, 2]])
+    check_gradients(op("rotary_embedding", **attrs), *xs, wrt=[0], rtol=1e-5, atol=1e-8)

@@ -1,5 +1,5 @@
 """Activations (clip, leaky_relu, hard_sigmoid, hard_swish, gelu, erf, softplus, elu, selu,
-celu, softsign, mish, thresholded_relu, shrink) against onnxruntime running the ONNX operator, and against closed forms in float64."""
+celu, softsign, mish, thresholded_relu, shrink, swish, swiglu) against onnxruntime running the ONNX operator, and against closed forms in float64."""
 import math
 
 import numpy as np
@@ -61,9 +61,11 @@ CASES = [
     ("shrink", {}, "Shrink", lambda x: np.where(x > 0.5, x - 0, np.where(x < -0.5, x + 0, 0)), FLOATS),
     ("shrink", {"lambd": 1.5, "bias": 0.75}, "Shrink",
      lambda x: np.where(x > 1.5, x - 0.75, np.where(x < -1.5, x + 0.75, 0)), FLOATS),
+    ("swish", {}, "Swish", lambda x: x / (1 + np.exp(-x)), FLOATS),
+    ("swish", {"alpha": 0.5}, "Swish", lambda x: x / (1 + np.exp(-0.5 * x)), FLOATS),
 ]
 NAMES = sorted({case[0] for case in CASES})
-OPSET = {"gelu": 20, "mish": 18}  # the first opset with the op (where later than 17)
+OPSET = {"gelu": 20, "mish": 18, "swish": 24}  # the first opset with the op (where later than 17)
 
 
 def case_id(case):
@@ -100,6 +102,35 @@ def test_matches_closed_form(run_op, rng, case, dtype):
     tol = 1e-13 if dtype == "float64" else None
     expected = reference(x.astype(np.float64))
     assert_close(run_op(activation(name, **attrs), x), expected, dtype, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("alpha", [1.0, 1.702])
+def test_swiglu(run_op, rng, dtype, alpha):
+    """a * sigmoid(alpha a) * b in float64, and ONNX's reference evaluator running SwiGLU
+    (opset 28; onnxruntime has no kernel for it yet)."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+    a, b = inputs(rng, dtype), inputs(rng, dtype)
+    got = run_op(lambda x, y: apply("swiglu", [x, y], {"alpha": alpha}), a, b)
+    wide_a = a.astype(np.float64)
+    assert_close(got, wide_a / (1 + np.exp(-alpha * wide_a)) * b, dtype,
+                 rtol=1e-13 if dtype == "float64" else None, atol=1e-13 if dtype == "float64" else None)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("SwiGLU", ["a", "b"], ["y"], alpha=alpha)], "swiglu",
+        [helper.make_tensor_value_info(n, elem, a.shape) for n in "ab"],
+        [helper.make_tensor_value_info("y", elem, a.shape)]), opset_imports=[helper.make_opsetid("", 28)])
+    with np.errstate(over="ignore"):  # the evaluator's exp(-alpha * a) overflows for large -a
+        expected = ReferenceEvaluator(model).run(None, {"a": a, "b": b})[0]
+    assert_close(got, expected, dtype,
+                 rtol=ORT_RTOL[np.dtype(dtype)], atol=ORT_RTOL[np.dtype(dtype)])
+
+
+def test_swiglu_takes_operands_of_one_shape(graph):
+    a, b = ef.placeholder("float32", (2, 3)), ef.placeholder("float32", (1, 3))
+    with pytest.raises(GraphError, match=r"swiglu: a and b must have one shape, got \(2, 3\) and \(1, 3\)"):
+        apply("swiglu", [a, b])
 
 
 def _ulps(actual, expected):

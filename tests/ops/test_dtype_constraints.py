@@ -127,6 +127,11 @@ EXAMPLES = {
     "det": _unary((2, 3, 3)),
     **{name: ([S((2, 3, 4)), S((2, 4), "int64"), S((3,))], {}) for name in ("nll_loss", "softmax_cross_entropy_loss")},
     "nll_loss_grad": ([S(()), S((2, 3, 4), "int8"), S((2, 4), "int32"), S((3,))], {}),
+    "attention": ([S((1, 2, 3, 4)), S((1, 1, 5, 4)), S((1, 1, 5, 6))], {}),
+    "attention_grad": ([S((1, 2, 3, 4)), S((1, 1, 5, 4)), S((1, 1, 5, 6)), S((1, 2, 3, 6))], {}),
+    "swish": _unary(),
+    "swiglu": _binary((2, 3), (2, 3)),
+    "rotary_embedding": ([S((1, 2, 3, 4)), S((1, 3, 2)), S((1, 3, 2))], {}),
 }
 
 # Ops whose inference takes fewer dtypes than their declaration admits (a constraint that

@@ -69,5 +69,5 @@ def first_float(value):
     return float(np.asarray(value).reshape(-1)[0])
 
 
-from . import (activations, array, conv, einsum, image, loss, math, nn, no_op, norm, pool,  # noqa: E402,F401
+from . import (activations, array, attention, conv, einsum, image, loss, math, nn, no_op, norm, pool,  # noqa: E402,F401
                quantize, reduce, rnn, select, shape, signal)  # (registration)

@@ -16,7 +16,8 @@ _PARAMETRIC = {"LeakyRelu": ("leaky_relu", {"alpha": 0.01}),
                "Gelu": ("gelu", {"approximate": "none"}),
                "Celu": ("celu", {"alpha": 1.0}),
                "ThresholdedRelu": ("thresholded_relu", {"alpha": 1.0}),
-               "Shrink": ("shrink", {"lambd": 0.5, "bias": 0.0})}
+               "Shrink": ("shrink", {"lambd": 0.5, "bias": 0.0}),
+               "Swish": ("swish", {"alpha": 1.0})}
 _PARAMETRIC_OPS = {onnx: op for onnx, (op, _) in _PARAMETRIC.items()}
 
 
@@ -43,3 +44,9 @@ def _clip(ctx, node):
     if not (attrs or operands):  # bounds as attributes (before opset 11)
         attrs = {"min": node.attr("min", -math.inf), "max": node.attr("max", math.inf)}
     return apply("clip", [x, *operands], attrs, name=node.outputs[0])
+
+
+@handler("SwiGLU", op="swiglu")
+def _swiglu(ctx, node):
+    return apply("swiglu", [ctx.input(node, 0), ctx.input(node, 1)], {"alpha": node.attr("alpha", 1.0)},
+                 name=node.outputs[0])

@@ -40,5 +40,5 @@ def evaluate(opcode, attrs, values, specs):
     return outs
 
 
-from . import (activations, array, conv, einsum, image, loss, math, nn, norm, pool,  # noqa: E402,F401
+from . import (activations, array, attention, conv, einsum, image, loss, math, nn, norm, pool,  # noqa: E402,F401
                quantize, random, reduce, rnn, select, shape, signal, state)  # (registration)

@@ -94,6 +94,11 @@ def _gelu(x, attrs):
     return x / 2 * special_functions()[1](-x / np.sqrt(2).astype(x.dtype))
 
 
+def _sigmoid(x):
+    """1 / (1 + exp(-x)) as tanh(x / 2) / 2 + 1 / 2: nothing overflows."""
+    return np.tanh(x / 2) / 2 + 0.5
+
+
 def _elu(x, alpha):
     return np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0)))
 
@@ -113,6 +118,7 @@ _FORMULAS = {
     "softsign": lambda x, a: x / (1 + np.abs(x)),
     "mish": lambda x, a: x * np.tanh(np.logaddexp(0, x)),
     "thresholded_relu": lambda x, a: np.where(x > a["alpha"], x, 0),
+    "swish": lambda x, a: x * _sigmoid(x * a["alpha"]),
     "shrink": lambda x, a: np.where(x > a["lambd"], x - a["bias"], np.where(x < -a["lambd"], x + a["bias"], 0)),
 }
 
@@ -124,6 +130,17 @@ def _evaluate(formula, x, attrs, out):
 
 for _name, _formula in _FORMULAS.items():
     kernel(_name)(lambda ins, outs, attrs, f=_formula: partial(_evaluate, f, ins[0], attrs, outs[0]))
+
+
+def _swiglu(a, b, alpha, out):
+    wide = np.float32 if a.dtype == np.float16 else a.dtype
+    a, b = a.astype(wide, copy=False), b.astype(wide, copy=False)
+    np.copyto(out, a * _sigmoid(a * alpha) * b, casting="unsafe")
+
+
+@kernel("swiglu")
+def _swiglu_kernel(ins, outs, attrs):
+    return partial(_swiglu, ins[0], ins[1], attrs["alpha"], outs[0])
 
 
 def _bound(value, dtype):
