@@ -1,4 +1,4 @@
-"""Image ops: padding, and resizing the spatial axes of (N, C, H, W) tensors, as ONNX's Pad and Resize."""
+"""Image ops: padding and resizing (ONNX's Pad and Resize), sampling and cropping."""
 import numpy as np
 
 from .. import dtypes
@@ -36,41 +36,65 @@ def _pad(inputs, attrs):
     return [TensorSpec(tuple(shape), x.dtype)]
 
 
-RESIZE_MODES = ("nearest", "linear")
-COORDINATE_MODES = ("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel")
+RESIZE_MODES = ("nearest", "linear", "cubic")
+COORDINATE_MODES = ("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel",
+                    "half_pixel_symmetric", "tf_crop_and_resize")
 NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
-def spatial_scales(op, attrs, rank):
-    """(scales, sizes) for the last two axes, one of them None; GraphError unless exactly one is given."""
-    scales, sizes = attrs["scales"], attrs["sizes"]
-    if bool(scales) == bool(sizes):
-        raise GraphError(f"{op}: give exactly one of scales and sizes, got scales={scales}, sizes={sizes}")
-    given = scales or sizes
-    if len(given) not in (2, rank):
-        raise GraphError(f"{op}: scales or sizes must have 2 (H, W) or {rank} entries, got {given}")
-    if scales and (min(scales) <= 0 or any(s != 1 for s in scales[:-2])):
-        raise GraphError(f"{op}: scales must be positive, and 1 on the batch and channel axes; got {scales}")
-    if sizes and min(sizes[-2:]) < 1:
+def resize_axes(op, attrs, shape):
+    """(sizes, scales) of every axis of `shape`: output lengths (None where unknown until
+    run) and the scale each output coordinate maps back with (None: size / length, known
+    at run time). GraphError where the attributes are inconsistent.
+
+    `scales` and `sizes` hold one entry per axis, or two for the last two axes (the others
+    are kept). With scales only, an axis's length is floor(n * scale), computed in float32
+    as onnxruntime does (and ONNX's reference: not times the roi's extent, as ONNX's spec
+    says for tf_crop_and_resize); with both, sizes
+    are the output lengths and scales the coordinate scales (keep_aspect_ratio_policy).
+    """
+    rank, scales, sizes = len(shape), attrs["scales"], attrs["sizes"]
+    if not scales and not sizes:
+        raise GraphError(f"{op}: give scales or sizes (or both), got neither")
+    for name, given in (("scales", scales), ("sizes", sizes)):
+        if given and len(given) not in {2, rank}:
+            raise GraphError(f"{op}: {name} must have 2 (the last two axes) or {rank} entries, got {given}")
+    if rank < len(scales or sizes) or rank < 1:
+        raise GraphError(f"{op}: x of rank {rank} has fewer axes than scales or sizes")
+    if scales and min(scales) <= 0:
+        raise GraphError(f"{op}: scales must be positive, got {scales}")
+    if sizes and min(sizes) < 1:
         raise GraphError(f"{op}: sizes must be positive, got {sizes}")
-    return (tuple(scales[-2:]), None) if scales else (None, tuple(sizes[-2:]))
-
-
-def resized(n, scale):
-    """floor(n * scale), in float32 as ONNX Runtime computes it."""
-    return int(np.floor(np.float32(n) * np.float32(scale)))
+    roi = attrs["roi"]
+    crop = attrs["coordinate_transformation_mode"] == "tf_crop_and_resize"
+    if crop and len(roi) != 2 * rank:
+        raise GraphError(f"{op}: tf_crop_and_resize needs roi (start..., end...) of {2 * rank} values, got {roi}")
+    full_scales = (1.0,) * (rank - len(scales)) + tuple(scales) if scales else (None,) * rank
+    full_sizes = tuple(shape[:rank - len(sizes)]) + tuple(sizes) if sizes else None
+    if full_sizes is None:
+        full_sizes = tuple(None if n is None else int(np.floor(np.float32(n) * np.float32(s)))
+                           for n, s in zip(shape, full_scales))
+        if any(s is not None and s < 1 for s in full_sizes):
+            raise GraphError(f"{op}: scales {scales} shrink {fmt(shape)} to nothing")
+    return full_sizes, full_scales
 
 
 @define("resize", types=Types("x: T -> T", T=dtypes.NUMERIC), attrs={
     "scales": Attr(AttrKind.FLOATS, ()), "sizes": Attr(AttrKind.INTS, ()),
     "mode": Attr(AttrKind.STRING, "nearest"),
     "coordinate_transformation_mode": Attr(AttrKind.STRING, "half_pixel"),
-    "nearest_mode": Attr(AttrKind.STRING, "round_prefer_floor")})
+    "nearest_mode": Attr(AttrKind.STRING, "round_prefer_floor"),
+    "cubic_coeff_a": Attr(AttrKind.FLOAT, -0.75), "exclude_outside": Attr(AttrKind.BOOL, False),
+    "antialias": Attr(AttrKind.BOOL, False), "roi": Attr(AttrKind.FLOATS, ()),
+    "extrapolation_value": Attr(AttrKind.FLOAT, 0.0)})
 def _resize(inputs, attrs):
-    """Resample H and W of (N, C, H, W) to `sizes`, or to floor(size * scales).
+    """Resample x to `sizes`, or to floor(length * scales), as ONNX's Resize.
 
-    Each output pixel maps back to an input coordinate by coordinate_transformation_mode;
-    nearest rounds it by nearest_mode, linear interpolates (bilinear).
+    Each output coordinate maps back to an input coordinate by
+    coordinate_transformation_mode; nearest rounds it by nearest_mode, linear and cubic
+    (Keys' kernel with cubic_coeff_a) interpolate each axis in turn. exclude_outside gives
+    taps outside x no weight; antialias widens the filter by 1 / scale when shrinking;
+    tf_crop_and_resize samples the box `roi` and writes extrapolation_value outside x.
     """
     x = inputs[0]
     for key, allowed in (("mode", RESIZE_MODES), ("coordinate_transformation_mode", COORDINATE_MODES),
@@ -79,18 +103,8 @@ def _resize(inputs, attrs):
             raise GraphError(f"resize: {key} must be one of {allowed}, got {attrs[key]!r}")
     if attrs["mode"] != "nearest" and x.dtype not in dtypes.FLOATS:  # a declaration cannot say this
         raise GraphError(f"resize: mode {attrs['mode']!r} does not take dtype {x.dtype}")
-    if x.rank != 4:
-        raise GraphError(f"resize: x must be (N, C, H, W), got {fmt(x.shape)}")
-    scales, sizes = spatial_scales("resize", attrs, x.rank)
-    if sizes is not None and len(attrs["sizes"]) == 4 and any(
-            n is not None and n != s for n, s in zip(x.shape[:2], attrs["sizes"][:2])):
-        raise GraphError(f"resize: sizes {attrs['sizes']} would resize the batch or channel axis of "
-                         f"{fmt(x.shape)}; only H and W are resized")
-    if sizes is None:
-        sizes = tuple(None if n is None else resized(n, s) for n, s in zip(x.shape[2:], scales))
-        if any(s is not None and s < 1 for s in sizes):
-            raise GraphError(f"resize: scales {scales} shrink {fmt(x.shape)} to nothing")
-    return [TensorSpec(x.shape[:2] + sizes, x.dtype)]
+    sizes, _ = resize_axes("resize", attrs, x.shape)
+    return [TensorSpec(sizes, x.dtype)]
 
 
 @gradient("pad")

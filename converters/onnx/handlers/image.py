@@ -26,38 +26,63 @@ def _pad(ctx, node):
 
 @handler("Resize", op="resize")
 def _resize(ctx, node):
-    mode = node.attr("mode", "nearest")
-    if mode not in ("nearest", "linear"):
-        raise unsupported(node, f"Resize mode {mode!r} (nearest and linear are supported)")
-    for attr, default in (("antialias", 0), ("exclude_outside", 0)):
-        if node.attr(attr, default) != default:
-            raise unsupported(node, f"Resize with {attr}={node.attr(attr)}")
-    if node.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
-        raise unsupported(node, "Resize with keep_aspect_ratio_policy")
-    attrs = {"mode": mode,
-             "coordinate_transformation_mode": node.attr("coordinate_transformation_mode", "half_pixel"),
-             "nearest_mode": node.attr("nearest_mode", "round_prefer_floor")}
-    if attrs["coordinate_transformation_mode"] in ("tf_crop_and_resize", "half_pixel_symmetric"):
-        raise unsupported(node, f"Resize with {attrs['coordinate_transformation_mode']}")
     x = ctx.input(node, 0)
+    rank = len(x.shape)
+    attrs = {"mode": node.attr("mode", "nearest"),
+             "coordinate_transformation_mode": node.attr("coordinate_transformation_mode", "half_pixel"),
+             "nearest_mode": node.attr("nearest_mode", "round_prefer_floor"),
+             "cubic_coeff_a": float(node.attr("cubic_coeff_a", -0.75)),
+             "exclude_outside": bool(node.attr("exclude_outside", 0)),
+             "antialias": bool(node.attr("antialias", 0)),
+             "extrapolation_value": float(node.attr("extrapolation_value", 0.0))}
+    axes = [a % rank for a in node.attr("axes", range(rank))]
+    if attrs["coordinate_transformation_mode"] == "tf_crop_and_resize":
+        roi = [float(v) for v in np.asarray(ctx.constant(node, 1, "roi")).reshape(-1)]
+        full = [0.0] * rank + [1.0] * rank
+        for k, a in enumerate(axes):
+            full[a], full[rank + a] = roi[k], roi[len(axes) + k]
+        attrs["roi"] = tuple(full)
     scales = ctx.value(node, 2) if ctx.has(node, 2) else None
     if ctx.has(node, 3):
-        attrs["sizes"] = _on_all_axes(node, x, ctx.ints(node, 3, "sizes"), x.shape)
+        sizes = ctx.ints(node, 3, "sizes")
+        policy = node.attr("keep_aspect_ratio_policy", "stretch")
+        if policy != "stretch":
+            attrs["sizes"], attrs["scales"] = _keep_aspect_ratio(node, x, axes, sizes, policy)
+        else:
+            attrs["sizes"] = _on_all_axes(node, x, axes, sizes, x.shape)
     elif scales is not None and np.size(scales):
-        attrs["scales"] = _on_all_axes(node, x, [float(s) for s in np.asarray(scales).reshape(-1)],
-                                       (1.0,) * len(x.shape))
+        attrs["scales"] = _on_all_axes(node, x, axes, [float(s) for s in np.asarray(scales).reshape(-1)],
+                                       (1.0,) * rank)
     else:
         raise unsupported(node, "Resize needs constant scales or sizes")
     return apply("resize", [x], attrs, name=node.outputs[0])
 
 
-def _on_all_axes(node, x, values, unchanged):
+def _on_all_axes(node, x, axes, values, unchanged):
     """Scales or sizes given for Resize's `axes` (opset 18), spread over all axes."""
-    if "axes" not in node.attrs:
-        return tuple(values)
+    if len(values) != len(axes):
+        raise unsupported(node, f"Resize with {len(values)} scales or sizes for {len(axes)} axes")
     full = list(unchanged)
-    for axis, v in zip(node.attr("axes"), values):
-        full[axis % len(x.shape)] = v
+    for axis, v in zip(axes, values):
+        full[axis] = v
     if None in full:
         raise unsupported(node, "Resize with axes and sizes on a shape with dynamic dimensions")
     return tuple(full)
+
+
+def _keep_aspect_ratio(node, x, axes, sizes, policy):
+    """(sizes, scales) of keep_aspect_ratio_policy: one scale, the least (not_larger) or
+    greatest (not_smaller) of sizes / length over `axes`, and lengths rounded half up."""
+    lengths = [x.shape[a] for a in axes]
+    if None in lengths:
+        raise unsupported(node, "Resize with keep_aspect_ratio_policy on axes of dynamic length")
+    if policy not in ("not_larger", "not_smaller"):
+        raise unsupported(node, f"Resize keep_aspect_ratio_policy {policy!r}")
+    ratios = [np.float32(s) / np.float32(n) for s, n in zip(sizes, lengths)]
+    scale = min(ratios) if policy == "not_larger" else max(ratios)
+    full_sizes, full_scales = list(x.shape), [1.0] * len(x.shape)
+    for a, n in zip(axes, lengths):
+        full_sizes[a], full_scales[a] = int(np.floor(np.float32(n) * scale + np.float32(0.5))), float(scale)
+    if None in full_sizes:
+        raise unsupported(node, "Resize with keep_aspect_ratio_policy on a shape with dynamic dimensions")
+    return tuple(full_sizes), tuple(full_scales)
