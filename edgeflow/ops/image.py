@@ -151,3 +151,33 @@ def _pad_grad_grad(g, op, grads):
 @gradient("resize_grad")
 def _resize_grad_grad(g, op, grads):
     return [g("resize", grads[0], **op.attrs), None]
+
+
+GRID_SAMPLE_MODES = ("linear", "nearest", "cubic")
+GRID_PADDING_MODES = ("zeros", "border", "reflection")
+
+
+@define("grid_sample", types=Types("x: T, grid: G -> T", T=dtypes.NUMERIC, G=dtypes.FLOATS), attrs={
+    "mode": Attr(AttrKind.STRING, "linear"), "padding_mode": Attr(AttrKind.STRING, "zeros"),
+    "align_corners": Attr(AttrKind.BOOL, False)})
+def _grid_sample(inputs, attrs):
+    """Sample x (N, C, d1..dr) at the normalized positions grid (N, o1..or, r) holds (its last
+    axis lists them w, h, d...: the last spatial axis first), as ONNX's GridSample.
+
+    -1 and 1 are the centres of the corner pixels with align_corners, else their outer
+    edges; positions outside read zeros, the border, or the reflection (padding_mode).
+    """
+    x, grid = inputs
+    for key, allowed in (("mode", GRID_SAMPLE_MODES), ("padding_mode", GRID_PADDING_MODES)):
+        if attrs[key] not in allowed:
+            raise GraphError(f"grid_sample: {key} must be one of {allowed}, got {attrs[key]!r}")
+    if attrs["mode"] != "nearest" and x.dtype not in dtypes.FLOATS:
+        raise GraphError(f"grid_sample: mode {attrs['mode']!r} does not take dtype {x.dtype}")
+    r = x.rank - 2
+    if r < 1 or grid.rank != r + 2 or grid.shape[-1] not in (None, r):
+        raise GraphError(f"grid_sample: x (N, C, d1..dr) {fmt(x.shape)} needs grid (N, o1..or, r) of rank "
+                         f"{x.rank} ending in {r}, got {fmt(grid.shape)}")
+    if None not in (x.shape[0], grid.shape[0]) and x.shape[0] != grid.shape[0]:
+        raise GraphError(f"grid_sample: x {fmt(x.shape)} and grid {fmt(grid.shape)} differ in batch")
+    return [TensorSpec((x.shape[0] if x.shape[0] is not None else grid.shape[0], x.shape[1])
+                       + tuple(grid.shape[1:-1]), x.dtype)]

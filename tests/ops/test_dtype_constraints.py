@@ -58,6 +58,7 @@ EXAMPLES = {
     "split": _unary((4, 3), num_outputs=2),
     "pad": _unary(pads=(1, 0, 0, 1)),
     "resize": _unary(_IMAGE, scales=(2.0, 2.0)),
+    "grid_sample": ([S(_IMAGE), S((1, 3, 4, 2), "float32")], {"mode": "nearest"}),
     "max_pool": _unary(_IMAGE, kernel_shape=(2, 2)),
     "avg_pool": _unary(_IMAGE, kernel_shape=(2, 2)),
     "matmul": _binary((2, 3), (3, 4)),

@@ -86,3 +86,12 @@ def _keep_aspect_ratio(node, x, axes, sizes, policy):
     if None in full_sizes:
         raise unsupported(node, "Resize with keep_aspect_ratio_policy on a shape with dynamic dimensions")
     return tuple(full_sizes), tuple(full_scales)
+
+
+@handler("GridSample", op="grid_sample")
+def _grid_sample(ctx, node):
+    """GridSample (opsets 16 to 22): opset 16's bilinear and bicubic are linear and cubic."""
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(node.attr("mode", "linear"), node.attr("mode", "linear"))
+    attrs = {"mode": mode, "padding_mode": node.attr("padding_mode", "zeros"),
+             "align_corners": bool(node.attr("align_corners", 0))}
+    return apply("grid_sample", [ctx.input(node, 0), ctx.input(node, 1)], attrs, name=node.outputs[0])

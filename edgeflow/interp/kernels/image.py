@@ -272,3 +272,80 @@ def _resize_grad(ins, outs, attrs):
     if src is not dx:
         steps.append(partial(np.copyto, dx, src))
     return sequence(*steps)
+
+
+def _reflect(c, low, high):
+    """c reflected by the borders low and high until it lies between them."""
+    span = high - low
+    if span <= 0:
+        return np.full_like(c, low)
+    below = c < low
+    d = np.where(below, low - c, c - high)
+    flips = np.floor(d / span)
+    rest = d - flips * span
+    even = flips % 2 == 0
+    inside = np.where(below == even, low + rest, high - rest)
+    return np.where((c < low) | (c > high), inside, c)
+
+
+def _grid_taps(c, d, attrs):
+    """[(index (intp), weight or None)] of one spatial axis of length d at the denormalized
+    coordinates c, with padding_mode resolved: taps outside read 0 (weight 0) for zeros,
+    the edge for border, their reflection for reflection."""
+    padding, mode = attrs["padding_mode"], attrs["mode"]
+    low, high = (0.0, d - 1.0) if attrs["align_corners"] else (-0.5, d - 0.5)
+    if mode == "nearest":
+        c = np.rint(c)
+    if padding == "border" and mode != "cubic":  # cubic's taps read the edge: PyTorch's and onnxruntime's
+        c = np.clip(c, 0, d - 1)
+    elif padding == "reflection":
+        c = _reflect(c, low, high)
+    if mode == "nearest":
+        taps = [(c, None)]
+    else:
+        base = np.floor(c)
+        t = c - base
+        if mode == "linear":
+            taps = [(base, 1 - t), (base + 1, t)]
+        else:
+            taps = [(base + j, w) for j, w in zip(range(-1, 3), _cubic(-0.75)(np.stack([t + 1, t, 1 - t, 2 - t])))]
+    resolved = []
+    for i, w in taps:
+        if padding == "zeros":  # (border: the clip below)
+            inside = (i >= 0) & (i < d)
+            w = inside.astype(c.dtype) if w is None else np.where(inside, w, 0)
+        elif padding == "reflection":
+            i = _reflect(i, low, high)
+        resolved.append((np.clip(i, 0, d - 1).astype(np.intp), w))
+    return resolved
+
+
+@kernel("grid_sample")
+def _grid_sample(ins, outs, attrs):
+    """Each output element is the sum over the taps' combinations (1, 2 or 4 per axis) of
+    x gathered at their flat index times their weights' product; float16 in float32."""
+    x, grid, out = ins[0], ins[1], outs[0]
+    n, ch, spatial = x.shape[0], x.shape[1], x.shape[2:]
+    work = np.float32 if x.dtype == np.float16 and attrs["mode"] != "nearest" else x.dtype
+    coord = np.float64 if grid.dtype == np.float64 else np.float32
+    dst = reshaped(out, (n, ch, -1))
+
+    def run():
+        src = x.reshape(n, ch, -1)
+        g = grid.astype(coord).reshape(n, -1, len(spatial))
+        combos = [(np.zeros(g.shape[:2], np.intp), None)]
+        for axis, d in enumerate(spatial):
+            u = g[..., len(spatial) - 1 - axis]
+            c = (u + 1) / 2 * (d - 1) if attrs["align_corners"] else ((u + 1) * d - 1) / 2
+            taps = _grid_taps(c, d, attrs)
+            combos = [(i * d + j, v if w is None else w if v is None else v * w)
+                      for i, v in combos for j, w in taps]
+        acc = np.zeros(dst.shape, work)
+        for index, weight in combos:
+            picked = np.take_along_axis(src, index[:, None, :], axis=2)
+            if weight is None:
+                acc += picked
+            else:
+                acc += picked * weight[:, None, :].astype(work)
+        np.copyto(dst, acc, casting="unsafe")
+    return run
