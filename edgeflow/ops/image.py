@@ -181,3 +181,60 @@ def _grid_sample(inputs, attrs):
         raise GraphError(f"grid_sample: x {fmt(x.shape)} and grid {fmt(grid.shape)} differ in batch")
     return [TensorSpec((x.shape[0] if x.shape[0] is not None else grid.shape[0], x.shape[1])
                        + tuple(grid.shape[1:-1]), x.dtype)]
+
+
+@define("affine_grid", types=Types("theta: T -> T", T=dtypes.FLOATS), attrs={
+    "size": Attr(AttrKind.INTS), "align_corners": Attr(AttrKind.BOOL, False)})
+def _affine_grid(inputs, attrs):
+    """The grid (N, d1..dr, r) grid_sample reads for x of shape `size` (N, C, d1..dr): theta
+    (N, r, r + 1) applied to each output position's normalized (w, h, d..., 1), as ONNX's AffineGrid."""
+    theta, size = inputs[0], attrs["size"]
+    r = len(size) - 2
+    if r not in (2, 3) or min(size) < 1:
+        raise GraphError(f"affine_grid: size must be (N, C, H, W) or (N, C, D, H, W) of positive lengths, got {size}")
+    if theta.rank != 3 or any(n is not None and n != m for n, m in zip(theta.shape, (size[0], r, r + 1))):
+        raise GraphError(f"affine_grid: theta must be ({size[0]}, {r}, {r + 1}) for size {size}, got {fmt(theta.shape)}")
+    return [TensorSpec(tuple(size[:1]) + tuple(size[2:]) + (r,), theta.dtype)]
+
+
+@define("col2im", types=Types("x: T -> T", T=dtypes.NUMERIC), attrs={
+    "image_shape": Attr(AttrKind.INTS), "block_shape": Attr(AttrKind.INTS),
+    "strides": Attr(AttrKind.INTS, ()), "pads": Attr(AttrKind.INTS, ()), "dilations": Attr(AttrKind.INTS, ())})
+def _col2im(inputs, attrs):
+    """Sum the sliding blocks x (N, C * prod(block_shape), L) back into an image (N, C,
+    *image_shape), as ONNX's Col2Im (the adjoint of im2col)."""
+    x = inputs[0]
+    image, block = attrs["image_shape"], attrs["block_shape"]
+    r = len(image)
+    strides, pads, dilations = col2im_geometry("col2im", attrs)
+    if x.rank != 3:
+        raise GraphError(f"col2im: x must be (N, C * prod(block_shape), L), got {fmt(x.shape)}")
+    blocks = []
+    for i in range(r):
+        span = dilations[i] * (block[i] - 1) + 1
+        blocks.append((image[i] + pads[i] + pads[i + r] - span) // strides[i] + 1)
+    if min(blocks) < 1:
+        raise GraphError(f"col2im: block_shape {block} (dilations {dilations}) does not fit image_shape {image} "
+                         f"with pads {pads}")
+    k = int(np.prod(block))
+    if x.shape[1] is not None and x.shape[1] % k:
+        raise GraphError(f"col2im: x's axis 1 ({x.shape[1]}) must be a multiple of prod(block_shape) = {k}")
+    if x.shape[2] is not None and x.shape[2] != int(np.prod(blocks)):
+        raise GraphError(f"col2im: x must hold {int(np.prod(blocks))} blocks ({' x '.join(map(str, blocks))}) "
+                         f"along axis 2, got {x.shape[2]}")
+    return [TensorSpec((x.shape[0], None if x.shape[1] is None else x.shape[1] // k) + tuple(image), x.dtype)]
+
+
+def col2im_geometry(op, attrs):
+    """(strides, pads, dilations) of col2im with their defaults; GraphError if malformed."""
+    image, block = attrs["image_shape"], attrs["block_shape"]
+    r = len(image)
+    strides, pads, dilations = attrs["strides"] or (1,) * r, attrs["pads"] or (0,) * 2 * r, \
+        attrs["dilations"] or (1,) * r
+    if r < 1 or len(block) != r or len(strides) != r or len(dilations) != r or len(pads) != 2 * r:
+        raise GraphError(f"{op}: image_shape {image}, block_shape {block}, strides {strides}, dilations "
+                         f"{dilations} need one entry per spatial axis, pads two")
+    if min(image + block + strides + dilations) < 1 or min(pads) < 0:
+        raise GraphError(f"{op}: image_shape, block_shape, strides and dilations must be positive, pads "
+                         f"non-negative; got {attrs}")
+    return strides, pads, dilations

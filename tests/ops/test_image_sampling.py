@@ -1,4 +1,5 @@
-"""grid_sample against onnxruntime's GridSample and ONNX's reference evaluator."""
+"""grid_sample, affine_grid, col2im and CenterCropPad against onnxruntime, ONNX's reference
+evaluator and closed forms."""
 import numpy as np
 import pytest
 
@@ -128,3 +129,102 @@ def test_grid_sample_invalid(graph, x_shape, g_shape, attrs, message):
 def test_grid_sample_integer_interpolation_invalid(graph):
     with pytest.raises(GraphError, match="dtype"):
         apply("grid_sample", [ef.placeholder("int32", (1, 1, 2, 2)), ef.placeholder("float32", (1, 2, 2, 2))], {})
+
+
+def convert_node(op_type, inputs, constants, attrs, opset):
+    """The edgeflow runner of one ONNX node: `inputs` (name -> array) fed, `constants` (name
+    -> array) initializers, input names in order inputs then constants ("" for a gap)."""
+    from onnx import helper, numpy_helper
+    from edgeflow.converters import onnx as onnx_converter
+    from edgeflow.format import writer
+    names = list(inputs) + list(constants)
+    feeds = {n: a for n, a in inputs.items()}
+    want = onnx_run(op_type, [*inputs.values(), *constants.values()], [next(iter(inputs.values())).dtype],
+                    opset, **attrs)[0]
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node(op_type, names, ["y"], **attrs)], "one",
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in feeds.items()],
+        [helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(want.dtype), want.shape)],
+        [numpy_helper.from_array(a, n) for n, a in constants.items()]), opset_imports=[helper.make_opsetid("", opset)])
+    got = ef.Interpreter(writer.to_bytes(onnx_converter.convert(model).model)).get_signature_runner("infer")(**feeds)
+    return got["y"], want
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("size", [(2, 3, 4, 5), (1, 1, 1, 3), (2, 1, 3, 4, 2), (1, 2, 1, 1, 1)], ids=str)
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_affine_grid(run_op, rng, size, align_corners, dtype):
+    """Against a closed form: theta times each pixel centre's (or corner's) normalized position."""
+    r = len(size) - 2
+    theta = rng.standard_normal((size[0], r, r + 1)).astype(dtype)
+    got = run_op(lambda t: apply("affine_grid", [t], {"size": size, "align_corners": align_corners}), theta)
+    spatial = size[2:]
+    axes = [np.linspace(-1, 1, n) if align_corners else (np.arange(n) + 0.5) * 2 / n - 1 for n in spatial]
+    want = np.zeros(got.shape)
+    for index in np.ndindex(*spatial):
+        point = [axes[a][i] for a, i in enumerate(index)][::-1] + [1.0]  # (w, h, d..., 1)
+        want[(slice(None),) + index] = theta.astype(np.float64) @ np.array(point)
+    assert_close(got, want.astype(dtype), dtype, rtol=1e-2 if dtype == "float16" else 1e-6,
+                 atol=1e-2 if dtype == "float16" else 1e-6)
+
+
+def test_affine_grid_matches_onnxruntime(rng):
+    theta = rng.standard_normal((2, 2, 3)).astype(np.float32)
+    got, want = convert_node("AffineGrid", {"theta": theta}, {"size": np.array([2, 3, 5, 4], np.int64)},
+                             {"align_corners": 1}, 20)
+    assert_close(got, want, np.float32, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape, target, axes", [
+    ((20, 10, 3), (10, 7, 3), None), ((10, 7, 3), (20, 10, 3), None), ((20, 8, 3), (9, 11, 3), None),
+    ((3, 20, 9), (11, 12), (1, 2)), ((5, 6, 7), (4, 9), (-1, 0))], ids=str)
+@pytest.mark.parametrize("dtype", ["float32", "int64", "uint8", "bool", "float16"])
+def test_center_crop_pad(rng, shape, target, axes, dtype):
+    x = (rng.standard_normal(shape) * 10).astype(dtype)
+    attrs = {} if axes is None else {"axes": list(axes)}
+    got, want = convert_node("CenterCropPad", {"x": x}, {"shape": np.array(target, np.int64)}, attrs, 18)
+    assert_close(got, want, dtype)
+
+
+@pytest.mark.parametrize("image, block, attrs", [
+    ((5, 5), (1, 5), {}), ((5, 5), (2, 2), {"strides": [2, 2]}), ((5, 5), (1, 5), {"pads": [0, 1, 0, 1]}),
+    ((6, 6), (2, 2), {"dilations": [1, 5]}), ((3, 4, 5), (1, 2, 2), {"strides": [1, 2, 1], "pads": [1, 0, 1, 0, 1, 0]}),
+    ((7, 6), (3, 2), {"strides": [2, 1], "dilations": [2, 2], "pads": [1, 2, 0, 1]}), ((9,), (3,), {"strides": [2]})],
+    ids=str)
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+def test_col2im(rng, image, block, attrs, dtype):
+    """Against ONNX's reference (onnxruntime's Col2Im takes float32 2-D images only), and
+    against onnxruntime where it does."""
+    r = len(image)
+    strides, dil = attrs.get("strides", [1] * r), attrs.get("dilations", [1] * r)
+    pads = attrs.get("pads", [0] * 2 * r)
+    count = int(np.prod([(image[i] + pads[i] + pads[i + r] - dil[i] * (block[i] - 1) - 1) // strides[i] + 1
+                         for i in range(r)]))
+    x = (rng.standard_normal((2, 3 * int(np.prod(block)), count)) * 10).astype(dtype)
+    got = harness_run_col2im(x, image, block, attrs)
+    want, = onnx_run("Col2Im", [x, np.array(image, np.int64), np.array(block, np.int64)], [dtype], 18,
+                     "reference", **attrs)
+    assert_close(got, want, dtype, rtol=1e-6, atol=1e-5)
+    if r == 2 and dtype == "float32":
+        got, want = convert_node("Col2Im", {"x": x}, {"image": np.array(image, np.int64),
+                                                      "block": np.array(block, np.int64)}, attrs, 18)
+        assert_close(got, want, np.float32, rtol=1e-5, atol=1e-5)
+
+
+def harness_run_col2im(x, image, block, attrs):
+    from . import harness
+    full = {"image_shape": image, "block_shape": block, **{k: tuple(v) for k, v in attrs.items()}}
+    return harness.run_op(lambda t: apply("col2im", [t], full), x)
+
+
+@pytest.mark.parametrize("op, inputs, attrs, message", [
+    ("affine_grid", [(2, 2, 3)], {"size": (2, 3, 4)}, "size"),
+    ("affine_grid", [(2, 2, 3)], {"size": (2, 3, 4, 4, 4)}, "theta"),
+    ("col2im", [(1, 4, 8)], {"image_shape": (4, 4), "block_shape": (2, 2)}, "blocks"),
+    ("col2im", [(1, 5, 9)], {"image_shape": (4, 4), "block_shape": (2, 2)}, "multiple"),
+    ("col2im", [(1, 4, 9)], {"image_shape": (4, 4), "block_shape": (2,)}, "one entry"),
+    ("col2im", [(1, 4, 9)], {"image_shape": (2, 2), "block_shape": (3, 3)}, "does not fit"),
+])
+def test_invalid_shapes(graph, op, inputs, attrs, message):
+    with pytest.raises(GraphError, match=message):
+        apply(op, [ef.placeholder("float32", s) for s in inputs], attrs)

@@ -95,3 +95,34 @@ def _grid_sample(ctx, node):
     attrs = {"mode": mode, "padding_mode": node.attr("padding_mode", "zeros"),
              "align_corners": bool(node.attr("align_corners", 0))}
     return apply("grid_sample", [ctx.input(node, 0), ctx.input(node, 1)], attrs, name=node.outputs[0])
+
+
+@handler("AffineGrid", op="affine_grid")
+def _affine_grid(ctx, node):
+    return apply("affine_grid", [ctx.input(node, 0)], {"size": ctx.ints(node, 1, "size"),
+                 "align_corners": bool(node.attr("align_corners", 0))}, name=node.outputs[0])
+
+
+@handler("Col2Im", op="col2im")
+def _col2im(ctx, node):
+    attrs = {"image_shape": ctx.ints(node, 1, "image_shape"), "block_shape": ctx.ints(node, 2, "block_shape")}
+    for key in ("strides", "pads", "dilations"):
+        attrs[key] = tuple(node.attr(key, ()))
+    return apply("col2im", [ctx.input(node, 0)], attrs, name=node.outputs[0])
+
+
+@handler("CenterCropPad", op="pad")
+def _center_crop_pad(ctx, node):
+    """Crop or zero-pad each axis to `shape` around its centre: one pad, negative where it
+    crops (the extra element of an odd difference goes at the end)."""
+    x = ctx.input(node, 0)
+    rank, shape = len(x.shape), ctx.ints(node, 1, "shape")
+    axes = [a % rank for a in node.attr("axes", range(rank))]
+    pads = [0] * (2 * rank)
+    for a, s in zip(axes, shape):
+        if x.shape[a] is None:
+            raise unsupported(node, f"CenterCropPad on axis {a} of dynamic length")
+        diff = s - x.shape[a]
+        half = diff // 2 if diff >= 0 else -((-diff) // 2)
+        pads[a], pads[rank + a] = half, diff - half
+    return apply("pad", [x], {"pads": tuple(pads), "mode": "constant", "value": 0.0}, name=node.outputs[0])

@@ -3,7 +3,7 @@ from functools import partial
 
 import numpy as np
 
-from ...ops.image import resize_axes
+from ...ops.image import col2im_geometry, resize_axes
 from . import kernel
 from .conv import reshaped, sequence
 
@@ -348,4 +348,48 @@ def _grid_sample(ins, outs, attrs):
             else:
                 acc += picked * weight[:, None, :].astype(work)
         np.copyto(dst, acc, casting="unsafe")
+    return run
+
+
+def affine_base(spatial, align_corners):
+    """(prod(spatial), r + 1): each position's normalized (w, h, d..., 1), w varying fastest."""
+    axes = [np.linspace(-1, 1, n) if align_corners else (2 * np.arange(n) + 1) / n - 1 for n in spatial]
+    mesh = np.meshgrid(*axes, indexing="ij")
+    return np.stack([m.ravel() for m in reversed(mesh)] + [np.ones(mesh[0].size)], axis=1)
+
+
+@kernel("affine_grid")
+def _affine_grid(ins, outs, attrs):
+    theta, out = ins[0], outs[0]
+    base = affine_base(attrs["size"][2:], attrs["align_corners"]).astype(np.promote_types(theta.dtype, np.float32))
+    dst = reshaped(out, (out.shape[0], -1, out.shape[-1]))
+    return lambda: np.copyto(dst, np.matmul(base, theta.transpose(0, 2, 1)), casting="unsafe")
+
+
+@kernel("col2im")
+def _col2im(ins, outs, attrs):
+    """For each block offset (a small loop), the L blocks land on distinct pixels: one
+    fancy-indexed add each into the padded image, which is then cropped."""
+    x, out = ins[0], outs[0]
+    image, block = attrs["image_shape"], attrs["block_shape"]
+    strides, pads, dilations = col2im_geometry("col2im", attrs)
+    r = len(image)
+    padded = [n + pads[i] + pads[i + r] for i, n in enumerate(image)]
+    counts = [(padded[i] - dilations[i] * (block[i] - 1) - 1) // strides[i] + 1 for i in range(r)]
+    starts = np.stack([m.ravel() for m in np.meshgrid(*[np.arange(c) * s for c, s in zip(counts, strides)],
+                                                      indexing="ij")])  # (r, L)
+    offsets = np.stack([m.ravel() for m in np.meshgrid(*[np.arange(b) * d for b, d in zip(block, dilations)],
+                                                       indexing="ij")])  # (r, K)
+    places = [np.ravel_multi_index(tuple(starts + offsets[:, k:k + 1]), padded) for k in range(offsets.shape[1])]
+    n, c = out.shape[:2]
+    canvas = np.zeros((n, c, int(np.prod(padded))), out.dtype)
+    cols = x.reshape(n, c, len(places), -1)
+    inside = canvas.reshape((n, c) + tuple(padded))[(slice(None),) * 2 + tuple(
+        slice(pads[i], pads[i] + image[i]) for i in range(r))]
+
+    def run():
+        canvas.fill(0)
+        for k, place in enumerate(places):
+            canvas[:, :, place] += cols[:, :, k]
+        np.copyto(out, inside)
     return run
