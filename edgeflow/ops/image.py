@@ -238,3 +238,32 @@ def col2im_geometry(op, attrs):
         raise GraphError(f"{op}: image_shape, block_shape, strides and dilations must be positive, pads "
                          f"non-negative; got {attrs}")
     return strides, pads, dilations
+
+
+@define("roi_align", types=Types("x: T, rois: T, batch_indices: index -> T", T=dtypes.FLOATS), attrs={
+    "mode": Attr(AttrKind.STRING, "avg"), "output_height": Attr(AttrKind.INT, 1),
+    "output_width": Attr(AttrKind.INT, 1), "sampling_ratio": Attr(AttrKind.INT, 0),
+    "spatial_scale": Attr(AttrKind.FLOAT, 1.0),
+    "coordinate_transformation_mode": Attr(AttrKind.STRING, "half_pixel")})
+def _roi_align(inputs, attrs):
+    """Pool each box rois[i] (x1, y1, x2, y2, times spatial_scale) of image batch_indices[i]
+    of x (N, C, H, W) into (output_height, output_width) bins, as ONNX's RoiAlign: each bin
+    averages (or takes the max of) sampling_ratio^2 bilinear samples (adaptive: ceil(bin
+    size) per axis when 0). half_pixel shifts the box by -0.5 pixel; output_half_pixel
+    does not, and makes it at least 1 pixel wide."""
+    x, rois, indices = inputs
+    if attrs["mode"] not in ("avg", "max"):
+        raise GraphError(f"roi_align: mode must be 'avg' or 'max', got {attrs['mode']!r}")
+    if attrs["coordinate_transformation_mode"] not in ("half_pixel", "output_half_pixel"):
+        raise GraphError("roi_align: coordinate_transformation_mode must be 'half_pixel' or 'output_half_pixel', "
+                         f"got {attrs['coordinate_transformation_mode']!r}")
+    if min(attrs["output_height"], attrs["output_width"]) < 1 or attrs["sampling_ratio"] < 0:
+        raise GraphError("roi_align: output_height and output_width must be positive, sampling_ratio at least 0; "
+                         f"got {attrs['output_height']}, {attrs['output_width']}, {attrs['sampling_ratio']}")
+    if x.rank != 4 or rois.rank != 2 or rois.shape[1] not in (None, 4) or indices.rank != 1:
+        raise GraphError(f"roi_align: x must be (N, C, H, W), rois (R, 4) and batch_indices (R,); got "
+                         f"{fmt(x.shape)}, {fmt(rois.shape)}, {fmt(indices.shape)}")
+    if None not in (rois.shape[0], indices.shape[0]) and rois.shape[0] != indices.shape[0]:
+        raise GraphError(f"roi_align: rois {fmt(rois.shape)} and batch_indices {fmt(indices.shape)} differ in length")
+    r = rois.shape[0] if rois.shape[0] is not None else indices.shape[0]
+    return [TensorSpec((r, x.shape[1], attrs["output_height"], attrs["output_width"]), x.dtype)]

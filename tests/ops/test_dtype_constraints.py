@@ -61,6 +61,7 @@ EXAMPLES = {
     "grid_sample": ([S(_IMAGE), S((1, 3, 4, 2), "float32")], {"mode": "nearest"}),
     "affine_grid": ([S((1, 2, 3))], {"size": (1, 3, 4, 5)}),
     "col2im": ([S((1, 8, 9))], {"image_shape": (4, 4), "block_shape": (2, 2)}),
+    "roi_align": ([S((1, 2, 6, 6)), S((3, 4)), S((3,), "int64")], {}),
     "max_pool": _unary(_IMAGE, kernel_shape=(2, 2)),
     "avg_pool": _unary(_IMAGE, kernel_shape=(2, 2)),
     "matmul": _binary((2, 3), (3, 4)),

@@ -1,4 +1,4 @@
-"""grid_sample, affine_grid, col2im and CenterCropPad against onnxruntime, ONNX's reference
+"""grid_sample, affine_grid, col2im, roi_align and CenterCropPad against onnxruntime, ONNX's reference
 evaluator and closed forms."""
 import numpy as np
 import pytest
@@ -224,7 +224,47 @@ def harness_run_col2im(x, image, block, attrs):
     ("col2im", [(1, 5, 9)], {"image_shape": (4, 4), "block_shape": (2, 2)}, "multiple"),
     ("col2im", [(1, 4, 9)], {"image_shape": (4, 4), "block_shape": (2,)}, "one entry"),
     ("col2im", [(1, 4, 9)], {"image_shape": (2, 2), "block_shape": (3, 3)}, "does not fit"),
+    ("roi_align", [(1, 2, 4, 4), (3, 4), (2,)], {}, "differ in length"),
+    ("roi_align", [(1, 2, 4, 4), (3, 5), (3,)], {}, r"rois \(R, 4\)"),
+    ("roi_align", [(1, 2, 4, 4), (3, 4), (3,)], {"mode": "sum"}, "mode"),
+    ("roi_align", [(1, 2, 4, 4), (3, 4), (3,)], {"output_height": 0}, "positive"),
 ])
 def test_invalid_shapes(graph, op, inputs, attrs, message):
     with pytest.raises(GraphError, match=message):
-        apply(op, [ef.placeholder("float32", s) for s in inputs], attrs)
+        apply(op, [ef.placeholder("int64" if op == "roi_align" and i == 2 else "float32", s)
+                   for i, s in enumerate(inputs)], attrs)
+
+
+def boxes(rng, count, h, w):
+    """(x1, y1, x2, y2) boxes, some reaching outside the image, some thinner than a pixel."""
+    x1, y1 = rng.uniform(-3, w, count), rng.uniform(-3, h, count)
+    b = np.stack([x1, y1, x1 + rng.uniform(0.3, w, count), y1 + rng.uniform(0.3, h, count)], axis=1)
+    b[0] = (1.2, 2.3, 1.5, 2.4)
+    return b
+
+
+@pytest.mark.parametrize("ratio", [0, 1, 2])
+@pytest.mark.parametrize("coordinates", ["half_pixel", "output_half_pixel"])
+@pytest.mark.parametrize("mode", ["avg", "max"])
+def test_roi_align(run_op, rng, mode, coordinates, ratio):
+    x = rng.standard_normal((2, 3, 9, 11)).astype(np.float32)
+    rois = (boxes(rng, 6, 18, 22)).astype(np.float32)
+    batch = rng.integers(0, 2, 6).astype(np.int64)
+    attrs = {"mode": mode, "output_height": 3, "output_width": 4, "sampling_ratio": ratio,
+             "spatial_scale": 0.5, "coordinate_transformation_mode": coordinates}
+    got = run_op(lambda *t: apply("roi_align", list(t), attrs), x, rois, batch)
+    want, = onnx_run("RoiAlign", [x, rois, batch], [np.float32], 16, **attrs)
+    assert_close(got, want, np.float32, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float16"])
+@pytest.mark.parametrize("mode", ["avg", "max"])
+def test_roi_align_dtypes(run_op, rng, dtype, mode):
+    """float64 against onnxruntime, float16 against float64 (onnxruntime has no float16 RoiAlign)."""
+    x = rng.standard_normal((1, 2, 8, 8)).astype(dtype)
+    rois, batch = boxes(rng, 4, 8, 8).astype(dtype), np.zeros(4, np.int64)
+    attrs = {"mode": mode, "output_height": 2, "output_width": 2}
+    got = run_op(lambda *t: apply("roi_align", list(t), attrs), x, rois, batch)
+    want, = onnx_run("RoiAlign", [x.astype(np.float64), rois.astype(np.float64), batch], [np.float64], 16, **attrs)
+    assert_close(got, want.astype(dtype), dtype, rtol=1e-2 if dtype == "float16" else 1e-9,
+                 atol=1e-2 if dtype == "float16" else 1e-9)

@@ -126,3 +126,15 @@ def _center_crop_pad(ctx, node):
         half = diff // 2 if diff >= 0 else -((-diff) // 2)
         pads[a], pads[rank + a] = half, diff - half
     return apply("pad", [x], {"pads": tuple(pads), "mode": "constant", "value": 0.0}, name=node.outputs[0])
+
+
+@handler("RoiAlign", op="roi_align")
+def _roi_align(ctx, node):
+    """RoiAlign; before opset 16 it had no coordinate_transformation_mode and did not shift
+    by half a pixel."""
+    attrs = {"mode": node.attr("mode", "avg"), "output_height": node.attr("output_height", 1),
+             "output_width": node.attr("output_width", 1), "sampling_ratio": node.attr("sampling_ratio", 0),
+             "spatial_scale": float(node.attr("spatial_scale", 1.0)),
+             "coordinate_transformation_mode": node.attr("coordinate_transformation_mode",
+                                                         "half_pixel" if node.opset >= 16 else "output_half_pixel")}
+    return apply("roi_align", [ctx.input(node, i) for i in range(3)], attrs, name=node.outputs[0])

@@ -393,3 +393,71 @@ def _col2im(ins, outs, attrs):
             canvas[:, :, place] += cols[:, :, k]
         np.copyto(out, inside)
     return run
+
+
+def _roi_axis(start, length, bins, grid, n, count):
+    """Samples of the boxes along one axis: (low index, high index, weight of low, weight of
+    high, in use), each (R, bins, grid): `count` (R,) of the `grid` slots are in use; samples
+    beyond [-1, n] are not in use (they read nothing)."""
+    size = length / bins
+    slot = np.arange(grid)
+    c = (start[:, None, None] + np.arange(bins)[None, :, None] * size[:, None, None]
+         + (slot + 0.5)[None, None, :] * (size / count)[:, None, None])
+    use = (slot[None, None, :] < count[:, None, None]) & (c >= -1) & (c <= n)
+    c = np.maximum(c, 0)
+    low = np.floor(c).astype(np.intp)
+    edge = low >= n - 1
+    low = np.where(edge, n - 1, low)
+    high = np.where(edge, n - 1, low + 1)
+    frac = np.where(edge, 0.0, c - low)
+    return low, high, 1 - frac, frac, use
+
+
+@kernel("roi_align")
+def _roi_align(ins, outs, attrs):
+    """A loop over the sampling grid's slots (at most the largest box's grid): each slot's
+    sample in every bin of every box and channel is four gathers, weighted."""
+    x, rois, batch, out = ins[0], ins[1], ins[2], outs[0]
+    oh, ow, ratio = attrs["output_height"], attrs["output_width"], attrs["sampling_ratio"]
+    half = attrs["coordinate_transformation_mode"] == "half_pixel"
+    n, ch, h, w = x.shape
+    work = np.promote_types(x.dtype, np.float32)
+
+    def run():
+        if not out.size:
+            return
+        box = rois.astype(np.float64) * attrs["spatial_scale"] - (0.5 if half else 0.0)
+        width, height = box[:, 2] - box[:, 0], box[:, 3] - box[:, 1]
+        if not half:
+            width, height = np.maximum(width, 1), np.maximum(height, 1)
+        gh = np.full(len(box), ratio) if ratio > 0 else np.ceil(height / oh).astype(np.intp)
+        gw = np.full(len(box), ratio) if ratio > 0 else np.ceil(width / ow).astype(np.intp)
+        ys = _roi_axis(box[:, 1], height, oh, max(int(gh.max()), 1), h, gh)
+        xs = _roi_axis(box[:, 0], width, ow, max(int(gw.max()), 1), w, gw)
+        base = (batch.astype(np.intp)[:, None] * ch + np.arange(ch)) * (h * w)  # (R, C)
+        base = base[:, :, None, None]
+        flat = x.reshape(-1)
+        avg = attrs["mode"] == "avg"
+        acc = np.zeros(out.shape, work) if avg else np.full(out.shape, -np.inf, work)
+        for iy in range(ys[0].shape[2]):
+            ylo, yhi, wylo, wyhi, yuse = (a[:, None, :, iy, None] for a in ys)  # (R, 1, oh, 1)
+            for ix in range(xs[0].shape[2]):
+                xlo, xhi, wxlo, wxhi, xuse = (a[:, None, None, :, ix] for a in xs)  # (R, 1, 1, ow)
+                use = yuse & xuse
+                in_grid = (iy < gh)[:, None, None, None] & (ix < gw)[:, None, None, None]
+                if not (use.any() if avg else in_grid.any()):
+                    continue
+                terms = [wy * wx * use * flat[base + yi * w + xi]
+                         for yi, wy in ((ylo, wylo), (yhi, wyhi)) for xi, wx in ((xlo, wxlo), (xhi, wxhi))]
+                if avg:
+                    acc += sum(terms)
+                else:
+                    # onnxruntime's max: of the four weighted corners, then over the samples
+                    sample = np.maximum(np.maximum(terms[0], terms[1]), np.maximum(terms[2], terms[3]))
+                    np.maximum(acc, np.where(in_grid, sample, -np.inf), out=acc)
+        if avg:
+            acc /= np.maximum(gh * gw, 1)[:, None, None, None]
+        else:
+            acc[np.isneginf(acc)] = 0
+        np.copyto(out, acc, casting="unsafe")
+    return run
