@@ -76,6 +76,7 @@ EXAMPLES = {
     "random_uniform": ([S((2,), D, [2, 3])], {}),
     "recv": ([S((0, 3))], {"key": "k", "dtype": "float32", "shape": (3,)}),
     "conv": ([S(_IMAGE), S((3, 2, 3, 3)), S((3,))], {}),
+    "deform_conv": ([S(_IMAGE), S((3, 2, 3, 3)), S((1, 18, 3, 3)), S((3,)), S((1, 9, 3, 3))], {}),
     "conv_transpose": ([S(_IMAGE), S((2, 3, 3, 3)), S((3,))], {}),
     "batch_norm": ([S((2, 3, 4))] + [S((3,)) for _ in range(4)], {}),
     "layer_norm": ([S((2, 3)), S((3,)), S((3,))], {}),
