@@ -263,3 +263,57 @@ def _conv_input_grad_grad(g, op, grads):
 def _conv_filter_grad_grad(g, op, grads):
     x, dy, _ = op.inputs
     return [g("conv_input_grad", dy, grads[0], x, **op.attrs), g("conv", x, grads[0], **op.attrs), None]
+
+
+def deform_geometry(op, x, w, attrs):
+    """(kernel, strides, pads, dilations, output sizes) of deform_conv, checked."""
+    r = x.rank - 2
+    kernel = tuple(attrs["kernel_shape"]) or tuple(w.shape[2:])
+    strides = _per_axis(op, attrs, "strides", r, 1, 1)
+    dilations = _per_axis(op, attrs, "dilations", r, 1, 1)
+    pads = _per_axis(op, attrs, "pads", 2 * r, 0, 0)
+    if len(kernel) != r or None in kernel or tuple(kernel) != tuple(w.shape[2:]):
+        raise GraphError(f"{op}: kernel_shape {attrs['kernel_shape']} must match w {fmt(w.shape)}")
+    out = []
+    for i, (n, k) in enumerate(zip(x.shape[2:], kernel)):
+        if n is None:
+            out.append(None)
+            continue
+        span = n + pads[i] + pads[i + r] - (k - 1) * dilations[i] - 1
+        if span < 0:
+            raise GraphError(f"{op}: the kernel (dilated) is larger than spatial axis {i} of {fmt(x.shape)} padded")
+        out.append(span // strides[i] + 1)
+    return kernel, strides, pads, dilations, tuple(out)
+
+
+@define("deform_conv", types=Types("x: T, w: T, offset: T, bias: T?, mask: T? -> T", T=dtypes.FLOATS),
+        attrs={"strides": Attr(AttrKind.INTS, ()), "pads": Attr(AttrKind.INTS, ()),
+               "dilations": Attr(AttrKind.INTS, ()), "kernel_shape": Attr(AttrKind.INTS, ()),
+               "group": Attr(AttrKind.INT, 1), "offset_group": Attr(AttrKind.INT, 1)})
+def _deform_conv(inputs, attrs):
+    """A conv whose every tap reads x, bilinearly (zeros outside), at its place moved by
+    `offset` (N, offset_group * prod(kernel) * r, *out), weighted by `mask` (N, offset_group
+    * prod(kernel), *out), as ONNX's DeformConv; w (M, C/group, *kernel), bias (M,)."""
+    x, w, offset = inputs[:3]
+    bias, mask = (inputs + [None, None])[3:5]
+    if x.rank < 3 or w.rank != x.rank or offset.rank != x.rank:
+        raise GraphError(f"deform_conv: x, w and offset must be (N, C, spatial...) of one rank, got "
+                         f"{fmt(x.shape)}, {fmt(w.shape)}, {fmt(offset.shape)}")
+    group, og = attrs["group"], attrs["offset_group"]
+    if group < 1 or og < 1:
+        raise GraphError(f"deform_conv: group and offset_group must be >= 1, got {group}, {og}")
+    kernel, _, _, _, out = deform_geometry("deform_conv", x, w, attrs)
+    channels, taps = x.shape[1], int(np.prod(kernel))
+    _known_divides("deform_conv", "output channels", w.shape[0], group)
+    if channels is not None and (channels != w.shape[1] * group or channels % og):
+        raise GraphError(f"deform_conv: x has {channels} channels; w {fmt(w.shape)} with group {group} expects "
+                         f"{w.shape[1] * group}, and offset_group {og} must divide them")
+    expect = (x.shape[0], og * taps * len(kernel)) + out
+    if any(None not in (a, b) and a != b for a, b in zip(offset.shape, expect)):
+        raise GraphError(f"deform_conv: offset must be {fmt(expect)}, got {fmt(offset.shape)}")
+    if mask is not None:
+        want = (x.shape[0], og * taps) + out
+        if mask.rank != len(want) or any(None not in (a, b) and a != b for a, b in zip(mask.shape, want)):
+            raise GraphError(f"deform_conv: mask must be {fmt(want)}, got {fmt(mask.shape)}")
+    _check_bias("deform_conv", bias, w.shape[0])
+    return [TensorSpec((x.shape[0], w.shape[0]) + out, x.dtype)]

@@ -52,15 +52,16 @@ def test_every_unsupported_op_is_listed_at_once():
 
 def test_unsupported_variants_are_collected_too():
     model = _model(
-        [helper.make_node("Resize", ["x", "", "scales"], ["a"], mode="cubic", name="cubic"),
+        [helper.make_node("Resize", ["x", "", "", "sizes"], ["a"], keep_aspect_ratio_policy="bogus",
+                          name="policy"),
          helper.make_node("Dropout", ["x", "", "training"], ["b"], name="training"),
-         helper.make_node("Relu", ["a"], ["c"], name="after_cubic")],
+         helper.make_node("Relu", ["a"], ["c"], name="after_policy")],
         [_vi("x", [1, 1, 2, 2])], [_vi("b", [1, 1, 2, 2]), _vi("c", [1, 1, 4, 4])],
-        [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
-         numpy_helper.from_array(np.array(True), "training")])
+        [numpy_helper.from_array(np.array([1, 1, 4, 4], np.int64), "sizes"),
+         numpy_helper.from_array(np.array(True), "training")], opset=18)
     with pytest.raises(UnsupportedOpError) as info:
         onnx_converter.convert(model)
-    assert {name for _, _, name, _ in info.value.ops} == {"cubic", "training"}
+    assert {name for _, _, name, _ in info.value.ops} == {"policy", "training"}
 
 
 def test_old_opsets_are_lifted(tmp_path):

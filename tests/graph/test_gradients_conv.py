@@ -170,6 +170,28 @@ def test_resize_nearest(case, coordinates, rounding):
                        nearest_mode=rounding, **attrs), r(*shape))
 
 
+RESIZE_MORE = {  # x shape, attrs: the other modes and attributes, any axes
+    "cubic": ((1, 2, 5, 4), {"scales": (1.6, 0.7), "mode": "cubic"}),
+    "cubic exclude_outside": ((1, 1, 4, 5), {"sizes": (7, 3), "mode": "cubic", "cubic_coeff_a": -0.5,
+                                             "exclude_outside": True}),
+    "linear antialias": ((1, 1, 8, 7), {"scales": (0.4, 0.6), "mode": "linear", "antialias": True}),
+    "cubic antialias": ((1, 1, 7, 6), {"sizes": (3, 4), "mode": "cubic", "antialias": True}),
+    "tf_crop_and_resize": ((1, 2, 5, 6), {"sizes": (4, 3), "mode": "linear", "extrapolation_value": 3.0,
+                                          "coordinate_transformation_mode": "tf_crop_and_resize",
+                                          "roi": (0, 0, -0.2, 0.3, 1, 1, 0.9, 1.3)}),
+    "half_pixel_symmetric": ((1, 1, 5, 4), {"scales": (0.7, 1.6), "mode": "cubic",
+                                            "coordinate_transformation_mode": "half_pixel_symmetric"}),
+    "3-D, every axis": ((3, 4, 5), {"sizes": (2, 6, 3), "mode": "linear"}),
+    "nearest 1-D": ((6,), {"scales": (1.7,), "mode": "nearest"}),
+}
+
+
+@pytest.mark.parametrize("case", RESIZE_MORE)
+def test_resize_modes(case):
+    shape, attrs = RESIZE_MORE[case]
+    check_gradients(op("resize", **attrs), r(*shape))
+
+
 # The gradient ops' own gradients: second derivatives.
 
 CONV_GRAD = {

@@ -250,3 +250,83 @@ def test_invalid_bias_and_dtype(graph):
     xi = ef.placeholder("int32", (1, 3, 8, 8))
     with pytest.raises(GraphError, match="float"):
         apply("conv", [xi, w.astype(np.int32)])
+
+
+def _deform_reference(inputs, attrs, evaluator):
+    from onnx import helper
+    names = ["x", "w", "offset", "b", "mask"][:len(inputs)]
+    feeds = {n: a for n, a in zip(names, inputs) if a is not None}
+    node = helper.make_node("DeformConv", [n if a is not None else "" for n, a in zip(names, inputs)], ["y"], **attrs)
+    elem = helper.np_dtype_to_tensor_dtype(inputs[0].dtype)
+    model = helper.make_model(helper.make_graph(
+        [node], "d", [helper.make_tensor_value_info(n, elem, a.shape) for n, a in feeds.items()],
+        [helper.make_tensor_value_info("y", elem, None)]), opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    if evaluator == "reference":
+        from onnx.reference import ReferenceEvaluator
+        return ReferenceEvaluator(model).run(None, feeds)[0]
+    import onnxruntime as ort
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+DEFORM = {  # x shape, w shape, attrs, with bias, with mask
+    "plain": ((1, 2, 5, 6), (3, 2, 3, 3), {}, False, False),
+    "pads, strides, bias": ((2, 2, 6, 5), (4, 2, 2, 3), {"pads": [1, 0, 2, 1], "strides": [2, 1]}, True, False),
+    "groups, offset groups, mask": ((1, 4, 5, 5), (6, 2, 2, 2), {"group": 2, "offset_group": 2}, True, True),
+    "dilations, mask without bias": ((1, 2, 7, 6), (2, 2, 2, 2), {"dilations": [2, 3], "offset_group": 2}, False, True),
+}
+
+
+@pytest.mark.parametrize("evaluator", ["reference", "onnxruntime"])
+@pytest.mark.parametrize("case", DEFORM)
+def test_deform_conv(rng, case, evaluator):
+    """The ONNX node converted, against ONNX's reference and onnxruntime."""
+    from onnx import helper
+    from edgeflow.converters import onnx as onnx_converter
+    from edgeflow.format import writer
+    x_shape, w_shape, attrs, with_bias, with_mask = DEFORM[case]
+    attrs = {**attrs, "kernel_shape": list(w_shape[2:])}
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    r, og = 2, attrs.get("offset_group", 1)
+    pads, strides, dil = attrs.get("pads", [0] * 4), attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1])
+    out = [(x_shape[2 + i] + pads[i] + pads[i + 2] - dil[i] * (w_shape[2 + i] - 1) - 1) // strides[i] + 1
+           for i in range(r)]
+    taps = int(np.prod(w_shape[2:]))
+    offset = (rng.standard_normal((x_shape[0], og * taps * r, *out)) * 1.5).astype(np.float32)
+    bias = rng.standard_normal(w_shape[0]).astype(np.float32) if with_bias else None
+    mask = rng.uniform(0, 1, (x_shape[0], og * taps, *out)).astype(np.float32) if with_mask else None
+    inputs = [x, w, offset, bias, mask] if with_mask else [x, w, offset] + ([bias] if with_bias else [])
+    want = _deform_reference(inputs, attrs, evaluator)
+    names = ["x", "w", "offset", "b", "mask"][:len(inputs)]
+    feeds = {n: a for n, a in zip(names, inputs) if a is not None}
+    node = helper.make_node("DeformConv", [n if a is not None else "" for n, a in zip(names, inputs)], ["y"], **attrs)
+    model = helper.make_model(helper.make_graph(
+        [node], "d", [helper.make_tensor_value_info(n, 1, a.shape) for n, a in feeds.items()],
+        [helper.make_tensor_value_info("y", 1, want.shape)]), opset_imports=[helper.make_opsetid("", 19)])
+    got = ef.Interpreter(writer.to_bytes(onnx_converter.convert(model).model)).get_signature_runner("infer")(**feeds)
+    assert_close(got["y"], want, np.float32, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float16"])
+def test_deform_conv_dtypes(run_op, rng, dtype):
+    x = rng.standard_normal((1, 2, 4, 5))
+    w = rng.standard_normal((2, 2, 2, 2))
+    offset = rng.standard_normal((1, 8, 3, 4))
+    want = _deform_reference([x, w, offset], {"kernel_shape": [2, 2]}, "reference")
+    got = run_op(lambda *t: apply("deform_conv", list(t), {}), *(a.astype(dtype) for a in (x, w, offset)))
+    # (the reference samples through GridSample, whose coordinates are float32)
+    assert_close(got, want.astype(dtype), dtype, rtol=2e-2 if dtype == "float16" else 1e-5,
+                 atol=5e-2 if dtype == "float16" else 1e-5)
+
+
+@pytest.mark.parametrize("shapes, attrs, message", [
+    ([(1, 2, 5, 5), (3, 2, 3, 3), (1, 16, 3, 3)], {}, "offset must be"),
+    ([(1, 2, 5, 5), (3, 2, 3, 3), (1, 18, 3, 3), (3,), (1, 8, 3, 3)], {}, "mask must be"),
+    ([(1, 3, 5, 5), (3, 3, 3, 3), (1, 36, 3, 3)], {"offset_group": 2}, "offset_group"),
+    ([(1, 2, 5, 5), (3, 2, 3, 3), (1, 18, 3, 3)], {"kernel_shape": (2, 2)}, "kernel_shape"),
+    ([(1, 2, 2, 2), (3, 2, 3, 3), (1, 18, 1, 1)], {}, "larger"),
+])
+def test_deform_conv_invalid(graph, shapes, attrs, message):
+    with pytest.raises(GraphError, match=message):
+        apply("deform_conv", [ef.placeholder("float32", s) for s in shapes], attrs)

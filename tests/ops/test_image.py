@@ -10,7 +10,7 @@ from edgeflow.graph.math_ops import apply
 
 from . import harness
 from .harness import assert_close
-from .onnx_reference import onnx_node
+from .onnx_reference import onnx_node, single_node_model
 
 
 def onnx_pad(x, pads, mode="constant", value=0.0):
@@ -100,6 +100,120 @@ def test_resize_nearest_dtypes(run_op, rng, dtype):
     assert_close(got, onnx_resize(x.astype(np.float32), attrs), dtype)
 
 
+def resize_reference(x, attrs, evaluator="onnxruntime"):
+    """ONNX's Resize (opset 19) on x with edgeflow's full-rank attrs."""
+    constants = [np.array(attrs.get("roi", ()), np.float32)]
+    constants += [np.array(attrs["scales"], np.float32), None] if "sizes" not in attrs else \
+        [None, np.array(attrs["sizes"], np.int64)]
+    onnx_attrs = {k: int(v) if isinstance(v, bool) else v for k, v in attrs.items()
+                  if k not in ("scales", "sizes", "roi")}
+    return onnx_node("Resize", x, constants, onnx_attrs, opset=19, evaluator=evaluator)
+
+
+CUBIC = [{"scales": (1, 1, 2, 2)}, {"scales": (1, 1, 0.6, 1.7)}, {"sizes": (2, 3, 4, 9)},
+         {"scales": (1, 1, 0.5, 0.25)}, {"sizes": (2, 3, 1, 1)}]
+
+
+@pytest.mark.parametrize("target", CUBIC, ids=str)
+@pytest.mark.parametrize("a, exclude", [(-0.75, False), (-0.5, True), (-0.5, False)])
+@pytest.mark.parametrize("coordinates", ["half_pixel", "asymmetric", "pytorch_half_pixel", "align_corners"])
+def test_resize_cubic(run_op, rng, coordinates, a, exclude, target):
+    x = rng.standard_normal((2, 3, 6, 7)).astype(np.float32)
+    attrs = {**target, "mode": "cubic", "coordinate_transformation_mode": coordinates,
+             "cubic_coeff_a": a, "exclude_outside": exclude}
+    got = run_op(lambda t: apply("resize", [t], attrs), x)
+    assert_close(got, resize_reference(x, attrs), np.float32, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", [{"scales": (1, 1, 0.5, 0.6)}, {"scales": (1, 1, 0.3, 0.8)},
+                                    {"sizes": (2, 3, 3, 2)}, {"scales": (1, 1, 2, 0.5)}], ids=str)
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_resize_antialias(run_op, rng, mode, target):
+    """Against ONNX's reference (onnxruntime clips the widened filter at the borders, as with
+    exclude_outside; ONNX's spec and reference read the edge there)."""
+    x = rng.standard_normal((2, 3, 9, 8)).astype(np.float32)
+    attrs = {**target, "mode": mode, "antialias": True}
+    got = run_op(lambda t: apply("resize", [t], attrs), x)
+    assert_close(got, resize_reference(x, attrs, "reference"), np.float32, rtol=1e-5, atol=1e-5)
+
+
+def test_resize_antialias_inside_matches_onnxruntime(run_op, rng):
+    """Where the widened filter stays inside x, onnxruntime agrees."""
+    x = rng.standard_normal((1, 2, 12, 12)).astype(np.float32)
+    attrs = {"scales": (1, 1, 0.5, 0.5), "mode": "linear", "antialias": True}
+    got = run_op(lambda t: apply("resize", [t], attrs), x)
+    assert_close(got[..., 1:-1, 1:-1], resize_reference(x, attrs)[..., 1:-1, 1:-1], np.float32, 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("roi, target", [
+    ((0, 0, 0.4, 0.6, 1, 1, 0.6, 0.8), {"sizes": (2, 3, 3, 3)}),
+    ((0, 0, 0.4, 0.6, 1, 1, 1.2, 1.7), {"scales": (1, 1, 0.8, 0.8)}),
+    ((0, 0, -0.3, 0.1, 1, 1, 0.9, 1.4), {"sizes": (2, 3, 5, 1)})], ids=str)
+def test_resize_tf_crop_and_resize(run_op, rng, mode, roi, target):
+    """Against ONNX's reference where the box starts before x (onnxruntime then extrapolates
+    nowhere and samples shifted rows), onnxruntime elsewhere."""
+    x = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
+    attrs = {**target, "mode": mode, "coordinate_transformation_mode": "tf_crop_and_resize",
+             "roi": roi, "extrapolation_value": 10.0}
+    got = run_op(lambda t: apply("resize", [t], attrs), x)
+    evaluator = "reference" if min(roi) < 0 else "onnxruntime"
+    assert_close(got, resize_reference(x, attrs, evaluator), np.float32, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("scales", [(1, 1, 0.6, 1.7), (1, 1, 2.0, 0.35), (1, 1, 1.5, 1.0)], ids=str)
+def test_resize_half_pixel_symmetric(run_op, rng, mode, scales):
+    """Nearest against ONNX's reference (onnxruntime picks other pixels, as if half_pixel
+    without the offset), linear and cubic against onnxruntime."""
+    x = rng.standard_normal((1, 2, 7, 6)).astype(np.float32)
+    attrs = {"scales": scales, "mode": mode, "coordinate_transformation_mode": "half_pixel_symmetric"}
+    got = run_op(lambda t: apply("resize", [t], attrs), x)
+    evaluator = "reference" if mode == "nearest" else "onnxruntime"
+    assert_close(got, resize_reference(x, attrs, evaluator), np.float32, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("shape, target", [
+    ((7,), {"scales": (1.6,)}), ((5, 4), {"sizes": (3, 9)}), ((2, 5, 4, 3, 2), {"scales": (1, 0.6, 1, 2, 1.5)}),
+    ((4, 3, 5), {"sizes": (7, 3, 2)})], ids=str)
+def test_resize_any_rank_and_axes(run_op, rng, mode, shape, target):
+    """Against ONNX's reference: onnxruntime's linear and cubic take only some ranks and axes."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    attrs = {**target, "mode": mode}
+    got = run_op(lambda t: apply("resize", [t], attrs), x)
+    assert_close(got, resize_reference(x, attrs, "reference"), np.float32, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_resize_float_dtypes(run_op, rng, dtype, mode):
+    x = rng.standard_normal((1, 2, 5, 6)).astype(dtype)
+    attrs = {"scales": (1, 1, 1.5, 0.7), "mode": mode}
+    got = run_op(lambda t: apply("resize", [t], attrs), x)
+    if dtype == "float16":
+        assert_close(got, resize_reference(x, attrs), dtype, rtol=1e-2)
+    else:  # onnxruntime has no float64 Resize; the reference maps coordinates in float64, edgeflow in float32
+        assert_close(got, resize_reference(x, attrs, "reference"), dtype, rtol=1e-5, atol=1e-6)
+
+
+def test_resize_keep_aspect_ratio_converts(rng):
+    """keep_aspect_ratio_policy: the converter gives one scale and the rounded lengths."""
+    from onnx import helper
+    from edgeflow.converters import onnx as onnx_converter
+    from edgeflow.format import writer
+    x = rng.standard_normal((1, 2, 6, 9)).astype(np.float32)
+    for policy, mode in [("not_larger", "linear"), ("not_smaller", "cubic"), ("not_smaller", "nearest")]:
+        attrs = {"mode": mode, "keep_aspect_ratio_policy": policy, "axes": [3, 2]}
+        sizes = np.array([5, 4], np.int64)
+        model = single_node_model("Resize", x, [None, None, sizes], attrs, opset=19)
+        expected = onnx_node("Resize", x, [None, None, sizes], attrs, opset=19)
+        model.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", 1, expected.shape))
+        blob = writer.to_bytes(onnx_converter.convert(model).model)
+        got = ef.Interpreter(blob).get_signature_runner("infer")(x=x)["y"]
+        assert_close(got, expected, np.float32, rtol=1e-5, atol=1e-5)
+
+
 def test_resize_dynamic_batch_and_spatial(compile_graph, graph, rng):
     x = ef.placeholder("float32", (None, 3, None, None), name="x")
     up = {"scales": (2.0, 2.0), "mode": "nearest", "coordinate_transformation_mode": "asymmetric",
@@ -132,15 +246,16 @@ def test_pad_dynamic(compile_graph, graph, rng):
     ("pad", (2, 3), {"pads": (1, 1, 1, 1), "mode": "circular"}, "mode"),
     ("pad", (2, 3), {"pads": (0, -1, 0, 0), "mode": "reflect"}, "negative"),
     ("pad", (2, 3), {"pads": (0, -2, 0, -2)}, "remove"),
-    ("resize", (1, 2, 4, 4), {}, "exactly one"),
-    ("resize", (1, 2, 4, 4), {"scales": (2.0, 2.0), "sizes": (8, 8)}, "exactly one"),
+    ("resize", (1, 2, 4, 4), {}, "neither"),
     ("resize", (1, 2, 4, 4), {"scales": (2.0, 2.0, 2.0)}, "entries"),
-    ("resize", (1, 2, 4, 4), {"scales": (2.0, 1.0, 2.0, 2.0)}, "batch and channel"),
+    ("resize", (1, 2, 4, 4), {"sizes": (2, 2, 2)}, "entries"),
     ("resize", (1, 2, 4, 4), {"scales": (0.0, 2.0)}, "positive"),
+    ("resize", (1, 2, 4, 4), {"sizes": (0, 2)}, "positive"),
     ("resize", (1, 2, 4, 4), {"scales": (0.1, 2.0)}, "nothing"),
-    ("resize", (1, 2, 4, 4), {"sizes": (3, 2, 8, 8)}, "batch or channel"),
-    ("resize", (2, 4, 4), {"scales": (2.0, 2.0)}, r"\(N, C, H, W\)"),
-    ("resize", (1, 2, 4, 4), {"scales": (2.0, 2.0), "mode": "cubic"}, "mode"),
+    ("resize", (4,), {"scales": (2.0, 2.0)}, "fewer axes"),
+    ("resize", (1, 2, 4, 4), {"scales": (2.0, 2.0), "mode": "bicubic"}, "mode"),
+    ("resize", (1, 2, 4, 4), {"scales": (2.0, 2.0), "coordinate_transformation_mode": "tf_crop_and_resize"},
+     "roi"),
     ("resize", (1, 2, 4, 4), {"scales": (2.0, 2.0), "coordinate_transformation_mode": "tf"}, "coordinate"),
     ("resize", (1, 2, 4, 4), {"scales": (2.0, 2.0), "nearest_mode": "round"}, "nearest_mode"),
 ])

@@ -1,6 +1,7 @@
 """Convolution nodes (edgeflow/ops/conv.py), NCHW as edgeflow's ops."""
 import numpy as np
 
+from edgeflow.graph.graph import constant
 from edgeflow.graph.math_ops import apply
 from edgeflow.ops.conv import same_pads
 
@@ -72,3 +73,18 @@ def integer_conv(ctx, node, x, x_zero, w, w_zero, bias=None):
 def _conv_integer(ctx, node):
     return apply("cast", [integer_conv(ctx, node, 0, 2, 1, 3)], {"dtype": np.dtype(np.int32)},
                  name=node.outputs[0])
+
+
+@handler("DeformConv", op="deform_conv")
+def _deform_conv(ctx, node):
+    """DeformConv (opsets 19 and 22). A mask without a bias gets a zero bias: edgeflow's
+    optional operands are filled first to last."""
+    x, w, offset, bias, mask = (ctx.input(node, i) for i in range(5))
+    if mask is not None and bias is None:
+        if w.shape[0] is None:
+            raise unsupported(node, "DeformConv with a mask, no bias, and w of unknown output channels")
+        bias = constant(np.zeros(w.shape[0], w.dtype), name=f"{node.outputs[0]}/zero_bias")
+    ins = [x, w, offset] + [t for t in (bias, mask) if t is not None]
+    attrs = {k: tuple(node.attr(k)) for k in ("strides", "pads", "dilations", "kernel_shape") if k in node.attrs}
+    attrs.update(group=node.attr("group", 1), offset_group=node.attr("offset_group", 1))
+    return apply("deform_conv", ins, attrs, name=node.outputs[0])

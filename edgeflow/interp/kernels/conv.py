@@ -314,3 +314,53 @@ def _conv_filter_grad(ins, outs, attrs):
         for dst, src in gathers:
             np.copyto(dst, src)
     return sequence(gather, widen, product)
+
+
+@kernel("deform_conv")
+def _deform_conv(ins, outs, attrs):
+    """Columns (N, C, taps, L) sampled bilinearly where each tap lands (a loop over the taps
+    and over the 2^r corners), then one batched product with w per group."""
+    from ...ops.conv import deform_geometry
+    from ...ops.registry import TensorSpec
+    x, w, offset, out = ins[0], ins[1], ins[2], outs[0]
+    bias, mask = (list(ins[3:]) + [None, None])[:2]
+    kernel_, strides, pads, dilations, size = deform_geometry(
+        "deform_conv", TensorSpec(x.shape, x.dtype), TensorSpec(w.shape, w.dtype), attrs)
+    n, c, spatial, r = x.shape[0], x.shape[1], x.shape[2:], x.ndim - 2
+    group, og, m = attrs["group"], attrs["offset_group"], w.shape[0]
+    taps, places = int(np.prod(kernel_)), int(np.prod(size))
+    work = np.promote_types(x.dtype, np.float32)
+    grid = np.meshgrid(*[np.arange(o) * s - p for o, s, p in zip(size, strides, pads)], indexing="ij")
+    starts = [g.reshape(-1) for g in grid]  # per axis, (L,)
+    tap_at = list(itertools.product(*[range(k) for k in kernel_]))
+    strides_in = [int(np.prod(spatial[a + 1:])) for a in range(r)]
+
+    def run():
+        xs = x.astype(work, copy=False).reshape(n, og, c // og, -1)
+        offs = offset.astype(work, copy=False).reshape(n, og, taps, r, places)
+        masks = None if mask is None else mask.astype(work, copy=False).reshape(n, og, taps, places)
+        cols = np.zeros((n, og, c // og, taps, places), work)
+        for t, at in enumerate(tap_at):
+            corners = [(np.zeros((n, og, places), np.intp), None)]
+            for a in range(r):
+                pos = starts[a] + at[a] * dilations[a] + offs[:, :, t, a]
+                low = np.floor(pos)
+                frac = pos - low
+                axis_taps = []
+                for i, wt in ((low, 1 - frac), (low + 1, frac)):
+                    inside = (i >= 0) & (i < spatial[a])
+                    axis_taps.append((np.clip(i, 0, spatial[a] - 1).astype(np.intp) * strides_in[a],
+                                      np.where(inside, wt, 0)))
+                corners = [(ci + ai, aw if cw is None else cw * aw) for ci, cw in corners for ai, aw in axis_taps]
+            for index, weight in corners:
+                if masks is not None:
+                    weight = weight * masks[:, :, t]
+                picked = np.take_along_axis(xs, index[:, :, None, :], axis=3)
+                cols[:, :, :, t] += picked * weight[:, :, None, :].astype(work)
+        cols = cols.reshape(n, group, (c // group) * taps, places)
+        y = np.matmul(w.astype(work, copy=False).reshape(group, m // group, -1), cols)  # (N, g, M/g, L)
+        y = y.reshape(n, m, places)
+        if bias is not None:
+            y += bias.astype(work, copy=False)[:, None]
+        np.copyto(out.reshape(n, m, places), y, casting="unsafe")
+    return run

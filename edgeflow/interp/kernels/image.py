@@ -3,7 +3,7 @@ from functools import partial
 
 import numpy as np
 
-from ...ops.image import spatial_scales
+from ...ops.image import col2im_geometry, resize_axes
 from . import kernel
 from .conv import reshaped, sequence
 
@@ -58,17 +58,25 @@ def _pad(ins, outs, attrs):
     return _pad_borders(ins[0], outs[0], attrs["pads"], attrs["mode"])
 
 
-def source_coordinates(n, size, scale, mode):
+def source_coordinates(n, size, scale, mode, roi=(0.0, 1.0)):
     """Input coordinate (float32, unclamped) of each of `size` output positions on an axis of `n`."""
     i = np.arange(size, dtype=np.float32)
-    scale = np.float32(scale)
+    scale, half = np.float32(scale), np.float32(0.5)
     if mode == "asymmetric":
         return i / scale
     if mode == "align_corners":
         return i * np.float32((n - 1) / (size - 1)) if size > 1 else np.zeros(size, np.float32)
+    if mode == "tf_crop_and_resize":
+        start, end = np.float32(roi[0]), np.float32(roi[1])
+        if size == 1:
+            return np.full(1, half * (start + end) * np.float32(n - 1), np.float32)
+        return start * np.float32(n - 1) + i * ((end - start) * np.float32(n - 1) / np.float32(size - 1))
     if mode == "pytorch_half_pixel" and size == 1:
         return np.zeros(1, np.float32)
-    return (i + np.float32(0.5)) / scale - np.float32(0.5)
+    c = (i + half) / scale - half
+    if mode == "half_pixel_symmetric":  # centre the (fractional) resized extent on the input's
+        c += np.float32(n / 2 * (1 - size / (float(scale) * n)))
+    return c
 
 
 _ROUND = {"round_prefer_floor": lambda c: np.ceil(c - np.float32(0.5)),
@@ -76,61 +84,108 @@ _ROUND = {"round_prefer_floor": lambda c: np.ceil(c - np.float32(0.5)),
           "floor": np.floor, "ceil": np.ceil}
 
 
-def _axis_scales(x, out, attrs):
-    scales, _ = spatial_scales("resize", attrs, x.ndim)
-    if scales is None:  # scale = out / in, as ONNX defines it when sizes are given
-        scales = tuple(np.float32(o) / np.float32(n) for o, n in zip(out.shape[2:], x.shape[2:]))
-    return scales
+def _cubic(a):
+    """Keys' cubic convolution kernel with coefficient a."""
+    def w(t):
+        t = np.abs(t)
+        near = ((a + 2) * t - (a + 3)) * t * t + 1
+        far = ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
+        return np.where(t <= 1, near, np.where(t < 2, far, 0.0))
+    return w
+
+
+def _triangle(t):
+    return np.maximum(0.0, 1 - np.abs(t))
+
+
+def axis_taps(c, n, scale, attrs):
+    """(index (size, k), weight (size, k) float64 or None) reading an axis of `n` at coordinates c.
+
+    Nearest reads one tap. Linear and cubic read taps base + j around base = ceil(c) - 1
+    (c - base in (0, 1]), weighted by the kernel at (j - (c - base)) * s, where s is the
+    scale when antialias shrinks (the filter widens by 1 / scale) and 1 otherwise.
+    Taps outside the axis read its edge, or get no weight with exclude_outside.
+    """
+    if attrs["mode"] == "nearest":
+        return np.clip(_ROUND[attrs["nearest_mode"]](c), 0, n - 1).astype(np.intp)[:, None], None
+    kernel, reach = (_triangle, 1) if attrs["mode"] == "linear" else (_cubic(attrs["cubic_coeff_a"]), 2)
+    s = min(float(scale), 1.0) if attrs["antialias"] else 1.0
+    first = int(np.floor(-reach / s)) + 1
+    c = c.astype(np.float64)
+    base = np.ceil(c) - 1
+    j = np.arange(first, 1 - first + 1)
+    index = base[:, None].astype(np.intp) + j
+    weight = kernel((j - (c - base)[:, None]) * s)
+    if attrs["antialias"]:
+        weight /= weight.sum(axis=1, keepdims=True)
+    if attrs["exclude_outside"]:
+        weight[(index < 0) | (index >= n)] = 0
+        total = weight.sum(axis=1, keepdims=True)
+        weight /= np.where(total == 0, 1, total)
+    return np.clip(index, 0, n - 1), weight
+
+
+def resize_plan(in_shape, out_shape, attrs):
+    """(axis, index, weight, outside) for each axis resize changes, in order: `outside` marks
+    the output positions that tf_crop_and_resize fills with extrapolation_value (or None)."""
+    _, scales = resize_axes("resize", attrs, in_shape)
+    mode, rank, roi = attrs["coordinate_transformation_mode"], len(in_shape), attrs["roi"]
+    plan = []
+    for axis, (n, size, scale) in enumerate(zip(in_shape, out_shape, scales)):
+        if scale is None:  # scale = out / in, as ONNX defines it when sizes are given
+            scale = np.float32(size) / np.float32(n)
+        box = (roi[axis], roi[axis + rank]) if mode == "tf_crop_and_resize" else (0.0, 1.0)
+        if size == n and np.float32(scale) == 1 and box == (0.0, 1.0):
+            continue  # every mode maps each position to itself
+        c = source_coordinates(n, size, scale, mode, box)
+        outside = (c < 0) | (c > n - 1) if mode == "tf_crop_and_resize" else None
+        index, weight = axis_taps(c, n, scale, attrs)
+        plan.append((axis, index, weight, outside if outside is not None and outside.any() else None))
+    return plan
+
+
+def _interpolate_axis(src, dst, axis, index, weight):
+    """Step: dst = the sum over taps j of src gathered at index[:, j] along `axis`, times weight[:, j]."""
+    if weight is None:
+        return partial(np.take, src, index[:, 0], axis=axis, out=dst, mode="clip")
+    shape = (-1,) + (1,) * (dst.ndim - 1 - axis)
+    taps = [(index[:, j], weight[:, j].astype(dst.dtype).reshape(shape)) for j in range(index.shape[1])
+            if weight[:, j].any()]
+    scratch = np.empty_like(dst) if len(taps) > 1 else None
+
+    def run():
+        for j, (i, w) in enumerate(taps):
+            target = dst if j == 0 else scratch
+            np.take(src, i, axis=axis, out=target, mode="clip")
+            np.multiply(target, w, out=target)
+            if j:
+                np.add(dst, scratch, out=dst)
+    return run
 
 
 @kernel("resize")
 def _resize(ins, outs, attrs):
+    """One axis after another, each a few gathers (one per tap) weighted and summed; float16
+    is interpolated in float32."""
     x, out = ins[0], outs[0]
-    scales = _axis_scales(x, out, attrs)
-    mode = attrs["coordinate_transformation_mode"]
-    coords = [source_coordinates(n, o, s, mode) for n, o, s in zip(x.shape[2:], out.shape[2:], scales)]
-    if attrs["mode"] == "nearest":
-        return _nearest(x, out, coords, _ROUND[attrs["nearest_mode"]])
-    return _bilinear(x, out, coords)
-
-
-def _nearest(x, out, coords, rounding):
-    """One gather: flat H*W index of each output pixel."""
-    h, w = x.shape[2:]
-    rows, cols = (np.clip(rounding(c), 0, n - 1).astype(np.intp) for c, n in zip(coords, (h, w)))
-    flat = (rows[:, None] * w + cols[None, :]).ravel()
-    src = reshaped(x, x.shape[:2] + (h * w,))
-    dst = reshaped(out, out.shape[:2] + (flat.size,))
-    return lambda: np.take(src, flat, axis=2, out=dst, mode="clip")
-
-
-def _linear_taps(c, n):
-    """(low index, high index, weight of high) of each coordinate, clamped to the axis."""
-    c = np.clip(c, 0, n - 1)
-    low = np.floor(c).astype(np.intp)
-    return low, np.minimum(low + 1, n - 1), c - low
-
-
-def _bilinear(x, out, coords):
-    """Interpolate rows (into scratch of shape (N, C, OH, W)), then columns into out."""
-    (y0, y1, wy), (x0, x1, wx) = [_linear_taps(c, n) for c, n in zip(coords, x.shape[2:])]
-    wy = wy.astype(x.dtype)[:, None]
-    wx = wx.astype(x.dtype)
-    top, bottom = (np.empty(x.shape[:2] + (len(y0), x.shape[3]), x.dtype) for _ in range(2))
-    right = np.empty_like(out)
-
-    def run():
-        np.take(x, y0, axis=2, out=top, mode="clip")
-        np.take(x, y1, axis=2, out=bottom, mode="clip")
-        np.subtract(bottom, top, out=bottom)
-        np.multiply(bottom, wy, out=bottom)
-        np.add(top, bottom, out=top)  # top + wy * (bottom - top)
-        np.take(top, x0, axis=3, out=out, mode="clip")
-        np.take(top, x1, axis=3, out=right, mode="clip")
-        np.subtract(right, out, out=right)
-        np.multiply(right, wx, out=right)
-        np.add(out, right, out=out)
-    return run
+    plan = resize_plan(x.shape, out.shape, attrs)
+    work = np.dtype(np.float32) if x.dtype == np.float16 and attrs["mode"] != "nearest" else x.dtype
+    steps, src, shape = [], x, list(x.shape)
+    if plan and work != x.dtype:
+        src = np.empty(x.shape, work)
+        steps.append(partial(np.copyto, src, x))
+    for k, (axis, index, weight, _) in enumerate(plan):
+        shape[axis] = len(index)
+        dst = out if k == len(plan) - 1 and work == out.dtype else np.empty(shape, work)
+        steps.append(_interpolate_axis(src, dst, axis, index, weight))
+        src = dst
+    if src is not out:
+        steps.append(partial(np.copyto, out, src, casting="unsafe"))
+    fill = out.dtype.type(attrs["extrapolation_value"])
+    for axis, _, _, outside in plan:
+        if outside is not None:
+            steps.append(partial(out.__setitem__, (slice(None),) * axis + (outside,), fill))
+    return sequence(*steps)
 
 
 def _add_grouped(dst, put, src, take, starts, axis):
@@ -197,21 +252,212 @@ def _gather_axis(src, dst, axis, rounds):
 
 @kernel("resize_grad")
 def _resize_grad(ins, outs, attrs):
-    """resize undone along W (into scratch (N, C, OH, W)), then along H: each input pixel
-    gathers the gradients of the output pixels that read it, with the weights they read it
-    with (rounds of gathers rather than scattered adds: numpy gathers fast)."""
+    """resize undone axis by axis, last resized axis first: each input element gathers the
+    gradients of the output elements that read it, with the weights they read it with
+    (rounds of gathers rather than scattered adds: numpy gathers fast). Outputs filled
+    with extrapolation_value read nothing."""
     dy, dx = ins[0], outs[0]
-    scales = _axis_scales(dx, dy, attrs)
-    mode = attrs["coordinate_transformation_mode"]
-    coords = [source_coordinates(n, o, s, mode) for n, o, s in zip(dx.shape[2:], dy.shape[2:], scales)]
-    rounds = []
-    for c, n in zip(coords, dx.shape[2:]):
-        if attrs["mode"] == "nearest":
-            terms = [(np.clip(_ROUND[attrs["nearest_mode"]](c), 0, n - 1).astype(np.intp), None)]
+    plan = resize_plan(dx.shape, dy.shape, attrs)
+    steps, src, shape = [], dy, list(dy.shape)
+    for k, (axis, index, weight, outside) in enumerate(reversed(plan)):
+        n = dx.shape[axis]
+        weight = np.ones(index.shape) if weight is None else weight.copy()
+        if outside is not None:
+            weight[outside] = 0
+        rounds = _transposed([(index[:, j], weight[:, j]) for j in range(index.shape[1])], n)
+        shape[axis] = n
+        dst = dx if k == len(plan) - 1 else np.empty(shape, dx.dtype)
+        steps.append(_gather_axis(src, dst, axis, rounds))
+        src = dst
+    if src is not dx:
+        steps.append(partial(np.copyto, dx, src))
+    return sequence(*steps)
+
+
+def _reflect(c, low, high):
+    """c reflected by the borders low and high until it lies between them."""
+    span = high - low
+    if span <= 0:
+        return np.full_like(c, low)
+    below = c < low
+    d = np.where(below, low - c, c - high)
+    flips = np.floor(d / span)
+    rest = d - flips * span
+    even = flips % 2 == 0
+    inside = np.where(below == even, low + rest, high - rest)
+    return np.where((c < low) | (c > high), inside, c)
+
+
+def _grid_taps(c, d, attrs):
+    """[(index (intp), weight or None)] of one spatial axis of length d at the denormalized
+    coordinates c, with padding_mode resolved: taps outside read 0 (weight 0) for zeros,
+    the edge for border, their reflection for reflection."""
+    padding, mode = attrs["padding_mode"], attrs["mode"]
+    low, high = (0.0, d - 1.0) if attrs["align_corners"] else (-0.5, d - 0.5)
+    if mode == "nearest":
+        c = np.rint(c)
+    if padding == "border" and mode != "cubic":  # cubic's taps read the edge: PyTorch's and onnxruntime's
+        c = np.clip(c, 0, d - 1)
+    elif padding == "reflection":
+        c = _reflect(c, low, high)
+    if mode == "nearest":
+        taps = [(c, None)]
+    else:
+        base = np.floor(c)
+        t = c - base
+        if mode == "linear":
+            taps = [(base, 1 - t), (base + 1, t)]
         else:
-            low, high, weight = _linear_taps(c, n)
-            weight = weight.astype(np.float64)  # exactly as the forward pass weighs
-            terms = [(low, 1 - weight), (high, weight)]
-        rounds.append(_transposed(terms, n))
-    rows = np.empty(dy.shape[:3] + dx.shape[3:], dx.dtype)
-    return sequence(_gather_axis(dy, rows, 3, rounds[1]), _gather_axis(rows, dx, 2, rounds[0]))
+            taps = [(base + j, w) for j, w in zip(range(-1, 3), _cubic(-0.75)(np.stack([t + 1, t, 1 - t, 2 - t])))]
+    resolved = []
+    for i, w in taps:
+        if padding == "zeros":  # (border: the clip below)
+            inside = (i >= 0) & (i < d)
+            w = inside.astype(c.dtype) if w is None else np.where(inside, w, 0)
+        elif padding == "reflection":
+            i = _reflect(i, low, high)
+        resolved.append((np.clip(i, 0, d - 1).astype(np.intp), w))
+    return resolved
+
+
+@kernel("grid_sample")
+def _grid_sample(ins, outs, attrs):
+    """Each output element is the sum over the taps' combinations (1, 2 or 4 per axis) of
+    x gathered at their flat index times their weights' product; float16 in float32."""
+    x, grid, out = ins[0], ins[1], outs[0]
+    n, ch, spatial = x.shape[0], x.shape[1], x.shape[2:]
+    work = np.float32 if x.dtype == np.float16 and attrs["mode"] != "nearest" else x.dtype
+    coord = np.float64 if grid.dtype == np.float64 else np.float32
+    dst = reshaped(out, (n, ch, -1))
+
+    def run():
+        src = x.reshape(n, ch, -1)
+        g = grid.astype(coord).reshape(n, -1, len(spatial))
+        combos = [(np.zeros(g.shape[:2], np.intp), None)]
+        for axis, d in enumerate(spatial):
+            u = g[..., len(spatial) - 1 - axis]
+            c = (u + 1) / 2 * (d - 1) if attrs["align_corners"] else ((u + 1) * d - 1) / 2
+            taps = _grid_taps(c, d, attrs)
+            combos = [(i * d + j, v if w is None else w if v is None else v * w)
+                      for i, v in combos for j, w in taps]
+        acc = np.zeros(dst.shape, work)
+        for index, weight in combos:
+            picked = np.take_along_axis(src, index[:, None, :], axis=2)
+            if weight is None:
+                acc += picked
+            else:
+                acc += picked * weight[:, None, :].astype(work)
+        np.copyto(dst, acc, casting="unsafe")
+    return run
+
+
+def affine_base(spatial, align_corners):
+    """(prod(spatial), r + 1): each position's normalized (w, h, d..., 1), w varying fastest."""
+    axes = [np.linspace(-1, 1, n) if align_corners else (2 * np.arange(n) + 1) / n - 1 for n in spatial]
+    mesh = np.meshgrid(*axes, indexing="ij")
+    return np.stack([m.ravel() for m in reversed(mesh)] + [np.ones(mesh[0].size)], axis=1)
+
+
+@kernel("affine_grid")
+def _affine_grid(ins, outs, attrs):
+    theta, out = ins[0], outs[0]
+    base = affine_base(attrs["size"][2:], attrs["align_corners"]).astype(np.promote_types(theta.dtype, np.float32))
+    dst = reshaped(out, (out.shape[0], -1, out.shape[-1]))
+    return lambda: np.copyto(dst, np.matmul(base, theta.transpose(0, 2, 1)), casting="unsafe")
+
+
+@kernel("col2im")
+def _col2im(ins, outs, attrs):
+    """For each block offset (a small loop), the L blocks land on distinct pixels: one
+    fancy-indexed add each into the padded image, which is then cropped."""
+    x, out = ins[0], outs[0]
+    image, block = attrs["image_shape"], attrs["block_shape"]
+    strides, pads, dilations = col2im_geometry("col2im", attrs)
+    r = len(image)
+    padded = [n + pads[i] + pads[i + r] for i, n in enumerate(image)]
+    counts = [(padded[i] - dilations[i] * (block[i] - 1) - 1) // strides[i] + 1 for i in range(r)]
+    starts = np.stack([m.ravel() for m in np.meshgrid(*[np.arange(c) * s for c, s in zip(counts, strides)],
+                                                      indexing="ij")])  # (r, L)
+    offsets = np.stack([m.ravel() for m in np.meshgrid(*[np.arange(b) * d for b, d in zip(block, dilations)],
+                                                       indexing="ij")])  # (r, K)
+    places = [np.ravel_multi_index(tuple(starts + offsets[:, k:k + 1]), padded) for k in range(offsets.shape[1])]
+    n, c = out.shape[:2]
+    canvas = np.zeros((n, c, int(np.prod(padded))), out.dtype)
+    cols = x.reshape(n, c, len(places), -1)
+    inside = canvas.reshape((n, c) + tuple(padded))[(slice(None),) * 2 + tuple(
+        slice(pads[i], pads[i] + image[i]) for i in range(r))]
+
+    def run():
+        canvas.fill(0)
+        for k, place in enumerate(places):
+            canvas[:, :, place] += cols[:, :, k]
+        np.copyto(out, inside)
+    return run
+
+
+def _roi_axis(start, length, bins, grid, n, count):
+    """Samples of the boxes along one axis: (low index, high index, weight of low, weight of
+    high, in use), each (R, bins, grid): `count` (R,) of the `grid` slots are in use; samples
+    beyond [-1, n] are not in use (they read nothing)."""
+    size = length / bins
+    slot = np.arange(grid)
+    c = (start[:, None, None] + np.arange(bins)[None, :, None] * size[:, None, None]
+         + (slot + 0.5)[None, None, :] * (size / count)[:, None, None])
+    use = (slot[None, None, :] < count[:, None, None]) & (c >= -1) & (c <= n)
+    c = np.maximum(c, 0)
+    low = np.floor(c).astype(np.intp)
+    edge = low >= n - 1
+    low = np.where(edge, n - 1, low)
+    high = np.where(edge, n - 1, low + 1)
+    frac = np.where(edge, 0.0, c - low)
+    return low, high, 1 - frac, frac, use
+
+
+@kernel("roi_align")
+def _roi_align(ins, outs, attrs):
+    """A loop over the sampling grid's slots (at most the largest box's grid): each slot's
+    sample in every bin of every box and channel is four gathers, weighted."""
+    x, rois, batch, out = ins[0], ins[1], ins[2], outs[0]
+    oh, ow, ratio = attrs["output_height"], attrs["output_width"], attrs["sampling_ratio"]
+    half = attrs["coordinate_transformation_mode"] == "half_pixel"
+    n, ch, h, w = x.shape
+    work = np.promote_types(x.dtype, np.float32)
+
+    def run():
+        if not out.size:
+            return
+        box = rois.astype(np.float64) * attrs["spatial_scale"] - (0.5 if half else 0.0)
+        width, height = box[:, 2] - box[:, 0], box[:, 3] - box[:, 1]
+        if not half:
+            width, height = np.maximum(width, 1), np.maximum(height, 1)
+        gh = np.full(len(box), ratio) if ratio > 0 else np.ceil(height / oh).astype(np.intp)
+        gw = np.full(len(box), ratio) if ratio > 0 else np.ceil(width / ow).astype(np.intp)
+        ys = _roi_axis(box[:, 1], height, oh, max(int(gh.max()), 1), h, gh)
+        xs = _roi_axis(box[:, 0], width, ow, max(int(gw.max()), 1), w, gw)
+        base = (batch.astype(np.intp)[:, None] * ch + np.arange(ch)) * (h * w)  # (R, C)
+        base = base[:, :, None, None]
+        flat = x.reshape(-1)
+        avg = attrs["mode"] == "avg"
+        acc = np.zeros(out.shape, work) if avg else np.full(out.shape, -np.inf, work)
+        for iy in range(ys[0].shape[2]):
+            ylo, yhi, wylo, wyhi, yuse = (a[:, None, :, iy, None] for a in ys)  # (R, 1, oh, 1)
+            for ix in range(xs[0].shape[2]):
+                xlo, xhi, wxlo, wxhi, xuse = (a[:, None, None, :, ix] for a in xs)  # (R, 1, 1, ow)
+                use = yuse & xuse
+                in_grid = (iy < gh)[:, None, None, None] & (ix < gw)[:, None, None, None]
+                if not (use.any() if avg else in_grid.any()):
+                    continue
+                terms = [wy * wx * use * flat[base + yi * w + xi]
+                         for yi, wy in ((ylo, wylo), (yhi, wyhi)) for xi, wx in ((xlo, wxlo), (xhi, wxhi))]
+                if avg:
+                    acc += sum(terms)
+                else:
+                    # onnxruntime's max: of the four weighted corners, then over the samples
+                    sample = np.maximum(np.maximum(terms[0], terms[1]), np.maximum(terms[2], terms[3]))
+                    np.maximum(acc, np.where(in_grid, sample, -np.inf), out=acc)
+        if avg:
+            acc /= np.maximum(gh * gw, 1)[:, None, None, None]
+        else:
+            acc[np.isneginf(acc)] = 0
+        np.copyto(out, acc, casting="unsafe")
+    return run
