@@ -65,3 +65,68 @@ def _unique(inputs, attrs):
     y = (n,) if axis is None else x.shape[:axis] + (n,) + x.shape[axis + 1:]
     return [TensorSpec(y, x.dtype), TensorSpec((n,), dtypes.int64), TensorSpec((length,), dtypes.int64),
             TensorSpec((n,), dtypes.int64)]
+
+
+def _corners(boxes, center_point_box):
+    """(y1, x1, y2, x2) with y1 <= y2 and x1 <= x2, from ONNX's corner or centre layout."""
+    if center_point_box:
+        xc, yc, w, h = np.moveaxis(boxes, -1, 0)
+        return yc - h / 2, xc - w / 2, yc + h / 2, xc + w / 2
+    y1, x1, y2, x2 = np.moveaxis(boxes, -1, 0)
+    return np.minimum(y1, y2), np.minimum(x1, x2), np.maximum(y1, y2), np.maximum(x1, x2)
+
+
+def non_max_suppression(boxes, scores, attrs):
+    """ONNX's NonMaxSuppression: (batch, class, box) int64 rows, batch by batch and class by
+    class, each class's boxes greedily by falling score (ties: lower index first), dropping
+    those whose IoU with one kept is above the threshold."""
+    limit = attrs["max_output_boxes_per_class"]
+    y1, x1, y2, x2 = (np.asarray(c, np.float64) for c in _corners(np.asarray(boxes, np.float64),
+                                                                   attrs["center_point_box"]))
+    area = (y2 - y1) * (x2 - x1)
+    rows = []
+    for b, c in np.ndindex(*scores.shape[:2]):
+        s = scores[b, c]
+        order = np.argsort(-s.astype(np.float64), kind="stable")
+        if attrs["score_threshold"] is not None:
+            order = order[s[order] > attrs["score_threshold"]]
+        kept = []
+        while order.size and len(kept) < limit:
+            best, order = order[0], order[1:]
+            kept.append(best)
+            inter = (np.clip(np.minimum(y2[b, best], y2[b, order]) - np.maximum(y1[b, best], y1[b, order]), 0, None)
+                     * np.clip(np.minimum(x2[b, best], x2[b, order]) - np.maximum(x1[b, best], x1[b, order]), 0, None))
+            union = area[b, best] + area[b, order] - inter
+            with np.errstate(divide="ignore", invalid="ignore"):
+                overlaps = (inter > 0) & (area[b, best] > 0) & (area[b, order] > 0) & (inter / union > attrs["iou_threshold"])
+            order = order[~overlaps]
+        rows += [(b, c, k) for k in kept]
+    return np.array(rows, np.int64).reshape(-1, 3)
+
+
+@define("non_max_suppression", types=Types(
+            "boxes: float32, scores: float32, max_output_boxes_per_class: int64?, iou_threshold: float32?, "
+            "score_threshold: float32? -> int64"),
+        attrs={"center_point_box": Attr(AttrKind.INT, 0), "max_output_boxes_per_class": Attr(AttrKind.INT, 0),
+               "iou_threshold": Attr(AttrKind.FLOAT, 0.0), "score_threshold": Attr(AttrKind.FLOAT, None)},
+        operands=("max_output_boxes_per_class", "iou_threshold", "score_threshold"),
+        unknown=lambda own, attrs, operands: [TensorSpec((None, 3), dtypes.int64)])
+def _non_max_suppression(inputs, attrs):
+    """The boxes each class keeps, as ONNX's NonMaxSuppression: int64 rows (batch, class, box
+    index). boxes (batches, n, 4) are corners [y1, x1, y2, x2] (or centres [xc, yc, w, h]
+    with center_point_box); scores (batches, classes, n). At most max_output_boxes_per_class
+    per class, scores above score_threshold, IoU with a kept box at most iou_threshold."""
+    boxes, scores = inputs
+    if boxes.rank != 3 or boxes.shape[2] not in (4, None) or scores.rank != 3:
+        raise GraphError(f"non_max_suppression: boxes must be (batches, n, 4) and scores (batches, "
+                         f"classes, n); got {fmt(boxes.shape)} and {fmt(scores.shape)}")
+    for i, j in ((0, 0), (1, 2)):
+        if None not in (boxes.shape[i], scores.shape[j]) and boxes.shape[i] != scores.shape[j]:
+            raise GraphError(f"non_max_suppression: boxes {fmt(boxes.shape)} and scores {fmt(scores.shape)} "
+                             "disagree on the batches or the number of boxes")
+    if attrs["center_point_box"] not in (0, 1):
+        raise GraphError(f"non_max_suppression: center_point_box must be 0 or 1, got {attrs['center_point_box']}")
+    count = None
+    if boxes.value is not None and scores.value is not None:
+        count = len(non_max_suppression(np.asarray(boxes.value), np.asarray(scores.value), attrs))
+    return [TensorSpec((count, 3), dtypes.int64)]

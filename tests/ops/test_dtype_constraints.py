@@ -122,6 +122,7 @@ EXAMPLES = {
     "nonzero": _unary(),
     "compress": ([S((4, 3)), S((4,), "bool")], {"axis": 0}),
     "unique": _unary(),
+    "non_max_suppression": ([S((1, 3, 4)), S((1, 2, 3))], {"max_output_boxes_per_class": 2}),
     **{name: _binary() for name in ("bitwise_and", "bitwise_or", "bitwise_xor")},
     "bitwise_not": _unary(),
     "bitcast": _unary(dtype="int32"),

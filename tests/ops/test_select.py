@@ -65,3 +65,39 @@ def test_unique_rows():
     np.testing.assert_array_equal(first, [0, 2])
     np.testing.assert_array_equal(inverse, [0, 0, 1])
     np.testing.assert_array_equal(counts, [2, 1])
+
+
+def _nms_model(center_point_box, with_threshold):
+    from onnx import TensorProto, helper
+    inputs = ["boxes", "scores", "max_out", "iou"] + (["score"] if with_threshold else [])
+    node = helper.make_node("NonMaxSuppression", inputs, ["selected"], center_point_box=center_point_box)
+    vi = [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [None, None, 4]),
+          helper.make_tensor_value_info("scores", TensorProto.FLOAT, [None, None, None]),
+          helper.make_tensor_value_info("max_out", TensorProto.INT64, [1]),
+          helper.make_tensor_value_info("iou", TensorProto.FLOAT, [1]),
+          helper.make_tensor_value_info("score", TensorProto.FLOAT, [1])][:len(inputs)]
+    graph = helper.make_graph([node], "nms", vi, [helper.make_tensor_value_info("selected", TensorProto.INT64, [None, 3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+
+
+@pytest.mark.parametrize("center_point_box", [0, 1])
+@pytest.mark.parametrize("with_threshold", [False, True])
+def test_non_max_suppression_matches_onnxruntime(center_point_box, with_threshold):
+    """Random overlapping boxes (some flipped corners, tied scores), fed thresholds: the
+    same selection as onnxruntime, at several values of each operand."""
+    import onnxruntime as ort
+    from edgeflow.converters import onnx as onnx_converter
+    model = _nms_model(center_point_box, with_threshold)
+    runner = ef.Interpreter(writer.to_bytes(onnx_converter.convert(model).model)).get_signature_runner("infer")
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(center_point_box + 2 * with_threshold)
+    for batches, classes, n in ((1, 1, 6), (2, 3, 20)):
+        corners = rng.random((batches, n, 2)) * 10
+        boxes = np.concatenate([corners, corners + rng.random((batches, n, 2)) * 4 - 1], -1).astype(np.float32)
+        scores = np.round(rng.random((batches, classes, n)), 1).astype(np.float32)  # ties
+        for max_out, iou, score in ((3, 0.5, 0.2), (100, 0.1, 0.0), (0, 0.5, 0.5)):
+            feeds = {"boxes": boxes, "scores": scores, "max_out": np.array([max_out]),
+                     "iou": np.array([iou], np.float32)}
+            if with_threshold:
+                feeds["score"] = np.array([score], np.float32)
+            np.testing.assert_array_equal(runner(**feeds)["selected"], session.run(None, feeds)[0])

@@ -2,6 +2,7 @@
 give (the plan ran inference on the same values), so each kernel fills them exactly."""
 import numpy as np
 
+from ...ops.select import non_max_suppression
 from . import kernel
 
 
@@ -41,3 +42,9 @@ def _unique(ins, outs, attrs):
         np.copyto(inverse, back.reshape(-1))
         np.copyto(counts, count)
     return run
+
+
+@kernel("non_max_suppression")
+def _non_max_suppression(ins, outs, attrs):
+    boxes, scores, out = ins[0], ins[1], outs[0]
+    return lambda: np.copyto(out, non_max_suppression(boxes, scores, attrs))
