@@ -57,7 +57,7 @@ def _constant_of_shape(inputs, attrs):
     return [TensorSpec(shape, attrs["dtype"])]
 
 
-@define("range", types=Types("start: T, limit: T, delta: T -> T", T=dtypes.NUMERIC))
+@define("range", types=Types("start: T, limit: T, delta: T -> T", T=dtypes.NUMERIC | {dtypes.bfloat16}))
 def _range(inputs, attrs):
     """start, start + delta, ... up to (not including) limit; scalars of one dtype."""
     if any(s.rank not in (0, 1) for s in inputs):

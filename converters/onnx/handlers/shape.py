@@ -3,6 +3,7 @@ import numpy as np
 
 from edgeflow.graph.math_ops import apply
 
+from ..context import onnx_dtype
 from . import handler
 
 
@@ -23,9 +24,11 @@ def _size(ctx, node):
 @handler("ConstantOfShape", op="constant_of_shape")
 def _constant_of_shape(ctx, node):
     from onnx import numpy_helper
-    fill = numpy_helper.to_array(node.attr("value")) if "value" in node.attrs else np.zeros(1, np.float32)
+    tensor = node.attr("value")
+    fill = numpy_helper.to_array(tensor) if tensor is not None else np.zeros(1, np.float32)
+    dtype = onnx_dtype(tensor.data_type) if tensor is not None else fill.dtype
     return apply("constant_of_shape", [ctx.input(node, 0)],
-                 {"value": float(fill.reshape(-1)[0]), "dtype": fill.dtype}, name=node.outputs[0])
+                 {"value": float(fill.reshape(-1)[0]), "dtype": dtype}, name=node.outputs[0])
 
 
 @handler("Range", op="range")
