@@ -12,6 +12,7 @@ variants edgeflow leaves out on purpose are excluded below, each with its reason
 import re
 import warnings
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnx.backend.base
@@ -20,6 +21,7 @@ from onnx.backend.test.loader import load_model_tests
 
 import edgeflow as ef
 from edgeflow.converters import onnx as onnx_converter
+from edgeflow.converters.onnx.context import edgeflow_array
 from edgeflow.converters.onnx.handlers import HANDLERS
 from edgeflow.format import writer
 
@@ -79,8 +81,10 @@ class EdgeflowRep(onnx.backend.base.BackendRep):
         if self._constant:
             runner = self._prepare(_with_initializers(
                 self._model, {n: feeds.pop(n) for n in self._constant}))
-        results = runner(**feeds)
-        return tuple(results[name] for name in self._outputs)
+        results = runner(**{name: edgeflow_array(v) for name, v in feeds.items()})
+        # edgeflow's bfloat16 as ml_dtypes' (ONNX's expected outputs), bit for bit
+        return tuple(results[name].view(ml_dtypes.bfloat16) if results[name].dtype == ef.dtypes.bfloat16
+                     else results[name] for name in self._outputs)
 
 
 class EdgeflowBackend(onnx.backend.base.Backend):
@@ -115,11 +119,9 @@ TEST_OPS = _test_ops()
 # Variants of claimed ops that edgeflow leaves out on purpose (the converter raises
 # UnsupportedOpError or ConversionError naming them): test-name pattern -> reason.
 EXCLUDED = {
-    r"(?i)bfloat16": "bfloat16 is not an edgeflow dtype",
     r"(?i)FLOAT8|FLOAT4E2M1|e8m0|e4m3|e5m2": "float8 and float4 are not edgeflow dtypes",
     r"(?i)_U?INT[24]_": "2- and 4-bit integers are not edgeflow dtypes",
     r"^test_(de)?quantizelinear_blocked": "blocked quantization (block_size) is not supported",
-    r"_uint(16|32|64)_": "uint16, uint32 and uint64 are not edgeflow dtypes (uint8 is)",
     r"_string": "strings are not an edgeflow dtype",
     r"^test_identity_(opt|sequence)_": "optional and sequence values: edgeflow graphs carry tensors",
     r"^test_batchnorm_.*_training_mode_": "BatchNormalization in training mode (inference graphs only)",
