@@ -159,7 +159,7 @@ def _dtype_unsupported(op, entry, ins, outs):
                                    ("output", outs, types.output_dtypes(len(outs), op.attrs))):
         for i, (a, allowed) in enumerate(zip(arrays, declared)):
             if a is not None and a.dtype not in allowed & stored:
-                return (f"{side} {i} has dtype {a.dtype} (OpenCL's {op.opcode} takes "
+                return (f"{side} {i} has dtype {dtypes.name(a.dtype)} (OpenCL's {op.opcode} takes "
                         f"{dtype_names(allowed & stored)})")
     return None
 
