@@ -62,6 +62,15 @@ def as_dtype(value):
     return dt
 
 
+def asarray(value):
+    """np.asarray(value), with an array of ml_dtypes' bfloat16 (a 2-byte dtype named
+    "bfloat16") viewed as edgeflow's bfloat16, bit for bit."""
+    a = np.asarray(value)
+    if a.dtype != bfloat16 and a.dtype.name == "bfloat16" and a.dtype.itemsize == 2:
+        return a.view(bfloat16)
+    return a
+
+
 def to_code(dtype):
     return _CODE[np.dtype(dtype)]
 

@@ -13,17 +13,11 @@ def onnx_dtype(elem_type):
     return dtypes.bfloat16 if elem_type == TensorProto.BFLOAT16 else helper.tensor_dtype_to_np_dtype(elem_type)
 
 
-def edgeflow_array(array):
-    """`array` with an ml_dtypes bfloat16 (what onnx's numpy_helper gives) viewed as
-    edgeflow's bfloat16, bit for bit; other arrays as they are."""
-    array = np.asarray(array)
-    return array.view(dtypes.bfloat16) if array.dtype.name == "bfloat16" else array
-
-
 def onnx_array(tensor):
-    """The value of TensorProto `tensor` as a numpy array of an edgeflow dtype."""
+    """The value of TensorProto `tensor` as a numpy array of an edgeflow dtype (bfloat16:
+    numpy_helper gives ml_dtypes', viewed as edgeflow's)."""
     from onnx import numpy_helper
-    return edgeflow_array(numpy_helper.to_array(tensor))
+    return dtypes.asarray(numpy_helper.to_array(tensor))
 
 
 class Node:

@@ -35,9 +35,10 @@ def dtype_named(name, what):
 
 
 def as_array(value, what):
-    """`value` as a numpy array of an edgeflow dtype, else InvalidInputError."""
-    array = np.asarray(value)
-    if dtypes.name(array.dtype) not in DTYPES:
+    """`value` as a numpy array of an edgeflow dtype (ml_dtypes' bfloat16 as edgeflow's),
+    else InvalidInputError."""
+    array = dtypes.asarray(value)
+    if array.dtype not in dtypes.ALL:
         raise InvalidInputError(f"{what}: expected an array of {', '.join(DTYPES)}, "
                                 f"got dtype {array.dtype}")
     return array

@@ -21,7 +21,6 @@ from onnx.backend.test.loader import load_model_tests
 
 import edgeflow as ef
 from edgeflow.converters import onnx as onnx_converter
-from edgeflow.converters.onnx.context import edgeflow_array
 from edgeflow.converters.onnx.handlers import HANDLERS
 from edgeflow.format import writer
 
@@ -81,7 +80,7 @@ class EdgeflowRep(onnx.backend.base.BackendRep):
         if self._constant:
             runner = self._prepare(_with_initializers(
                 self._model, {n: feeds.pop(n) for n in self._constant}))
-        results = runner(**{name: edgeflow_array(v) for name, v in feeds.items()})
+        results = runner(**feeds)  # ml_dtypes' bfloat16 arrays feed edgeflow's bfloat16 inputs
         # edgeflow's bfloat16 as ml_dtypes' (ONNX's expected outputs), bit for bit
         return tuple(results[name].view(ml_dtypes.bfloat16) if results[name].dtype == ef.dtypes.bfloat16
                      else results[name] for name in self._outputs)
