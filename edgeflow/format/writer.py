@@ -233,7 +233,7 @@ class _Encoder:
             if opdef is None:
                 raise GraphError("unknown op (see edgeflow.ops.names())")
             attrs = self.tables([self.attr(name, opdef.attrs[name].kind, value)
-                                 for name, value in opdef.check_attrs(dict(op.attrs)).items()
+                                 for name, value in opdef.check_attrs(dict(op.attrs), len(op.inputs)).items()
                                  if value is not None])  # None: optional and unset
             inputs = self.numbers(_int_array(op.inputs, "<i4", "inputs"))
             outputs = self.numbers(_int_array(op.outputs, "<i4", "outputs"))

@@ -103,7 +103,7 @@ class Graph:
     def add_op(self, op, inputs, attrs=None, name=None):
         """Add a registered op; attrs are checked and output specs inferred now."""
         opdef = ops.get(op)
-        attrs = opdef.check_attrs(attrs or {})
+        attrs = opdef.check_attrs(attrs or {}, len(inputs))
         try:
             specs = opdef.infer_specs([t.spec for t in inputs], attrs)
         except GraphError as e:

@@ -10,11 +10,11 @@ from ..errors import EdgeflowError, InvalidInputError, UnsupportedOpError
 from ..format import metadata, reader
 from ..ops.dims import fmt
 from .kernels import KERNELS
-from .plan import Plan, ShapeDependsOnValues
+from .plan import ShapeDependsOnValues
 from .profiler import Profiler
+from .staged import SHAPE_LIKE_MAX, StagedPlan, make_plan
 
 _PLAN_CACHE_SIZE = 8
-SHAPE_LIKE_MAX = 16  # elements: a fed integer tensor up to this size may set shapes
 _log = logging.getLogger("edgeflow")
 
 
@@ -82,7 +82,7 @@ class Interpreter:
                tuple((i, v.tobytes()) for i, v in sorted(known.items())))
         plan = self._plans.get(key)
         if plan is None:
-            plan = Plan(self._subgraph, inputs, outputs, shapes, self._constants,
+            plan = make_plan(self._subgraph, inputs, outputs, shapes, self._constants,
                         self._variables, self._folded, self._preserve_all, targets, self.delegates,
                         known, self._update_ops)
             if self.delegates:
@@ -190,10 +190,13 @@ class Interpreter:
         try:
             plan = self.plan_for(list(values), outs, shapes, targets,
                                  known=known if routes in self._value_routes else None)
+            staged = isinstance(plan, StagedPlan)
         except ShapeDependsOnValues:
             if not known or routes in self._value_routes:
                 raise
-            self._value_routes.add(routes)
+            staged = True
+        if staged and known and routes not in self._value_routes:
+            self._value_routes.add(routes)  # one plan per value beats a staged plan
             plan = self.plan_for(list(values), outs, shapes, targets, known=known)
         for i, v in values.items():
             np.copyto(plan.arrays[i], v)

@@ -17,7 +17,12 @@ from .kernels import KERNELS, evaluate
 
 
 class ShapeDependsOnValues(InvalidInputError):
-    """An output's shape depends on an input's value, which the plan does not know."""
+    """An output's shape depends on an input's value, which the plan does not know:
+    op `op` (an operator index) must run before what follows it can be planned."""
+
+    def __init__(self, message, op=None):
+        super().__init__(message)
+        self.op = op
 
 
 def needed_operators(subgraph, outputs, producer, targets=()):
@@ -106,6 +111,9 @@ class Plan:
         tensors = self.subgraph.tensors
         specs = {t: TensorSpec(tuple(shape), tensors[t].dtype, known.get(t))
                  for t, shape in input_shapes.items()}
+        # A fed value the plan assumes is held outside the arena, so that kernels bound now
+        # read it (the caller copies the same value in before each run).
+        self.arrays.update((t, np.array(v, tensors[t].dtype).reshape(input_shapes[t])) for t, v in known.items())
         specs.update((t, TensorSpec(a.shape, a.dtype)) for t, a in variables.items())
         static = set()  # tensors whose value follows from constants alone
         for t, data in constants.items():
@@ -123,18 +131,22 @@ class Plan:
             if missing:
                 raise InvalidInputError(f"op {i} ({op.opcode}) needs {missing}, which no input feeds")
             ins = [specs[t] for t in op.inputs]
+            opdef = ops.get(op.opcode)
             try:
-                outs = ops.get(op.opcode).infer_specs(ins, op.attrs)
+                outs = opdef.infer_specs(ins, op.attrs)
             except GraphError as e:
                 raise InvalidInputError(f"op {i} ({op.opcode}) rejects these inputs: {e}") from None
+            own = len(ins) - opdef.operand_inputs(len(ins))
+            unknown = [tensors[t].name for t in op.inputs[own:] if specs[t].value is None]
+            if unknown:
+                raise ShapeDependsOnValues(f"op {i} ({op.opcode}): its attributes come from "
+                                           f"{unknown}, known only when running", op=i)
             for t, spec in zip(op.outputs, outs):
                 if None in spec.shape:
                     raise ShapeDependsOnValues(
                         f"op {i} ({op.opcode}): the shape of {tensors[t].name!r} depends on input "
-                        f"values, not only on input shapes; operands that set shapes must be "
-                        f"known before running (constants, or computed from shapes)")
+                        f"values, not only on input shapes", op=i)
                 _check_declared(t, tensors[t], spec, op.opcode)
-            opdef = ops.get(op.opcode)
             if not (opdef.stateful or opdef.random or opdef.remote) and (all(s.value is not None for s in ins)
                                                          or all(s.value is not None for s in outs)):
                 is_static = all(t in static for t in op.inputs)
@@ -146,6 +158,7 @@ class Plan:
             else:
                 self.order.append(i)
             specs.update(zip(op.outputs, outs))
+        self.values = {t: s.value for t, s in specs.items() if s.value is not None}
         return specs
 
     @staticmethod
@@ -211,9 +224,9 @@ class Plan:
                     "create the Interpreter with delegates=[edgeflow.cloud.CloudDelegate('host:port')] "
                     "(or run a signature that "
                     "runs on the device alone, such as 'infer_local')")
-            ins = [self.arrays[t] for t in op.inputs]
+            ins, attrs = ops.get(op.opcode).take_operands([self.arrays[t] for t in op.inputs], op.attrs)
             outs = [self.arrays[t] for t in op.outputs]
-            steps.append(KERNELS[op.opcode](ins, outs, op.attrs))
+            steps.append(KERNELS[op.opcode](ins, outs, attrs))
             step_ops.append(i)
         return steps, step_ops
 
@@ -255,6 +268,11 @@ class Plan:
                      for ts in (op.inputs, op.outputs)]
             out[i] = ops.get(op.opcode).cost(*specs, op.attrs)
         return out
+
+    def each_step(self):
+        """(step, op index, arrays) in running order, for a caller that times each step."""
+        for step, i in zip(self.steps, self.step_ops):
+            yield step, i, self.arrays
 
     def run(self):
         it = iter(self.steps)

@@ -24,7 +24,7 @@ class Profiler:
     def run(self, plan):
         """Run `plan` once, timing every step."""
         clock, records = time.perf_counter_ns, self.records
-        for step, i in zip(plan.steps, plan.step_ops):
+        for step, i, arrays in plan.each_step():
             t0 = clock()
             step()
             elapsed = clock() - t0
@@ -33,7 +33,7 @@ class Profiler:
                 op = plan.subgraph.operators[i]
                 name = plan.subgraph.tensors[op.outputs[0]].name if op.outputs else f"{op.opcode}#{i}"
                 rec = records[i] = OpRecord(i, op.opcode, name,
-                                            output_bytes=sum(plan.arrays[t].nbytes for t in op.outputs))
+                                            output_bytes=sum(arrays[t].nbytes for t in op.outputs))
             rec.calls += 1
             rec.total_ns += elapsed
 

@@ -53,7 +53,8 @@ for _name, (_attrs, _formula) in FLOAT_ACTIVATIONS.items():
 
 
 @define("clip", attrs={"min": Attr(_F, -math.inf), "max": Attr(_F, math.inf)},
-        types=Types("x: T -> T", T=dtypes.NUMERIC))
+        types=Types("x: T, min: T?, max: T? -> T", T=dtypes.NUMERIC), operands=("min", "max"),
+        unknown=lambda own, attrs, operands: [TensorSpec(own[0].shape, own[0].dtype)])
 def _clip(inputs, attrs):
     """min(max(x, min), max), elementwise; all elements become `max` if min > max.
 

@@ -2,7 +2,7 @@
 from .. import dtypes
 from ..errors import GraphError
 from .registry import Attr, AttrKind, TensorSpec, Types, define, gradient
-from .dims import fmt, normalize_axes, normalize_axis, num_elements
+from .dims import fmt, normalize_axes, normalize_axis, num_elements, vector_length
 
 
 # Data movement: every dtype, as it is.
@@ -58,7 +58,25 @@ def _reshape(inputs, attrs):
     return [TensorSpec(tuple(inferred if d == -1 else d for d in shape), x.dtype)]
 
 
-@define("squeeze", attrs={"axes": Attr(AttrKind.INTS, ())}, view=True, types=_MOVES)
+def _fewer_dims(own, attrs, operands):
+    """Squeezed while the axes are unknown: as many dims fewer as there are axes, all ?."""
+    x, n = own[0], vector_length("squeeze", operands[0], "axes")
+    if n == 0:
+        raise GraphError("squeeze: with no axes given, which dims drop depends on x's shape; "
+                         "the axes must be known")
+    return [TensorSpec((None,) * (x.rank - n), x.dtype)]
+
+
+def _more_dims(own, attrs, operands):
+    x = own[0]
+    return [TensorSpec((None,) * (x.rank + vector_length("expand_dims", operands[0], "axes")), x.dtype)]
+
+
+_MOVES_ALONG_AXES = Types("x: T, axes: index? -> T", T=dtypes.ANY)
+
+
+@define("squeeze", attrs={"axes": Attr(AttrKind.INTS, ())}, view=True, types=_MOVES_ALONG_AXES,
+        operands=("axes",), unknown=_fewer_dims)
 def _squeeze(inputs, attrs):
     """Drop size-1 dimensions: those in `axes`, or all of them when `axes` is empty."""
     x = inputs[0]
@@ -74,7 +92,8 @@ def _squeeze(inputs, attrs):
     return [TensorSpec(tuple(d for i, d in enumerate(x.shape) if i not in axes), x.dtype)]
 
 
-@define("expand_dims", attrs={"axes": Attr(AttrKind.INTS)}, view=True, types=_MOVES)
+@define("expand_dims", attrs={"axes": Attr(AttrKind.INTS)}, view=True, types=_MOVES_ALONG_AXES,
+        operands=("axes",), unknown=_more_dims)
 def _expand_dims(inputs, attrs):
     """Insert size-1 dimensions at `axes` (positions in the output)."""
     x = inputs[0]
@@ -323,8 +342,15 @@ def _scatter_nd(inputs, attrs):
     return [TensorSpec(data.shape, data.dtype)]
 
 
+def _one_more_dim(own, attrs, operands):
+    indices, values = own
+    axis = normalize_axis(attrs["axis"], indices.rank + 1, "one_hot")
+    return [TensorSpec(indices.shape[:axis] + (None,) + indices.shape[axis:], values.dtype)]
+
+
 @define("one_hot", attrs={"depth": Attr(AttrKind.INT), "axis": Attr(AttrKind.INT, -1)},
-        types=Types("indices: I, values: T -> T", I=dtypes.NUMERIC, T=dtypes.ANY))
+        types=Types("indices: I, values: T, depth: D? -> T", I=dtypes.NUMERIC, T=dtypes.ANY, D=dtypes.NUMERIC),
+        operands=("depth",), unknown=_one_more_dim)
 def _one_hot(inputs, attrs):
     """values[1] where the position along the new axis `axis` equals the index (negative
     ones count from depth), values[0] elsewhere; indices outside [-depth, depth) are all off."""
@@ -347,6 +373,22 @@ def _trilu(inputs, attrs):
         raise GraphError(f"trilu: x must have rank >= 2, got {fmt(x.shape)}")
     if len(inputs) > 1 and inputs[1].rank != 0 and inputs[1].shape != (1,):
         raise GraphError(f"trilu: k must be a scalar, got shape {fmt(inputs[1].shape)}")
+    return [TensorSpec(x.shape, x.dtype)]
+
+
+@define("reverse_sequence", attrs={"batch_axis": Attr(AttrKind.INT, 1), "time_axis": Attr(AttrKind.INT, 0)},
+        types=Types("x: T, sequence_lens: int64 -> T", T=dtypes.ANY))
+def _reverse_sequence(inputs, attrs):
+    """The first sequence_lens[b] steps along time_axis reversed in each batch entry b (along
+    batch_axis); later steps unchanged (ONNX's ReverseSequence). Axes are 0 and 1."""
+    x, lens = inputs
+    axes = attrs["batch_axis"], attrs["time_axis"]
+    if x.rank < 2 or sorted(axes) != [0, 1]:
+        raise GraphError(f"reverse_sequence: x must have rank >= 2 and batch_axis, time_axis be 0 and 1 "
+                         f"in some order; got x {fmt(x.shape)}, axes {axes}")
+    if lens.rank != 1 or None not in (lens.shape[0], x.shape[axes[0]]) and lens.shape[0] != x.shape[axes[0]]:
+        raise GraphError(f"reverse_sequence: sequence_lens must hold one length per batch entry "
+                         f"({x.shape[axes[0]]}), got shape {fmt(lens.shape)}")
     return [TensorSpec(x.shape, x.dtype)]
 
 
@@ -388,3 +430,9 @@ _scatter_grad("scatter_nd", "gather_nd")
 @gradient("trilu")
 def _trilu_grad(g, op, grads):
     return [g("trilu", grads[0], *op.inputs[1:], **op.attrs)] + [None] * (len(op.inputs) - 1)
+
+
+@gradient("reverse_sequence")
+def _reverse_sequence_grad(g, op, grads):
+    """Reversing the same steps again is the inverse (a permutation that is its own)."""
+    return [g("reverse_sequence", grads[0], op.inputs[1], **op.attrs), None]

@@ -16,13 +16,10 @@ from .dims import check_gradient_shape, fmt
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
 
-def window_attrs(dilations=True):
+def window_attrs():
     """The attributes every sliding-window op takes; empty tuples mean all 1s (pads: all 0s)."""
-    attrs = {"strides": Attr(AttrKind.INTS, ()), "pads": Attr(AttrKind.INTS, ()),
-             "auto_pad": Attr(AttrKind.STRING, "NOTSET")}
-    if dilations:
-        attrs["dilations"] = Attr(AttrKind.INTS, ())
-    return attrs
+    return {"strides": Attr(AttrKind.INTS, ()), "pads": Attr(AttrKind.INTS, ()),
+            "auto_pad": Attr(AttrKind.STRING, "NOTSET"), "dilations": Attr(AttrKind.INTS, ())}
 
 
 def _per_axis(op, attrs, key, n, default, low):

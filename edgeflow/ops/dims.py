@@ -57,3 +57,11 @@ def check_gradient_shape(op, forward, inputs, attrs, dy):
         raise GraphError(f"{op}: the gradient is {dy.dtype}, the forward op's output {spec.dtype}")
     if len(dy.shape) != len(spec.shape) or any(None not in (a, b) and a != b for a, b in zip(dy.shape, spec.shape)):
         raise GraphError(f"{op}: the gradient has shape {fmt(dy.shape)}, but the forward op gives {fmt(spec.shape)}")
+
+
+def vector_length(op, spec, what):
+    """How many values a 1-D operand holds; GraphError if not even that is known."""
+    n = spec.shape[0] if spec.rank == 1 else 1
+    if n is None:
+        raise GraphError(f"{op}: the length of {what} must be known (it sets the output rank)")
+    return n

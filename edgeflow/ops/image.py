@@ -6,14 +6,15 @@ from ..errors import GraphError
 from .registry import Attr, AttrKind, TensorSpec, Types, define, get, gradient
 from .dims import check_gradient_shape, fmt
 
-PAD_MODES = ("constant", "reflect", "edge")
+PAD_MODES = ("constant", "reflect", "edge", "wrap")
 
 
-@define("pad", types=Types("x: T -> T", T=dtypes.ANY),
+@define("pad", types=Types("x: T, pads: index?, value: T? -> T", T=dtypes.ANY),
         attrs={"pads": Attr(AttrKind.INTS), "mode": Attr(AttrKind.STRING, "constant"),
-               "value": Attr(AttrKind.FLOAT, 0.0)})
+               "value": Attr(AttrKind.FLOAT, 0.0)}, operands=("pads", "value"))
 def _pad(inputs, attrs):
-    """Grow each axis by pads (begin..., end...): with `value`, a mirror (reflect) or the edge.
+    """Grow each axis by pads (begin..., end...): with `value`, a mirror (reflect), the edge, or
+    the axis repeated as on a torus (wrap).
 
     Negative pads remove elements, in constant mode only.
     """
@@ -96,7 +97,7 @@ def _resize(inputs, attrs):
 @gradient("pad")
 def _pad_grad(g, op, grads):
     """Constant padding's gradient is dy cropped (and zero-padded where pad cropped): pad by
-    the negated pads. Reflect and edge also add each border's gradient to its source."""
+    the negated pads. Reflect, edge and wrap also add each border's gradient to its source."""
     if op.attrs["mode"] == "constant":
         return [g("pad", grads[0], pads=tuple(-p for p in op.attrs["pads"]))]
     return [g("pad_grad", grads[0], op.inputs[0], **op.attrs)]
@@ -111,7 +112,7 @@ def _resize_grad(g, op, grads):
 
 @define("pad_grad", types=Types("dy: T, like: T -> T", T=dtypes.NUMERIC), attrs=get("pad").attrs)
 def _pad_grad_infer(inputs, attrs):
-    """dy of pad (same attrs, mode reflect or edge) with each border element's gradient added
+    """dy of pad (same attrs, mode reflect, edge or wrap) with each border element's gradient added
     to the element it copies, cropped to like's shape."""
     dy, like = inputs
     if attrs["mode"] == "constant":

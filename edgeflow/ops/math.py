@@ -4,7 +4,7 @@ import numpy as np
 from .. import dtypes
 from ..errors import GraphError
 from .registry import (Attr, AttrKind, TensorSpec, Types, activation_attr, activation_gradient, check_activation,
-                       define, gradient)
+                       define, dtype_names, gradient)
 from .dims import broadcast, fmt
 
 NUMERIC, FLOATS = dtypes.NUMERIC, dtypes.FLOATS
@@ -49,6 +49,10 @@ _elementwise("mod", 2, NUMERIC, attrs={"fmod": Attr(AttrKind.BOOL, False)})
 # bit_shift: a shift by a negative amount or by the width or more gives 0 (-1 for a
 # negative value shifted right); signed values shift left as their unsigned bits.
 _elementwise("bit_shift", 2, dtypes.INTEGERS, attrs={"left": Attr(AttrKind.BOOL, True)})
+# Bitwise operations on integers, signed ones as their two's-complement bits.
+for _name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
+    _elementwise(_name, 2, dtypes.INTEGERS)
+_elementwise("bitwise_not", 1, dtypes.INTEGERS)
 
 
 @define("where", types=Types("condition: bool, x: T, y: T -> T", T=dtypes.ANY))
@@ -62,6 +66,17 @@ def _where(inputs, attrs):
 def _cast(inputs, attrs):
     """Convert elements to `dtype` (floats to ints truncate toward zero)."""
     return [TensorSpec(inputs[0].shape, attrs["dtype"])]
+
+
+@define("bitcast", attrs={"dtype": Attr(AttrKind.DTYPE)}, types=Types("x: any -> dtype"))
+def _bitcast(inputs, attrs):
+    """The bits of each element read as `dtype`, of the same width (ONNX's BitCast)."""
+    x, dt = inputs[0], attrs["dtype"]
+    if x.dtype.itemsize != dt.itemsize:
+        same = {d for d in dtypes.ALL if d.itemsize == dt.itemsize}
+        raise GraphError(f"bitcast: x: dtype {dtypes.name(x.dtype)} not supported; expected "
+                         f"{dtype_names(same)} (the {8 * dt.itemsize} bits of {dtypes.name(dt)})")
+    return [TensorSpec(x.shape, dt)]
 
 
 def _swap_last(shape, swap):

@@ -1,7 +1,8 @@
 """Neural-network activations and normalizing functions."""
 from .. import dtypes
+from ..errors import GraphError
 from .registry import Attr, AttrKind, TensorSpec, Types, define, gradient
-from .dims import normalize_axis
+from .dims import fmt, normalize_axis
 
 
 @define("relu", types=Types("x: T -> T", T=dtypes.NUMERIC))
@@ -21,6 +22,20 @@ def _along_axis(name):
 for _name in ("softmax", "log_softmax", "hardmax"):
     define(_name, attrs={"axis": Attr(AttrKind.INT, -1)}, types=Types("x: T -> T", T=dtypes.FLOATS))(
         _along_axis(_name))
+
+
+@define("lrn", types=Types("x: T -> T", T=dtypes.FLOATS),
+        attrs={"size": Attr(AttrKind.INT), "alpha": Attr(AttrKind.FLOAT, 1e-4),
+               "beta": Attr(AttrKind.FLOAT, 0.75), "bias": Attr(AttrKind.FLOAT, 1.0)})
+def _lrn(inputs, attrs):
+    """Local response normalization across channels (ONNX's LRN): x / (bias + alpha / size *
+    sum of x^2 over channels c - (size - 1) // 2 .. c + size // 2) ^ beta; x is (N, C, ...)."""
+    x = inputs[0]
+    if x.rank < 3:
+        raise GraphError(f"lrn: x must be (N, C, spatial...), got {fmt(x.shape)}")
+    if attrs["size"] < 1:
+        raise GraphError(f"lrn: size must be >= 1, got {attrs['size']}")
+    return [TensorSpec(x.shape, x.dtype)]
 
 
 # -- gradients -----------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 from .. import dtypes
 from ..errors import GraphError
 from .registry import Attr, AttrKind, TensorSpec, Types, define, gradient
-from .dims import normalize_axes, normalize_axis
+from .dims import normalize_axes, normalize_axis, vector_length
 
 
 def reduced_shape(shape, axes, keepdims, op):
@@ -16,6 +16,13 @@ def reduced_shape(shape, axes, keepdims, op):
 _NUMERIC = Types("x: T -> T", T=dtypes.NUMERIC)
 
 
+def _reduced_unknown(own, attrs, operands):
+    """Reduced while the axes are unknown: all dims ?, and as many fewer as there are axes
+    unless keepdims (no axes: all of them)."""
+    x, n = own[0], vector_length("reduce", operands[0], "axes")
+    return [TensorSpec((None,) * (x.rank if attrs["keepdims"] else x.rank - n if n else 0), x.dtype)]
+
+
 def _reduction(name):
     def infer(inputs, attrs):
         x = inputs[0]
@@ -27,7 +34,8 @@ def _reduction(name):
 # reduce_l2 is sqrt(sum(x ** 2)); integer norms are left out as rarely meant.
 for _name in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod", "reduce_l2"):
     define(_name, attrs={"axes": Attr(AttrKind.INTS, ()), "keepdims": Attr(AttrKind.BOOL, False)},
-           types=Types("x: T -> T", T=dtypes.FLOATS) if _name == "reduce_l2" else _NUMERIC)(
+           types=Types("x: T, axes: index? -> T", T=dtypes.FLOATS if _name == "reduce_l2" else dtypes.NUMERIC),
+           operands=("axes",), unknown=_reduced_unknown)(
         _reduction(_name))
 
 
@@ -57,8 +65,13 @@ def _argmin(inputs, attrs):
     return _arg_index("argmin", inputs, attrs)
 
 
-@define("cumsum", types=_NUMERIC, attrs={"axis": Attr(AttrKind.INT, 0), "exclusive": Attr(AttrKind.BOOL, False),
-                                          "reverse": Attr(AttrKind.BOOL, False)})
+def _same_shape(own, attrs, operands):
+    return [TensorSpec(own[0].shape, own[0].dtype)]
+
+
+@define("cumsum", types=Types("x: T, axis: index? -> T", T=dtypes.NUMERIC), operands=("axis",),
+        unknown=_same_shape, attrs={"axis": Attr(AttrKind.INT, 0), "exclusive": Attr(AttrKind.BOOL, False),
+                                    "reverse": Attr(AttrKind.BOOL, False)})
 def _cumsum(inputs, attrs):
     """Running sums along `axis`, as ONNX's CumSum.
 
@@ -72,7 +85,15 @@ def _cumsum(inputs, attrs):
     return [TensorSpec(x.shape, x.dtype)]
 
 
-@define("topk", types=Types("x: T -> values: T, indices: int64", T=dtypes.NUMERIC),
+def _k_unknown(own, attrs, operands):
+    x = own[0]
+    axis = normalize_axis(attrs["axis"], x.rank, "topk")
+    shape = x.shape[:axis] + (None,) + x.shape[axis + 1:]
+    return [TensorSpec(shape, x.dtype), TensorSpec(shape, dtypes.int64)]
+
+
+@define("topk", types=Types("x: T, k: index? -> values: T, indices: int64", T=dtypes.NUMERIC),
+        operands=("k",), unknown=_k_unknown,
         attrs={"k": Attr(AttrKind.INT), "axis": Attr(AttrKind.INT, -1), "largest": Attr(AttrKind.BOOL, True),
                "sorted": Attr(AttrKind.BOOL, True)})
 def _topk(inputs, attrs):

@@ -260,6 +260,10 @@ class OpDef:
     types: Optional[Types] = None  # dtype constraints; None: inference checks dtypes itself
     fold_at_plan: bool = False  # on constants, computed when a plan is made, not when the graph
     #                             is built, so the file keeps the compact operands (int8 weights)
+    operands: tuple = ()  # attributes that inputs past the op's own may give instead (ONNX's
+    #                       axes, k, pads...), in this order: see take_operands
+    unknown: Callable = None  # (own input specs, attrs, operand specs) -> output specs while
+    #                           an operand's value is unknown; default: input 0's rank, all ?
 
     @property
     def gradient(self):
@@ -273,8 +277,10 @@ class OpDef:
             return int(self.flops(inputs, outputs, attrs))
         return 0 if self.view else sum(int(np.prod(s.shape, dtype=np.int64)) for s in outputs)
 
-    def check_attrs(self, given):
-        """Attributes with defaults filled in and values coerced; GraphError on a bad one."""
+    def check_attrs(self, given, num_inputs=0):
+        """Attributes with defaults filled in and values coerced; GraphError on a bad one.
+        A required attribute that one of `num_inputs` inputs gives (`operands`) may be absent."""
+        supplied = self.operands[:self.operand_inputs(num_inputs)]
         unknown = set(given) - set(self.attrs)
         if unknown:
             raise GraphError(f"{self.name}: unknown attribute(s) {sorted(unknown)}; "
@@ -282,6 +288,9 @@ class OpDef:
         out = {}
         for key, spec in self.attrs.items():
             if key not in given or given[key] is None:
+                if spec.default is REQUIRED and key in supplied:
+                    out[key] = _coerce(spec.kind, [] if spec.kind in (AttrKind.INTS, AttrKind.FLOATS) else 0)
+                    continue
                 if spec.default is REQUIRED:
                     raise GraphError(f"{self.name}: attribute {key!r} ({spec.kind.name}) is required")
                 out[key] = spec.default
@@ -307,11 +316,45 @@ class OpDef:
         GraphError when they, or the dtype attributes, break the declaration."""
         return {} if self.types is None else self.types.check_inputs(self.name, dts, attrs)
 
+    def operand_inputs(self, n):
+        """How many of `n` inputs give attributes (the `operands` past the op's own)."""
+        return max(n - self.num_inputs[0], 0) if self.operands else 0
+
+    def take_operands(self, inputs, attrs):
+        """(own inputs, attrs): the values of the inputs that give attributes (arrays, or
+        TensorSpecs with known values) moved into the attrs. Kernels see only these."""
+        extra = self.operand_inputs(len(inputs))
+        if not extra:
+            return list(inputs), attrs
+        own = len(inputs) - extra
+        attrs = dict(attrs)
+        for name, given in zip(self.operands, inputs[own:]):
+            value = np.asarray(getattr(given, "value", given))
+            kind = self.attrs[name].kind
+            try:
+                if kind in (AttrKind.INTS, AttrKind.FLOATS):
+                    attrs[name] = _coerce(kind, value.reshape(-1).tolist())
+                else:  # a float count (OneHot's depth) is truncated, as ONNX does
+                    scalar = value.reshape(())
+                    attrs[name] = _coerce(kind, scalar.astype(np.int64).item() if kind is AttrKind.INT
+                                          else scalar.item())
+            except (TypeError, ValueError) as e:
+                raise GraphError(f"{self.name}: operand {name!r} must hold {kind.name}, got "
+                                 f"{value.dtype}{list(value.shape)} ({e})") from None
+        return list(inputs[:own]), attrs
+
     def infer_specs(self, inputs, attrs):
         """Output specs for these input specs; GraphError when they are incompatible."""
         self.check_arity(len(inputs))
         bound = self.check_dtypes([s.dtype for s in inputs], attrs)
-        outs = self.infer(list(inputs), attrs)
+        extra = self.operand_inputs(len(inputs))
+        if extra and any(s.value is None for s in inputs[-extra:]):
+            own = list(inputs[:-extra])
+            outs = (self.unknown(own, attrs, list(inputs[-extra:])) if self.unknown is not None
+                    else [TensorSpec((None,) * own[0].rank, own[0].dtype)] * self.output_count(attrs))
+        else:
+            inputs, attrs = self.take_operands(inputs, attrs)
+            outs = self.infer(list(inputs), attrs)
         if len(outs) != self.output_count(attrs):
             raise AssertionError(f"{self.name}: inference gave {len(outs)} outputs")
         if self.types is not None:
@@ -332,7 +375,7 @@ def _count(name, given, slots):
 
 
 def define(name, *, inputs=None, outputs=None, attrs=None, types=None, view=False, flops=None,
-           stateful=False, random=False, remote=False, fold_at_plan=False):
+           stateful=False, random=False, remote=False, fold_at_plan=False, operands=(), unknown=None):
     """Decorator: register the shape inference function `fn` as op `name`.
 
     `types` declares the dtypes the op takes and gives (a `Types`); its arity follows
@@ -341,8 +384,15 @@ def define(name, *, inputs=None, outputs=None, attrs=None, types=None, view=Fals
     called once the dtypes passed the declaration, returns the output TensorSpecs (with
     `value` set where it can compute the value itself, as `shape` does) and raises
     GraphError on inputs the op cannot take.
+
+    `operands` names attributes that optional inputs past the op's own may give instead
+    (an ONNX operand that is not a constant); while one's value is unknown, `unknown(own
+    input specs, attrs, operand specs)` gives the output specs. A plan runs such an op
+    once the values are known (edgeflow/interp/staged.py), its kernel seeing attrs only.
     """
     attrs = dict(attrs or {})
+    if set(operands) - set(attrs):
+        raise AssertionError(f"{name}: operands {operands} must name attributes")
     if types is not None:
         types.validate(name, attrs)
     arity = _count(name, inputs, types and types.inputs)
@@ -356,7 +406,7 @@ def define(name, *, inputs=None, outputs=None, attrs=None, types=None, view=Fals
         if name in _REGISTRY:
             raise AssertionError(f"op {name!r} defined twice")
         _REGISTRY[name] = OpDef(name, arity, outputs, attrs, fn, view, (fn.__doc__ or "").strip(), flops,
-                                stateful, random, remote, types, fold_at_plan)
+                                stateful, random, remote, types, fold_at_plan, tuple(operands), unknown)
         return fn
 
     return register

@@ -1,5 +1,5 @@
-"""Ops that make or reshape tensors from shape values: shape, constant_of_shape, range,
-expand, tile, split.
+"""Ops that make or reshape tensors from shape values: shape, constant_of_shape, eye_like,
+range, expand, tile, split.
 
 Operands that decide an output's shape (a target shape, a repeat count, a limit) are
 tensors, as in ONNX. While building, their values may be unknown (they depend on a
@@ -12,7 +12,7 @@ import numpy as np
 from .. import dtypes
 from ..errors import GraphError
 from .registry import Attr, AttrKind, TensorSpec, Types, define, gradient
-from .dims import broadcast, fmt, normalize_axis
+from .dims import broadcast, fmt, normalize_axis, vector_length
 
 
 def known_ints(op, spec, what):
@@ -22,14 +22,6 @@ def known_ints(op, spec, what):
     if spec.value is None:
         return None
     return tuple(int(v) for v in np.asarray(spec.value).reshape(-1))
-
-
-def vector_length(op, spec, what):
-    """How many values a 1-D operand holds; GraphError if not even that is known."""
-    n = spec.shape[0] if spec.rank == 1 else 1
-    if n is None:
-        raise GraphError(f"{op}: the length of {what} must be known (it sets the output rank)")
-    return n
 
 
 def unknown_dims(op, spec, what):
@@ -55,6 +47,17 @@ def _constant_of_shape(inputs, attrs):
     if any(d < 0 for d in shape):
         raise GraphError(f"constant_of_shape: negative dimension in {shape}")
     return [TensorSpec(shape, attrs["dtype"])]
+
+
+@define("eye_like", types=Types("x: any -> dtype"),
+        attrs={"k": Attr(AttrKind.INT, 0), "dtype": Attr(AttrKind.DTYPE)})
+def _eye_like(inputs, attrs):
+    """Ones on diagonal k (above the main one for k > 0) of a matrix shaped like x, zeros
+    elsewhere (ONNX's EyeLike)."""
+    x = inputs[0]
+    if x.rank != 2:
+        raise GraphError(f"eye_like: x must be a matrix, got {fmt(x.shape)}")
+    return [TensorSpec(x.shape, attrs["dtype"])]
 
 
 @define("range", types=Types("start: T, limit: T, delta: T -> T", T=dtypes.NUMERIC | {dtypes.bfloat16}))
@@ -109,9 +112,15 @@ def _split_outputs(attrs):
     return len(attrs["sizes"]) or attrs["num_outputs"]
 
 
-@define("split", outputs=_split_outputs, types=Types("x: T -> T+", T=dtypes.ANY),
+def _pieces_unknown(own, attrs, operands):
+    x = own[0]
+    axis = normalize_axis(attrs["axis"], x.rank, "split")
+    return [TensorSpec(x.shape[:axis] + (None,) + x.shape[axis + 1:], x.dtype)] * attrs["num_outputs"]
+
+
+@define("split", outputs=_split_outputs, types=Types("x: T, sizes: index? -> T+", T=dtypes.ANY),
         attrs={"axis": Attr(AttrKind.INT, 0), "sizes": Attr(AttrKind.INTS, ()),
-               "num_outputs": Attr(AttrKind.INT, 0)})
+               "num_outputs": Attr(AttrKind.INT, 0)}, operands=("sizes",), unknown=_pieces_unknown)
 def _split(inputs, attrs):
     """Cut x along `axis` into pieces of `sizes`, or into `num_outputs` near-equal pieces."""
     x = inputs[0]
@@ -119,6 +128,8 @@ def _split(inputs, attrs):
         raise GraphError("split: give sizes or num_outputs >= 1")
     if any(s < 0 for s in attrs["sizes"]):
         raise GraphError(f"split: negative size in {attrs['sizes']}")
+    if attrs["sizes"] and attrs["num_outputs"] not in (0, len(attrs["sizes"])):
+        raise GraphError(f"split: {len(attrs['sizes'])} sizes {attrs['sizes']} for {attrs['num_outputs']} outputs")
     axis = normalize_axis(attrs["axis"], x.rank, "split")
     pieces = split_sizes(x.shape[axis], attrs["sizes"], attrs["num_outputs"])
     return [TensorSpec(x.shape[:axis] + (n,) + x.shape[axis + 1:], x.dtype) for n in pieces]

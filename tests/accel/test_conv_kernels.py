@@ -176,7 +176,7 @@ def test_batch_norm(delegate, shape, eps, seed):
     check(delegate, "batch_norm", arrays, {"epsilon": eps})
 
 
-@given(data=st.data(), mode=st.sampled_from(["constant", "reflect", "edge"]), seed=st.integers(0, 2**31))
+@given(data=st.data(), mode=st.sampled_from(["constant", "reflect", "edge", "wrap"]), seed=st.integers(0, 2**31))
 def test_pad(delegate, data, mode, seed):
     shape = data.draw(st.lists(st.integers(1, 6), min_size=1, max_size=4))
     low = -2 if mode == "constant" else 0
@@ -193,3 +193,13 @@ def test_conv_3d_falls_back_with_its_reason(delegate):
     runner(in0=normal(rng, 1, 2, 4, 4, 4), in1=normal(rng, 3, 2, 2, 2, 2))
     assert set(runner.last_plan.placement.values()) == {"cpu"}
     assert "3-D convolution" in next(iter(runner.last_plan.fallbacks.values()))
+
+
+def test_dilated_avg_pool_falls_back_with_its_reason(delegate):
+    rng = np.random.default_rng(0)
+    attrs = {"kernel_shape": (2, 2), "dilations": (2, 2)}
+    model = one_op_model("avg_pool", [normal(rng, 1, 2, 6, 6)], attrs)
+    runner = ef.Interpreter(model, delegates=[delegate]).get_signature_runner("infer")
+    runner(in0=normal(rng, 1, 2, 6, 6))
+    assert set(runner.last_plan.placement.values()) == {"cpu"}
+    assert "dilations" in next(iter(runner.last_plan.fallbacks.values()))

@@ -51,14 +51,14 @@ def test_every_unsupported_op_is_listed_at_once():
 def test_unsupported_variants_are_collected_too():
     model = _model(
         [helper.make_node("Resize", ["x", "", "scales"], ["a"], mode="cubic", name="cubic"),
-         helper.make_node("Pad", ["x", "pads"], ["b"], mode="wrap", name="wrap"),
+         helper.make_node("Dropout", ["x", "", "training"], ["b"], name="training"),
          helper.make_node("Relu", ["a"], ["c"], name="after_cubic")],
-        [_vi("x", [1, 1, 2, 2])], [_vi("b", [1, 1, 4, 4]), _vi("c", [1, 1, 4, 4])],
+        [_vi("x", [1, 1, 2, 2])], [_vi("b", [1, 1, 2, 2]), _vi("c", [1, 1, 4, 4])],
         [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
-         numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads")])
+         numpy_helper.from_array(np.array(True), "training")])
     with pytest.raises(UnsupportedOpError) as info:
         onnx_converter.convert(model)
-    assert {name for _, _, name, _ in info.value.ops} == {"cubic", "wrap"}
+    assert {name for _, _, name, _ in info.value.ops} == {"cubic", "training"}
 
 
 def test_old_opsets_are_lifted(tmp_path):

@@ -154,6 +154,8 @@ def _apply(op, attrs, *operands):
     (lambda x, u: _apply("scatter_nd", {}, x, [[0, 1], [-1, 0]], u), [(3, 2), (2,)]),
     (lambda x: _apply("trilu", {"upper": False, "k": 1}, x), [(3, 4)]),
     (lambda x: _apply("trilu", {}, x, np.array(-1)), [(2, 3, 3)]),
+    (lambda x: _apply("reverse_sequence", {}, x, [3, 0, 1]), [(4, 3, 2)]),
+    (lambda x: _apply("reverse_sequence", {"batch_axis": 0, "time_axis": 1}, x, [2, 4]), [(2, 4)]),
 ])
 def test_indexing_ops(fn, shapes):
     check_gradients(fn, *(r(*s) for s in shapes))

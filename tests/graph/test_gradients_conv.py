@@ -99,9 +99,10 @@ def test_max_pool(case):
 
 
 @pytest.mark.parametrize("count_include_pad", [False, True])
-@pytest.mark.parametrize("case", POOL)
+@pytest.mark.parametrize("case", list(POOL) + ["dilations"])
 def test_avg_pool(case, count_include_pad):
-    x_shape, attrs = POOL[case]
+    x_shape, attrs = POOL.get(case) or ((1, 2, 9, 8), {"kernel_shape": (2, 3), "dilations": (3, 2),
+                                                        "strides": (2, 1), "pads": (1, 1, 2, 0), "ceil_mode": True})
     check_gradients(op("avg_pool", count_include_pad=count_include_pad, **attrs), r(*x_shape))
 
 
@@ -127,13 +128,13 @@ def test_max_pool_routes_ties_to_the_first_maximum_in_kernel_order():
 
 
 PADS = {  # x shape, pads, modes
-    "1-D": ((5,), (2, 3), ("constant", "reflect", "edge")),
-    "2-D": ((3, 4), (1, 2, 3, 1), ("constant", "reflect", "edge")),
+    "1-D": ((5,), (2, 3), ("constant", "reflect", "edge", "wrap")),
+    "2-D": ((3, 4), (1, 2, 3, 1), ("constant", "reflect", "edge", "wrap")),
     "NCHW, spatial only": ((2, 2, 4, 5), (0, 0, 2, 1, 0, 0, 1, 3), ("constant", "reflect", "edge")),
     "crop": ((3, 5), (-1, 2, 1, -2), ("constant",)),
     "past the length": ((2, 3), (0, 5, 1, 4), ("edge",)),
-    "reflect twice over": ((3, 4), (3, 0, 4, 5), ("reflect",)),
-    "every axis": ((2, 3, 4), (1, 1, 2, 2, 1, 3), ("constant", "reflect", "edge")),
+    "reflect twice over": ((3, 4), (3, 0, 4, 5), ("reflect", "wrap")),
+    "every axis": ((2, 3, 4), (1, 1, 2, 2, 1, 3), ("constant", "reflect", "edge", "wrap")),
 }
 
 

@@ -3,7 +3,6 @@ import numpy as np
 import pytest
 
 import edgeflow as ef
-from edgeflow.errors import InvalidInputError
 from edgeflow.format import model as fm, writer
 
 
@@ -46,17 +45,6 @@ def test_range_over_a_dynamic_length():
     for b, s in ((1, 5), (2, 9)):
         tv = np.ones((b, s), np.int64)
         np.testing.assert_array_equal(runner(tokens=tv)["y"], tv + np.arange(s))
-
-
-def test_value_that_depends_on_data_is_refused_clearly():
-    g = ef.Graph()
-    with g.as_default():
-        x = ef.placeholder(ef.float32, [4], name="x")
-        shape = ef.placeholder(ef.int64, [2], name="shape")
-        y = ef.reshape(x, shape, name="y")
-    _, runner = _runner(g, {"x": x, "shape": shape}, {"y": y})
-    with pytest.raises(InvalidInputError, match="must be known before running"):
-        runner(x=np.zeros(4, np.float32), shape=np.array([2, 2]))
 
 
 def test_ops_on_constants_run_once_for_all_plans():

@@ -18,7 +18,7 @@ def onnx_pad(x, pads, mode="constant", value=0.0):
     return onnx_node("Pad", x, constants, {"mode": mode})
 
 
-@pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "wrap"])
 @pytest.mark.parametrize("pads", [(0, 0, 1, 2, 0, 0, 3, 1), (0, 1, 0, 0, 0, 0, 2, 0),
                                   (0, 0, 0, 0, 0, 0, 0, 0), (1, 0, 2, 2, 0, 2, 1, 3)])
 def test_pad(run_op, rng, mode, pads):
@@ -27,7 +27,7 @@ def test_pad(run_op, rng, mode, pads):
     assert_close(got, onnx_pad(x, pads, mode, 1.5), np.float32)
 
 
-@pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "wrap"])
 @pytest.mark.parametrize("dtype", ["int32", "uint8", "float16", "float64"])
 def test_pad_dtypes_and_ranks(run_op, rng, mode, dtype):
     for shape, pads in [((7,), (2, 3)), ((3, 4), (1, 2, 2, 0)), ((2, 3, 4), (0, 2, 1, 1, 0, 3))]:
@@ -45,7 +45,7 @@ def test_pad_negative_crops(run_op, rng):
 
 @given(data=st.data())
 def test_pad_random(data):
-    mode = data.draw(st.sampled_from(["constant", "reflect", "edge"]))
+    mode = data.draw(st.sampled_from(["constant", "reflect", "edge", "wrap"]))
     shape = tuple(data.draw(st.lists(st.integers(2, 5), min_size=1, max_size=4)))
     limit = [n - 1 if mode == "reflect" else 4 for n in shape]  # onnxruntime reflects once at most
     pads = tuple(data.draw(st.integers(0, lim)) for lim in limit * 2)
@@ -129,7 +129,7 @@ def test_pad_dynamic(compile_graph, graph, rng):
 
 @pytest.mark.parametrize("op, shape, attrs, message", [
     ("pad", (2, 3), {"pads": (1, 1)}, "pads must hold 4"),
-    ("pad", (2, 3), {"pads": (1, 1, 1, 1), "mode": "wrap"}, "mode"),
+    ("pad", (2, 3), {"pads": (1, 1, 1, 1), "mode": "circular"}, "mode"),
     ("pad", (2, 3), {"pads": (0, -1, 0, 0), "mode": "reflect"}, "negative"),
     ("pad", (2, 3), {"pads": (0, -2, 0, -2)}, "remove"),
     ("resize", (1, 2, 4, 4), {}, "exactly one"),

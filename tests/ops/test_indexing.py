@@ -291,3 +291,62 @@ def test_argmin_dtypes(run_op, rng, dtype):
     out = run_op(lambda t: apply("argmin", [t], {"axis": 0}), x)
     values = dtypes.widen(x) if x.dtype == dtypes.bfloat16 else x
     assert_close(out, arg_reference(values, 0, False, False, lambda a, b: a < b), np.int64)
+
+
+# -- reverse_sequence -----------------------------------------------------------------------
+
+def reverse_sequence_reference(x, lens, batch_axis, time_axis):
+    """Entry by entry: the first lens[b] steps reversed with Python slicing."""
+    out = np.array(x)
+    for b, n in enumerate(lens):
+        entry = [slice(None)] * x.ndim
+        entry[batch_axis], entry[time_axis] = b, slice(0, n)
+        out[tuple(entry)] = x[tuple(entry)][::-1]  # the time axis comes first once b indexes the batch
+    return out
+
+
+@pytest.mark.parametrize("batch_axis, time_axis", [(1, 0), (0, 1)])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int64", "int8", "uint8", "bool"])
+def test_reverse_sequence(run_op, rng, batch_axis, time_axis, dtype):
+    shape = [0, 0, 3, 2]
+    shape[batch_axis], shape[time_axis] = 4, 5
+    x = random_array(rng, tuple(shape), dtype, -50, 50)
+    lens = np.array([5, 0, 1, 3], np.int64)
+    got = run_op(lambda t, n: apply("reverse_sequence", [t, n], {"batch_axis": batch_axis, "time_axis": time_axis}),
+                 x, lens)
+    np.testing.assert_array_equal(got, reverse_sequence_reference(x, lens, batch_axis, time_axis))
+    from .onnx_reference import onnx_reference
+    if dtype != "float16":
+        np.testing.assert_array_equal(got, onnx_reference("ReverseSequence", [x, lens], [x.dtype], opset=10,
+                                                          batch_axis=batch_axis, time_axis=time_axis)[0])
+
+
+def test_reverse_sequence_invalid(graph, run_op):
+    x = ef.placeholder("float32", (4, 3))
+    with pytest.raises(GraphError, match="one length per batch entry"):
+        apply("reverse_sequence", [x, ef.placeholder("int64", (4,))], {})
+    with pytest.raises(GraphError, match="batch_axis"):
+        apply("reverse_sequence", [x, ef.placeholder("int64", (3,))], {"batch_axis": 1, "time_axis": 1})
+    with pytest.raises(GraphError, match="int64"):
+        apply("reverse_sequence", [x, ef.placeholder("int32", (3,))], {})
+    with pytest.raises(InvalidInputError, match="sequence length"):
+        run_op(lambda t, n: apply("reverse_sequence", [t, n], {}), np.ones((4, 3), np.float32),
+               np.array([1, 5, 2], np.int64))
+
+
+# -- eye_like ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("k", [0, 1, -2, 4, -3])
+@pytest.mark.parametrize("shape", [(3, 3), (2, 5), (4, 2)])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "uint8", "bool", "float16"])
+def test_eye_like(run_op, rng, shape, k, dtype):
+    x = random_array(rng, shape, "int32", 0, 9)
+    got = run_op(lambda t: apply("eye_like", [t], {"k": k, "dtype": dtype}), x)
+    rows, cols = np.indices(shape)
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(got, (cols - rows == k).astype(dtype))
+
+
+def test_eye_like_invalid(graph):
+    with pytest.raises(GraphError, match="matrix"):
+        apply("eye_like", [ef.placeholder("float32", (2, 2, 2))], {"dtype": "float32"})

@@ -164,3 +164,54 @@ def test_type_errors_name_the_op(graph):
     for name, inputs in (("logical_not", [f]), ("bit_shift", [f, f]), ("floor", [i]), ("is_nan", [i])):
         with pytest.raises(GraphError, match=rf"\b{name}: .*dtype \w+ not supported"):
             apply(name, inputs)
+
+
+# -- bitwise operations and bit casts -----------------------------------------------------
+
+BITWISE = {"bitwise_and": operator.and_, "bitwise_or": operator.or_, "bitwise_xor": operator.xor}
+
+
+@pytest.mark.parametrize("dtype", INTEGERS)
+@pytest.mark.parametrize("name", BITWISE)
+def test_bitwise_binary(run_op, rng, name, dtype):
+    info = np.iinfo(dtype)
+    a = rng.integers(info.min, info.max, size=(3, 5), endpoint=True).astype(dtype)
+    b = rng.integers(info.min, info.max, size=(5,), endpoint=True).astype(dtype)
+    b[:2] = [info.min, info.max]
+    # Python's ints are two's complement of infinite width: & | ^ of in-range values stay in range.
+    assert_close(run_op(op(name), a, b), elementwise(BITWISE[name], a, b, otype=np.int64), dtype)
+
+
+@pytest.mark.parametrize("dtype", INTEGERS)
+def test_bitwise_not(run_op, rng, dtype):
+    info = np.iinfo(dtype)
+    x = rng.integers(info.min, info.max, size=(4, 6), endpoint=True).astype(dtype)
+    x.flat[:3] = [info.min, info.max, 0]
+    unsigned = info.min == 0
+    expected = elementwise(lambda v: info.max - v if unsigned else ~v, x, otype=np.int64)
+    assert_close(run_op(op("bitwise_not"), x), expected, dtype)
+
+
+# Same-width pairs, and the struct format of each dtype.
+_STRUCT = {"float16": "e", "float32": "f", "float64": "d", "int8": "b", "int16": "h", "int32": "i",
+           "int64": "q", "uint8": "B", "bool": "?"}
+BITCASTS = [(a, b) for a in _STRUCT for b in _STRUCT if a != b and np.dtype(a).itemsize == np.dtype(b).itemsize
+            and b != "bool"]
+
+
+@pytest.mark.parametrize("src,dst", BITCASTS, ids=[f"{a}-{b}" for a, b in BITCASTS])
+def test_bitcast(run_op, rng, src, dst):
+    import struct
+    x = random_array(rng, (2, 5), src, -100, 100)
+    packed = [struct.pack("<" + _STRUCT[src], v) for v in x.reshape(-1).tolist()]
+    expected = np.array([struct.unpack("<" + _STRUCT[dst], p)[0] for p in packed], dst).reshape(x.shape)
+    actual = run_op(op("bitcast", dtype=dst), x)
+    assert actual.dtype == np.dtype(dst) and actual.shape == x.shape
+    np.testing.assert_array_equal(actual, expected)  # NaN where the bits spell one
+
+
+def test_bitcast_needs_the_same_width(graph):
+    import edgeflow as ef
+    x = ef.placeholder("float64", (2,))
+    with pytest.raises(GraphError, match=r"bitcast: x: dtype float64 not supported; expected float32 or int32 \(the 32 bits of int32\)$"):
+        apply("bitcast", [x], {"dtype": "int32"})

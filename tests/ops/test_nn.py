@@ -130,3 +130,44 @@ def test_hardmax_axis_out_of_range(graph):
     from edgeflow.graph.math_ops import apply
     with pytest.raises(GraphError, match="axis"):
         apply("hardmax", [ef.placeholder("float32", (2, 3))], {"axis": 2})
+
+
+# -- lrn --------------------------------------------------------------------------------------
+
+def lrn_reference(x, size, alpha, beta, bias):
+    """ONNX's LRN formula channel by channel in float64."""
+    x = x.astype(np.float64)
+    c, out = x.shape[1], np.empty(x.shape)
+    for ch in range(c):
+        lo, hi = max(0, ch - (size - 1) // 2), min(c - 1, ch + size // 2)
+        square_sum = (x[:, lo:hi + 1] ** 2).sum(1)
+        out[:, ch] = x[:, ch] / (bias + alpha / size * square_sum) ** beta
+    return out
+
+
+@pytest.mark.parametrize("shape, size", [((2, 5, 3, 4), 3), ((1, 6, 4, 2), 4), ((2, 3, 2, 2, 2), 5),
+                                         ((1, 2, 3, 3), 7), ((1, 4, 3), 1)])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_lrn(shape, size, dtype):
+    from edgeflow.graph.math_ops import apply
+    from .harness import run_op
+    from .onnx_reference import onnx_node
+    rng = np.random.default_rng(0)
+    x = random_array(rng, shape, dtype, -3, 3)
+    attrs = {"size": size, "alpha": 0.3, "beta": 0.6, "bias": 1.5}
+    got = run_op(lambda t: apply("lrn", [t], attrs), x)
+    assert_close(got, lrn_reference(x, **attrs), dtype)
+    # onnxruntime's LRN takes 4-D float32 and float16 and odd sizes. (ONNX's reference
+    # evaluator loops over the batch axis where it means channels: it is no reference here.)
+    if x.ndim == 4 and dtype != "float64" and size % 2:
+        assert_close(got, onnx_node("LRN", x, (), attrs, opset=13), dtype)
+
+
+def test_lrn_invalid(graph):
+    from edgeflow.graph.math_ops import apply
+    with pytest.raises(GraphError, match="size"):
+        apply("lrn", [ef.placeholder("float32", (1, 3, 4))], {"size": 0})
+    with pytest.raises(GraphError, match="spatial"):
+        apply("lrn", [ef.placeholder("float32", (3, 4))], {"size": 3})
+    with pytest.raises(GraphError, match="dtype"):
+        apply("lrn", [ef.placeholder("int32", (1, 3, 4))], {"size": 3})

@@ -1,4 +1,4 @@
-"""lstm and gru against onnxruntime running the same single ONNX LSTM/GRU node (opset 14).
+"""rnn, lstm and gru against onnxruntime running the same single ONNX RNN/LSTM/GRU node (opset 14).
 
 Every case feeds the same arrays to both: edgeflow gets X, W, R and the optional inputs
 that are present (the has_* attributes say which), onnxruntime gets them at their ONNX
@@ -16,21 +16,29 @@ from .harness import assert_close, check_static
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-GATES = {"lstm": 4, "gru": 3}
-OUTPUTS = {"lstm": ("Y", "Y_h", "Y_c"), "gru": ("Y", "Y_h")}
-OPTIONAL = {"lstm": ("B", "initial_h", "initial_c"), "gru": ("B", "initial_h")}
-HAS = {"B": "has_bias", "initial_h": "has_initial_h", "initial_c": "has_initial_c"}
-# ONNX input order; sequence_lens is never given.
-ONNX_INPUTS = {"lstm": ("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c"),
-               "gru": ("X", "W", "R", "B", "sequence_lens", "initial_h")}
+GATES = {"lstm": 4, "gru": 3, "rnn": 1}
+OUTPUTS = {"lstm": ("Y", "Y_h", "Y_c"), "gru": ("Y", "Y_h"), "rnn": ("Y", "Y_h")}
+OPTIONAL = {"lstm": ("B", "initial_h", "initial_c"), "gru": ("B", "initial_h"), "rnn": ("B", "initial_h")}
+HAS = {"B": "has_bias", "initial_h": "has_initial_h", "initial_c": "has_initial_c", "P": "has_peepholes",
+       "sequence_lens": "has_sequence_lens"}
+ONNX_INPUTS = {"lstm": ("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"),
+               "gru": ("X", "W", "R", "B", "sequence_lens", "initial_h"),
+               "rnn": ("X", "W", "R", "B", "sequence_lens", "initial_h")}
+# edgeflow's input order: the int32 lengths last
+EDGEFLOW_INPUTS = {"lstm": ("X", "W", "R", "B", "initial_h", "initial_c", "P", "sequence_lens"),
+                   "gru": ("X", "W", "R", "B", "initial_h", "sequence_lens"),
+                   "rnn": ("X", "W", "R", "B", "initial_h", "sequence_lens")}
 DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
 def onnx_model(nodes, inputs, outputs, initializers=()):
-    """A float32 ONNX model (IR 8, opset 14) with these nodes, inputs (name -> shape) and outputs."""
+    """A float32 ONNX model (IR 8, opset 14) with these nodes, inputs (name -> shape; sequence_lens
+    is int32) and outputs."""
+    def elem(name):
+        return TensorProto.INT32 if name == "sequence_lens" else TensorProto.FLOAT
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
+        nodes, "g", [helper.make_tensor_value_info(n, elem(n), s) for n, s in inputs.items()],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
         [numpy_helper.from_array(a, n) for n, a in initializers])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
@@ -43,21 +51,24 @@ def onnxruntime_reference(op, arrays, attrs):
     names = [n if n in arrays else "" for n in ONNX_INPUTS[op]]
     while not names[-1]:
         names.pop()
-    onnx_attrs = {k: v for k, v in attrs.items() if not k.startswith("has_")}
+    onnx_attrs = {k: v for k, v in attrs.items() if not k.startswith("has_") and v not in ("", ())}
+    if isinstance(onnx_attrs.get("activations"), str):
+        onnx_attrs["activations"] = onnx_attrs["activations"].split(",")
     if not onnx_attrs.get("clip"):
         onnx_attrs.pop("clip", None)  # ONNX: absent clip means none; 0 is not accepted
     if "input_forget" in onnx_attrs:
         onnx_attrs["input_forget"] = int(onnx_attrs["input_forget"])
     node = helper.make_node(op.upper(), names, list(OUTPUTS[op]), **onnx_attrs)
     session = onnx_model([node], {n: a.shape for n, a in arrays.items()}, OUTPUTS[op])
-    return session.run(None, {n: a.astype(np.float32) for n, a in arrays.items()})
+    return session.run(None, {n: a if n == "sequence_lens" else a.astype(np.float32) for n, a in arrays.items()})
 
 
 def recurrent_arrays(rng, op, seq, batch, size, hidden, direction, present, dtype=np.float32):
     """X, W, R and the `present` optional inputs, scaled so that gates neither saturate nor vanish."""
     g, d = GATES[op], DIRECTIONS[direction]
     shapes = {"X": (seq, batch, size), "W": (d, g * hidden, size), "R": (d, g * hidden, hidden),
-              "B": (d, 2 * g * hidden), "initial_h": (d, batch, hidden), "initial_c": (d, batch, hidden)}
+              "B": (d, 2 * g * hidden), "initial_h": (d, batch, hidden), "initial_c": (d, batch, hidden),
+              "P": (d, 3 * hidden)}
     return {n: rng.normal(0, 0.8, shapes[n]).astype(dtype) for n in ("X", "W", "R") + tuple(present)}
 
 
@@ -68,7 +79,7 @@ def edgeflow_outputs(compile_graph, op, arrays, attrs, shapes=None, feeds=()):
     graph = ef.Graph()
     with graph.as_default():
         holders, inputs = {}, []
-        for name in ONNX_INPUTS[op]:
+        for name in EDGEFLOW_INPUTS[op]:
             if name not in arrays:
                 continue
             a = arrays[name]
@@ -77,7 +88,7 @@ def edgeflow_outputs(compile_graph, op, arrays, attrs, shapes=None, feeds=()):
                 inputs.append(holders[name])
             else:
                 inputs.append(ef.constant(a, name=name))
-        has = {HAS[n]: n in arrays for n in OPTIONAL[op]}
+        has = {HAS[n]: n in arrays for n in EDGEFLOW_INPUTS[op][3:]}
         tensors = apply(op, inputs, {**attrs, **has})
     run = compile_graph(graph, holders, dict(zip(OUTPUTS[op], tensors)))
     out = run(**{n: arrays[n] for n in holders})
@@ -176,7 +187,7 @@ def test_weights_fed_as_inputs_are_read_on_every_invoke(compile_graph, rng, op):
     first = recurrent_arrays(rng, op, 3, 2, 3, 4, "bidirectional", OPTIONAL[op])
     with graph.as_default():
         holders = {n: ef.placeholder("float32", a.shape, name=n) for n, a in first.items()}
-        order = [n for n in ONNX_INPUTS[op] if n in holders]
+        order = [n for n in EDGEFLOW_INPUTS[op] if n in holders]
         tensors = apply(op, [holders[n] for n in order], {**attrs, **{HAS[n]: True for n in OPTIONAL[op]}})
     run = compile_graph(graph, holders, dict(zip(OUTPUTS[op], tensors)))
     for arrays in (first, recurrent_arrays(rng, op, 3, 2, 3, 4, "bidirectional", OPTIONAL[op])):
@@ -195,6 +206,112 @@ def test_other_float_dtypes(compile_graph, rng, op, dtype, tol):
     got, _ = edgeflow_outputs(compile_graph, op, arrays, attrs)
     for a, e in zip(got, onnxruntime_reference(op, arrays, attrs)):
         assert_close(a, e, dtype, **tol)
+
+
+@pytest.mark.parametrize("present", GRU_OPTIONALS, ids=lambda p: "+".join(p) or "none")
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_rnn_matches_onnxruntime(compile_graph, rng, direction, present):
+    arrays = recurrent_arrays(rng, "rnn", 7, 5, 4, 3, direction, present)
+    check_against_onnxruntime(compile_graph, "rnn", arrays, {"hidden_size": 3, "direction": direction})
+
+
+def test_rnn_closed_form(compile_graph, rng):
+    """One direction, three steps: h_t = tanh(x_t W^T + h_{t-1} R^T + Wb + Rb) in numpy."""
+    arrays = recurrent_arrays(rng, "rnn", 3, 2, 4, 5, "forward", ("B", "initial_h"), np.float64)
+    (y, y_h), _ = edgeflow_outputs(compile_graph, "rnn", arrays, {"hidden_size": 5})
+    w, r, b, h = arrays["W"][0], arrays["R"][0], arrays["B"][0], arrays["initial_h"][0]
+    for t in range(3):
+        h = np.tanh(arrays["X"][t] @ w.T + h @ r.T + b[:5] + b[5:])
+        np.testing.assert_allclose(y[t, 0], h, rtol=1e-12)
+    np.testing.assert_allclose(y_h[0], h, rtol=1e-12)
+
+
+@pytest.mark.parametrize("variant", [{}, {"clip": 0.5}, {"input_forget": True}], ids=str)
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_lstm_peepholes(compile_graph, rng, direction, variant):
+    arrays = recurrent_arrays(rng, "lstm", 7, 5, 4, 3, direction, ("B", "initial_h", "initial_c", "P"))
+    arrays["P"] *= 2  # peepholes that matter
+    check_against_onnxruntime(compile_graph, "lstm", arrays, {"hidden_size": 3, "direction": direction, **variant})
+    without = {n: a for n, a in arrays.items() if n != "P"}
+    with_p, _ = edgeflow_outputs(compile_graph, "lstm", arrays, {"hidden_size": 3, "direction": direction, **variant})
+    plain, _ = edgeflow_outputs(compile_graph, "lstm", without, {"hidden_size": 3, "direction": direction, **variant})
+    assert np.abs(with_p[0] - plain[0]).max() > 0.05
+
+
+def _all_float_inputs(op):
+    return {"lstm": ("B", "initial_h", "initial_c", "P"), "gru": ("B", "initial_h"), "rnn": ("B", "initial_h")}[op]
+
+
+@pytest.mark.parametrize("lens", [[7, 3, 1, 5, 2], [7, 7, 7, 7, 7], [2, 2, 1, 1, 2]], ids=str)
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("op", GATES)
+def test_sequence_lens(compile_graph, rng, op, direction, lens):
+    """Padding steps give zeros in Y, the final states are the last valid step's, and the
+    reverse direction starts at each entry's last step."""
+    arrays = recurrent_arrays(rng, op, 7, 5, 4, 3, direction, _all_float_inputs(op))
+    arrays["sequence_lens"] = np.array(lens, np.int32)
+    attrs = {"hidden_size": 3, "direction": direction}
+    check_against_onnxruntime(compile_graph, op, arrays, attrs)
+    # an entry alone, cut to its length, gives the same outputs
+    (y, *finals), _ = edgeflow_outputs(compile_graph, op, arrays, attrs)
+    b, n = 1, lens[1]
+    alone = {k: (v[:n, b:b + 1] if k == "X" else v[:, b:b + 1] if k.startswith("initial") else v)
+             for k, v in arrays.items() if k != "sequence_lens"}
+    (y1, *finals1), _ = edgeflow_outputs(compile_graph, op, alone, attrs)
+    np.testing.assert_allclose(y[:n, :, b:b + 1], y1, rtol=1e-5, atol=1e-6)
+    assert not y[n:, :, b].any()
+    for f, f1 in zip(finals, finals1):
+        np.testing.assert_allclose(f[:, b:b + 1], f1, rtol=1e-5, atol=1e-6)
+
+
+ACTIVATION_CASES = [
+    ("rnn", "forward", ["Relu"], [], []),
+    ("rnn", "bidirectional", ["Sigmoid", "LeakyRelu"], [0.3], []),
+    ("rnn", "reverse", ["Affine"], [0.7], [0.2]),
+    ("rnn", "forward", ["ThresholdedRelu"], [0.1], []),
+    ("rnn", "forward", ["ScaledTanh"], [1.5], [0.5]),
+    ("rnn", "forward", ["HardSigmoid"], [], []),
+    ("rnn", "bidirectional", ["Elu", "Softsign"], [0.5], []),
+    ("rnn", "forward", ["Softplus"], [], []),
+    ("lstm", "forward", ["HardSigmoid", "Tanh", "Softsign"], [0.3], [0.6]),
+    ("lstm", "bidirectional", ["Sigmoid", "Relu", "Tanh", "Sigmoid", "Tanh", "Elu"], [], []),
+    ("gru", "forward", ["HardSigmoid", "Softsign"], [], []),
+    ("gru", "bidirectional", ["Sigmoid", "LeakyRelu", "Sigmoid", "Tanh"], [0.2], []),
+]
+
+
+@pytest.mark.parametrize("op, direction, names, alphas, betas", ACTIVATION_CASES, ids=str)
+def test_activations(compile_graph, rng, op, direction, names, alphas, betas):
+    """The converter's reading of ONNX's alphas and betas (consumed by the functions that
+    take them, in order) against onnxruntime; the op holds one of each per function."""
+    from edgeflow.converters.onnx.handlers.rnn import _activations
+
+    class Node:
+        def __init__(self, attrs):
+            self.attrs = attrs
+
+        def attr(self, key, default=None):
+            return self.attrs.get(key, default)
+    d = DIRECTIONS[direction]
+    onnx_attrs = {"activations": names, "activation_alpha": alphas, "activation_beta": betas}
+    attrs = {"hidden_size": 3, "direction": direction, **_activations(Node(onnx_attrs), op, d)}
+    arrays = recurrent_arrays(rng, op, 7, 5, 4, 3, direction, OPTIONAL[op])
+    got, _ = edgeflow_outputs(compile_graph, op, arrays, attrs)
+    expected = onnxruntime_reference(op, arrays, {"hidden_size": 3, "direction": direction,
+                                                  **{k: v for k, v in onnx_attrs.items() if v}})
+    for a, e in zip(got, expected):
+        assert_close(a, e, np.float32, **TOL)
+
+
+def test_gradients_refuse_the_new_variants(compile_graph, rng):
+    arrays = recurrent_arrays(rng, "lstm", 3, 2, 4, 3, "forward", ("B", "initial_h", "initial_c", "P"))
+    graph = ef.Graph()
+    with graph.as_default():
+        x = ef.placeholder("float32", arrays["X"].shape)
+        rest = [ef.constant(arrays[n]) for n in ("W", "R", "B", "initial_h", "initial_c", "P")]
+        y, _, _ = apply("lstm", [x] + rest, {"hidden_size": 3, **{HAS[n]: True for n in _all_float_inputs("lstm")}})
+        with pytest.raises(GraphError, match="peepholes"):
+            ef.gradients(ef.reduce_sum(y), [x])
 
 
 def _lstm_layer(x, h0, c0, weights, direction):
@@ -303,6 +420,10 @@ def _replace(shapes, index, shape):
     (LSTM_OK, {"hidden_size": 0}, "hidden_size"),
     (LSTM_OK, {"direction": "backward"}, "direction"),
     (LSTM_OK, {"clip": -1.0}, "clip"),
+    (LSTM_OK, {"activations": "sigmoid,tanh"}, "activations must name 3"),
+    (LSTM_OK, {"activations": "sigmoid,tanh,gelu"}, "activations must name"),
+    (LSTM_OK, {"activations": "sigmoid,tanh,tanh", "activation_alpha": (1.0,)}, "one value per activation"),
+    (LSTM_OK + [(5,)], {"has_peepholes": True}, "P must have shape"),
 ])
 def test_lstm_rejects_bad_shapes_and_attributes(shapes, attrs, message):
     with pytest.raises(GraphError, match=message):

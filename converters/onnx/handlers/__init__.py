@@ -5,6 +5,8 @@ Tensors for the node's outputs.
 Handlers are grouped as edgeflow.ops groups the ops they build: the handler of an ONNX
 type lives in the module named like the ops/ module defining its principal op, which
 `BUILDS` records (tests/test_op_families.py checks it)."""
+import numpy as np
+
 from edgeflow.errors import UnsupportedOpError
 
 HANDLERS = {}
@@ -40,12 +42,32 @@ def unsupported(node, why):
                               [(node.op_type, node.opset, node.name, why)])
 
 
-def node_axes(ctx, node, index=1):
-    """Axes given as an attribute (older opsets) or as constant input `index`."""
-    if ctx.has(node, index):
-        return ctx.ints(node, index, "axes")
-    return tuple(node.attr("axes", ()))
+def attrs_or_operands(ctx, node, given):
+    """ONNX inputs that edgeflow ops take as attributes: `given` maps each attribute, in
+    the op's `operands` order, to (ONNX input index, value -> attribute). Returns (attrs,
+    operands): all as attributes when their values are known while converting, else the
+    inputs as operands, which the op reads once they are known (when running)."""
+    present = [(name, i, to_attr) for name, (i, to_attr) in given.items() if ctx.has(node, i)]
+    values = [ctx.value(node, i) for _, i, _ in present]
+    if all(v is not None for v in values):
+        return {name: to_attr(v) for (name, _, to_attr), v in zip(present, values)}, []
+    if [name for name, _, _ in present] != list(given)[:len(present)]:
+        raise unsupported(node, f"{', '.join(given)} computed when running, with some of them absent")
+    return {}, [ctx.input(node, i) for _, i, _ in present]
+
+
+def ints(value):
+    return tuple(int(v) for v in np.asarray(value).reshape(-1))
+
+
+def first_int(value):
+    """A scalar operand as an int (a float count is truncated, as ONNX does)."""
+    return int(np.asarray(value).reshape(-1)[0])
+
+
+def first_float(value):
+    return float(np.asarray(value).reshape(-1)[0])
 
 
 from . import (activations, array, conv, einsum, image, math, nn, no_op, norm, pool, reduce,  # noqa: E402,F401
-               quantize, rnn, shape)  # (registration)
+               quantize, rnn, select, shape, signal)  # (registration)

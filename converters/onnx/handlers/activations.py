@@ -1,9 +1,11 @@
 """Activation nodes (edgeflow/ops/activations.py)."""
 import math
 
+import numpy as np
+
 from edgeflow.graph.math_ops import apply
 
-from . import handler
+from . import attrs_or_operands, first_float, handler
 
 _UNARY = {"Erf": "erf", "Softplus": "softplus", "HardSwish": "hard_swish", "Softsign": "softsign", "Mish": "mish"}
 # ONNX attribute -> edgeflow attribute, for activations that take parameters.
@@ -33,9 +35,11 @@ def _parametric(ctx, node):
 @handler("Clip", op="clip")
 def _clip(ctx, node):
     x = ctx.input(node, 0)
-    lo, hi = node.attr("min", -math.inf), node.attr("max", math.inf)
-    if ctx.has(node, 1):
-        lo = float(ctx.constant(node, 1, "min"))
-    if ctx.has(node, 2):
-        hi = float(ctx.constant(node, 2, "max"))
-    return apply("clip", [x], {"min": lo, "max": hi}, name=node.outputs[0])
+    if ctx.has(node, 2) and not ctx.has(node, 1) and ctx.value(node, 2) is None:
+        # max known only when running, no min: the operands go in order, so min is the lowest value
+        lowest = np.array(-np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min, x.dtype)
+        return apply("clip", [x, lowest, ctx.input(node, 2)], name=node.outputs[0])
+    attrs, operands = attrs_or_operands(ctx, node, {"min": (1, first_float), "max": (2, first_float)})
+    if not (attrs or operands):  # bounds as attributes (before opset 11)
+        attrs = {"min": node.attr("min", -math.inf), "max": node.attr("max", math.inf)}
+    return apply("clip", [x, *operands], attrs, name=node.outputs[0])

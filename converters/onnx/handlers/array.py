@@ -5,7 +5,7 @@ import numpy as np
 
 from edgeflow.graph.math_ops import apply
 
-from . import handler, node_axes, unsupported
+from . import attrs_or_operands, first_int, handler, ints, unsupported
 
 
 @handler("Reshape", op="reshape")
@@ -45,14 +45,13 @@ def _concat(ctx, node):
                  {"axis": node.attr("axis")}, name=node.outputs[0])
 
 
-@handler("Squeeze", op="squeeze")
-def _squeeze(ctx, node):
-    return apply("squeeze", [ctx.input(node, 0)], {"axes": node_axes(ctx, node)}, name=node.outputs[0])
-
-
-@handler("Unsqueeze", op="expand_dims")
-def _unsqueeze(ctx, node):
-    return apply("expand_dims", [ctx.input(node, 0)], {"axes": node_axes(ctx, node)}, name=node.outputs[0])
+@handler({"Squeeze": "squeeze", "Unsqueeze": "expand_dims"})
+def _squeeze_unsqueeze(ctx, node):
+    attrs, operands = attrs_or_operands(ctx, node, {"axes": (1, ints)})
+    if not (attrs or operands):  # axes as an attribute (before opset 13), or none
+        attrs = {"axes": tuple(node.attr("axes", ()))}
+    op = "squeeze" if node.op_type == "Squeeze" else "expand_dims"
+    return apply(op, [ctx.input(node, 0), *operands], attrs, name=node.outputs[0])
 
 
 @handler("Slice", op="slice")
@@ -106,9 +105,9 @@ def _scatter_nd(ctx, node):
 
 @handler("OneHot", op="one_hot")
 def _one_hot(ctx, node):
-    depth = int(np.asarray(ctx.constant(node, 1, "depth")).reshape(-1)[0])  # ONNX truncates a float depth
-    return apply("one_hot", [ctx.input(node, 0), ctx.input(node, 2)], {"depth": depth, "axis": node.attr("axis", -1)},
-                 name=node.outputs[0])
+    attrs, operands = attrs_or_operands(ctx, node, {"depth": (1, first_int)})
+    return apply("one_hot", [ctx.input(node, 0), ctx.input(node, 2), *operands],
+                 {**attrs, "axis": node.attr("axis", -1)}, name=node.outputs[0])
 
 
 @handler("Trilu", op="trilu")
@@ -118,6 +117,13 @@ def _trilu(ctx, node):
         return apply("trilu", [ctx.input(node, 0)], {"upper": upper, "k": int(np.asarray(k).reshape(()))},
                      name=node.outputs[0])
     return apply("trilu", [t for t in ctx.inputs(node)[:2] if t is not None], {"upper": upper},
+                 name=node.outputs[0])
+
+
+@handler("ReverseSequence", op="reverse_sequence")
+def _reverse_sequence(ctx, node):
+    return apply("reverse_sequence", [ctx.input(node, 0), ctx.input(node, 1)],
+                 {"batch_axis": node.attr("batch_axis", 1), "time_axis": node.attr("time_axis", 0)},
                  name=node.outputs[0])
 
 

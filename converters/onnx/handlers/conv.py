@@ -7,10 +7,10 @@ from edgeflow.ops.conv import same_pads
 from . import handler, unsupported
 
 
-def window_attrs(node, dilations=True):
+def window_attrs(node):
     """The sliding-window attributes (strides, pads, dilations, auto_pad) of a Conv or pooling node."""
     attrs = {k: tuple(node.attr(k)) for k in ("strides", "pads") if k in node.attrs}
-    if dilations and "dilations" in node.attrs:
+    if "dilations" in node.attrs:
         attrs["dilations"] = tuple(node.attr("dilations"))
     attrs["auto_pad"] = node.attr("auto_pad", "NOTSET") or "NOTSET"
     return attrs

@@ -3,25 +3,37 @@ import numpy as np
 
 from edgeflow.graph.math_ops import apply
 
-from . import handler, unsupported
+from . import first_float, handler, ints, unsupported
 
 
 @handler("Pad", op="pad")
 def _pad(ctx, node):
-    x = ctx.input(node, 0)
-    pads = ctx.ints(node, 1, "pads") if ctx.has(node, 1) else tuple(node.attr("pads", ()))
-    value = float(np.asarray(ctx.constant(node, 2, "constant_value")).reshape(-1)[0]) \
-        if ctx.has(node, 2) else float(node.attr("value", 0.0))
-    if ctx.has(node, 3):  # pads for some axes only (opset 18): spread over all axes
-        rank, axes = len(x.shape), [a % len(x.shape) for a in ctx.ints(node, 3, "axes")]
-        full = [0] * (2 * rank)
-        for k, a in enumerate(axes):
-            full[a], full[rank + a] = pads[k], pads[len(axes) + k]
-        pads = tuple(full)
-    mode = node.attr("mode", "constant")
-    if mode == "wrap":
-        raise unsupported(node, "Pad mode 'wrap'")
-    return apply("pad", [x], {"pads": pads, "mode": mode, "value": value}, name=node.outputs[0])
+    x, out = ctx.input(node, 0), node.outputs[0]
+    attrs = {"mode": node.attr("mode", "constant")}
+    if not ctx.has(node, 1):  # pads and value as attributes (before opset 11)
+        return apply("pad", [x], {**attrs, "pads": tuple(node.attr("pads", ())),
+                                  "value": float(node.attr("value", 0.0))}, name=out)
+    pads = _pads_on_all_axes(ctx, node, x) if ctx.has(node, 3) else ctx.input(node, 1)
+    value = ctx.input(node, 2)
+    if pads.spec.value is not None and (value is None or value.spec.value is not None):
+        attrs["pads"] = ints(pads.spec.value)
+        if value is not None:
+            attrs["value"] = first_float(value.spec.value)
+        return apply("pad", [x], attrs, name=out)
+    return apply("pad", [x, pads] + ([value] if value is not None else []), attrs, name=out)
+
+
+def _pads_on_all_axes(ctx, node, x):
+    """Pads given for some axes only (opset 18) spread over all axes, zeros elsewhere:
+    scattered to (axes mod rank) and (that + rank); folded while converting when the pads
+    and axes are constants."""
+    rank, out = len(x.shape), node.outputs[0]
+    axes = apply("cast", [ctx.input(node, 3)], {"dtype": np.dtype(np.int64)}, name=f"{out}/axes")
+    axes = apply("mod", [axes, np.int64(rank)], name=f"{out}/axes_mod_rank")
+    where = apply("concat", [axes, apply("add", [axes, np.int64(rank)], name=f"{out}/end_axes")], {"axis": 0},
+                  name=f"{out}/where")
+    return apply("scatter_elements", [np.zeros(2 * rank, np.int64), where, ctx.input(node, 1)], {"axis": 0},
+                 name=f"{out}/all_pads")
 
 
 @handler("Resize", op="resize")

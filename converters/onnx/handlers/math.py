@@ -9,11 +9,13 @@ from . import handler
 
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Equal": "equal",
            "Less": "less", "Greater": "greater",
-           "LessOrEqual": "less_equal", "GreaterOrEqual": "greater_equal", "And": "logical_and", "Or": "logical_or", "Xor": "logical_xor"}
+           "LessOrEqual": "less_equal", "GreaterOrEqual": "greater_equal", "And": "logical_and", "Or": "logical_or", "Xor": "logical_xor",
+           "BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or", "BitwiseXor": "bitwise_xor"}
 _UNARY = {"Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Sigmoid": "sigmoid", "Tanh": "tanh",
           "Sin": "sin", "Cos": "cos", "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan",
           "Sinh": "sinh", "Cosh": "cosh", "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh",
-          "Floor": "floor", "Ceil": "ceil", "Round": "round", "Sign": "sign", "IsNaN": "is_nan", "Not": "logical_not"}
+          "Floor": "floor", "Ceil": "ceil", "Round": "round", "Sign": "sign", "IsNaN": "is_nan", "Not": "logical_not",
+          "BitwiseNot": "bitwise_not"}
 _VARIADIC = {"Max": "maximum", "Min": "minimum", "Sum": "add", "Mean": "add"}
 
 
@@ -130,3 +132,9 @@ def _mod(ctx, node):
 def _bit_shift(ctx, node):
     left = {"LEFT": True, "RIGHT": False}[node.attr("direction")]
     return apply("bit_shift", [ctx.input(node, 0), ctx.input(node, 1)], {"left": left}, name=node.outputs[0])
+
+
+@handler("BitCast", op="bitcast")
+def _bitcast(ctx, node):
+    dtype = onnx_dtype(node.attr("to"))
+    return apply("bitcast", [ctx.input(node, 0)], {"dtype": dtype}, name=node.outputs[0])

@@ -1,4 +1,4 @@
-"""Softmax, Hardmax and relu nodes (edgeflow/ops/nn.py)."""
+"""Softmax, Hardmax, relu and LRN nodes (edgeflow/ops/nn.py)."""
 from edgeflow.graph.math_ops import apply
 
 from . import handler, unsupported
@@ -24,3 +24,10 @@ def _along_axis(ctx, node):
 @handler("Relu", op="relu")
 def _relu(ctx, node):
     return apply("relu", [ctx.input(node, 0)], name=node.outputs[0])
+
+
+@handler("LRN", op="lrn")
+def _lrn(ctx, node):
+    return apply("lrn", [ctx.input(node, 0)], {
+        "size": node.attr("size"), "alpha": float(node.attr("alpha", 1e-4)),
+        "beta": float(node.attr("beta", 0.75)), "bias": float(node.attr("bias", 1.0))}, name=node.outputs[0])

@@ -3,7 +3,7 @@ import numpy as np
 
 from edgeflow.graph.math_ops import apply
 
-from . import handler, node_axes, unsupported
+from . import attrs_or_operands, first_int, handler, ints, unsupported
 
 _REDUCE = {"ReduceSum": "reduce_sum", "ReduceMean": "reduce_mean", "ReduceMax": "reduce_max",
            "ReduceMin": "reduce_min", "ReduceProd": "reduce_prod", "ReduceL2": "reduce_l2"}
@@ -11,27 +11,40 @@ _REDUCE = {"ReduceSum": "reduce_sum", "ReduceMean": "reduce_mean", "ReduceMax": 
 _GLOBAL_POOL = {"GlobalAveragePool": "reduce_mean", "GlobalMaxPool": "reduce_max"}
 
 
+def _axes(ctx, node):
+    """(attrs, operands) giving a reduction's axes: an attribute (before opset 18), a
+    constant input, or an input known only when running."""
+    attrs, operands = attrs_or_operands(ctx, node, {"axes": (1, ints)})
+    if not (attrs or operands):
+        attrs = {"axes": tuple(node.attr("axes", ()))}
+    if operands and node.attr("noop_with_empty_axes", 0):
+        raise unsupported(node, "noop_with_empty_axes with axes computed when running")
+    return {**attrs, "keepdims": bool(node.attr("keepdims", 1))}, operands
+
+
 @handler(_REDUCE)
 def _reduce(ctx, node):
     x = ctx.input(node, 0)
-    axes = node_axes(ctx, node)
-    if not axes and node.attr("noop_with_empty_axes", 0):
+    attrs, operands = _axes(ctx, node)
+    if "axes" in attrs and not attrs["axes"] and node.attr("noop_with_empty_axes", 0):
         return x
-    attrs, out = {"axes": axes, "keepdims": bool(node.attr("keepdims", 1))}, node.outputs[0]
+    out = node.outputs[0]
     if x.dtype == np.bool_ and node.op_type in ("ReduceMax", "ReduceMin"):
         # Any and all (opset 20): edgeflow's reductions are numeric, so reduce 0s and 1s.
-        ints = apply("cast", [x], {"dtype": np.dtype(np.uint8)}, name=f"{out}/uint8")
-        reduced = apply(_REDUCE[node.op_type], [ints], attrs, name=f"{out}/reduced")
+        as_uint8 = apply("cast", [x], {"dtype": np.dtype(np.uint8)}, name=f"{out}/uint8")
+        reduced = apply(_REDUCE[node.op_type], [as_uint8, *operands], attrs, name=f"{out}/reduced")
         return apply("cast", [reduced], {"dtype": np.dtype(np.bool_)}, name=out)
-    return apply(_REDUCE[node.op_type], [x], attrs, name=out)
+    return apply(_REDUCE[node.op_type], [x, *operands], attrs, name=out)
 
 
 @handler("ReduceSumSquare", op="reduce_sum")
 def _reduce_sum_square(ctx, node):
     x = ctx.input(node, 0)
+    attrs, operands = _axes(ctx, node)
+    if "axes" in attrs and not attrs["axes"] and node.attr("noop_with_empty_axes", 0):
+        return apply("mul", [x, x], name=node.outputs[0])
     square = apply("mul", [x, x], name=f"{node.outputs[0]}/square")
-    return apply("reduce_sum", [square], {"axes": node_axes(ctx, node),
-                                          "keepdims": bool(node.attr("keepdims", 1))}, name=node.outputs[0])
+    return apply("reduce_sum", [square, *operands], attrs, name=node.outputs[0])
 
 
 @handler(_GLOBAL_POOL)
@@ -50,17 +63,17 @@ def _arg_index(ctx, node):
 
 @handler("CumSum", op="cumsum")
 def _cumsum(ctx, node):
-    axis = int(np.asarray(ctx.constant(node, 1, "axis")).reshape(()))
-    return apply("cumsum", [ctx.input(node, 0)], {"axis": axis, "exclusive": bool(node.attr("exclusive", 0)),
-                                                  "reverse": bool(node.attr("reverse", 0))},
+    attrs, operands = attrs_or_operands(ctx, node, {"axis": (1, first_int)})
+    return apply("cumsum", [ctx.input(node, 0), *operands], {**attrs, "exclusive": bool(node.attr("exclusive", 0)),
+                                                             "reverse": bool(node.attr("reverse", 0))},
                  name=node.outputs[0])
 
 
 @handler("TopK", op="topk")
 def _topk(ctx, node):
-    k = int(np.asarray(ctx.constant(node, 1, "k")).reshape(-1)[0])
-    values, indices = apply("topk", [ctx.input(node, 0)], {
-        "k": k, "axis": node.attr("axis", -1), "largest": bool(node.attr("largest", 1)),
+    attrs, operands = attrs_or_operands(ctx, node, {"k": (1, first_int)})
+    values, indices = apply("topk", [ctx.input(node, 0), *operands], {
+        **attrs, "axis": node.attr("axis", -1), "largest": bool(node.attr("largest", 1)),
         "sorted": bool(node.attr("sorted", 1))}, name=node.outputs[0])
     return [values, indices]
 

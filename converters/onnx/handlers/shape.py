@@ -4,7 +4,7 @@ import numpy as np
 from edgeflow.graph.math_ops import apply
 
 from ..context import onnx_dtype
-from . import handler
+from . import attrs_or_operands, handler, ints
 
 
 @handler("Shape", op="shape")
@@ -31,6 +31,13 @@ def _constant_of_shape(ctx, node):
                  {"value": float(fill.reshape(-1)[0]), "dtype": dtype}, name=node.outputs[0])
 
 
+@handler("EyeLike", op="eye_like")
+def _eye_like(ctx, node):
+    x = ctx.input(node, 0)
+    dtype = onnx_dtype(node.attr("dtype")) if "dtype" in node.attrs else x.dtype
+    return apply("eye_like", [x], {"k": node.attr("k", 0), "dtype": dtype}, name=node.outputs[0])
+
+
 @handler("Range", op="range")
 def _range(ctx, node):
     return apply("range", ctx.inputs(node), name=node.outputs[0])
@@ -48,12 +55,11 @@ def _tile(ctx, node):
 
 @handler("Split", op="split")
 def _split(ctx, node):
-    attrs = {"axis": node.attr("axis", 0)}
-    if ctx.has(node, 1):
-        attrs["sizes"] = ctx.ints(node, 1, "split")
-    elif "split" in node.attrs:
+    attrs, operands = attrs_or_operands(ctx, node, {"sizes": (1, ints)})
+    attrs["axis"] = node.attr("axis", 0)
+    if "split" in node.attrs:  # before opset 13
         attrs["sizes"] = tuple(node.attr("split"))
-    else:
+    elif "sizes" not in attrs:
         attrs["num_outputs"] = node.attr("num_outputs", len(node.outputs))
-    outs = apply("split", [ctx.input(node, 0)], attrs, name=node.outputs[0])
+    outs = apply("split", [ctx.input(node, 0), *operands], attrs, name=node.outputs[0])
     return list(outs) if isinstance(outs, tuple) else [outs]

@@ -8,9 +8,15 @@ from . import gemm
 from .conv import constant_ints, fixed_kernel, fixed_step, gradient_step, launcher, too_large
 
 
+def _dilated_average(attrs):
+    return "count_include_pad" in attrs and any(d != 1 for d in attrs["dilations"])
+
+
 def _unsupported(attrs, ins, outs):
     if ins[0].ndim not in (3, 4):
         return "3-D pooling (only 1-D and 2-D run on OpenCL)"
+    if _dilated_average(attrs):
+        return "average pooling with dilations"
     return too_large(ins, outs)
 
 
@@ -51,6 +57,8 @@ cl_kernel("avg_pool", unsupported=_unsupported)(_pool("avg_pool", "count_include
 def _pool_unsupported(attrs, ins, outs):
     if ins[0].ndim != 4:
         return "1-D and 3-D pooling gradients (only 2-D runs on OpenCL)"
+    if _dilated_average(attrs):
+        return "average pooling with dilations"
     return too_large(ins, outs)
 
 

@@ -74,10 +74,11 @@ def evaluate(opcode, attrs, values, specs):
     if ops.get(opcode).view:
         return [np.asarray(values[0]).reshape(specs[0].shape)]
     outs = [np.empty(s.shape, s.dtype) for s in specs]
+    values, attrs = ops.get(opcode).take_operands(values, attrs)
     with np.errstate(all="ignore"):
-        KERNELS[opcode](list(values), outs, attrs)()
+        KERNELS[opcode](values, outs, attrs)()
     return outs
 
 
 from . import (activations, array, conv, einsum, image, math, nn, norm, pool, reduce,  # noqa: E402,F401
-               quantize, random, rnn, shape, state)  # (registration)
+               quantize, random, rnn, select, shape, signal, state)  # (registration)

@@ -186,3 +186,20 @@ def _trilu(ins, outs, attrs):
         k = max(min(k, x.shape[-1] + 1), -x.shape[-2] - 1)  # beyond the matrix: all or nothing
         np.copyto(out, triangle(x, k))
     return run
+
+
+@kernel("reverse_sequence")
+def _reverse_sequence(ins, outs, attrs):
+    """One gather along time: step t of entry b reads step lens[b] - 1 - t where t < lens[b]."""
+    x, lens, out = ins[0], ins[1], outs[0]
+    batch_axis, time_axis = attrs["batch_axis"], attrs["time_axis"]
+    steps = np.arange(x.shape[time_axis])
+    trail = (1,) * (x.ndim - 2)
+
+    def run():
+        if lens.size and (lens.min() < 0 or lens.max() > len(steps)):
+            raise IndexError(f"reverse_sequence: a sequence length is outside [0, {len(steps)}]")
+        source = np.where(steps < lens[:, None], lens[:, None] - 1 - steps, steps)  # (batch, time)
+        index = source if batch_axis == 0 else source.T
+        np.copyto(out, np.take_along_axis(x, index.reshape(index.shape + trail), axis=time_axis))
+    return run

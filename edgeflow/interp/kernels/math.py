@@ -25,7 +25,9 @@ for _name, _fn in (("sub", np.subtract), ("mul", np.multiply),
                    ("cosh", np.cosh), ("asinh", np.arcsinh), ("acosh", np.arccosh), ("atanh", np.arctanh),
                    ("floor", np.floor), ("ceil", np.ceil), ("round", np.rint), ("sign", np.sign),
                    ("logical_and", np.logical_and), ("logical_or", np.logical_or),
-                   ("logical_xor", np.logical_xor), ("logical_not", np.logical_not), ("is_nan", np.isnan)):
+                   ("logical_xor", np.logical_xor), ("logical_not", np.logical_not), ("is_nan", np.isnan),
+                   ("bitwise_and", np.bitwise_and), ("bitwise_or", np.bitwise_or),
+                   ("bitwise_xor", np.bitwise_xor), ("bitwise_not", np.invert)):
     kernel(_name)(_ufunc(_fn))
 
 
@@ -112,6 +114,15 @@ def _cast(ins, outs, attrs):
     if x.dtype == dtypes.bfloat16 != y.dtype:
         return lambda: np.copyto(y, dtypes.widen(x), casting="unsafe")
     return partial(np.copyto, y, x, casting="unsafe")
+
+
+def _bitcast(x, out):
+    np.copyto(out, x.view(out.dtype))  # same width: the view has x's shape
+
+
+@kernel("bitcast", bfloat16="as_is")
+def _bitcast_kernel(ins, outs, attrs):
+    return partial(_bitcast, ins[0], outs[0])
 
 
 @kernel("matmul")

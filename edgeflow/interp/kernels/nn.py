@@ -41,3 +41,27 @@ def _hardmax(x, axis, out):
 @kernel("hardmax")
 def _hardmax_kernel(ins, outs, attrs):
     return partial(_hardmax, ins[0], attrs["axis"], outs[0])
+
+
+@kernel("lrn")
+def _lrn(ins, outs, attrs):
+    """The channel window's sum of squares as `size` shifted adds (size is small), in float32
+    at least."""
+    x, out, size = ins[0], outs[0], attrs["size"]
+    wide = np.result_type(x.dtype, np.float32)
+    c, before = x.shape[1], (size - 1) // 2
+    squares, total = np.empty(x.shape, wide), np.empty(x.shape, wide)
+    shifts = [(slice(max(0, -k), c - max(0, k)), slice(max(0, k), c - max(0, -k)))
+              for k in range(-before, size - before) if abs(k) < c]  # (into, from): channel c + k into c
+    scale, bias, beta = wide.type(attrs["alpha"] / size), wide.type(attrs["bias"]), wide.type(attrs["beta"])
+
+    def run():
+        np.square(x, out=squares)
+        total.fill(0)
+        for into, source in shifts:
+            total[:, into] += squares[:, source]
+        np.multiply(total, scale, out=total)
+        np.add(total, bias, out=total)
+        np.power(total, -beta, out=total)
+        np.multiply(x, total, out=out, casting="unsafe")
+    return run

@@ -51,17 +51,18 @@ def _max_pool(ins, outs, attrs):
 def _window_counts(sizes, attrs):
     """Elements each window averages over (spatial shape of the output), as ONNX Runtime counts.
 
-    Padding counts only with count_include_pad, and never the part of a ceil_mode
-    window that hangs past the end padding.
+    A window's taps count where they fall inside the input, or inside the padded input with
+    count_include_pad; never the taps of a ceil_mode window that hang past the end padding.
     """
     kernel_shape = attrs["kernel_shape"]
     out_shape, begin, end = window_geometry("avg_pool", sizes, kernel_shape, attrs, attrs["ceil_mode"])
-    strides = attrs["strides"] or (1,) * len(sizes)
+    strides, dilations, _ = window_params("avg_pool", attrs, len(sizes))
     counts = np.ones(out_shape)
-    for axis, (n, k, s, o, b, e) in enumerate(zip(sizes, kernel_shape, strides, out_shape, begin, end)):
-        start = np.arange(o) * s - b
+    for axis, (n, k, s, d, o, b, e) in enumerate(zip(sizes, kernel_shape, strides, dilations, out_shape,
+                                                     begin, end)):
+        taps = (np.arange(o) * s - b)[:, None] + np.arange(k) * d
         low, high = (-b, n + e) if attrs["count_include_pad"] else (0, n)
-        along = np.minimum(start + k, high) - np.maximum(start, low)
+        along = ((taps >= low) & (taps < high)).sum(1)
         counts = counts * along.reshape((-1,) + (1,) * (len(sizes) - 1 - axis))
     return counts
 
@@ -142,4 +143,74 @@ def _avg_pool_grad(ins, outs, attrs):
         for target in targets:
             np.add(target, part, out=target)
         unload()
+    return run
+
+
+@kernel("lp_pool")
+def _lp_pool(ins, outs, attrs):
+    """|x|^p into a buffer, the tap runs' sum over it, then the 1/p-th power."""
+    x, out, p = ins[0], outs[0], attrs["p"]
+    wide = np.float32 if x.dtype == np.float16 else x.dtype
+    powered = np.empty(x.shape, wide)
+    reduce, crop = _accumulate(_runs(powered, attrs, 0), np.add, wide)
+
+    def run():
+        np.abs(x, out=powered)
+        if p != 1:
+            np.power(powered, p, out=powered)
+        reduce()
+        np.power(crop, 1 / p, out=out, casting="unsafe")
+    return run
+
+
+def _window_taps(sizes, attrs):
+    """(taps, positions): per output position (row-major) and kernel tap, the row-major flat
+    spatial index the tap reads (prod(sizes) where it reads padding), and that index as
+    storage_order counts it."""
+    kernel_shape = attrs["kernel_shape"]
+    strides, dilations, _ = window_params("max_pool", attrs, len(sizes))
+    out_shape, begin, _ = window_geometry("max_pool", sizes, kernel_shape, attrs, attrs["ceil_mode"])
+    d = len(sizes)
+    grid = np.ix_(*[np.arange(o) for o in out_shape], *[np.arange(k) for k in kernel_shape])
+    coords = np.broadcast_arrays(*(grid[a] * s - b + grid[d + a] * dil  # (*out_shape, *kernel_shape)
+                                   for a, (s, dil, b) in enumerate(zip(strides, dilations, begin))))
+    inside = np.logical_and.reduce([(c >= 0) & (c < n) for c, n in zip(coords, sizes)])
+    clipped = [np.clip(c, 0, n - 1) for c, n in zip(coords, sizes)]
+    total, windows = int(np.prod(sizes)), int(np.prod(out_shape))
+    order = "F" if attrs["storage_order"] else "C"
+    taps = np.where(inside, np.ravel_multi_index(clipped, sizes), total).reshape(windows, -1)
+    positions = np.ravel_multi_index(clipped, sizes, order=order).reshape(windows, -1)
+    return taps, positions
+
+
+@kernel("max_pool_indices")
+def _max_pool_indices(ins, outs, attrs):
+    """Each window's taps gathered (padding reads -inf), the first maximum's position looked up."""
+    x, out = ins[0], outs[0]
+    n, c, *sizes = x.shape
+    taps, positions = _window_taps(sizes, attrs)
+    total = int(np.prod(sizes))
+    values = np.full((n, c, total + 1), -np.inf)  # float64 holds every max_pool dtype exactly
+    planes = (np.arange(n * c, dtype=np.int64) * total).reshape(n, c, 1)
+    rows = np.arange(taps.shape[0])
+    flat = reshaped(out, (n, c, taps.shape[0]))
+
+    def run():
+        values[:, :, :total] = x.reshape(n, c, total)
+        best = values[:, :, taps].argmax(-1)
+        np.add(positions[rows, best], planes, out=flat)
+    return run
+
+
+@kernel("max_unpool")
+def _max_unpool(ins, outs, attrs):
+    x, indices, out = ins[0], ins[1], outs[0]
+    flat = reshaped(out, (out.size,))
+
+    def run():
+        if indices.size and (indices.min() < 0 or indices.max() >= flat.size):
+            raise IndexError(f"max_unpool: an index is out of range [0, {flat.size}) for output "
+                             f"{out.shape}")
+        flat.fill(0)
+        flat[indices.reshape(-1)] = x.reshape(-1)
     return run

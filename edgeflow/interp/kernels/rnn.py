@@ -1,4 +1,4 @@
-"""Kernels of edgeflow/ops/rnn.py: LSTM and GRU, one direction after the other.
+"""Kernels of edgeflow/ops/rnn.py: RNN, LSTM and GRU, one direction after the other.
 
 The input projection X @ W^T + bias of every time step is one matrix product, made
 before the time loop; each step then multiplies only the hidden state by R^T and works
@@ -6,7 +6,7 @@ on buffers allocated once, at prepare time. float16 models compute in float32.
 """
 import numpy as np
 
-from ...ops.rnn import GRU_OPTIONAL, LSTM_OPTIONAL, named_inputs
+from ...ops.rnn import GRU_OPTIONAL, LSTM_OPTIONAL, RNN_OPTIONAL, activations, named_inputs
 from . import kernel
 
 
@@ -18,23 +18,65 @@ def _sigmoid(a):
     a += 0.5
 
 
+def _scaled_tanh(a, alpha, beta):
+    a *= beta
+    np.tanh(a, out=a)
+    a *= alpha
+
+
+def _hard_sigmoid(a, alpha, beta):
+    a *= alpha
+    a += beta
+    np.clip(a, 0, 1, out=a)
+
+
+# ONNX's gate functions, each f(a, alpha, beta) in place (a may be a view).
+_FUNCTIONS = {
+    "sigmoid": lambda a, al, be: _sigmoid(a),
+    "tanh": lambda a, al, be: np.tanh(a, out=a),
+    "relu": lambda a, al, be: np.maximum(a, 0, out=a),
+    "affine": lambda a, al, be: np.add(a * al, be, out=a),
+    "leakyrelu": lambda a, al, be: np.copyto(a, a * al, where=a < 0),
+    "thresholdedrelu": lambda a, al, be: np.copyto(a, 0, where=a <= al),
+    "scaledtanh": _scaled_tanh,
+    "hardsigmoid": _hard_sigmoid,
+    "elu": lambda a, al, be: np.copyto(a, al * np.expm1(np.minimum(a, 0)), where=a < 0),
+    "softsign": lambda a, al, be: np.divide(a, 1 + np.abs(a), out=a),
+    "softplus": lambda a, al, be: np.logaddexp(0, a, out=a),
+}
+
+
+def _gate_functions(op, attrs, per_direction):
+    """Per direction, its gate functions as in-place callables of one array."""
+    fns = [lambda a, f=_FUNCTIONS[name], al=alpha, be=beta: f(a, al, be)
+           for name, alpha, beta in activations(op, attrs)]
+    return [fns[k:k + per_direction] for k in range(0, len(fns), per_direction)]
+
+
 class _Recurrence:
     """What LSTM and GRU share: the input projection, the states, the time loop.
 
-    A subclass names its gate count and `optional` inputs, and defines
+    A subclass names its gate count, gate `functions` and `optional` inputs, and defines
     `bias(b)`, the part of direction d's bias B[d] that joins the input projection;
     `recurrent(r, b)`, what its step needs of R[d] and B[d] (b None when absent); and
     `step(xw_t, *recurrent)`, which advances the states by one time step, `xw_t` being
-    that step's input projection. Weights are read when the kernel runs, not when it is
-    made: they may be inputs fed anew on each invoke.
+    that step's input projection, with the direction's gate functions `self.fns` (and
+    LSTM's peepholes `self.peepholes`). Weights are read when the kernel runs, not when it
+    is made: they may be inputs fed anew on each invoke.
+
+    With sequence_lens, a step leaves the states of the entries it is past the end of as
+    they were and writes zeros to their Y.
     """
 
     gates = optional = None
+    functions = 0
     states = ("initial_h",)
 
     def __init__(self, op, ins, outs, attrs):
         x = named_inputs(op, ins, attrs, self.optional)
         self.X, self.W, self.R, self.B = x["X"], x["W"], x["R"], x.get("B")
+        self.P, self.lens = x.get("P"), x.get("sequence_lens")
+        self.fn_sets = _gate_functions(op, attrs, self.functions)
         self.outs, self.clip = outs, attrs["clip"]
         seq, batch, _ = self.X.shape
         self.hidden = self.W.shape[1] // self.gates
@@ -62,17 +104,35 @@ class _Recurrence:
             if b is not None:
                 self.xw += self.bias(b)
             recurrent = self.recurrent(self.R[d].astype(dt, copy=False), b)
+            self.fns = self.fn_sets[d]
+            self.peepholes = None if self.P is None else self.P[d].astype(dt, copy=False)
             for state, initial in zip(self.state, self.initial):
                 state[...] = 0 if initial is None else initial[d]
             for t in (reversed(range(seq)) if backward else range(seq)):
-                self.step(xw[t], *recurrent)
-                y[t, d] = self.state[0]
+                if self.lens is None:
+                    self.step(xw[t], *recurrent)
+                    y[t, d] = self.state[0]
+                else:
+                    self.masked_step(t, xw[t], recurrent, y[t, d])
             for out, state in zip(self.outs[1:], self.state):
                 out[d] = state
 
+    def masked_step(self, t, xw_t, recurrent, y_t):
+        """One step for the entries whose sequences reach step t; the others keep their states."""
+        live = (t < self.lens)[:, None]
+        if not live.any():
+            y_t[...] = 0
+            return
+        kept = None if live.all() else [state.copy() for state in self.state]
+        self.step(xw_t, *recurrent)
+        if kept is not None:
+            for state, old in zip(self.state, kept):
+                np.copyto(state, old, where=~live)
+        np.multiply(self.state[0], live, out=y_t)
+
 
 class _LSTM(_Recurrence):
-    gates, optional = 4, LSTM_OPTIONAL
+    gates, functions, optional = 4, 3, LSTM_OPTIONAL
     states = ("initial_h", "initial_c")
 
     def __init__(self, ins, outs, attrs):
@@ -87,24 +147,35 @@ class _LSTM(_Recurrence):
         return (r.T,)
 
     def step(self, xw_t, r):
-        (h, c), g, n = self.state, self.g, self.hidden
+        (h, c), g, n, p = self.state, self.g, self.hidden, self.peepholes
+        gate, cell_fn, out_fn = self.fns
         np.matmul(h, r, out=g)
         g += xw_t
-        self.clipped(g)
-        _sigmoid(g[:, :3 * n])
         i, o, f, cell = g[:, :n], g[:, n:2 * n], g[:, 2 * n:3 * n], g[:, 3 * n:]
-        np.tanh(cell, out=cell)
+        if p is None:
+            gate(self.clipped(g)[:, :3 * n])
+        else:  # i and f look at the previous cell, o at the new one
+            i += p[:n] * c
+            f += p[2 * n:] * c
+            gate(self.clipped(i))
+            gate(self.clipped(g[:, 2 * n:3 * n]))
+            self.clipped(cell)
+        cell_fn(cell)
         if self.input_forget:
             np.subtract(1, i, out=f)
         c *= f
         i *= cell
         c += i
-        np.tanh(c, out=cell)
+        if p is not None:
+            o += p[n:2 * n] * c
+            gate(self.clipped(o))
+        np.copyto(cell, c)
+        out_fn(cell)
         np.multiply(o, cell, out=h)
 
 
 class _GRU(_Recurrence):
-    gates, optional = 3, GRU_OPTIONAL
+    gates, functions, optional = 3, 2, GRU_OPTIONAL
 
     def __init__(self, ins, outs, attrs):
         super().__init__("gru", ins, outs, attrs)
@@ -131,7 +202,8 @@ class _GRU(_Recurrence):
         (h,), zr, hh, n = self.state, self.zr, self.hh, self.hidden
         np.matmul(h, r_zr, out=zr)
         zr += xw_t[:, :2 * n]
-        _sigmoid(self.clipped(zr))
+        gate, candidate = self.fns
+        gate(self.clipped(zr))
         z, r = zr[:, :n], zr[:, n:]
         if self.linear_before_reset:
             np.matmul(h, r_h, out=hh)
@@ -142,15 +214,37 @@ class _GRU(_Recurrence):
             np.multiply(r, h, out=self.rh)
             np.matmul(self.rh, r_h, out=hh)
         hh += xw_t[:, 2 * n:]
-        np.tanh(self.clipped(hh), out=hh)
+        candidate(self.clipped(hh))
         # h = (1 - z) * hh + z * h, in place
         h -= hh
         h *= z
         h += hh
 
 
+class _RNN(_Recurrence):
+    gates, functions, optional = 1, 1, RNN_OPTIONAL
+
+    def __init__(self, ins, outs, attrs):
+        super().__init__("rnn", ins, outs, attrs)
+        self.a = np.empty_like(self.state[0])
+
+    def bias(self, b):
+        return b[:self.hidden] + b[self.hidden:]
+
+    def recurrent(self, r, b):
+        return (r.T,)
+
+    def step(self, xw_t, r):
+        (h,), a = self.state, self.a
+        np.matmul(h, r, out=a)
+        a += xw_t
+        self.fns[0](self.clipped(a))
+        np.copyto(h, a)
+
+
 kernel("lstm")(_LSTM)
 kernel("gru")(_GRU)
+kernel("rnn")(_RNN)
 
 
 # -- gradients: backpropagation through time ----------------------------------------------

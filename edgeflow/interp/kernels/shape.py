@@ -18,6 +18,15 @@ def _constant_of_shape(ins, outs, attrs):
     return partial(outs[0].fill, attrs["value"])
 
 
+@kernel("eye_like")
+def _eye_like(ins, outs, attrs):
+    out = outs[0]
+    rows, cols = out.shape
+    k = attrs["k"]
+    eye = np.eye(rows, cols, k, dtype=out.dtype)
+    return partial(np.copyto, out, eye)
+
+
 @kernel("range")
 def _range(ins, outs, attrs):
     def run(start, delta, out):

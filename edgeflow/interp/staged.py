@@ -1,0 +1,139 @@
+"""Plans for graphs whose shapes depend on values (TFLite's dynamic tensors).
+
+Where an op's output shape depends on values that are known only when running (a
+Reshape to a shape fed as an input, NonZero, TopK with a fed k), one Plan cannot be
+made in advance. `make_plan` then makes a StagedPlan: a Plan for the ops before that
+op, the op itself run on the values it gets (its outputs allocated once their shapes are
+known), and a plan for the rest, made for the shapes it meets and cached. The rest may
+itself be staged, at the next such op.
+"""
+from collections import OrderedDict
+
+import numpy as np
+
+from .. import ops
+from ..errors import GraphError, InvalidInputError
+from ..ops.registry import TensorSpec
+from .kernels import evaluate
+from .plan import Plan, ShapeDependsOnValues, needed_operators
+
+_REST_CACHE_SIZE = 8
+SHAPE_LIKE_MAX = 16  # elements: a small integer tensor may set later shapes; plan for its value
+
+
+def make_plan(subgraph, inputs, outputs, shapes, constants, variables, folded, preserve_all=False,
+              targets=(), delegates=(), known=None, update_ops=frozenset()):
+    """A Plan, or a StagedPlan where some shape depends on values (same arguments as Plan)."""
+    args = (subgraph, inputs, outputs, shapes, constants, variables, folded, preserve_all,
+            targets, delegates, known, update_ops)
+    try:
+        return Plan(*args)
+    except ShapeDependsOnValues as e:
+        if targets or e.op is None:  # ops run for their effects must run once, in one plan
+            raise
+        return StagedPlan(e.op, *args)
+
+
+class StagedPlan:
+    """Runs the ops before op `boundary` (a Plan), then op `boundary` on the values it
+    gets, then a plan for the rest made for the shapes that gives (cached)."""
+
+    def __init__(self, boundary, subgraph, inputs, outputs, shapes, constants, variables, folded,
+                 preserve_all=False, targets=(), delegates=(), known=None, update_ops=frozenset()):
+        self.subgraph, self.inputs, self.outputs = subgraph, list(inputs), list(outputs)
+        self.boundary = boundary
+        self._common = (constants, variables, folded, preserve_all, (), delegates)
+        self._update_ops = update_ops
+        fed = set(inputs)
+        producer = {t: i for i, op in enumerate(subgraph.operators) for t in op.outputs if t not in fed}
+        order = needed_operators(subgraph, outputs, producer)
+        position = order.index(boundary)
+        made = fed | {t for i in order[:position] for t in subgraph.operators[i].outputs}
+        later = {t for i in order[position + 1:] for t in subgraph.operators[i].inputs} | set(outputs)
+        here = subgraph.operators[boundary]
+        # What the ops from the boundary on read of what came before (constants, variables
+        # and folded values the rest finds itself).
+        self._carried = sorted(t for t in made & later if t not in constants and t not in variables)
+        needed = sorted(set(self._carried) | {t for t in here.inputs if t in made})
+        self.before = Plan(subgraph, inputs, needed, shapes, constants, variables, folded,
+                           preserve_all, (), delegates, known, update_ops)
+        self._known_before = {t: v for t, v in self.before.values.items() if t in self._carried}
+        self._rests = OrderedDict()
+        self.rest = None  # the plan the last run used for the rest
+        self.arrays = {t: self.before.arrays[t] for t in inputs}
+
+    # -- running -----------------------------------------------------------------------
+    def _boundary_values(self):
+        """Run the boundary op on the values it gets; its outputs, newly allocated."""
+        op = self.subgraph.operators[self.boundary]
+        ins = [TensorSpec(a.shape, a.dtype, a) for a in (self.before.arrays[t] for t in op.inputs)]
+        try:
+            outs = ops.get(op.opcode).infer_specs(ins, op.attrs)
+            with np.errstate(all="ignore"):
+                return evaluate(op.opcode, op.attrs, [s.value for s in ins], outs)
+        except (GraphError, IndexError, ValueError) as e:
+            raise InvalidInputError(f"op {self.boundary} ({op.opcode}) rejects the values it got: {e}") from None
+
+    def _rest_for(self, feeds):
+        """The cached plan for the ops after the boundary, given these fed arrays."""
+        here = self.subgraph.operators[self.boundary]
+        known = dict(self._known_before)
+        known.update((t, feeds[t]) for t in here.outputs
+                     if feeds[t].dtype.kind in "iu" and feeds[t].size <= SHAPE_LIKE_MAX)
+        key = (tuple((t, a.shape) for t, a in feeds.items()),
+               tuple((t, v.tobytes()) for t, v in sorted(known.items()) if t in here.outputs))
+        rest = self._rests.get(key)
+        if rest is None:
+            constants, variables, folded, preserve_all, targets, delegates = self._common
+            rest = make_plan(self.subgraph, list(feeds), self.outputs, {t: a.shape for t, a in feeds.items()},
+                             constants, variables, folded, preserve_all, targets, delegates, known,
+                             self._update_ops)
+            self._rests[key] = rest
+            if len(self._rests) > _REST_CACHE_SIZE:
+                self._rests.popitem(last=False)
+        else:
+            self._rests.move_to_end(key)
+        return rest
+
+    def _enter_rest(self, values):
+        """The rest's plan for the boundary op's output `values`, with its inputs copied in."""
+        here = self.subgraph.operators[self.boundary]
+        feeds = {t: self.before.arrays[t] for t in self._carried}
+        feeds.update(zip(here.outputs, values))
+        self.rest = self._rest_for(feeds)
+        for t, a in feeds.items():
+            np.copyto(self.rest.arrays[t], a)
+        return self.rest
+
+    def each_step(self):
+        """(step, op index, arrays) in running order: the steps before the boundary, the
+        boundary op, then the rest's (planned once the boundary op has run)."""
+        yield from self.before.each_step()
+        here, got = self.subgraph.operators[self.boundary], {}
+        yield (lambda: got.update(zip(here.outputs, self._boundary_values()))), self.boundary, got
+        yield from self._enter_rest([got[t] for t in here.outputs]).each_step()
+        self.arrays.update((t, self.rest.arrays[t]) for t in self.outputs)
+
+    def run(self):
+        self.before.run()
+        self._enter_rest(self._boundary_values()).run()
+        self.arrays.update((t, self.rest.arrays[t]) for t in self.outputs)
+
+    # -- what a Plan tells ---------------------------------------------------------------
+    @property
+    def order(self):
+        rest = self.rest.order if self.rest is not None else []
+        return self.before.order + [self.boundary] + rest
+
+    @property
+    def arena(self):
+        return self.before.arena
+
+    def placement_summary(self):
+        return "; ".join(p.placement_summary() for p in (self.before, self.rest) if p is not None)
+
+    def flops(self):
+        out = self.before.flops()
+        if self.rest is not None:
+            out.update(self.rest.flops())
+        return out
