@@ -24,7 +24,7 @@ class S:
 
     def spec(self, dt):
         dt = dtypes.as_dtype(dt if self.dtype is D else self.dtype)
-        return TensorSpec(self.shape, dt, None if self.value is None else dtypes.array(self.value, dt))
+        return TensorSpec(self.shape, dt, None if self.value is None else dtypes.array(np.array(self.value), dt))
 
 
 def _unary(dims=(2, 3), **attrs):
@@ -128,7 +128,7 @@ EXAMPLES = {
 
 # Ops whose inference takes fewer dtypes than their declaration admits (a constraint that
 # Types cannot state): op -> the dtypes its example takes.
-NARROWER = {"bitcast": ("float32", "int32")}  # the width of its `dtype` attribute, 32 bits
+NARROWER = {"bitcast": ("float32", "int32", "uint32")}  # the width of its `dtype` attribute, 32 bits
 
 
 FLOAT = ("float16", "float32", "float64")
