@@ -12,7 +12,8 @@ import importlib
 import importlib.util
 
 from . import errors
-from .dtypes import bool_, float16, float32, float64, int8, int16, int32, int64, uint8
+from .dtypes import (bfloat16, bool_, float16, float32, float64, int8, int16, int32, int64, uint8, uint16, uint32,
+                     uint64)
 
 __version__ = "0.1.0"
 

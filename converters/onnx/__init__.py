@@ -102,8 +102,8 @@ def _shape(value_info):
 
 
 def _dtype(value_info):
-    from onnx import helper
-    return helper.tensor_dtype_to_np_dtype(value_info.type.tensor_type.elem_type)
+    from .context import onnx_dtype
+    return onnx_dtype(value_info.type.tensor_type.elem_type)
 
 
 def unsupported_nodes(model):
@@ -132,8 +132,7 @@ def to_graph(model, progress=False, variables=()):
     inputs and outputs as dicts of ONNX name -> Tensor. Initializers named in `variables`
     become ef.Variables; the others constants."""
     import edgeflow as ef
-    from onnx import numpy_helper
-    from .context import Context, Node
+    from .context import Context, Node, onnx_array
     from .handlers import HANDLERS
 
     if unsupported_nodes(model):  # nodes computed from constants alone need no handler
@@ -149,7 +148,7 @@ def to_graph(model, progress=False, variables=()):
         initializers = {init.name for init in model.graph.initializer}
         for init in model.graph.initializer:
             make = ef.Variable if init.name in variables else ef.constant
-            ctx.tensors[init.name] = make(numpy_helper.to_array(init), name=init.name)
+            ctx.tensors[init.name] = make(onnx_array(init), name=init.name)
         inputs = {}
         for vi in model.graph.input:
             if vi.name not in initializers:

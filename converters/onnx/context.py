@@ -2,7 +2,22 @@
 context that maps ONNX value names to edgeflow tensors."""
 import numpy as np
 
+from edgeflow import dtypes
 from edgeflow.errors import ConversionError
+
+
+def onnx_dtype(elem_type):
+    """The numpy dtype of ONNX data type `elem_type` (a TensorProto code); BFLOAT16 is
+    edgeflow's bfloat16 (onnx's would be ml_dtypes')."""
+    from onnx import TensorProto, helper
+    return dtypes.bfloat16 if elem_type == TensorProto.BFLOAT16 else helper.tensor_dtype_to_np_dtype(elem_type)
+
+
+def onnx_array(tensor):
+    """The value of TensorProto `tensor` as a numpy array of an edgeflow dtype (bfloat16:
+    numpy_helper gives ml_dtypes', viewed as edgeflow's)."""
+    from onnx import numpy_helper
+    return dtypes.asarray(numpy_helper.to_array(tensor))
 
 
 class Node:

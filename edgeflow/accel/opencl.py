@@ -143,9 +143,10 @@ class Runtime:
 
 
 # What the kernels' buffers hold: float32 tensors (as half in fp16 mode) and, in kernels
-# that move or select elements (`int_inputs`), integer and bool tensors as they are.
+# that move or select elements (`int_inputs`), integer and bool tensors as they are;
+# uint16, uint32, uint64 and bfloat16 stay with numpy.
 STORED = frozenset((dtypes.float32,))
-STORED_INTS = dtypes.INTEGERS | {dtypes.bool_}
+STORED_INTS = frozenset((dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.bool_))
 _UNDECLARED = ops.Types("any* -> any*")  # ops that declare no dtypes (gradient ops) take any
 
 
@@ -158,7 +159,7 @@ def _dtype_unsupported(op, entry, ins, outs):
                                    ("output", outs, types.output_dtypes(len(outs), op.attrs))):
         for i, (a, allowed) in enumerate(zip(arrays, declared)):
             if a is not None and a.dtype not in allowed & stored:
-                return (f"{side} {i} has dtype {a.dtype} (OpenCL's {op.opcode} takes "
+                return (f"{side} {i} has dtype {dtypes.name(a.dtype)} (OpenCL's {op.opcode} takes "
                         f"{dtype_names(allowed & stored)})")
     return None
 

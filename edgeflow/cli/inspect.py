@@ -5,6 +5,7 @@ from collections import Counter
 
 import numpy as np
 
+from .. import dtypes
 from . import arguments
 
 
@@ -39,9 +40,9 @@ def describe(path, delegates=()):
     signatures = {}
     for sig in model.signatures:
         signatures[sig.key] = {
-            "inputs": {n: {"dtype": str(sub.tensors[i].dtype), "shape": _dims(sub.tensors[i].shape)}
+            "inputs": {n: {"dtype": dtypes.name(sub.tensors[i].dtype), "shape": _dims(sub.tensors[i].shape)}
                        for n, i in sig.inputs.items()},
-            "outputs": {n: {"dtype": str(sub.tensors[i].dtype), "shape": _dims(sub.tensors[i].shape)}
+            "outputs": {n: {"dtype": dtypes.name(sub.tensors[i].dtype), "shape": _dims(sub.tensors[i].shape)}
                         for n, i in sig.outputs.items()},
         }
         needed = needed_operators(sub, list(sig.outputs.values()), producer, sig.targets)
@@ -73,7 +74,7 @@ def describe(path, delegates=()):
         "variables": int(sum(np.prod(t.shape, dtype=np.int64) for t in variables)),
         "signatures": signatures,
         "ops_by_type": dict(Counter(op.opcode for op in sub.operators).most_common()),
-        "tensors": [{"index": i, "name": t.name, "dtype": str(t.dtype), "shape": _dims(t.shape),
+        "tensors": [{"index": i, "name": t.name, "dtype": dtypes.name(t.dtype), "shape": _dims(t.shape),
                      "kind": kind(i, t)} for i, t in enumerate(sub.tensors)],
         "metadata": {k: len(v) for k, v in model.metadata.items()},
         "split": _split(model),

@@ -3,6 +3,7 @@ import os
 
 import numpy as np
 
+from .. import dtypes
 from . import arguments
 
 
@@ -24,7 +25,7 @@ def cmd_run(args):
     runner = pick_signature(interp, args.signature)
     outputs = runner(**arguments.parse_inputs(args.input))
     for name, value in outputs.items():
-        print(f"{name}: {value.dtype}{list(value.shape)}")
+        print(f"{name}: {dtypes.name(value.dtype)}{list(value.shape)}")
         print(np.array2string(value, threshold=20, edgeitems=3, precision=5))
         if args.output_dir:
             os.makedirs(args.output_dir, exist_ok=True)

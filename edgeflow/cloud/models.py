@@ -15,6 +15,7 @@ import pathlib
 import queue
 import threading
 
+from .. import dtypes
 from ..errors import EdgeflowError, InvalidInputError
 from ..format import metadata, reader
 from ..interp import Interpreter
@@ -25,7 +26,7 @@ _log = logging.getLogger("edgeflow.cloud")
 
 
 def _describe(tensor):
-    return f"{tensor.dtype.name}{fmt(tuple(None if d == -1 else d for d in tensor.shape))}"
+    return f"{dtypes.name(tensor.dtype)}{fmt(tuple(None if d == -1 else d for d in tensor.shape))}"
 
 
 class HostedModel:
@@ -95,8 +96,8 @@ class HostedModel:
             raise InvalidInputError(f"{what}: model {self.id!r} has no tensor {name!r}; its "
                                     f"signatures take {self._expected('inputs')}")
         if dtype != tensor.dtype:
-            raise InvalidInputError(f"{what}: expected dtype {tensor.dtype.name} ({_describe(tensor)}), "
-                                    f"got {dtype.name}")
+            raise InvalidInputError(f"{what}: expected dtype {dtypes.name(tensor.dtype)} ({_describe(tensor)}), "
+                                    f"got {dtypes.name(dtype)}")
         check_shape(tensor, shape, what)
 
     def check_fetches(self, fetches, allow_none=False):

@@ -21,6 +21,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from .. import dtypes
 from ..errors import EdgeflowError, GraphError, InvalidInputError
 from . import edgeflow_pb2 as pb
 from . import edgeflow_pb2_grpc as pb_grpc
@@ -133,7 +134,7 @@ class _Servicer(pb_grpc.EdgeflowServicer):
 
 
 def _tensor_info(name, tensor):
-    return pb.TensorInfo(name=name, tensor=tensor.name, dtype=tensor.dtype.name, shape=tensor.shape)
+    return pb.TensorInfo(name=name, tensor=tensor.name, dtype=dtypes.name(tensor.dtype), shape=tensor.shape)
 
 
 def _model_info(model):

@@ -18,7 +18,7 @@ from . import edgeflow_pb2 as pb
 CHUNK_BYTES = 1 << 20
 MAX_MESSAGE_BYTES = 4 << 20  # grpc.max_{send,receive}_message_length on both ends
 MAX_PING_BYTES = 2 << 20  # a Ping payload or reply fits in one message
-DTYPES = {dt.name: dt for dt in dtypes.ALL}  # the names on the wire: "float32", "bool", ...
+DTYPES = {dtypes.name(dt): dt for dt in dtypes.ALL}  # the names on the wire: "float32", "bool", ...
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
 
@@ -35,9 +35,10 @@ def dtype_named(name, what):
 
 
 def as_array(value, what):
-    """`value` as a numpy array of an edgeflow dtype, else InvalidInputError."""
-    array = np.asarray(value)
-    if array.dtype.name not in DTYPES:
+    """`value` as a numpy array of an edgeflow dtype (ml_dtypes' bfloat16 as edgeflow's),
+    else InvalidInputError."""
+    array = dtypes.asarray(value)
+    if array.dtype not in dtypes.ALL:
         raise InvalidInputError(f"{what}: expected an array of {', '.join(DTYPES)}, "
                                 f"got dtype {array.dtype}")
     return array
@@ -57,7 +58,7 @@ def encoding_named(compression, what="compression"):
 def encode(array, encoding):
     """(little-endian bytes as uint8, scale) of `array` under `encoding`; only float32
     tensors are compressed, others travel raw."""
-    dtype = DTYPES[array.dtype.name]
+    dtype = DTYPES[dtypes.name(array.dtype)]
     if encoding and dtype == np.float32:
         if encoding == "fp16":
             return np.ascontiguousarray(array, "<f2").reshape(-1).view(np.uint8), 0.0
@@ -79,11 +80,11 @@ def chunks(name, array, chunk_bytes=CHUNK_BYTES, encoding=""):
     """TensorChunk messages carrying `array` (of an edgeflow dtype) as tensor `name`, a
     float32 one compressed by `encoding` ("", "fp16", "int8"); a tensor without elements
     is one chunk with no data."""
-    dtype = DTYPES[array.dtype.name]
+    dtype = DTYPES[dtypes.name(array.dtype)]
     raw, scale = encode(array, encoding)
     encoding = encoding if dtype == np.float32 else ""
     total = raw.nbytes
-    yield pb.TensorChunk(name=name, dtype=dtype.name, shape=array.shape, offset=0,
+    yield pb.TensorChunk(name=name, dtype=dtypes.name(dtype), shape=array.shape, offset=0,
                          total_bytes=total, data=raw[:chunk_bytes].tobytes(), encoding=encoding,
                          scale=scale)
     for offset in range(chunk_bytes, total, chunk_bytes):
@@ -170,7 +171,7 @@ class Assembler:
         size = math.prod(shape) * itemsize
         if chunk.total_bytes != size:
             raise InvalidInputError(f"{what}: expected total_bytes {size} (shape {shape} of "
-                                    f"{dtype.name}{' as ' + chunk.encoding if chunk.encoding else ''}), "
+                                    f"{dtypes.name(dtype)}{' as ' + chunk.encoding if chunk.encoding else ''}), "
                                     f"got {chunk.total_bytes}")
         if self.max_bytes is not None and self.total_bytes + size > self.max_bytes:
             raise PayloadTooLarge(f"{what}: {self.total_bytes + size} bytes of tensors exceed the "

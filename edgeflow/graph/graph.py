@@ -207,7 +207,7 @@ def constant(value, dtype=None, name=None):
     ints int32, as in TensorFlow.
     """
     if dtype is not None:
-        array = np.array(value, dtype=dtypes.as_dtype(dtype))
+        array = dtypes.array(value, dtype)
     elif isinstance(value, (np.ndarray, np.generic)):
         array = np.array(value)
     else:
@@ -233,6 +233,8 @@ def convert_to_tensor(value, dtype_hint=None):
         return value
     if dtype_hint is None or isinstance(value, (np.ndarray, np.generic)):
         return constant(value)
+    if dtype_hint == dtypes.bfloat16:  # rounds, as for the other float dtypes
+        return constant(value, dtype_hint)
     source = np.asarray(value)
     with np.errstate(all="ignore"):
         converted = source.astype(dtype_hint)

@@ -162,8 +162,8 @@ def range(start, limit=None, delta=1, dtype=None, name=None):  # noqa: A001  (Te
             np.asarray(values).dtype, np.asarray(values).dtype)
     like = tensors[0] if tensors else None
     ops = [v if isinstance(v, Tensor) else
-           (convert_to_tensor_like(np.asarray(v, dt), like) if like is not None else
-            convert_to_tensor(np.asarray(v, dt))) for v in values]
+           (convert_to_tensor_like(dtypes.array(v, dt), like) if like is not None else
+            convert_to_tensor(dtypes.array(v, dt))) for v in values]
     return apply("range", ops, name=name)
 
 

@@ -34,7 +34,7 @@ def _initial_array(value, dtype):
             raise GraphError(f"a variable's initial value must be known while building "
                              f"(a constant or an initializer), got {value!r}")
         value = value.spec.value
-    array = np.array(value, dtype=dtypes.as_dtype(dtype) if dtype is not None else None)
+    array = dtypes.array(value, dtype) if dtype is not None else np.array(value)
     if dtype is None and not isinstance(value, (np.ndarray, np.generic)):
         array = array.astype({np.dtype(np.float64): dtypes.float32,
                               np.dtype(np.int64): dtypes.int32}.get(array.dtype, array.dtype))

@@ -2,6 +2,7 @@
 benchmarks): the runner to call, and random arrays of its declared dtypes and shapes."""
 import numpy as np
 
+from .. import dtypes
 from ..errors import InvalidInputError
 
 
@@ -26,7 +27,9 @@ def random_inputs(runner, given, seed=0, shapes=None):
         if name in out:
             continue
         dt, shape = np.dtype(d["dtype"]), tuple(shapes.get(name, d["shape"]))
-        if dt.kind == "f":
+        if dt == dtypes.bfloat16:
+            out[name] = dtypes.narrow(rng.standard_normal(shape))
+        elif dt.kind == "f":
             out[name] = rng.standard_normal(shape).astype(dt)
         elif dt.kind == "b":
             out[name] = rng.random(shape) < 0.5

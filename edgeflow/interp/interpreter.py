@@ -5,7 +5,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .. import ops
+from .. import dtypes, ops
 from ..errors import EdgeflowError, InvalidInputError, UnsupportedOpError
 from ..format import metadata, reader
 from ..ops.dims import fmt
@@ -20,7 +20,7 @@ _log = logging.getLogger("edgeflow")
 
 def _describe(tensor, shape=None):
     dims = tuple(None if d == -1 else d for d in (shape if shape is not None else tensor.shape))
-    return f"{tensor.dtype}{fmt(dims)}"
+    return f"{dtypes.name(tensor.dtype)}{fmt(dims)}"
 
 
 class Interpreter:
@@ -343,14 +343,16 @@ def check_shape(tensor, shape, what):
 
 
 def as_input(tensor, value, what):
-    """`value` as an array of the tensor's dtype and an allowed shape, else InvalidInputError."""
+    """`value` as an array of the tensor's dtype and an allowed shape, else InvalidInputError.
+    A bfloat16 tensor takes ml_dtypes' bfloat16 arrays too, bit for bit."""
     if isinstance(value, np.ndarray):
+        value = dtypes.asarray(value) if tensor.dtype == dtypes.bfloat16 else value
         if value.dtype != tensor.dtype:
-            raise InvalidInputError(f"{what}: expected dtype {tensor.dtype}, got {value.dtype} "
-                                    f"(expected {_describe(tensor)})")
+            raise InvalidInputError(f"{what}: expected dtype {dtypes.name(tensor.dtype)}, got "
+                                    f"{dtypes.name(value.dtype)} (expected {_describe(tensor)})")
     else:
         try:
-            value = np.asarray(value, dtype=tensor.dtype)
+            value = dtypes.array(value, tensor.dtype)
         except (TypeError, ValueError) as e:
             raise InvalidInputError(f"{what}: expected {_describe(tensor)}, got {type(value).__name__}"
                                     f" ({e})") from None

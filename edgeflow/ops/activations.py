@@ -46,10 +46,11 @@ def _float_activation(name, formula):
     return infer
 
 
-# ONNX's Shrink takes integers too (computed in float64, truncated back as ONNX's reference does).
+# ONNX's Shrink takes integers too (computed in float64, truncated back as ONNX's reference does);
+# all take bfloat16 (computed in float32).
 _TAKES = {"shrink": dtypes.NUMERIC}
 for _name, (_attrs, _formula) in FLOAT_ACTIVATIONS.items():
-    define(_name, attrs=_attrs, types=Types("x: T -> T", T=_TAKES.get(_name, dtypes.FLOATS)))(
+    define(_name, attrs=_attrs, types=Types("x: T -> T", T=_TAKES.get(_name, dtypes.FLOATS) | {dtypes.bfloat16}))(
         _float_activation(_name, _formula))
 
 

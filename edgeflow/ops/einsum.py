@@ -70,7 +70,8 @@ def _size(label, dims, equation):
                          f"{sorted(set(dims))}") from None
 
 
-@define("einsum", attrs={"equation": Attr(AttrKind.STRING)}, types=Types("T+ -> T", T=dtypes.NUMERIC))
+@define("einsum", attrs={"equation": Attr(AttrKind.STRING)},
+        types=Types("T+ -> T", T=dtypes.NUMERIC | {dtypes.bfloat16}))
 def _einsum(inputs, attrs):
     """Sum of products over the labels of `equation` ('ij,jk->ik', 'bhqd,bhkd->bhqk', ...).
 

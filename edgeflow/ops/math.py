@@ -8,6 +8,7 @@ from .registry import (Attr, AttrKind, TensorSpec, Types, activation_attr, activ
 from .dims import broadcast, fmt
 
 NUMERIC, FLOATS = dtypes.NUMERIC, dtypes.FLOATS
+WIDENED = NUMERIC | {dtypes.bfloat16}  # bfloat16 computed in float32 (interp/kernels widen it)
 
 
 def _elementwise(name, arity, allowed, result=None, attrs=None):
@@ -20,17 +21,17 @@ def _elementwise(name, arity, allowed, result=None, attrs=None):
     define(name, attrs=attrs, types=Types(signature, T=allowed))(infer)
 
 
-_elementwise("add", 2, NUMERIC, attrs={"activation": activation_attr()})
+_elementwise("add", 2, WIDENED, attrs={"activation": activation_attr()})
 for _name in ("sub", "mul", "div", "maximum", "minimum"):
-    _elementwise(_name, 2, NUMERIC)
+    _elementwise(_name, 2, WIDENED)
 _elementwise("pow", 2, FLOATS)
-_elementwise("neg", 1, NUMERIC - {dtypes.uint8})
-_elementwise("abs", 1, NUMERIC)
+_elementwise("neg", 1, WIDENED - dtypes.UNSIGNED)
+_elementwise("abs", 1, WIDENED)
 for _name in ("exp", "log", "sqrt", "sigmoid", "tanh"):
     _elementwise(_name, 1, FLOATS)
 # less_equal and greater_equal are ops of their own: "not greater" would hold for NaN.
 for _name in ("equal", "less", "greater", "less_equal", "greater_equal"):
-    _elementwise(_name, 2, NUMERIC | {dtypes.bool_}, result=dtypes.bool_)
+    _elementwise(_name, 2, WIDENED | {dtypes.bool_}, result=dtypes.bool_)
 # Trigonometric and hyperbolic functions; their gradient rules are the table TRIG_GRADIENTS.
 TRIG = ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")
 for _name in TRIG + ("floor", "ceil", "round"):
@@ -54,7 +55,7 @@ for _name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
 _elementwise("bitwise_not", 1, dtypes.INTEGERS)
 
 
-@define("where", types=Types("condition: bool, x: T, y: T -> T", T=NUMERIC | {dtypes.bool_}))
+@define("where", types=Types("condition: bool, x: T, y: T -> T", T=dtypes.ANY))
 def _where(inputs, attrs):
     """where(condition, x, y): x where condition holds, else y, all broadcast together."""
     cond, x, y = inputs
@@ -73,8 +74,8 @@ def _bitcast(inputs, attrs):
     x, dt = inputs[0], attrs["dtype"]
     if x.dtype.itemsize != dt.itemsize:
         same = {d for d in dtypes.ALL if d.itemsize == dt.itemsize}
-        raise GraphError(f"bitcast: x: dtype {x.dtype} not supported; expected {dtype_names(same)} "
-                         f"(the {8 * dt.itemsize} bits of {dt})")
+        raise GraphError(f"bitcast: x: dtype {dtypes.name(x.dtype)} not supported; expected "
+                         f"{dtype_names(same)} (the {8 * dt.itemsize} bits of {dtypes.name(dt)})")
     return [TensorSpec(x.shape, dt)]
 
 
@@ -88,7 +89,7 @@ def _matmul_flops(inputs, outputs, attrs):
     return 2 * inner * int(np.prod(outputs[0].shape, dtype=np.int64))
 
 
-@define("matmul", types=Types("a: T, b: T -> T", T=NUMERIC), flops=_matmul_flops,
+@define("matmul", types=Types("a: T, b: T -> T", T=WIDENED), flops=_matmul_flops,
         attrs={"transpose_a": Attr(AttrKind.BOOL, False), "transpose_b": Attr(AttrKind.BOOL, False),
                "activation": activation_attr()})
 def _matmul(inputs, attrs):

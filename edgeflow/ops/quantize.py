@@ -10,7 +10,7 @@ from ..errors import GraphError
 from .dims import fmt, normalize_axis
 from .registry import Attr, AttrKind, TensorSpec, Types, define
 
-QUANTIZED = (dtypes.int8, dtypes.uint8, dtypes.int16)
+QUANTIZED = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16)
 
 
 def _per_tensor(t):
@@ -37,7 +37,7 @@ def _check_scales(op, x, scale, zero_point, axis):
 @define("quantize_linear", attrs={"axis": Attr(AttrKind.INT, 1), "dtype": Attr(AttrKind.DTYPE, dtypes.uint8)},
         types=Types("x: F, scale: F, zero_point: Q? -> dtype", F=dtypes.FLOATS, Q=QUANTIZED, dtype=QUANTIZED))
 def _quantize_linear(inputs, attrs):
-    """Float -> int8/uint8/int16 (`dtype`, which the zero point's dtype must equal)."""
+    """Float -> int8/uint8/int16/uint16 (`dtype`, which the zero point's dtype must equal)."""
     x, scale, zero_point = (inputs + [None])[:3]
     if zero_point is not None and zero_point.dtype != attrs["dtype"]:
         raise GraphError(f"quantize_linear: zero_point is {zero_point.dtype}, the output {attrs['dtype']}")

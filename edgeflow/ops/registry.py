@@ -96,7 +96,7 @@ def check_activation(op, attrs):
 
 def dtype_names(allowed):
     """The dtypes of `allowed`, in the schema's order, for messages: "int32 or int64"."""
-    names = [d.name for d in dtypes.ALL if d in allowed]
+    names = [dtypes.name(d) for d in dtypes.ALL if d in allowed]
     return " or ".join(filter(None, (", ".join(names[:-1]), names[-1]))) if names else "none"
 
 
@@ -169,13 +169,14 @@ class Types:
         self.sets = {k: frozenset(dtypes.as_dtype(d) for d in v) for k, v in sets.items()}
 
     def __repr__(self):
-        sets = "".join(f", {k}=({', '.join(d.name for d in dtypes.ALL if d in v)})" for k, v in self.sets.items())
+        sets = "".join(f", {k}=({', '.join(map(dtypes.name, (d for d in dtypes.ALL if d in v)))})"
+                       for k, v in self.sets.items())
         return f"Types({self.signature!r}{sets})"
 
     def validate(self, op, attrs):
         """AssertionError unless every constraint names something and each side repeats at most once."""
         dtype_attrs = {k for k, a in attrs.items() if a.kind is AttrKind.DTYPE}
-        names = {d.name for d in dtypes.ALL} | {"any", "index"}
+        names = {dtypes.name(d) for d in dtypes.ALL} | {"any", "index"}
         for slots, side in ((self.inputs, "inputs"), (self.outputs, "outputs")):
             repeats = [s.repeat for s in slots if s.repeat]
             if len(repeats) > 1 and set(repeats) & {"+", "*"}:
@@ -201,7 +202,7 @@ class Types:
             return dtypes.INDEX
         if constraint in attrs:
             return frozenset((attrs[constraint],))
-        return frozenset((np.dtype(constraint),))
+        return frozenset((dtypes.as_dtype(constraint),))
 
     def input_dtypes(self, n, attrs):
         """The dtypes each of `n` inputs may have, one set per input (type variables unbound)."""
@@ -215,17 +216,17 @@ class Types:
         the op, the input, its dtype and the dtypes allowed when they do not fit."""
         for key, allowed in self.sets.items():
             if not key[0].isupper() and attrs[key] not in allowed:
-                raise GraphError(f"{op}: attribute {key!r} is {attrs[key]}; expected "
+                raise GraphError(f"{op}: attribute {key!r} is {dtypes.name(attrs[key])}; expected "
                                  f"{dtype_names(allowed)}")
         bound, where = {}, {}
         for i, (slot, dt) in enumerate(zip(_spread(self.inputs, len(dts)), dts)):
             label, c = slot.label or f"input {i}", slot.constraint
             if c in bound and bound[c] != dt:
-                raise GraphError(f"{op}: {label} must be {bound[c]}, got {dt} (inputs of type {c} share "
-                                 f"one dtype, and {where[c]} is {bound[c]})")
+                raise GraphError(f"{op}: {label} must be {dtypes.name(bound[c])}, got {dtypes.name(dt)} (inputs of "
+                                 f"type {c} share one dtype, and {where[c]} is {dtypes.name(bound[c])})")
             allowed = self.allowed(c, attrs)
             if dt not in allowed:
-                raise GraphError(f"{op}: {label}: dtype {dt} not supported; expected "
+                raise GraphError(f"{op}: {label}: dtype {dtypes.name(dt)} not supported; expected "
                                  f"{dtype_names(allowed)}")
             if c[0].isupper() and c not in bound:
                 bound[c], where[c] = dt, label
@@ -238,7 +239,7 @@ class Types:
             c = slot.constraint
             allowed = {bound[c]} if c in bound else self.allowed(c, attrs)
             if dt not in allowed:
-                raise AssertionError(f"{op}: inference gave output {i} dtype {dt}; "
+                raise AssertionError(f"{op}: inference gave output {i} dtype {dtypes.name(dt)}; "
                                      f"{self.signature!r} declares {dtype_names(allowed)}")
 
 

@@ -9,9 +9,16 @@ from .registry import Attr, AttrKind, TensorSpec, Types, define
 from .dims import fmt, normalize_axis
 
 
+def _value(spec):
+    """The spec's value as numbers (bfloat16 widened to float32: -0.0 is zero), or None."""
+    if spec.value is None:
+        return None
+    return dtypes.widen(spec.value) if spec.dtype == dtypes.bfloat16 else np.asarray(spec.value)
+
+
 def _count(spec, fn):
     """fn(value) once the value is known, else None (an unknown dimension)."""
-    return None if spec.value is None else int(fn(np.asarray(spec.value)))
+    return None if spec.value is None else int(fn(_value(spec)))
 
 
 @define("nonzero", types=Types("x: any -> int64"))
@@ -52,7 +59,7 @@ def unique_count(x, axis):
 
 
 @define("unique", types=Types("x: T -> y: T, indices: int64, inverse_indices: int64, counts: int64",
-                              T=dtypes.NUMERIC | {dtypes.bool_}),
+                              T=dtypes.NUMERIC | {dtypes.bool_, dtypes.bfloat16}),
         attrs={"axis": Attr(AttrKind.INT, None), "sorted": Attr(AttrKind.BOOL, True)})
 def _unique(inputs, attrs):
     """The distinct elements of x (flattened when no axis) or its distinct slices along
@@ -60,7 +67,7 @@ def _unique(inputs, attrs):
     first occurs in x, which one each element of x is, and how often each occurs."""
     x = inputs[0]
     axis = None if attrs["axis"] is None else normalize_axis(attrs["axis"], x.rank, "unique")
-    n = None if x.value is None else unique_count(np.asarray(x.value), axis)
+    n = None if x.value is None else unique_count(_value(x), axis)
     length = _num_elements(x.shape) if axis is None else x.shape[axis]
     y = (n,) if axis is None else x.shape[:axis] + (n,) + x.shape[axis + 1:]
     return [TensorSpec(y, x.dtype), TensorSpec((n,), dtypes.int64), TensorSpec((length,), dtypes.int64),

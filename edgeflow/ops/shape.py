@@ -60,7 +60,7 @@ def _eye_like(inputs, attrs):
     return [TensorSpec(x.shape, attrs["dtype"])]
 
 
-@define("range", types=Types("start: T, limit: T, delta: T -> T", T=dtypes.NUMERIC))
+@define("range", types=Types("start: T, limit: T, delta: T -> T", T=dtypes.NUMERIC | {dtypes.bfloat16}))
 def _range(inputs, attrs):
     """start, start + delta, ... up to (not including) limit; scalars of one dtype."""
     if any(s.rank not in (0, 1) for s in inputs):
@@ -68,7 +68,8 @@ def _range(inputs, attrs):
     dt = inputs[0].dtype
     if any(s.value is None for s in inputs):
         return [TensorSpec((None,), dt)]
-    start, limit, delta = (np.asarray(s.value).reshape(()).item() for s in inputs)
+    values = (dtypes.widen(s.value) if dt == dtypes.bfloat16 else s.value for s in inputs)
+    start, limit, delta = (np.asarray(v).reshape(()).item() for v in values)
     if delta == 0:
         raise GraphError("range: delta must not be 0")
     return [TensorSpec((max(int(np.ceil((limit - start) / delta)), 0),), dt)]

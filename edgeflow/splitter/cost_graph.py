@@ -19,6 +19,7 @@ from typing import Optional
 
 import numpy as np
 
+from .. import dtypes
 from ..errors import EdgeflowError, FormatError, GraphError, InvalidInputError
 from .links import COMPRESSIONS, wire_bytes
 from .profiles import estimated_seconds, op_name
@@ -213,7 +214,7 @@ class CostGraph:
                          "outputs": list(op.outputs), "device_s": op.device_s, "cloud_s": op.cloud_s,
                          "params": op.params, "pinned": op.pinned, "flops": op.flops,
                          "operator": op.operator} for op in self.ops],
-                "tensors": [{"name": t.name, "dtype": np.dtype(t.dtype).name, "shape": list(t.shape),
+                "tensors": [{"name": t.name, "dtype": dtypes.name(t.dtype), "shape": list(t.shape),
                              "is_output": t.is_output, "view_of": t.view_of}
                             for t in self.tensors.values()]}
 
@@ -224,7 +225,7 @@ class CostGraph:
             ops = [CostOp(o["name"], o["opcode"], tuple(o["inputs"]), tuple(o["outputs"]),
                           float(o["device_s"]), float(o["cloud_s"]), dict(o["params"]), o["pinned"],
                           int(o["flops"]), o["operator"]) for o in data["ops"]]
-            tensors = [CostTensor(t["name"], np.dtype(t["dtype"]), tuple(t["shape"]),
+            tensors = [CostTensor(t["name"], dtypes.as_dtype(t["dtype"]), tuple(t["shape"]),
                                   bool(t["is_output"]), t["view_of"]) for t in data["tensors"]]
             return cls(ops, tensors, data["compression"])
         except (KeyError, TypeError, ValueError, EdgeflowError) as e:

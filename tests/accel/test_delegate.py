@@ -223,3 +223,26 @@ def test_dtypes_the_kernels_do_not_take_fall_back_with_the_reason(tmp_path, dele
     assert plan.placement[where["gather"]] == "opencl", plan.fallbacks
     assert plan.placement[where["relu"]] == "cpu"
     assert "input 0 has dtype int32 (OpenCL's relu takes float32)" in plan.fallbacks[where["relu"]]
+
+
+@pytest.mark.parametrize("dtype", [ef.dtypes.uint16, ef.dtypes.uint32, ef.dtypes.uint64, ef.dtypes.bfloat16],
+                         ids=ef.dtypes.name)
+def test_uint16_to_64_and_bfloat16_stay_with_numpy(tmp_path, delegate, dtype):
+    """No OpenCL kernel takes them: moves, arithmetic and casts of them run on the CPU."""
+    path = tmp_path / "new.efl"
+    g = ef.Graph()
+    with g.as_default():
+        x = ef.placeholder(dtype, [4, 3], name="x")
+        moved = apply("gather", [apply("transpose", [x], {"perm": (1, 0)}), ef.constant(np.array([2, 0], np.int32))],
+                      {"axis": 0})
+        y = ef.cast(apply("add", [moved, moved]), ef.float32, name="y")
+    ef.save(g, path, signatures={"infer": ({"x": x}, {"y": y})})
+    values = np.arange(12, dtype=np.float32).reshape(4, 3)
+    runner = ef.Interpreter(path, delegates=[delegate]).get_signature_runner("infer")
+    got = runner(x=ef.dtypes.array(values, dtype))["y"]
+    np.testing.assert_array_equal(got, 2 * values.T[[2, 0]])
+    plan = runner.last_plan
+    for i in plan.order:
+        opcode = plan.subgraph.operators[i].opcode
+        assert plan.placement[i] == "cpu", opcode
+        assert f"has dtype {ef.dtypes.name(dtype)} (OpenCL's {opcode} takes" in plan.fallbacks[i], plan.fallbacks[i]

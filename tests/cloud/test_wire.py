@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from edgeflow import dtypes
 from edgeflow.errors import InvalidInputError
 
 from edgeflow.cloud import edgeflow_pb2 as pb
@@ -19,7 +20,7 @@ def roundtrip(arrays, chunk_bytes=wire.CHUNK_BYTES, **kw):
 @pytest.mark.parametrize("dtype", sorted(wire.DTYPES))
 def test_every_dtype_round_trips_exactly(dtype):
     rng = np.random.default_rng(1)
-    a = (rng.standard_normal((3, 5)) * 100).astype(dtype)
+    a = dtypes.array(rng.standard_normal((3, 5)) * 100, dtype)  # bfloat16: rounded, edgeflow's
     out, _ = roundtrip({"t": a}, chunk_bytes=7)  # chunks that split elements
     assert out["t"].dtype == a.dtype and out["t"].shape == (3, 5)
     np.testing.assert_array_equal(out["t"], a)
@@ -46,6 +47,13 @@ def test_bool_bytes_other_than_0_and_1_read_as_true():
     tensors = wire.Assembler()
     tensors.add(chunk)
     np.testing.assert_array_equal(tensors.finish()["b"], [False, True, True, True])
+
+
+def test_ml_dtypes_bfloat16_is_sent_as_edgeflows():
+    import ml_dtypes
+    a = wire.as_array(np.array([1.5, -2.0], ml_dtypes.bfloat16), "feed 'x'")
+    assert a.dtype == dtypes.bfloat16
+    np.testing.assert_array_equal(dtypes.widen(roundtrip({"t": a})[0]["t"]), [1.5, -2.0])
 
 
 def test_sending_an_unsupported_dtype_is_refused():

@@ -23,6 +23,10 @@ def sample(dtype, shape, rng):
     dtype = np.dtype(dtype)
     if dtype == np.bool_:
         return np.asarray(rng.random(shape) < 0.5)
+    if dtype == dtypes.bfloat16:  # the largest finite, the smallest subnormal, -0.0, NaN: by their bits
+        a = dtypes.narrow(rng.standard_normal(shape))
+        a["bfloat16"].flat[:4] = [0x7F7F, 0x0001, 0x8000, 0x7FC1][:a.size]
+        return a
     if dtype.kind == "f":
         a = np.asarray(rng.standard_normal(shape), dtype=dtype)
         if a.size >= 3:
@@ -59,7 +63,7 @@ def every_feature_model():
     t("shared_a", "float32", (4, 4), shared)
     t("shared_b", "float32", (4, 4), shared)
     for dt in dtypes.ALL:
-        t(f"const_{dt.name}", dt, (2, 3), sample(dt, (2, 3), rng))
+        t(f"const_{dtypes.name(dt)}", dt, (2, 3), sample(dt, (2, 3), rng))
     t("scalar", "float64", (), np.array(3.25))
     t("empty", "int32", (0, 3), np.zeros((0, 3), np.int32))
     q8 = t("q8", "int8", (3, 2), sample("int8", (3, 2), rng),

@@ -75,7 +75,7 @@ def test_mlp_round_trips(load_via):
     assert_same_model(load_via(model), model)
 
 
-@pytest.mark.parametrize("dtype", dtypes.ALL, ids=lambda d: d.name)
+@pytest.mark.parametrize("dtype", dtypes.ALL, ids=dtypes.name)
 @pytest.mark.parametrize("shape", [(), (1,), (0,), (3, 0, 2), (5, 3), (2, 1, 3, 1, 2, 1, 1, 2)])
 def test_every_dtype_and_shape_round_trips(dtype, shape):
     data = sample(dtype, shape, np.random.default_rng(1))

@@ -42,7 +42,7 @@ def test_attr_type_enum_equals_attr_kind():
 
 def test_dtype_enum_follows_dtypes_order():
     members = fbs.parse()["enums"]["DType"][1]
-    assert members == {dt.name.upper().rstrip("_"): dtypes.to_code(dt) for dt in dtypes.ALL}
+    assert members == {dtypes.name(dt).upper(): dtypes.to_code(dt) for dt in dtypes.ALL}
     assert all(getattr(DType, name) == code for name, code in members.items())
 
 

@@ -80,7 +80,7 @@ GRAPH_RULES = {
     "input dtype declared": (
         _tensor(0, dtype=np.dtype(np.bool_)),
         r"operator 0 'matmul': matmul: a: dtype bool not supported; expected float32, float16, float64, "
-        r"int8, int16, int32, int64 or uint8"),
+        r"int8, int16, int32, int64, uint8, uint16, uint32, uint64 or bfloat16"),
     "input dtypes of one type variable agree": (
         _tensor(0, dtype=np.dtype(np.float64)),
         r"operator 0 'matmul': matmul: b must be float64, got float32"),

@@ -10,6 +10,7 @@ import warnings
 import numpy as np
 
 import edgeflow as ef
+from edgeflow import dtypes
 from edgeflow.format import writer
 
 FLOATS = ("float16", "float32", "float64")
@@ -70,12 +71,17 @@ def run_op(fn, *arrays, shapes=None, directory=None):
 
 
 def assert_close(actual, expected, dtype, rtol=None, atol=None):
-    """`actual` has `dtype` and `expected`'s shape, and equals it (floats: within tolerance)."""
-    dtype = np.dtype(dtype)
+    """`actual` has `dtype` and `expected`'s shape, and equals it (floats: within tolerance;
+    bfloat16: `expected` in bfloat16 or a float dtype, compared as float32)."""
+    dtype = dtypes.as_dtype(dtype)
     expected = np.asarray(expected)
     assert actual.dtype == dtype, f"dtype {actual.dtype}, expected {dtype}"
     assert actual.shape == expected.shape, f"shape {actual.shape}, expected {expected.shape}"
-    if dtype.kind == "f":
+    if dtype == dtypes.bfloat16:
+        wide = dtypes.widen(expected) if expected.dtype == dtypes.bfloat16 else expected
+        np.testing.assert_allclose(dtypes.widen(actual), wide, rtol=2.0 ** -8 if rtol is None else rtol,
+                                   atol=0 if atol is None else atol)
+    elif dtype.kind == "f":
         default_rtol, default_atol = _TOLERANCE[dtype]
         np.testing.assert_allclose(actual.astype(np.float64), expected.astype(np.float64),
                                    rtol=default_rtol if rtol is None else rtol,
@@ -85,8 +91,11 @@ def assert_close(actual, expected, dtype, rtol=None, atol=None):
 
 
 def random_array(rng, shape, dtype, low=-5.0, high=5.0):
-    """Values in [low, high): floats uniform, ints uniform among the integers, bools fair."""
-    dtype = np.dtype(dtype)
+    """Values in [low, high): floats uniform, ints uniform among the integers, bools fair;
+    bfloat16: floats uniform, rounded."""
+    dtype = dtypes.as_dtype(dtype)
+    if dtype == dtypes.bfloat16:
+        return dtypes.narrow(rng.uniform(low, high, size=shape))
     if dtype == np.bool_:
         return rng.random(shape) < 0.5
     if dtype.kind in "iu":

@@ -213,5 +213,5 @@ def test_bitcast(run_op, rng, src, dst):
 def test_bitcast_needs_the_same_width(graph):
     import edgeflow as ef
     x = ef.placeholder("float64", (2,))
-    with pytest.raises(GraphError, match=r"bitcast: x: dtype float64 not supported; expected float32 or int32 \(the 32 bits of int32\)$"):
+    with pytest.raises(GraphError, match=r"bitcast: x: dtype float64 not supported; expected float32, int32 or uint32 \(the 32 bits of int32\)$"):
         apply("bitcast", [x], {"dtype": "int32"})

@@ -1,8 +1,10 @@
 """Elementwise math, comparison, cast, where and matrix-product nodes (edgeflow/ops/math.py)."""
 import numpy as np
 
+from edgeflow import dtypes
 from edgeflow.graph.math_ops import apply
 
+from ..context import onnx_dtype
 from . import handler
 
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Equal": "equal",
@@ -50,7 +52,7 @@ def _variadic(ctx, node):
         last = k == len(ins) - 1 and node.op_type != "Mean"
         out = apply(op, [out, t], name=node.outputs[0] if last else f"{node.outputs[0]}/{k}")
     if node.op_type == "Mean":
-        out = apply("div", [out, np.array(len(ins), out.dtype)], name=node.outputs[0])
+        out = apply("div", [out, dtypes.array(len(ins), out.dtype)], name=node.outputs[0])
     return out
 
 
@@ -62,13 +64,12 @@ def _unary(ctx, node):
 @handler("Reciprocal", op="div")
 def _reciprocal(ctx, node):
     x = ctx.input(node, 0)
-    return apply("div", [np.array(1, x.dtype), x], name=node.outputs[0])
+    return apply("div", [dtypes.array(1, x.dtype), x], name=node.outputs[0])
 
 
 @handler("Cast", op="cast")
 def _cast(ctx, node):
-    from onnx import helper
-    dtype = helper.tensor_dtype_to_np_dtype(node.attr("to"))
+    dtype = onnx_dtype(node.attr("to"))
     return apply("cast", [ctx.input(node, 0)], {"dtype": dtype}, name=node.outputs[0])
 
 
@@ -97,10 +98,10 @@ def _gemm(ctx, node):
                                  "transpose_b": bool(node.attr("transB", 0))},
               name=out if c is None and alpha == 1.0 else f"{out}/matmul")
     if alpha != 1.0:
-        y = apply("mul", [y, np.array(alpha, y.dtype)], name=out if c is None else f"{out}/alpha")
+        y = apply("mul", [y, dtypes.array(alpha, y.dtype)], name=out if c is None else f"{out}/alpha")
     if c is not None:
         if beta != 1.0:
-            c = apply("mul", [c, np.array(beta, c.dtype)], name=f"{out}/beta")
+            c = apply("mul", [c, dtypes.array(beta, c.dtype)], name=f"{out}/beta")
         y = apply("add", [y, c], name=out)
     return y
 
@@ -140,6 +141,5 @@ def _bit_shift(ctx, node):
 
 @handler("BitCast", op="bitcast")
 def _bitcast(ctx, node):
-    from onnx import helper
-    dtype = helper.tensor_dtype_to_np_dtype(node.attr("to"))
+    dtype = onnx_dtype(node.attr("to"))
     return apply("bitcast", [ctx.input(node, 0)], {"dtype": dtype}, name=node.outputs[0])

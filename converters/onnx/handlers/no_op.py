@@ -2,6 +2,7 @@
 Dropout (the input itself)."""
 import numpy as np
 
+from ..context import onnx_array
 from . import handler, unsupported
 
 
@@ -20,11 +21,10 @@ _CONSTANT_KINDS = {"value_float": np.float32, "value_int": np.int64,
 
 @handler("Constant", op=None)
 def _constant(ctx, node):
-    from onnx import numpy_helper
     from edgeflow.graph.graph import constant
     (attr,) = node.proto.attribute
     if attr.name == "value":
-        value = numpy_helper.to_array(attr.t)
+        value = onnx_array(attr.t)
     elif attr.name in _CONSTANT_KINDS:
         value = np.array(node.attr(attr.name), _CONSTANT_KINDS[attr.name])
     else:

@@ -5,6 +5,7 @@ import numpy as np
 
 from edgeflow.graph.math_ops import apply
 
+from ..context import onnx_dtype
 from . import handler, unsupported
 
 
@@ -16,13 +17,12 @@ def _checked(node):
 
 @handler("QuantizeLinear", op="quantize_linear")
 def _quantize_linear(ctx, node):
-    from onnx import helper
     attrs = _checked(node)
     zero_point = ctx.input(node, 2)
     if zero_point is not None:
         attrs["dtype"] = zero_point.dtype
     elif node.attr("output_dtype", 0):
-        attrs["dtype"] = helper.tensor_dtype_to_np_dtype(node.attr("output_dtype"))
+        attrs["dtype"] = onnx_dtype(node.attr("output_dtype"))
     inputs = [t for t in ctx.inputs(node) if t is not None]
     return apply("quantize_linear", inputs, attrs, name=node.outputs[0])
 

@@ -3,6 +3,7 @@ import numpy as np
 
 from edgeflow.graph.math_ops import apply
 
+from ..context import onnx_dtype
 from . import attrs_or_operands, handler, ints
 
 
@@ -23,16 +24,17 @@ def _size(ctx, node):
 @handler("ConstantOfShape", op="constant_of_shape")
 def _constant_of_shape(ctx, node):
     from onnx import numpy_helper
-    fill = numpy_helper.to_array(node.attr("value")) if "value" in node.attrs else np.zeros(1, np.float32)
+    tensor = node.attr("value")
+    fill = numpy_helper.to_array(tensor) if tensor is not None else np.zeros(1, np.float32)
+    dtype = onnx_dtype(tensor.data_type) if tensor is not None else fill.dtype
     return apply("constant_of_shape", [ctx.input(node, 0)],
-                 {"value": float(fill.reshape(-1)[0]), "dtype": fill.dtype}, name=node.outputs[0])
+                 {"value": float(fill.reshape(-1)[0]), "dtype": dtype}, name=node.outputs[0])
 
 
 @handler("EyeLike", op="eye_like")
 def _eye_like(ctx, node):
-    from onnx import helper
     x = ctx.input(node, 0)
-    dtype = helper.tensor_dtype_to_np_dtype(node.attr("dtype")) if "dtype" in node.attrs else x.dtype
+    dtype = onnx_dtype(node.attr("dtype")) if "dtype" in node.attrs else x.dtype
     return apply("eye_like", [x], {"k": node.attr("k", 0), "dtype": dtype}, name=node.outputs[0])
 
 

@@ -12,6 +12,7 @@ import time
 import grpc
 import numpy as np
 
+from ... import dtypes
 from ...errors import EdgeflowError, GraphError, InvalidInputError
 from .. import ps_pb2 as pb
 from .. import ps_pb2_grpc as pb_grpc
@@ -90,7 +91,7 @@ class ParameterService(pb_grpc.ParameterServerServicer):
                 model_id=hosted.id, model_sha256=hosted.sha256, mode=PB_MODES[hosted.mode],
                 replicas=hosted.replicas, version=hosted.version, incarnation=self.settings.incarnation,
                 updates_applied=hosted.updates, checkpoint_version=hosted.checkpoint_version,
-                variables=[pb.VariableInfo(name=n, dtype=d.name, shape=s, trainable=n in hosted.names)
+                variables=[pb.VariableInfo(name=n, dtype=dtypes.name(d), shape=s, trainable=n in hosted.names)
                            for n, (d, s) in hosted.specs.items()],
                 devices=[pb.DeviceInfo(device_id=d, last_step_id=r["last"], applied=r["applied"],
                                        last_result=r["reply"]["result"] if r["reply"] else 0)

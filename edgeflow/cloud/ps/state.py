@@ -16,6 +16,7 @@ import zipfile
 
 import numpy as np
 
+from ... import dtypes
 from ...errors import EdgeflowError, FormatError, InvalidInputError
 from ...interp import Interpreter
 from ...interp import checkpoint as ckpt
@@ -125,8 +126,8 @@ class HostedParameters:
                                     f"expected {self.names}")
         want_dtype, want_shape = self.specs[name]
         if dtype != want_dtype or tuple(shape) != want_shape:
-            raise InvalidInputError(f"push: variable {name!r}: expected {want_dtype.name}{list(want_shape)}, "
-                                    f"got {dtype.name}{list(shape)}")
+            raise InvalidInputError(f"push: variable {name!r}: expected {dtypes.name(want_dtype)}{list(want_shape)}, "
+                                    f"got {dtypes.name(dtype)}{list(shape)}")
 
     # -- a push ----------------------------------------------------------------------
     def push(self, device, step_id, version, count, arrays):
@@ -295,7 +296,7 @@ class HostedParameters:
                     "replicas": self.replicas, "version": self.version,
                     "incarnation": self.settings.incarnation, "updates_applied": self.updates,
                     "checkpoint_version": self.checkpoint_version,
-                    "variables": {n: {"dtype": d.name, "shape": s, "trainable": n in self.names}
+                    "variables": {n: {"dtype": dtypes.name(d), "shape": s, "trainable": n in self.names}
                                   for n, (d, s) in self.specs.items()},
                     "devices": {d: {"last_step_id": r["last"], "applied": r["applied"],
                                     "last_result": RESULTS[r["reply"]["result"]] if r["reply"] else "unspecified"}

@@ -12,3 +12,7 @@ class DType(object):
     INT64 = 6
     UINT8 = 7
     BOOL = 8
+    UINT16 = 9
+    UINT32 = 10
+    UINT64 = 11
+    BFLOAT16 = 12

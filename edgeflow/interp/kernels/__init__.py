@@ -6,21 +6,61 @@ callable that computes into `outs`. Planning stays out of the hot loop, as in TF
 prepare/eval split. Ops whose definition says `view=True` need no kernel: their output
 is a reshaped view of their input, made by the planner.
 """
+import functools
+
 import numpy as np
 
-from ... import ops
+from ... import dtypes, ops
 
 KERNELS = {}
 
 
-def kernel(name):
+def kernel(name, bfloat16="widen"):
+    """Register `make` as op `name`'s kernel. How bfloat16 values (which numpy cannot
+    compute on) reach it: "widen": as float32 copies, its bfloat16 outputs rounded back
+    after each step; "bits": as their bits, uint16 views, exactly and at no cost (for a
+    kernel that only moves, selects or copies elements); "as_is": as they are."""
     def register(make):
         ops.get(name)  # a kernel exists only for a defined op
         if name in KERNELS:
             raise AssertionError(f"two numpy kernels for {name!r}")
-        KERNELS[name] = make
+        KERNELS[name] = {"widen": _widened, "bits": _as_bits, "as_is": lambda m: m}[bfloat16](make)
         return make
     return register
+
+
+def _bfloat16(a):
+    return a is not None and a.dtype == dtypes.bfloat16
+
+
+def _as_bits(make):
+    @functools.wraps(make)
+    def bits(ins, outs, attrs):
+        if not any(map(_bfloat16, (*ins, *outs))):
+            return make(ins, outs, attrs)
+        return make(*([a["bfloat16"] if _bfloat16(a) else a for a in arrays] for arrays in (ins, outs)), attrs)
+    return bits
+
+
+def _widened(make):
+    @functools.wraps(make)
+    def widened(ins, outs, attrs):
+        if not any(map(_bfloat16, (*ins, *outs))):
+            return make(ins, outs, attrs)
+        wide_ins = [dtypes.widen(a) if _bfloat16(a) else a for a in ins]
+        wide_outs = [np.empty(a.shape, dtypes.float32) if _bfloat16(a) else a for a in outs]
+        step = make(wide_ins, wide_outs, attrs)
+        loads = [(a, w) for a, w in zip(ins, wide_ins) if w is not a]
+        stores = [(w, a) for a, w in zip(outs, wide_outs) if w is not a]
+
+        def run():
+            for a, w in loads:
+                dtypes.widen(a, out=w)
+            step()
+            for w, a in stores:
+                dtypes.narrow(w, out=a)
+        return run
+    return widened
 
 
 def evaluate(opcode, attrs, values, specs):

@@ -8,17 +8,17 @@ from ...ops.registry import TensorSpec
 from . import kernel
 
 
-@kernel("transpose")
+@kernel("transpose", bfloat16="bits")
 def _transpose(ins, outs, attrs):
     return partial(np.copyto, outs[0], ins[0].transpose(attrs["perm"] or None))
 
 
-@kernel("concat")
+@kernel("concat", bfloat16="bits")
 def _concat(ins, outs, attrs):
     return partial(np.concatenate, ins, attrs["axis"], outs[0])
 
 
-@kernel("slice")
+@kernel("slice", bfloat16="bits")
 def _slice(ins, outs, attrs):
     x = ins[0]
     index = [np.s_[:]] * x.ndim
@@ -46,7 +46,7 @@ def _gather(params, indices, axis, out):
     np.take(params, indices, axis=axis, out=out)
 
 
-@kernel("gather")
+@kernel("gather", bfloat16="bits")
 def _gather_kernel(ins, outs, attrs):
     return partial(_gather, ins[0], ins[1], attrs["axis"] % ins[0].ndim, outs[0])
 
@@ -93,7 +93,7 @@ def _element_index(op, indices, axis, shape):
     return tuple(index)
 
 
-@kernel("gather_elements")
+@kernel("gather_elements", bfloat16="bits")
 def _gather_elements(ins, outs, attrs):
     data, indices, out = ins[0], ins[1], outs[0]
     axis = attrs["axis"] % data.ndim
@@ -111,7 +111,7 @@ def _nd_index(op, indices, shape):
     return np.ravel_multi_index(columns, shape[:k]) if k else np.zeros(len(tuples), np.intp)
 
 
-@kernel("gather_nd")
+@kernel("gather_nd", bfloat16="bits")
 def _gather_nd(ins, outs, attrs):
     data, indices, out = ins[0], ins[1], outs[0]
     b = attrs["batch_dims"]
@@ -163,7 +163,7 @@ def _scatter_nd(ins, outs, attrs):
     return run
 
 
-@kernel("one_hot")
+@kernel("one_hot", bfloat16="bits")
 def _one_hot(ins, outs, attrs):
     indices, values, out = ins[0], ins[1], outs[0]
     depth, axis = attrs["depth"], attrs["axis"] % out.ndim
@@ -176,7 +176,7 @@ def _one_hot(ins, outs, attrs):
     return run
 
 
-@kernel("trilu")
+@kernel("trilu", bfloat16="bits")
 def _trilu(ins, outs, attrs):
     x, out = ins[0], outs[0]
     triangle = np.triu if attrs["upper"] else np.tril

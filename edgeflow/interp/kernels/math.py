@@ -101,21 +101,26 @@ def _where(cond, x, y, out):
     np.copyto(out, x, where=cond)
 
 
-@kernel("where")
+@kernel("where", bfloat16="bits")
 def _where_kernel(ins, outs, attrs):
     return partial(_where, *ins, outs[0])
 
 
-@kernel("cast")
+@kernel("cast", bfloat16="as_is")
 def _cast(ins, outs, attrs):
-    return partial(np.copyto, outs[0], ins[0], casting="unsafe")
+    x, y = ins[0], outs[0]
+    if y.dtype == dtypes.bfloat16 != x.dtype:
+        return partial(dtypes.narrow, x, y)
+    if x.dtype == dtypes.bfloat16 != y.dtype:
+        return lambda: np.copyto(y, dtypes.widen(x), casting="unsafe")
+    return partial(np.copyto, y, x, casting="unsafe")
 
 
 def _bitcast(x, out):
     np.copyto(out, x.view(out.dtype))  # same width: the view has x's shape
 
 
-@kernel("bitcast")
+@kernel("bitcast", bfloat16="as_is")
 def _bitcast_kernel(ins, outs, attrs):
     return partial(_bitcast, ins[0], outs[0])
 

@@ -35,12 +35,12 @@ def _range(ins, outs, attrs):
     return partial(run, ins[0], ins[2], outs[0])
 
 
-@kernel("expand")
+@kernel("expand", bfloat16="bits")
 def _expand(ins, outs, attrs):
     return partial(np.copyto, outs[0], ins[0])
 
 
-@kernel("tile")
+@kernel("tile", bfloat16="bits")
 def _tile(ins, outs, attrs):
     # View the output as (r0, d0, r1, d1, ...) and broadcast x, shaped (1, d0, 1, d1, ...),
     # into it: no temporary.
@@ -50,7 +50,7 @@ def _tile(ins, outs, attrs):
     return partial(np.copyto, blocks, x.reshape([v for d in x.shape for v in (1, d)]))
 
 
-@kernel("split")
+@kernel("split", bfloat16="bits")
 def _split(ins, outs, attrs):
     x, axis = ins[0], attrs["axis"] % ins[0].ndim
     bounds = np.cumsum([0] + [o.shape[axis] for o in outs])
