@@ -78,8 +78,8 @@ def _check_optional(x, q, v, batch, kv_heads, sizes, total):
     if mask is not None:
         if mask.rank > 4 or mask.rank < 1:
             raise GraphError(f"attention: attn_mask must have rank 1 to 4, got {fmt(mask.shape)}")
-        if mask.dtype != dtypes.bool_ and mask.dtype not in dtypes.NUMERIC:
-            raise GraphError(f"attention: attn_mask: dtype {mask.dtype} not supported")
+        if mask.dtype != dtypes.bool_ and mask.dtype != dtypes.bfloat16 and mask.dtype not in dtypes.NUMERIC:
+            raise GraphError(f"attention: attn_mask: dtype {dtypes.name(mask.dtype)} not supported")
         last = mask.shape[-1]
         if None not in (last, total) and last > total:
             raise GraphError(f"attention: attn_mask has {last} keys, more than the {total} attended")
@@ -141,7 +141,7 @@ _ATTENTION_ATTRS = {
 
 
 @define("attention", types=Types("Q: T1, K: T1, V: T2, any?, any?, any?, any? -> T1, T1?, T2?, T1?",
-                                 T1=dtypes.FLOATS, T2=dtypes.FLOATS),
+                                 T1=dtypes.FLOATS | {dtypes.bfloat16}, T2=dtypes.FLOATS | {dtypes.bfloat16}),
         outputs=attention_outputs, flops=_attention_flops, attrs=_ATTENTION_ATTRS)
 def _attention(inputs, attrs):
     """ONNX Attention: Y = softmax(Q K^T * scale + bias) V per head, Q (batch, q_heads, q_seq,

@@ -19,8 +19,10 @@ def _along_axis(name):
 
 
 # hardmax: 1 at the first maximum along `axis`, 0 elsewhere (ONNX's Hardmax, opset 13).
+# All take bfloat16 (computed in float32).
 for _name in ("softmax", "log_softmax", "hardmax"):
-    define(_name, attrs={"axis": Attr(AttrKind.INT, -1)}, types=Types("x: T -> T", T=dtypes.FLOATS))(
+    define(_name, attrs={"axis": Attr(AttrKind.INT, -1)},
+           types=Types("x: T -> T", T=dtypes.FLOATS | {dtypes.bfloat16}))(
         _along_axis(_name))
 
 

@@ -37,7 +37,8 @@ def _reduction(name):
 _FLOAT_ONLY = ("reduce_l2", "reduce_log_sum_exp")
 for _name in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod") + _FLOAT_ONLY:
     define(_name, attrs={"axes": Attr(AttrKind.INTS, ()), "keepdims": Attr(AttrKind.BOOL, False)},
-           types=Types("x: T, axes: index? -> T", T=dtypes.FLOATS if _name in _FLOAT_ONLY else dtypes.NUMERIC),
+           types=Types("x: T, axes: index? -> T",  # bfloat16 is computed in float32
+                       T=(dtypes.FLOATS if _name in _FLOAT_ONLY else dtypes.NUMERIC) | {dtypes.bfloat16}),
            operands=("axes",), unknown=_reduced_unknown)(
         _reduction(_name))
 

@@ -330,6 +330,8 @@ class OpDef:
         attrs = dict(attrs)
         for name, given in zip(self.operands, inputs[own:]):
             value = np.asarray(getattr(given, "value", given))
+            if value.dtype == dtypes.bfloat16:
+                value = dtypes.widen(value)
             kind = self.attrs[name].kind
             try:
                 if kind in (AttrKind.INTS, AttrKind.FLOATS):

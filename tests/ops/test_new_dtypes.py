@@ -103,8 +103,8 @@ def test_bfloat16_ops_are_declared_where_expected():
         dtypes.bfloat16 in a for a in ops.get(name).types.input_dtypes(len(EXAMPLES[name][0]),
                                                                        ops.get(name).check_attrs(EXAMPLES[name][1])))}
     assert {"cast", "add", "sub", "mul", "div", "matmul", "einsum", "celu", "range", "transpose", "concat",
-            "gather", "slice", "split", "where", "one_hot"} <= takes
-    assert not {"conv", "softmax", "exp", "lstm"} & takes
+            "gather", "slice", "split", "where", "one_hot", "softmax", "reduce_max", "attention"} <= takes
+    assert not {"conv", "exp", "lstm"} & takes
 
 
 def test_bfloat16_is_a_dtype_of_its_own():

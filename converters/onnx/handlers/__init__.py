@@ -7,6 +7,7 @@ type lives in the module named like the ops/ module defining its principal op, w
 `BUILDS` records (tests/test_op_families.py checks it)."""
 import numpy as np
 
+from edgeflow import dtypes
 from edgeflow.errors import UnsupportedOpError
 
 HANDLERS = {}
@@ -66,7 +67,8 @@ def first_int(value):
 
 
 def first_float(value):
-    return float(np.asarray(value).reshape(-1)[0])
+    value = np.asarray(value)
+    return float((dtypes.widen(value) if value.dtype == dtypes.bfloat16 else value).reshape(-1)[0])
 
 
 from . import (activations, array, attention, conv, einsum, image, loss, math, nn, no_op, norm, pool,  # noqa: E402,F401
