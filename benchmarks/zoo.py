@@ -1,17 +1,17 @@
 """A model zoo: real architectures exported from PyTorch, converted, checked and timed.
 
     .venv/bin/python benchmarks/zoo.py [--models a,b] [--exporters torchscript,dynamo]
-                                       [--runs N] [--out results.md] [--cache DIR]
+                                       [--runs N] [--out results.md] [--cache DIR] [--reexport]
 
 Needs the `zoo` extra (torch, torchvision, transformers, onnxscript). Every model is built
 with random weights (a fixed seed; torchvision's `weights=None`, Hugging Face models from
 tiny configs), in eval mode, and exported with both of torch's exporters: TorchScript
 (`torch.onnx.export(..., dynamo=False)`, its default opset) and dynamo (its default opset).
-The ONNX files are kept in a cache folder (default ~/.cache/edgeflow/zoo/<torch version>),
-so a second run only converts and measures. For each (model, exporter): edgeflow's ONNX
-converter, every output checked against onnxruntime on the same file (max abs error, and
-relative to the largest magnitude of onnxruntime's output), and the medians of interleaved
-runs of both at one thread. A row that fails says where (export, convert, run) and why;
+The ONNX files (and the errors of exports that failed) are kept in a cache folder (default
+~/.cache/edgeflow/zoo/<torch version>), so a second run only converts and measures. For
+each (model, exporter): edgeflow's ONNX converter, every output checked against
+onnxruntime on the same file (max abs error, and relative to the largest magnitude of
+onnxruntime's output), and the medians of interleaved runs of both at one thread. A row that fails says where (export, convert, run) and why;
 the table ends with converted / matched / total.
 """
 import argparse
@@ -19,7 +19,7 @@ import contextlib
 import io
 import os
 import pathlib
-import sys
+import re
 import tempfile
 import time
 import traceback
@@ -71,11 +71,33 @@ def _tokens(vocab, batch=2, seq=16, mask=True, names=("input_ids", "attention_ma
     return feeds
 
 
+def _randomized(model, seed=0):
+    """`model` with non-trivial BatchNorm statistics and affine parameters, and parameters that
+    start as all zeros (ViT's head, biases) given small random values: torchvision's
+    initialisation would otherwise make some outputs zeros or ~1e-13, and the check compare
+    little."""
+    torch = _torch()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.running_mean is not None:
+                n = m.num_features
+                m.running_mean.copy_(torch.randn(n, generator=g) * 0.2)
+                m.running_var.copy_(torch.rand(n, generator=g) * 0.8 + 0.6)
+                if m.affine:
+                    m.weight.copy_(torch.rand(n, generator=g) * 0.8 + 0.6)
+                    m.bias.copy_(torch.randn(n, generator=g) * 0.1)
+        for p in model.parameters():
+            if p.numel() > 1 and not p.any():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+    return model
+
+
 def _vision(name, **kwargs):
     def build():
         import torchvision
         _torch().manual_seed(0)
-        model = getattr(torchvision.models, name)(weights=None, **kwargs)
+        model = _randomized(getattr(torchvision.models, name)(weights=None, **kwargs))
         return Example(model, _image(), ["logits"])
     return build
 
@@ -99,7 +121,7 @@ def _segmentation(name):
     def build():
         import torchvision
         _torch().manual_seed(0)
-        model = getattr(torchvision.models.segmentation, name)(weights=None, weights_backbone=None)
+        model = _randomized(getattr(torchvision.models.segmentation, name)(weights=None, weights_backbone=None))
         return Example(_wrap(model, lambda r: r["out"]), _image(), ["out"])
     return build
 
@@ -108,7 +130,8 @@ def _detection(name, size, **kwargs):
     def build():
         import torchvision
         _torch().manual_seed(0)
-        model = getattr(torchvision.models.detection, name)(weights=None, weights_backbone=None, **kwargs)
+        model = _randomized(getattr(torchvision.models.detection, name)(weights=None, weights_backbone=None,
+                                                                        **kwargs))
 
         class Detect(_torch().nn.Module):
             def __init__(self):
@@ -161,7 +184,7 @@ def _distilbert():
 
 def _gpt2():
     return _hf(lambda t: t.GPT2Config(vocab_size=1000, n_embd=64, n_layer=2, n_head=4, n_positions=128,
-                                      use_cache=False),
+                                      bos_token_id=0, eos_token_id=0, use_cache=False),
                lambda t, c: t.GPT2Model(c), _tokens(1000), ["last_hidden_state"])()
 
 
@@ -186,7 +209,9 @@ def _whisper_encoder():
     return _hf(lambda t: t.WhisperConfig(vocab_size=1000, d_model=64, encoder_layers=2, decoder_layers=2,
                                          encoder_attention_heads=4, decoder_attention_heads=4,
                                          encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=80,
-                                         max_source_positions=frames // 2, max_target_positions=64),
+                                         max_source_positions=frames // 2, max_target_positions=64,
+                                         pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                         decoder_start_token_id=1),
                lambda t, c: t.WhisperModel(c).get_encoder(), {"input_features": feats},
                ["last_hidden_state"])()
 
@@ -319,7 +344,11 @@ def export(example, exporter, path):
 
 
 def _first_line(e):
-    text = str(e).strip().splitlines()
+    """The first line of `e`'s innermost cause (torch.export wraps the error that says what
+    failed in one that says which step), without terminal colours."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"[:160]
 
 
@@ -348,12 +377,12 @@ class Row:
     ort_s: float = None
     note: str = ""
 
-    def cells(self):
+    def cells(self, width=None):
         err = "-" if self.max_abs is None else f"{self.max_abs:.1e} ({self.max_rel:.0e})"
         return [self.model, self.exporter, self.opset, self.ops, self.converts, err,
                 "yes" if self.matched else ("no" if self.max_abs is not None else "-"),
                 harness.ms(self.edgeflow_s, 2), harness.ms(self.ort_s, 2),
-                harness.ratio(self.edgeflow_s, self.ort_s), self.note]
+                harness.ratio(self.edgeflow_s, self.ort_s), self.note[:width]]
 
 
 COLUMNS = ["model", "exporter", "opset", "ops", "converts", "max error (rel)", "matches", "edgeflow ms",
@@ -384,7 +413,7 @@ def compare(ours, theirs):
     return worst_abs, worst_rel, ok
 
 
-def measure(name, exporter, build, cache, runs, folder):
+def measure(name, exporter, build, cache, runs, folder, reexport=False):
     """The Row of `name` exported with `exporter`."""
     import onnx
     import edgeflow as ef
@@ -398,11 +427,19 @@ def measure(name, exporter, build, cache, runs, folder):
     except Exception as e:
         row.note = f"build: {_first_line(e)}"
         return row
+    failed = path.with_suffix(".export-error")  # an export that failed fails again: not retried
+    if reexport:
+        path.unlink(missing_ok=True)
+        failed.unlink(missing_ok=True)
+    if failed.exists():
+        row.note = failed.read_text()
+        return row
     if not path.exists():
         try:
             export(example, exporter, path)
         except Exception as e:
             row.note = f"export: {_first_line(e)}"
+            failed.write_text(row.note)
             return row
     proto = onnx.load(str(path))
     row.opset = str(next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), "-"))
@@ -464,6 +501,8 @@ def main():
     parser.add_argument("--models", default="", help=f"comma-separated, of {','.join(MODELS)} (default all)")
     parser.add_argument("--exporters", default=",".join(EXPORTERS), help="torchscript, dynamo or both")
     parser.add_argument("--runs", type=int, default=10, help="timed runs of each contender (0: no timing)")
+    parser.add_argument("--reexport", action="store_true", help="export again, ignoring the cache "
+                        "(exports that failed are cached too)")
     parser.add_argument("--out", default=None, help="also write the table as markdown to this file")
     parser.add_argument("--cache", default=None, help="folder of exported ONNX files "
                         "(default $EDGEFLOW_ZOO_CACHE or ~/.cache/edgeflow/zoo/<torch version>)")
@@ -485,7 +524,7 @@ def main():
             harness.log(f"[{k}/{len(jobs)}] {name} ({exporter})...")
             start = time.perf_counter()
             try:
-                row = measure(name, exporter, MODELS[name], cache, args.runs, pathlib.Path(tmp))
+                row = measure(name, exporter, MODELS[name], cache, args.runs, pathlib.Path(tmp), args.reexport)
             except Exception as e:  # a bug of this script must not lose the other rows
                 traceback.print_exc()
                 row = Row(name, exporter, note=f"zoo: {_first_line(e)}")
@@ -495,7 +534,7 @@ def main():
             for f in pathlib.Path(tmp).iterdir():
                 f.unlink()
     print(f"\ntorch {torch.__version__}; medians of {args.runs} interleaved runs at 1 thread\n")
-    harness.print_table(COLUMNS, [r.cells() for r in rows])
+    harness.print_table(COLUMNS, [r.cells(width=90) for r in rows])
     print(f"\n{summary(rows)}")
     if args.out:
         pathlib.Path(args.out).write_text(markdown(rows, args.runs))
