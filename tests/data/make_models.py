@@ -1,11 +1,18 @@
 """Build the small ONNX test models in tests/data/onnx/.
 
-Regenerate with .venv/bin/python tests/data/make_models.py; needs torch==2.13.0 and scikit-learn
-(neither is a dependency of edgeflow, nor needed by the tests: the tests read only the files
-written here, with numpy, onnx and onnxruntime).
+Regenerate with .venv/bin/python tests/data/make_models.py [--only NAME,...]; needs torch,
+scikit-learn, and transformers for ``bert_mask`` (none of them a dependency of edgeflow, nor
+needed by the tests: the tests read only the files written here, with numpy, onnx and
+onnxruntime). The first six models were made with torch==2.13.0, the exporter-pattern
+fixtures (``attention_mod``, ``bert_mask``, ``bigru``, ``qdq_cnn``) with torch==2.14.1 and
+transformers 5.24.0; another torch writes other bytes (its version is in each file), so
+``--only`` regenerates the models it names and leaves the others' files as they are (the
+README still describes them all).
 
 Every model is built with a fixed seed and exported with the TorchScript exporter
-(``torch.onnx.export(..., dynamo=False, opset_version=17)``). For each model ``<name>.onnx``
+(``torch.onnx.export(..., dynamo=False, opset_version=17)``); ``qdq_cnn`` is then quantized
+by onnxruntime's ``quantize_static`` and its outputs are onnxruntime's (graph optimizations
+off) instead of PyTorch's. For each model ``<name>.onnx``
 this writes ``<name>_io.npz``: example inputs and PyTorch's outputs for them. Its array
 ``cases`` lists the case names (``b1``, ``b8``, or ``b1_s5``... for sequence models); each
 tensor is stored under ``"<case>.<tensor name>"`` with the graph's input and output names,
@@ -18,9 +25,11 @@ and tests/data/onnx/README.md is written from the ONNX graphs.
 from __future__ import annotations
 
 import collections
+import argparse
 import io
 import math
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -224,11 +233,13 @@ def randomize_bn(model, gen):
                 m.bias.copy_(torch.randn(n, generator=gen) * 0.1)
 
 
-def export(model, name, example, input_names, output_names, dynamic_axes, constant_folding=True):
+def export(model, name, example, input_names, output_names, dynamic_axes, constant_folding=True, grad=False):
+    """Export to OUT/<name>.onnx. grad=True exports with gradients on: nn.TransformerEncoderLayer
+    takes its fused fast path (which does not export) only without them."""
     model.eval()
     path = OUT / f"{name}.onnx"
     buf = io.BytesIO()
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         torch.onnx.export(
             model, example, buf, dynamo=False, opset_version=OPSET,
             input_names=input_names, output_names=output_names,
@@ -389,6 +400,156 @@ def build_digits():
     return path, model, cases, ins, outs, acc
 
 
+# ------------------------------------------------------- exporter patterns (torch 2.14.1)
+
+
+def build_attention_mod():
+    """nn.TransformerEncoder (its nn.MultiheadAttention inside): the TorchScript exporter
+    checks the head size with Mod on two Constants. The sequence length is baked into the
+    attention's Reshapes (onnxruntime fails on another), so only the batch is dynamic."""
+    torch.manual_seed(7)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False).eval()
+    ins, outs = ["x"], ["y"]
+    path = export(model, "attention_mod", (torch.randn(2, 5, 16),), ins, outs,
+                  {"x": {0: "batch"}, "y": {0: "batch"}}, grad=True)
+    cases = {f"b{b}": rng_inputs(700 + b, (b, 5, 16)) for b in (1, 8)}
+    return path, model, cases, ins, outs
+
+
+class BertHidden(nn.Module):
+    def __init__(self, bert):
+        super().__init__()
+        self.bert = bert
+
+    def forward(self, input_ids, attention_mask):
+        return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def build_bert_mask():
+    """A tiny Hugging Face BertModel (random weights): its attention mask becomes And, IsNaN,
+    GatherElements, Where... in the TorchScript export."""
+    import transformers
+
+    torch.manual_seed(8)
+    config = transformers.BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, max_position_embeddings=32)
+    model = BertHidden(transformers.BertModel(config)).eval()
+    ins, outs = ["input_ids", "attention_mask"], ["last_hidden_state"]
+    example = (torch.randint(0, 100, (2, 8)), torch.ones(2, 8, dtype=torch.int64))
+    dyn = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
+           "last_hidden_state": {0: "batch", 1: "seq"}}
+    path = export(model, "bert_mask", example, ins, outs, dyn)
+    cases = {}
+    for b, s in ((1, 8), (8, 12)):
+        g = np.random.default_rng(800 + 10 * b + s)
+        mask = np.ones((b, s), dtype=np.int64)
+        for row in range(1, b):  # row 0 unpadded, the others padded at the end by 1 to s - 2 tokens
+            mask[row, s - 1 - (row - 1) % (s - 2):] = 0
+        cases[f"b{b}_s{s}"] = [g.integers(0, 100, (b, s), dtype=np.int64), mask]
+    return path, model, cases, ins, outs
+
+
+class BiGRU(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gru = nn.GRU(8, 16, batch_first=True, bidirectional=True)
+        self.fc = nn.Linear(32, 5)
+
+    def forward(self, x):  # x: [batch, 6, 8]
+        out, _ = self.gru(x)
+        return self.fc(out[:, -1])
+
+
+def build_bigru():
+    """A bidirectional GRU with a dynamic batch: the exporter joins the two directions with
+    Reshape(y, [0, 0, -1]) while the batch dimension is unknown."""
+    torch.manual_seed(9)
+    model = BiGRU().eval()
+    ins, outs = ["x"], ["logits"]
+    path = export(model, "bigru", (torch.randn(3, 6, 8),), ins, outs, {"x": {0: "batch"}, "logits": {0: "batch"}})
+    cases = {f"b{b}": rng_inputs(900 + b, (b, 6, 8)) for b in (1, 8)}
+    return path, model, cases, ins, outs
+
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.ReLU(),
+        )
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.pool(self.features(x)), 1))
+
+
+def build_qdq_cnn():
+    """A small CNN quantized by onnxruntime's quantize_static: QDQ, int8 per-channel weights,
+    uint8 activations, calibrated on 16 random images. Returns what check_qdq needs."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    torch.manual_seed(10)
+    model = SmallCNN().eval()
+    ins, outs = ["image"], ["logits"]
+    with tempfile.TemporaryDirectory() as tmp:
+        global OUT
+        real, OUT = OUT, Path(tmp)
+        try:
+            fp32 = export(model, "qdq_cnn_fp32", (torch.randn(1, 3, 16, 16),), ins, outs,
+                          {"image": {0: "batch"}, "logits": {0: "batch"}})
+        finally:
+            OUT = real
+        calibration = rng_inputs(1000, (16, 3, 16, 16))[0]
+
+        class Reader(CalibrationDataReader):
+            def __init__(self):
+                self.batches = iter([{"image": calibration[i:i + 1]} for i in range(len(calibration))])
+
+            def get_next(self):
+                return next(self.batches, None)
+
+        path = OUT / "qdq_cnn.onnx"
+        quantize_static(str(fp32), str(path), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8)
+    m = onnx.load(path)
+    m.doc_string = "edgeflow test model 'qdq_cnn', made by tests/data/make_models.py"
+    onnx.save(m, path)
+    cases = {f"b{b}": rng_inputs(1000 + b, (b, 3, 16, 16)) for b in (1, 8)}
+    return path, model, cases, ins, outs
+
+
+def check_qdq(path, model, cases, input_names, output_names):
+    """onnx.checker; onnxruntime (graph optimizations off: the nodes as written) on every case,
+    within a few quantization steps of PyTorch's float model; write <name>_io.npz with
+    onnxruntime's outputs."""
+    m = onnx.load(path)
+    onnx.checker.check_model(m, full_check=True)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    arrays = {"cases": np.array(list(cases))}
+    worst = 0.0
+    for case, inputs in cases.items():
+        with torch.no_grad():
+            want = model(*[torch.from_numpy(a) for a in inputs]).numpy()
+        got = sess.run(output_names, dict(zip(input_names, inputs)))
+        worst = max(worst, float(np.max(np.abs(want - got[0])) / np.max(np.abs(want))))
+        for n, a in zip(input_names, inputs):
+            arrays[f"{case}.{n}"] = a
+        for n, a in zip(output_names, got):
+            arrays[f"{case}.{n}"] = a
+    np.savez(OUT / f"{path.stem}_io.npz", **arrays)
+    print(f"{path.name:20s} ir={m.ir_version} {os.path.getsize(path)/1024:7.1f} KiB  "
+          f"max |torch float - onnxruntime int8| / max |torch| = {worst:.3g}  cases={list(cases)}")
+    assert worst < 0.1, f"{path.name}: the quantized model is far from the float one ({worst})"
+    return worst
+
+
 # ---------------------------------------------------------------------------- README
 
 
@@ -425,10 +586,13 @@ def write_readme(rows, acc, n_test):
         "# ONNX test models",
         "",
         "Generated by `tests/data/make_models.py` (regenerate with",
-        "`.venv/bin/python tests/data/make_models.py`; needs torch==2.13.0 and scikit-learn, which",
-        "the tests themselves do not). Do not edit by hand: this file is written by that script.",
+        "`.venv/bin/python tests/data/make_models.py [--only NAME,...]`; needs torch, scikit-learn",
+        "and transformers, which the tests themselves do not: torch==2.13.0 made the first six",
+        "models, torch==2.14.1 with transformers 5.24.0 the exporter-pattern fixtures from",
+        "`attention_mod` on). Do not edit by hand: this file is written by that script.",
         "",
-        f"All models: TorchScript exporter (`dynamo=False`), opset {OPSET}, IR version "
+        f"All models: TorchScript exporter (`dynamo=False`; `qdq_cnn` then quantized by onnxruntime), "
+        f"opset {OPSET}, IR version "
         f"{', '.join(sorted({str(r['ir']) for r in rows}))}, fixed seeds, eval mode. "
         f"Total size {total / 1024:.0f} KiB.",
         "",
@@ -473,12 +637,39 @@ def write_readme(rows, acc, n_test):
         f"  the {n_test} held-out samples in `digits_test.npz` (`X` float32 [N, 1, 8, 8] scaled to",
         "  [0, 1], `y` int64 [N], `index` int64 [N]: the samples' positions in `load_digits()`).",
         "",
+        "## Exporter patterns",
+        "",
+        "Each of these holds a pattern torch's exporter writes for real models, which edgeflow once",
+        "failed to convert; tests/conversion/test_exporter_patterns.py checks that the pattern is",
+        "there and that edgeflow matches onnxruntime and the recorded outputs.",
+        "",
+        "- `attention_mod.onnx`: `nn.TransformerEncoder` of one `nn.TransformerEncoderLayer(16, 2, 32,",
+        "  dropout=0, batch_first=True)`, exported with gradients on (without them PyTorch takes the",
+        "  fused fast path, which does not export). Its `nn.MultiheadAttention` checks the head size",
+        "  with a `Mod` on two `Constant`s. Dynamic batch; sequence length 5 (the exporter bakes it",
+        "  into the attention's Reshapes).",
+        "- `bert_mask.onnx`: Hugging Face `BertModel` (transformers 5.24.0, random weights: vocabulary",
+        "  100, hidden 16, 1 layer, 2 heads, intermediate 32), returning `last_hidden_state`. Its",
+        "  attention mask is built with `And`, `IsNaN`, `GatherElements`, `Where`, and `Flatten` at",
+        "  axis 2 of a 2-D tensor. Inputs int64 `input_ids` and `attention_mask` [batch, seq]; the",
+        "  cases pad rows at the end by 1 to seq - 2 tokens (mask 0).",
+        "- `bigru.onnx`: `nn.GRU(8, 16, batch_first=True, bidirectional=True)` + Linear(32, 5) on the",
+        "  last step; dynamic batch, sequence length 6. The exporter joins the two directions with",
+        "  `Reshape(y, [0, 0, -1])` while the batch is unknown.",
+        "- `qdq_cnn.onnx`: conv 3->8 3x3 + ReLU, conv 8->16 3x3 s2 + ReLU, depthwise 3x3 + ReLU,",
+        "  global average pool, Linear(16, 10) on [batch, 3, 16, 16], exported, then quantized by",
+        "  `onnxruntime.quantization.quantize_static` (QDQ, int8 per-channel weights, uint8",
+        "  activations, MinMax calibration on 16 random images): QuantizeLinear/DequantizeLinear",
+        "  around every float op, int8 weights in initializers.",
+        "",
         "## Reference inputs and outputs",
         "",
         "`<name>_io.npz` holds example inputs and PyTorch's outputs. Its array `cases` names the",
-        "cases (`b1`, `b8`; for `lstm` and `transformer` `b1_s5`, ... with two sequence lengths);",
-        "tensor `T` of case `c` is stored as `c.T` with the graph's input/output names, e.g.",
-        "`b8.image`, `b8.logits`. onnxruntime matched PyTorch on every case to < 1e-4 (max abs).",
+        "cases (`b1`, `b8`; for `lstm`, `transformer` and `bert_mask` `b1_s5`, ...",
+        "with two sequence lengths); tensor `T` of case `c` is stored as `c.T` with the graph's",
+        "input/output names, e.g. `b8.image`, `b8.logits`. onnxruntime matched PyTorch on every case",
+        "to < 1e-4 (max abs), except `qdq_cnn`, whose outputs are onnxruntime's (graph",
+        "optimizations off) for the quantized model.",
         "",
         "```python",
         "io = np.load('tests/data/onnx/resnet_io.npz')",
@@ -490,29 +681,59 @@ def write_readme(rows, acc, n_test):
     (OUT / "README.md").write_text("\n".join(lines))
 
 
-def main():
-    OUT.mkdir(parents=True, exist_ok=True)
+OLD = ("mlp", "mobilenetv2", "resnet", "lstm", "transformer")
+PATTERNS = ("attention_mod", "bert_mask", "bigru", "qdq_cnn")
+NAMES = (*OLD, "digits_cnn", *PATTERNS)
+
+
+def main(argv=None):
+    global OUT
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help=f"comma-separated, of {','.join(NAMES)} (default all): "
+                        "regenerate these, leave the other files as they are")
+    only = [n for n in parser.parse_args(argv).only.split(",") if n] or list(NAMES)
+    if set(only) - set(NAMES):
+        parser.error(f"unknown models {sorted(set(only) - set(NAMES))}")
+    real = OUT
+    real.mkdir(parents=True, exist_ok=True)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     rows = []
-    for build in (build_mlp, build_mobilenetv2, build_resnet, build_lstm, build_transformer):
-        path, model, cases, ins, outs = build()
-        check(path, model, cases, ins, outs)
-        rows.append(describe(path, model))
-    path, model, cases, ins, outs, acc = build_digits()
-    check(path, model, cases, ins, outs)
-    test = np.load(OUT / "digits_test.npz")
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    ort_acc = float((sess.run(None, {"image": test["X"]})[0].argmax(1) == test["y"]).mean())
-    print(f"digits CNN: test accuracy in onnxruntime {ort_acc:.4f}")
-    assert ort_acc == acc, (ort_acc, acc)
-    rows.append(describe(path, model))
-    n_test = len(np.load(OUT / "digits_test.npz")["y"])
-    write_readme(rows, acc, n_test)
+    with tempfile.TemporaryDirectory() as scratch:
+        def make(name, build, check_fn=check):
+            """Build `name`; export and check it into tests/data/onnx if chosen, else into a
+            scratch folder (the model is built for the README's parameter count)."""
+            global OUT
+            OUT = real if name in only else Path(scratch)
+            try:
+                made = build()
+                if name in only:
+                    check_fn(*made[:5])
+            finally:
+                OUT = real
+            rows_for = describe(real / f"{name}.onnx", made[1])
+            return made, rows_for
+
+        for name in OLD:
+            _, row = make(name, globals()[f"build_{name}"])
+            rows.append(row)
+        (path, model, cases, ins, outs, acc), row = make("digits_cnn", build_digits)
+        test = np.load(real / "digits_test.npz")
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        sess = ort.InferenceSession(str(real / "digits_cnn.onnx"), opts, providers=["CPUExecutionProvider"])
+        ort_acc = float((sess.run(None, {"image": test["X"]})[0].argmax(1) == test["y"]).mean())
+        print(f"digits CNN: test accuracy in onnxruntime {ort_acc:.4f}")
+        if "digits_cnn" in only:
+            assert ort_acc == acc, (ort_acc, acc)
+        rows.append(row)
+        for name in PATTERNS:
+            _, row = make(name, globals()[f"build_{name}"], check_qdq if name == "qdq_cnn" else check)
+            rows.append(row)
+    n_test = len(test["y"])
+    write_readme(rows, ort_acc, n_test)
     total = sum(r["size"] for r in rows)
-    print(f"total ONNX size {total / 1024:.0f} KiB; wrote {OUT / 'README.md'}")
+    print(f"total ONNX size {total / 1024:.0f} KiB; wrote {real / 'README.md'}")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ def _reshape(ctx, node):
 @handler("Flatten", op="reshape")
 def _flatten(ctx, node):
     x = ctx.input(node, 0)
-    axis = node.attr("axis", 1) % max(len(x.shape), 1) if x.shape else 0
+    axis = node.attr("axis", 1)
+    axis = axis + len(x.shape) if axis < 0 else axis  # in [-r, r]: axis r flattens all to (n, 1)
     head, tail = x.shape[:axis], x.shape[axis:]
     if None not in tail:
         shape = (-1, int(np.prod(tail, dtype=np.int64)))
