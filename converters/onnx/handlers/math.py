@@ -78,6 +78,14 @@ def _where(ctx, node):
     return apply("where", ctx.inputs(node), name=node.outputs[0])
 
 
+@handler("PRelu", op="where")
+def _prelu(ctx, node):
+    """x where x >= 0, slope * x elsewhere (slope broadcast to x, as ONNX's function body)."""
+    x, slope, out = ctx.input(node, 0), ctx.input(node, 1), node.outputs[0]
+    negative = apply("less", [x, np.zeros((), x.dtype)], name=f"{out}/negative")
+    return apply("where", [negative, apply("mul", [x, slope], name=f"{out}/scaled"), x], name=out)
+
+
 @handler("MatMul", op="matmul")
 def _matmul(ctx, node):
     return apply("matmul", [ctx.input(node, 0), ctx.input(node, 1)], name=node.outputs[0])
