@@ -1,7 +1,6 @@
 """The Interpreter: loads a `.efl` model and runs its signatures, with TFLite's API."""
 import contextlib
 import logging
-from collections import OrderedDict
 
 import numpy as np
 
@@ -12,7 +11,7 @@ from ..ops.dims import fmt
 from .kernels import KERNELS
 from .plan import ShapeDependsOnValues
 from .profiler import Profiler
-from .staged import SHAPE_LIKE_MAX, StagedPlan, make_plan
+from .staged import SHAPE_LIKE_MAX, PlanCache, StagedPlan, make_plan
 
 _PLAN_CACHE_SIZE = 8
 _log = logging.getLogger("edgeflow")
@@ -47,7 +46,7 @@ class Interpreter:
         self._variables = {i: np.array(t.data) for i, t in enumerate(tensors) if t.is_variable}
         self._folded = {}  # values computed from constants while preparing, shared by plans
         self._signatures = {s.key: s for s in self.model.signatures}
-        self._plans = OrderedDict()
+        self._plans = PlanCache(_PLAN_CACHE_SIZE)
         self._preserve_all = preserve_all_tensors
         # The tensor-level API (set_tensor, invoke, ...) serves the first signature, as
         # TFLite's serves the primary subgraph.
@@ -80,18 +79,13 @@ class Interpreter:
         known = known or {}
         key = (tuple(inputs), tuple(outputs), tuple(targets), tuple(shapes[i] for i in inputs),
                tuple((i, v.tobytes()) for i, v in sorted(known.items())))
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = make_plan(self._subgraph, inputs, outputs, shapes, self._constants,
-                        self._variables, self._folded, self._preserve_all, targets, self.delegates,
-                        known, self._update_ops)
-            if self.delegates:
-                _log.info("%s", plan.placement_summary())
-            self._plans[key] = plan
-            if len(self._plans) > _PLAN_CACHE_SIZE:
-                self._plans.popitem(last=False)
-        else:
-            self._plans.move_to_end(key)
+        return self._plans.get(key, lambda: self._make_plan(inputs, outputs, shapes, targets, known))
+
+    def _make_plan(self, inputs, outputs, shapes, targets, known):
+        plan = make_plan(self._subgraph, inputs, outputs, shapes, self._constants, self._variables,
+                         self._folded, self._preserve_all, targets, self.delegates, known, self._update_ops)
+        if self.delegates:
+            _log.info("%s", plan.placement_summary())
         return plan
 
     def run_plan(self, plan):

@@ -21,6 +21,27 @@ _REST_CACHE_SIZE = 8
 SHAPE_LIKE_MAX = 16  # elements: a small integer tensor may set later shapes; plan for its value
 
 
+class PlanCache:
+    """Plans by key; past `size`, the least recently used is dropped."""
+
+    def __init__(self, size):
+        self._plans, self._size = OrderedDict(), size
+
+    def get(self, key, make):
+        """The plan cached under `key`, or `make()`'s, cached."""
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = make()
+            if len(self._plans) > self._size:
+                self._plans.popitem(last=False)
+        else:
+            self._plans.move_to_end(key)
+        return plan
+
+    def values(self):
+        return self._plans.values()
+
+
 def make_plan(subgraph, inputs, outputs, shapes, constants, variables, folded, preserve_all=False,
               targets=(), delegates=(), known=None, update_ops=frozenset()):
     """A Plan, or a StagedPlan where some shape depends on values (same arguments as Plan)."""
@@ -58,7 +79,7 @@ class StagedPlan:
         self.before = Plan(subgraph, inputs, needed, shapes, constants, variables, folded,
                            preserve_all, (), delegates, known, update_ops)
         self._known_before = {t: v for t, v in self.before.values.items() if t in self._carried}
-        self._rests = OrderedDict()
+        self._rests = PlanCache(_REST_CACHE_SIZE)
         self.rest = None  # the plan the last run used for the rest
         self.arrays = {t: self.before.arrays[t] for t in inputs}
 
@@ -82,18 +103,10 @@ class StagedPlan:
                      if feeds[t].dtype.kind in "iu" and feeds[t].size <= SHAPE_LIKE_MAX)
         key = (tuple((t, a.shape) for t, a in feeds.items()),
                tuple((t, v.tobytes()) for t, v in sorted(known.items()) if t in here.outputs))
-        rest = self._rests.get(key)
-        if rest is None:
-            constants, variables, folded, preserve_all, targets, delegates = self._common
-            rest = make_plan(self.subgraph, list(feeds), self.outputs, {t: a.shape for t, a in feeds.items()},
-                             constants, variables, folded, preserve_all, targets, delegates, known,
-                             self._update_ops)
-            self._rests[key] = rest
-            if len(self._rests) > _REST_CACHE_SIZE:
-                self._rests.popitem(last=False)
-        else:
-            self._rests.move_to_end(key)
-        return rest
+        constants, variables, folded, preserve_all, targets, delegates = self._common
+        return self._rests.get(key, lambda: make_plan(
+            self.subgraph, list(feeds), self.outputs, {t: a.shape for t, a in feeds.items()}, constants,
+            variables, folded, preserve_all, targets, delegates, known, self._update_ops))
 
     def _enter_rest(self, values):
         """The rest's plan for the boundary op's output `values`, with its inputs copied in."""

@@ -1,5 +1,6 @@
 """cumsum and cumprod (exclusive, reverse) and topk (ties, largest, axis): against onnxruntime and loops."""
 import itertools
+import operator
 
 import numpy as np
 import pytest
@@ -31,21 +32,31 @@ def along(x, axis, line_fn, out_len=None, out_dtype=None):
 
 # -- cumsum ------------------------------------------------------------------------------
 
-def running_sums(values, exclusive, reverse):
+def running(values, exclusive, reverse, step, start):
+    """The running totals of `values` (step(total, v) from `start`), written out by hand."""
     if reverse:
-        return running_sums(values[::-1], exclusive, False)[::-1]
-    out, total = [], 0
+        return running(values[::-1], exclusive, False, step, start)[::-1]
+    out, total = [], start
     for v in values:
         if exclusive:
             out.append(total)
-        total += v
+        total = step(total, v)
         if not exclusive:
             out.append(total)
     return out
 
 
-def cumsum(axis, exclusive=False, reverse=False):
-    return lambda t: apply("cumsum", [t], {"axis": axis, "exclusive": exclusive, "reverse": reverse})
+def running_sums(values, exclusive, reverse):
+    return running(values, exclusive, reverse, operator.add, 0)
+
+
+def running_op(name):
+    def make(axis, exclusive=False, reverse=False):
+        return lambda t: apply(name, [t], {"axis": axis, "exclusive": exclusive, "reverse": reverse})
+    return make
+
+
+cumsum, cumprod = running_op("cumsum"), running_op("cumprod")
 
 
 @pytest.mark.parametrize("exclusive,reverse", FLAGS)
@@ -112,20 +123,7 @@ def test_cumsum_invalid(graph):
 # -- cumprod -----------------------------------------------------------------------------
 
 def running_products(values, exclusive, reverse):
-    if reverse:
-        return running_products(values[::-1], exclusive, False)[::-1]
-    out, total = [], 1
-    for v in values:
-        if exclusive:
-            out.append(total)
-        total *= v
-        if not exclusive:
-            out.append(total)
-    return out
-
-
-def cumprod(axis, exclusive=False, reverse=False):
-    return lambda t: apply("cumprod", [t], {"axis": axis, "exclusive": exclusive, "reverse": reverse})
+    return running(values, exclusive, reverse, operator.mul, 1)
 
 
 @pytest.mark.parametrize("exclusive,reverse", FLAGS)
