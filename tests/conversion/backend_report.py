@@ -1,5 +1,6 @@
 """Runs ONNX's backend node tests (test_onnx_backend.py) and prints the outcome per ONNX
-op as a Markdown table: passed, failed, excluded (with the reasons).
+op as a Markdown table: passed, failed, excluded (with the reasons); then the ops whose
+cases do not run, with why.
 
     python tests/conversion/backend_report.py [pytest options, e.g. -n 2]
 
@@ -52,14 +53,28 @@ def table(outcomes, test_ops, excluded):
     return "\n".join(rows)
 
 
+def not_run_table(why, tested):
+    """Markdown rows: each ONNX op whose cases do not run, how many, and why."""
+    counts = collections.Counter((tested[name], reason) for name, reason in why.items())
+    rows = ["| ONNX op (not run) | cases | why |", "|---|---|---|"]
+    rows += [f"| {op} | {n} | {reason} |" for (op, reason), n in sorted(counts.items())]
+    rows.append(f"| **all** | {sum(counts.values())} | |")
+    return "\n".join(rows)
+
+
 def main(args):
     sys.path.insert(0, str(HERE.parent))  # the name pytest gives the module (tests/ has no __init__)
     from conversion import test_onnx_backend as suite
     tally = Tally()
     status = pytest.main([str(HERE / "test_onnx_backend.py"), "-q", "-p", "no:cacheprovider", *args],
                          plugins=[tally])
+    outcomes = {name: o for name, o in tally.outcomes.items() if name in suite.TEST_OPS}  # ONNX's cases only
     print()
-    print(table(tally.outcomes, suite.TEST_OPS, suite.EXCLUDED))
+    print(table(outcomes, suite.TEST_OPS, suite.EXCLUDED))
+    print()
+    print(not_run_table(suite.not_run(), suite.TESTED))
+    passed = sum(outcome == "passed" for outcome, _ in outcomes.values())
+    print(f"\n{passed} of ONNX's {len(suite.CASES)} node test cases pass.")
     return int(status)
 
 
