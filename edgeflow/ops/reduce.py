@@ -18,16 +18,24 @@ _NUMERIC = Types("x: T -> T", T=dtypes.NUMERIC)
 
 def _reduced_unknown(own, attrs, operands):
     """Reduced while the axes are unknown: all dims ?, and as many fewer as there are axes
-    unless keepdims (no axes: all of them)."""
-    x, n = own[0], vector_length("reduce", operands[0], "axes")
-    return [TensorSpec((None,) * (x.rank if attrs["keepdims"] else x.rank - n if n else 0), x.dtype)]
+    unless keepdims."""
+    x = own[0]
+    if attrs["keepdims"]:
+        return [TensorSpec((None,) * x.rank, x.dtype)]
+    n = vector_length("reduce", operands[0], "axes")
+    if not n:  # no axes: all of them, or none with noop_with_empty_axes
+        n = 0 if attrs["noop_with_empty_axes"] else x.rank
+    return [TensorSpec((None,) * (x.rank - n), x.dtype)]
 
 
 def _reduction(name):
     def infer(inputs, attrs):
         x = inputs[0]
+        if not attrs["axes"] and attrs["noop_with_empty_axes"]:
+            return [TensorSpec(x.shape, x.dtype)]
         return [TensorSpec(reduced_shape(x.shape, attrs["axes"], attrs["keepdims"], name), x.dtype)]
-    infer.__doc__ = f"{name} over `axes` (all when empty), keeping them as 1s if keepdims."
+    infer.__doc__ = (f"{name} over `axes` (all when empty, none with noop_with_empty_axes), keeping them "
+                     "as 1s if keepdims.")
     return infer
 
 
@@ -36,7 +44,8 @@ def _reduction(name):
 # largest x: no overflow; -inf over an empty set.
 _FLOAT_ONLY = ("reduce_l2", "reduce_log_sum_exp")
 for _name in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod") + _FLOAT_ONLY:
-    define(_name, attrs={"axes": Attr(AttrKind.INTS, ()), "keepdims": Attr(AttrKind.BOOL, False)},
+    define(_name, attrs={"axes": Attr(AttrKind.INTS, ()), "keepdims": Attr(AttrKind.BOOL, False),
+                         "noop_with_empty_axes": Attr(AttrKind.BOOL, False)},
            types=Types("x: T, axes: index? -> T",  # bfloat16 is computed in float32
                        T=(dtypes.FLOATS if _name in _FLOAT_ONLY else dtypes.NUMERIC) | {dtypes.bfloat16}),
            operands=("axes",), unknown=_reduced_unknown)(
@@ -127,7 +136,9 @@ def _topk(inputs, attrs):
 # -- gradients -----------------------------------------------------------------------------
 
 def reduced_axes(op, x):
-    return normalize_axes(op.attrs["axes"], x.rank, op.name) if op.attrs["axes"] else tuple(range(x.rank))
+    if not op.attrs["axes"]:
+        return () if op.attrs["noop_with_empty_axes"] else tuple(range(x.rank))
+    return normalize_axes(op.attrs["axes"], x.rank, op.name)
 
 
 def kept(g, op, t):

@@ -125,8 +125,6 @@ EXCLUDED = {
     r"^test_batchnorm_.*_training_mode_": "BatchNormalization in training mode (inference graphs only)",
     r"^test_training_dropout": "Dropout in training mode (inference graphs only)",
     r"^test_dropout_default_mask": "Dropout's mask output (inference graphs only)",
-    r"^test_reduce_sum_empty_axes_input_noop": "noop_with_empty_axes with axes known only when "
-        "running (a graph input): edgeflow's reductions read empty axes as all axes",
     r"^test_maxunpool_export_with_output_shape": "MaxUnpool's indices index the output_shape tensor, as "
         "onnxruntime and PyTorch read them (MaxPool's input, which the unpooling restores); ONNX's "
         "reference reads them in the default-shaped output and pads that to output_shape",

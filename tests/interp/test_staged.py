@@ -123,3 +123,29 @@ def test_split_run_of_a_fed_shape_plans_for_its_value():
     out = interp.run(["y"], {"x": np.arange(6, dtype=np.float32), "shape": np.array([3, 2])})
     np.testing.assert_array_equal(out["y"], np.arange(6, dtype=np.float32).reshape(3, 2) * 2)
     assert not isinstance(list(interp._plans.values())[-1], StagedPlan)
+
+
+@pytest.mark.parametrize("noop", [False, True])
+def test_empty_fed_axes_reduce_all_or_none(noop):
+    """ONNX's noop_with_empty_axes where the axes are fed: empty axes reduce every axis,
+    or none (the input comes back) with noop; given axes reduce those either way."""
+    g = ef.Graph()
+    with g.as_default():
+        x = ef.placeholder(ef.float32, [None, None], name="x")
+        axes = ef.placeholder(ef.int64, [None], name="axes")
+        y = apply("reduce_sum", [x, axes], {"keepdims": True, "noop_with_empty_axes": noop}, name="y")
+    _, runner = _runner(g, {"x": x, "axes": axes}, {"y": y})
+    xv = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(runner(x=xv, axes=np.zeros(0, np.int64))["y"],
+                                  xv if noop else xv.sum(keepdims=True))
+    np.testing.assert_array_equal(runner(x=xv, axes=np.array([1]))["y"], xv.sum(axis=1, keepdims=True))
+
+
+def test_gradient_of_a_reduction_that_reduces_nothing():
+    g = ef.Graph()
+    with g.as_default():
+        x = ef.placeholder(ef.float32, [2, 3], name="x")
+        y = apply("reduce_sum", [x * x], {"noop_with_empty_axes": True})
+        (dx,) = ef.gradients(ef.reduce_sum(y * 3.0), [x])
+    xv = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_allclose(ef.Session(g).run(dx, {x: xv}), 6 * xv)  # d/dx sum(3 x^2)

@@ -18,8 +18,8 @@ def _axes(ctx, node):
     attrs, operands = attrs_or_operands(ctx, node, {"axes": (1, ints)})
     if not (attrs or operands):
         attrs = {"axes": tuple(node.attr("axes", ()))}
-    if operands and node.attr("noop_with_empty_axes", 0):
-        raise unsupported(node, "noop_with_empty_axes with axes computed when running")
+    if operands:  # empty axes known only when running: reduce none of them, or all
+        attrs["noop_with_empty_axes"] = bool(node.attr("noop_with_empty_axes", 0))
     return {**attrs, "keepdims": bool(node.attr("keepdims", 1))}, operands
 
 
