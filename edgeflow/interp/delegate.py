@@ -67,8 +67,6 @@ def partition(plan, delegates):
         owner = None
         if i in plan.update_ops and any(d.float32_updates for d in delegates):
             fallbacks[i] = "an optimizer update: kept in float32 on the CPU"
-        elif registry.get(op.opcode).operand_inputs(len(ins)):
-            fallbacks[i] = "its attributes come from tensors: runs on the CPU"
         elif not registry.get(op.opcode).stateful:
             for d in delegates:
                 why = d.unsupported(op, ins, outs)

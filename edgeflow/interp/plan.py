@@ -5,6 +5,7 @@ them, infer every shape, place intermediates in one arena, and bind each kernel 
 input and output arrays.
 """
 from collections import deque
+from dataclasses import replace
 
 import numpy as np
 
@@ -90,6 +91,9 @@ class Plan:
 
     def __init__(self, subgraph, inputs, outputs, input_shapes, constants, variables, folded,
                  preserve_all=False, targets=(), delegates=(), known=None, update_ops=frozenset()):
+        # Its own list of operators: an op whose attributes come from operands is replaced
+        # by the op with those values as attributes (see _infer).
+        subgraph = replace(subgraph, operators=list(subgraph.operators))
         self.subgraph, self.inputs, self.outputs = subgraph, list(inputs), list(outputs)
         self.update_ops = update_ops  # indices of ops that compute optimizer updates
         fed = set(inputs)  # may be intermediates: what produces them then does not run
@@ -141,6 +145,10 @@ class Plan:
             if unknown:
                 raise ShapeDependsOnValues(f"op {i} ({op.opcode}): its attributes come from "
                                            f"{unknown}, known only when running", op=i)
+            read = op.inputs  # operands included: a value folded from them depends on them too
+            if own < len(ins):  # kernels and delegates see the op with those values as attributes
+                ins, attrs = opdef.take_operands(ins, op.attrs)
+                op = self.subgraph.operators[i] = replace(op, inputs=op.inputs[:own], attrs=attrs)
             for t, spec in zip(op.outputs, outs):
                 if None in spec.shape:
                     raise ShapeDependsOnValues(
@@ -149,7 +157,7 @@ class Plan:
                 _check_declared(t, tensors[t], spec, op.opcode)
             if not (opdef.stateful or opdef.random or opdef.remote) and (all(s.value is not None for s in ins)
                                                          or all(s.value is not None for s in outs)):
-                is_static = all(t in static for t in op.inputs)
+                is_static = all(t in static for t in read)
                 values = self._fold(i, op, ins, outs, folded if is_static else {})
                 outs = [TensorSpec(s.shape, s.dtype, v) for s, v in zip(outs, values)]
                 self.arrays.update(zip(op.outputs, values))
@@ -224,9 +232,9 @@ class Plan:
                     "create the Interpreter with delegates=[edgeflow.cloud.CloudDelegate('host:port')] "
                     "(or run a signature that "
                     "runs on the device alone, such as 'infer_local')")
-            ins, attrs = ops.get(op.opcode).take_operands([self.arrays[t] for t in op.inputs], op.attrs)
+            ins = [self.arrays[t] for t in op.inputs]
             outs = [self.arrays[t] for t in op.outputs]
-            steps.append(KERNELS[op.opcode](ins, outs, attrs))
+            steps.append(KERNELS[op.opcode](ins, outs, op.attrs))
             step_ops.append(i)
         return steps, step_ops
 

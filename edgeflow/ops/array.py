@@ -10,15 +10,8 @@ _MOVES = Types("x: T -> T", T=dtypes.ANY)
 
 
 def _target_shape(inputs, attrs):
-    """(reshape's target, the positions it copies from the input): the `shape` attr, or
-    its second operand (which must be known)."""
-    if len(inputs) == 2:
-        from .shape import known_ints, unknown_dims
-        shape = known_ints("reshape", inputs[1], "the target shape")
-        if shape is None:
-            return unknown_dims("reshape", inputs[1], "the target shape"), frozenset()
-    else:
-        shape = attrs["shape"]
+    """(reshape's target, the positions it copies from the input)."""
+    shape = attrs["shape"]
     if not attrs["copy_zeros"]:
         return tuple(shape), frozenset()
     x = inputs[0]  # ONNX (allowzero=0): a 0 keeps the input's dimension
@@ -30,8 +23,14 @@ def _target_shape(inputs, attrs):
     return tuple(x.shape[i] if d == 0 else d for i, d in enumerate(shape)), copied
 
 
+def _reshape_unknown(own, attrs, operands):
+    """While the target is unknown: its length sets the rank."""
+    return [TensorSpec((None,) * vector_length("reshape", operands[0], "the target shape"), own[0].dtype)]
+
+
 @define("reshape", view=True, types=Types("x: T, shape: index? -> T", T=dtypes.ANY),
-        attrs={"shape": Attr(AttrKind.INTS, ()), "copy_zeros": Attr(AttrKind.BOOL, False)})
+        attrs={"shape": Attr(AttrKind.INTS, ()), "copy_zeros": Attr(AttrKind.BOOL, False)},
+        operands=("shape",), unknown=_reshape_unknown)
 def _reshape(inputs, attrs):
     """Same elements in a new shape: the `shape` attr, or the second operand's value.
 
@@ -138,19 +137,9 @@ def slice_length(dim, start, end, step):
     return None if dim is None else len(range(*slice(start, end, step).indices(dim)))
 
 
-def slice_params(inputs, attrs):
-    """(starts, ends, axes, steps): from the attrs, or from operands 1-4 when given."""
-    if len(inputs) > 1:
-        from .shape import known_ints
-        names = ("starts", "ends", "axes", "steps")
-        given = [known_ints("slice", s, n) for s, n in zip(inputs[1:], names)]
-        if None in given:
-            return None
-        starts, ends = given[0], given[1]
-        axes = given[2] if len(given) > 2 else ()
-        steps = given[3] if len(given) > 3 else ()
-    else:
-        starts, ends, axes, steps = (attrs[k] for k in ("starts", "ends", "axes", "steps"))
+def slice_params(attrs):
+    """(starts, ends, axes, steps) with the defaults filled in; GraphError if they disagree."""
+    starts, ends, axes, steps = (attrs[k] for k in ("starts", "ends", "axes", "steps"))
     axes = axes or tuple(range(len(starts)))
     steps = steps or (1,) * len(starts)
     if not len(starts) == len(ends) == len(axes) == len(steps):
@@ -163,16 +152,14 @@ def slice_params(inputs, attrs):
 
 @define("slice", types=Types("x: T, starts: index?, ends: index?, axes: index?, steps: index? -> T",
                             T=dtypes.ANY), attrs={"starts": Attr(AttrKind.INTS, ()), "ends": Attr(AttrKind.INTS, ()),
-                                       "axes": Attr(AttrKind.INTS, ()), "steps": Attr(AttrKind.INTS, ())})
+                                       "axes": Attr(AttrKind.INTS, ()), "steps": Attr(AttrKind.INTS, ())},
+        operands=("starts", "ends", "axes", "steps"))
 def _slice(inputs, attrs):
     """x[starts:ends:steps] along `axes` (default the first len(starts) axes), clamped as
     Python does. The four come from the attrs, or from operands 1-4 (known values) as in
     ONNX's Slice."""
     x = inputs[0]
-    params = slice_params(inputs, attrs)
-    if params is None:  # operands not known yet: any dimension may be cut
-        return [TensorSpec((None,) * x.rank, x.dtype)]
-    starts, ends, axes, steps = params
+    starts, ends, axes, steps = slice_params(attrs)
     normalize_axes(axes, x.rank, "slice")  # rejects repeated axes
     shape = list(x.shape)
     for axis, start, end, step in zip(axes, starts, ends, steps):
@@ -235,7 +222,7 @@ def _gather_grad(g, op, grads):
 def _slice_grad_infer(inputs, attrs):
     """Zeros shaped like `like`, with grad written where slice (same attrs) took its values."""
     grad, like = inputs
-    slice_params([like], attrs)
+    slice_params(attrs)
     return [TensorSpec(like.shape, grad.dtype)]
 
 

@@ -246,3 +246,22 @@ def test_uint16_to_64_and_bfloat16_stay_with_numpy(tmp_path, delegate, dtype):
         opcode = plan.subgraph.operators[i].opcode
         assert plan.placement[i] == "cpu", opcode
         assert f"has dtype {ef.dtypes.name(dtype)} (OpenCL's {opcode} takes" in plan.fallbacks[i], plan.fallbacks[i]
+
+
+def test_ops_whose_operands_are_known_while_preparing_run_on_the_delegate(delegate):
+    """A slice whose end and a reduction whose axes come from the input's shape (values known
+    once the plan is made) reach the delegate with those values as attributes."""
+    g = ef.Graph()
+    with g.as_default():
+        x = ef.placeholder(ef.float32, [None, None], name="x")
+        half = apply("div", [ef.shape(x)[1:2], np.array([2], np.int64)])
+        top = apply("slice", [x * 2.0, np.array([0], np.int64), half, np.array([1], np.int64)])
+        y = apply("reduce_sum", [top, ef.shape(x)[0:1] - 1], {"keepdims": True}, name="y")
+    from edgeflow.format import writer
+    interp = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": x}, {"y": y})})), delegates=[delegate])
+    runner = interp.get_signature_runner("infer")
+    xv = np.random.default_rng(3).standard_normal((2, 6)).astype(np.float32)
+    close(runner(x=xv)["y"], (2 * xv)[:, :3].sum(axis=1, keepdims=True), 1e-5)
+    plan = runner.last_plan
+    placed = {plan.subgraph.operators[i].opcode: plan.placement[i] for i in plan.order}
+    assert placed["slice"] == placed["reduce_sum"] == "opencl", plan.fallbacks

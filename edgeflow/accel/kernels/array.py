@@ -14,7 +14,6 @@ import numpy as np
 
 from ...ops.array import slice_params
 from ...ops.dims import normalize_axis
-from ...ops.registry import TensorSpec
 from . import cl_kernel
 from .conv import constant_ints, launcher, too_large
 from .layout import (contiguous_strides, float32_supported, geometry, host_table, merge_dims, per_element, word_of,
@@ -105,7 +104,7 @@ def _slice_grad(rt, ins, outs, attrs):
     rank = max(out.ndim, 1)
     shape = out.shape or (1,)
     first, steps, counts = [0] * rank, [1] * rank, list(shape)
-    starts, ends, axes, strides = slice_params([TensorSpec(out.shape, out.dtype)], attrs)
+    starts, ends, axes, strides = slice_params(attrs)
     for axis, start, end, step in zip(axes, starts, ends, strides):
         taken = range(*slice(start, end, step).indices(shape[axis]))
         first[axis % rank], steps[axis % rank], counts[axis % rank] = taken.start, taken.step, len(taken)

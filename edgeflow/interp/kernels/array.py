@@ -4,7 +4,6 @@ from functools import partial
 import numpy as np
 
 from ...ops.array import slice_params
-from ...ops.registry import TensorSpec
 from . import kernel
 
 
@@ -22,8 +21,7 @@ def _concat(ins, outs, attrs):
 def _slice(ins, outs, attrs):
     x = ins[0]
     index = [np.s_[:]] * x.ndim
-    specs = [TensorSpec(a.shape, a.dtype, a) for a in ins]
-    for axis, start, end, step in zip(*_reorder(slice_params(specs, attrs))):
+    for axis, start, end, step in zip(*_reorder(slice_params(attrs))):
         index[axis] = slice(start, end, step)
     return partial(np.copyto, outs[0], x[tuple(index)])
 
@@ -55,7 +53,7 @@ def _gather_kernel(ins, outs, attrs):
 def _slice_grad(ins, outs, attrs):
     grad, out = ins[0], outs[0]
     index = [np.s_[:]] * out.ndim
-    starts, ends, axes, steps = slice_params([TensorSpec(out.shape, out.dtype)], attrs)
+    starts, ends, axes, steps = slice_params(attrs)
     for axis, start, end, step in zip(axes, starts, ends, steps):
         index[axis] = slice(start, end, step)
     window = out[tuple(index)]
