@@ -10,12 +10,9 @@ from . import attrs_or_operands, first_int, handler, ints, unsupported
 
 @handler("Reshape", op="reshape")
 def _reshape(ctx, node):
-    x, copy_zeros = ctx.input(node, 0), not node.attr("allowzero", 0)
-    shape = ctx.value(node, 1)
-    if shape is not None:
-        return apply("reshape", [x], {"shape": tuple(int(d) for d in shape), "copy_zeros": copy_zeros},
-                     name=node.outputs[0])
-    return apply("reshape", [x, ctx.input(node, 1)], {"copy_zeros": copy_zeros}, name=node.outputs[0])
+    attrs, operands = attrs_or_operands(ctx, node, {"shape": (1, ints)})
+    return apply("reshape", [ctx.input(node, 0), *operands],
+                 {**attrs, "copy_zeros": not node.attr("allowzero", 0)}, name=node.outputs[0])
 
 
 @handler("Flatten", op="reshape")
@@ -68,7 +65,7 @@ def _slice(ctx, node):
     values = [t.spec.value for t in operands]
     if all(v is not None for v in values):
         names = ("starts", "ends", "axes", "steps")
-        attrs = {n: tuple(int(v) for v in np.asarray(val).reshape(-1)) for n, val in zip(names, values)}
+        attrs = {n: ints(val) for n, val in zip(names, values)}
         return apply("slice", [x], attrs, name=node.outputs[0])
     return apply("slice", [x, *operands], name=node.outputs[0])
 
