@@ -27,6 +27,7 @@ from math import prod
 from typing import NamedTuple
 
 from .. import dtypes, ops
+from ..ops import control
 from ..errors import FormatError, GraphError
 from . import metadata
 from .model import (ALIGNMENT, FILE_IDENTIFIER, FORMAT_VERSION, ModelDef, OperatorDef,
@@ -297,11 +298,73 @@ def _check_model(raw, fb_end, file_size):
     buffers = [_check_buffer(k, b, fb_end, file_size) for k, b in enumerate(raw["buffers"])]
     checked = [_subgraph(k, sg, opdefs, buffers) for k, sg in enumerate(raw["subgraphs"])]
     subgraphs = [sg for sg, _ in checked]
+    _check_control(subgraphs, [b for _, b in checked])
     model = ModelDef(subgraphs=subgraphs, signatures=_signatures(raw["signatures"], subgraphs),
                      metadata=_metadata(raw["metadata"]), description=raw["description"],
                      producer=raw["producer"], version=raw["version"])
     metadata.check(model)
     return VerifiedFile(model, [b for _, b in checked], buffers, fb_end, file_size)
+
+
+def _check_control(subgraphs, buffer_of):
+    """Ops that run subgraphs (if, while) name subgraphs that exist, agree with them in
+    arity and dtypes, and never reach themselves again; those subgraphs hold no variables."""
+    def read(k, t):  # the dtype ops read: quantized constants are dequantized to float32
+        tensor = subgraphs[k].tensors[t]
+        return dtypes.float32 if tensor.quantization is not None and buffer_of[k][t] >= 0 else tensor.dtype
+
+    calls = {k: set() for k in range(len(subgraphs))}
+    for k, sg in enumerate(subgraphs):
+        where = _label("subgraph", k, sg.name)
+        for i, op in enumerate(sg.operators):
+            names = ops.get(op.opcode).subgraphs
+            if not names:
+                continue
+            here = f"{where}: operator {i} {op.opcode!r}"
+            for name in names:
+                if not op.attrs[name] < len(subgraphs):
+                    _fail(here, f"attribute {name!r} names subgraph {op.attrs[name]}, but the model "
+                                f"has {len(subgraphs)}")
+                calls[k].add(op.attrs[name])
+
+            def signature(name):
+                callee = subgraphs[op.attrs[name]]
+                return ([read(op.attrs[name], t) for t in callee.inputs],
+                        [callee.tensors[t].dtype for t in callee.outputs])
+            problems = control.check_subgraphs(op.opcode, op.attrs, [read(k, t) for t in op.inputs],
+                                               [sg.tensors[t].dtype for t in op.outputs], signature)
+            if problems:
+                _fail(here, "; ".join(problems))
+    for k in sorted(set().union(*calls.values())):
+        held = [t.name for t in subgraphs[k].tensors if t.is_variable]
+        if held:
+            _fail(_label("subgraph", k, subgraphs[k].name), f"is run by an op but holds variable "
+                  f"{held[0][:40]!r}; variables live in the subgraphs signatures run, and reach "
+                  "others as inputs")
+    _check_acyclic(subgraphs, calls)
+
+
+def _check_acyclic(subgraphs, calls):
+    """FormatError if a subgraph runs itself, directly or through others."""
+    state = {}  # subgraph -> 1 while being walked, 2 once done
+    for start in calls:
+        if start in state:
+            continue
+        stack = [(start, iter(sorted(calls[start])))]
+        state[start] = 1
+        while stack:
+            k, todo = stack[-1]
+            callee = next(todo, None)
+            if callee is None:
+                state[k] = 2
+                stack.pop()
+            elif state.get(callee) == 1:
+                path = [j for j, _ in stack[[j for j, _ in stack].index(callee):]] + [callee]
+                _fail(_label("subgraph", callee, subgraphs[callee].name),
+                      "runs itself: subgraphs " + " -> ".join(map(str, path)))
+            elif callee not in state:
+                state[callee] = 1
+                stack.append((callee, iter(sorted(calls[callee]))))
 
 
 def _opdef(index, name):
@@ -428,7 +491,7 @@ def _operator(where, index, raw, opdefs, tensors, seen):
         count = opdef.output_count(attrs)
     except (GraphError, TypeError, ValueError) as e:
         _fail(here, f"attributes do not give an output count: {e}")
-    if len(outputs) != count:
+    if count is not None and len(outputs) != count:  # None: checked against its subgraphs
         _fail(here, f"{opdef.name} has {count} outputs, the file lists {len(outputs)}")
     if raw["placement"] not in PLACEMENTS:
         _fail(here, f"placement {raw['placement'][:40]!r} is not one of {PLACEMENTS}")
@@ -468,7 +531,8 @@ def _kind_name(code):
 # Which Attr field holds a value of each kind (as in schema.fbs's AttrType comments).
 _ATTR_FIELD = {ops.AttrKind.INT: "i", ops.AttrKind.FLOAT: "f", ops.AttrKind.BOOL: "i",
                ops.AttrKind.STRING: "s", ops.AttrKind.INTS: "ints",
-               ops.AttrKind.FLOATS: "floats", ops.AttrKind.DTYPE: "i"}
+               ops.AttrKind.FLOATS: "floats", ops.AttrKind.DTYPE: "i",
+               ops.AttrKind.SUBGRAPH: "i"}
 
 
 def _attr_value(where, kind, raw):

@@ -259,6 +259,8 @@ class _Encoder:
                 i = int(_int_array([value], "<i8", "value")[0])
             elif kind == K.DTYPE:
                 i = dtypes.to_code(value)
+            elif kind == K.SUBGRAPH:
+                i = int(_int_array([value], "<i8", "value")[0])
             else:
                 i = int(value) if kind == K.BOOL else 0
             name = self.string(name)

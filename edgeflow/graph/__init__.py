@@ -6,6 +6,7 @@ from . import math_ops
 from .math_ops import *  # noqa: F401,F403
 from .math_ops import slice, strided_slice  # noqa: A004
 from .gradients import gradients
+from .control import case, cond, map_fn, while_loop
 from . import layers
 from .save import save, to_model
 from .session import Session
@@ -16,7 +17,7 @@ from .variables import (Operation, Variable, assign, assign_add, assign_sub, glo
 
 __all__ = ["Graph", "Node", "Tensor", "constant", "convert_to_tensor", "device", "get_default_graph",
            "placeholder", "reset_default_graph", "nn", "layers", "save", "to_model", "Session", "Operation", "gradients",
-           "losses", "train",
+           "losses", "train", "cond", "case", "while_loop", "map_fn",
            "Variable", "assign", "assign_add", "assign_sub", "global_variables",
            "global_variables_initializer", "glorot_uniform", "group", "ones", "random_normal",
            "random_uniform", "set_random_seed", "trainable_variables", "variables_initializer",

@@ -43,6 +43,7 @@ class _Op:
 
     def __init__(self, node):
         self.inputs, self.outputs, self.attrs, self.name = node.inputs, node.outputs, node.attrs, node.name
+        self.node = node  # for rules that extend the forward op (a while loop's stacks)
 
 
 def _differentiable(t):

@@ -91,10 +91,19 @@ class Graph:
         self._names.setdefault(name, 1)
         return name
 
+    def owns(self, t):
+        """Whether ops of this graph may read tensor `t`: it is this graph's, or (in a
+        cond branch or loop body) an enclosing graph's, which is then captured."""
+        return t.graph is self
+
+    def _own(self, t, op):
+        """`t` as a tensor of this graph (a subgraph captures enclosing graphs' tensors)."""
+        if t.graph is not self:
+            raise GraphError(f"{op}: input {t.name!r} belongs to another graph")
+        return t
+
     def add_node(self, op, inputs, attrs, name, specs):
-        for t in inputs:
-            if t.graph is not self:
-                raise GraphError(f"{op}: input {t.name!r} belongs to another graph")
+        inputs = [self._own(t, op) for t in inputs]
         node = Node(self, op, self.unique_name(name or op), inputs, attrs, self._device, self._role)
         node.outputs = [Tensor(node, i, s) for i, s in enumerate(specs)]
         self.nodes.append(node)
@@ -103,13 +112,14 @@ class Graph:
     def add_op(self, op, inputs, attrs=None, name=None):
         """Add a registered op; attrs are checked and output specs inferred now."""
         opdef = ops.get(op)
+        inputs = [self._own(t, op) for t in inputs]
         attrs = opdef.check_attrs(attrs or {}, len(inputs))
         try:
             specs = opdef.infer_specs([t.spec for t in inputs], attrs)
         except GraphError as e:
             label = f" {name!r}" if name else ""
             raise GraphError(f"op{label}: {e}") from None
-        if inputs and not (opdef.random or opdef.fold_at_plan) and all(t.spec.value is not None for t in inputs):
+        if inputs and not (opdef.random or opdef.fold_at_plan or opdef.subgraphs) and all(t.spec.value is not None for t in inputs):
             specs = _with_values(op, attrs, inputs, specs)
         return self.add_node(op, inputs, attrs, name, specs)
 

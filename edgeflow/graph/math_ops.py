@@ -20,7 +20,9 @@ __all__ = ["add", "subtract", "sub", "multiply", "mul", "divide", "div", "pow", 
 def apply(op, inputs, attrs=None, name=None):
     """Add op `op` on `inputs` (Tensors, arrays or scalars); return its output Tensor(s)."""
     tensors = [v for v in inputs if isinstance(v, Tensor)]
-    graph = tensors[0].graph if tensors else get_default_graph()
+    graph = get_default_graph()  # inside a cond branch or loop body: that subgraph
+    if tensors and not all(map(graph.owns, tensors)):
+        graph = tensors[0].graph
     hint = tensors[0].dtype if tensors else None
     with graph.as_default():
         inputs = [convert_to_tensor(v, hint) for v in inputs]

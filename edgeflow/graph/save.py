@@ -7,6 +7,7 @@ added, as in LiteRT's on-device training.
 """
 from ..errors import GraphError
 from ..format import model as fm
+from .control import Body
 from .graph import CONST, PLACEHOLDER, Node, Tensor
 from .variables import VARIABLE, Operation
 
@@ -72,22 +73,8 @@ def to_model(graph, signatures, description="", state_signatures=True):
     for inputs, outputs, targets in checked.values():
         needed |= needed_nodes(list(outputs.values()), targets) | {t.node for t in inputs.values()}
 
-    tensors, index, operators, op_index = [], {}, [], {}
-    for node in graph.nodes:
-        if node not in needed:
-            continue
-        for t in node.outputs:
-            index[t] = len(tensors)
-            data = {CONST: "value", VARIABLE: "initial"}.get(node.op)
-            shape = tuple(-1 if d is None else d for d in t.shape)
-            tensors.append(fm.TensorDef(t.name, t.dtype, shape, node.attrs[data] if data else None,
-                                        is_variable=node.op == VARIABLE))
-        if node.op not in (CONST, PLACEHOLDER, VARIABLE):
-            op_index[node] = len(operators)
-            operators.append(fm.OperatorDef(node.op, [index[t] for t in node.inputs],
-                                            [index[t] for t in node.outputs], dict(node.attrs),
-                                            node.device))
-
+    subgraphs = _Subgraphs()
+    tensors, index, operators, op_index = _lower(graph.nodes, needed, subgraphs)
     metadata = _roles(op_index, index, graph.gradient_of)
     sigs = [fm.SignatureDef(key, {n: index[t] for n, t in ins.items()},
                             {n: index[t] for n, t in outs.items()},
@@ -100,8 +87,46 @@ def to_model(graph, signatures, description="", state_signatures=True):
         sigs += _state_signatures(tensors, operators, variables)
     inputs = list(dict.fromkeys(i for s in sigs for i in s.inputs.values()))
     outputs = list(dict.fromkeys(i for s in sigs for i in s.outputs.values()))
-    return fm.ModelDef([fm.SubGraphDef("main", tensors, operators, inputs, outputs)], sigs,
+    return fm.ModelDef([fm.SubGraphDef("main", tensors, operators, inputs, outputs)] + subgraphs.defs, sigs,
                        metadata=metadata, description=description)
+
+
+def _lower(nodes, needed, subgraphs):
+    """(tensors, tensor index, operators, operator index) of the `needed` nodes, in order;
+    the bodies control-flow ops run become subgraphs (their attrs: indices)."""
+    tensors, index, operators, op_index = [], {}, [], {}
+    for node in nodes:
+        if node not in needed:
+            continue
+        for t in node.outputs:
+            index[t] = len(tensors)
+            data = {CONST: "value", VARIABLE: "initial"}.get(node.op)
+            shape = tuple(-1 if d is None else d for d in t.shape)
+            tensors.append(fm.TensorDef(t.name, t.dtype, shape, node.attrs[data] if data else None,
+                                        is_variable=node.op == VARIABLE))
+        if node.op not in (CONST, PLACEHOLDER, VARIABLE):
+            op_index[node] = len(operators)
+            attrs = {k: subgraphs.index(v) if isinstance(v, Body) else v for k, v in node.attrs.items()}
+            operators.append(fm.OperatorDef(node.op, [index[t] for t in node.inputs],
+                                            [index[t] for t in node.outputs], attrs, node.device))
+    return tensors, index, operators, op_index
+
+
+class _Subgraphs:
+    """The subgraphs after the main one: each Body that an op runs, lowered once."""
+
+    def __init__(self):
+        self.defs, self._index = [], {}
+
+    def index(self, body):
+        if id(body) not in self._index:
+            self._index[id(body)] = (len(self.defs) + 1, body)  # the body kept alive: ids stay unique
+            self.defs.append(None)
+            needed = needed_nodes(body.outputs) | {t.node for t in body.inputs}
+            tensors, index, operators, _ = _lower(body.nodes, needed, self)
+            self.defs[self._index[id(body)][0] - 1] = fm.SubGraphDef(
+                body.name, tensors, operators, [index[t] for t in body.inputs], [index[t] for t in body.outputs])
+        return self._index[id(body)][0]
 
 
 def _roles(op_index, index, gradient_of):

@@ -85,6 +85,8 @@ class _Compiled:
         self.variables = {i: by_name[t.name] for i, t in enumerate(sub.tensors) if t.is_variable}
         self.constants = {i: t.data for i, t in enumerate(sub.tensors) if t.data is not None and not t.is_variable}
         self.folded, self.plans = {}, {}
+        from ..interp.control import Program
+        self.program = Program(self.model)  # the subgraphs that cond and while_loop run
 
     def _variable_arrays(self, session, plan_ops):
         """Session arrays for the variables; reading an uninitialized one is an error."""
@@ -107,7 +109,8 @@ class _Compiled:
 
     def run(self, session, feeds):
         from ..interp.interpreter import as_input
-        from ..interp.plan import Plan, needed_operators
+        from ..interp.plan import needed_operators
+        from ..interp.staged import make_plan
         values = {self.feed_index[t]: as_input(self.sub.tensors[self.feed_index[t]], v,
                                                f"feed {t.name!r}") for t, v in feeds.items()}
         shapes = {i: v.shape for i, v in values.items()}
@@ -117,8 +120,8 @@ class _Compiled:
             producer = {t: i for i, op in enumerate(self.sub.operators) for t in op.outputs}
             order = needed_operators(self.sub, list(self.sig.outputs.values()), producer, self.sig.targets)
             arrays = self._variable_arrays(session, [self.sub.operators[i] for i in order])
-            plan = Plan(self.sub, list(values), list(self.sig.outputs.values()), shapes,
-                        self.constants, arrays, self.folded, targets=self.sig.targets)
+            plan = make_plan(self.sub, list(values), list(self.sig.outputs.values()), shapes,
+                             self.constants, arrays, self.folded, targets=self.sig.targets, program=self.program)
             self.plans[key] = plan
         else:
             self._variable_arrays(session, [self.sub.operators[i] for i in plan.order])

@@ -8,6 +8,7 @@ from .. import dtypes, ops
 from ..errors import EdgeflowError, InvalidInputError, UnsupportedOpError
 from ..format import metadata, reader
 from ..ops.dims import fmt
+from .control import Program
 from .kernels import KERNELS
 from .plan import ShapeDependsOnValues
 from .profiler import Profiler
@@ -47,6 +48,7 @@ class Interpreter:
         self._folded = {}  # values computed from constants while preparing, shared by plans
         self._signatures = {s.key: s for s in self.model.signatures}
         self._plans = PlanCache(_PLAN_CACHE_SIZE)
+        self._program = Program(self.model, self.delegates)  # subgraphs that ops run (if, while)
         self._preserve_all = preserve_all_tensors
         # The tensor-level API (set_tensor, invoke, ...) serves the first signature, as
         # TFLite's serves the primary subgraph.
@@ -66,7 +68,7 @@ class Interpreter:
     def _check_kernels(self):
         missing = sorted({op.opcode for sg in self.model.subgraphs for op in sg.operators
                           if op.opcode not in KERNELS and not ops.get(op.opcode).view
-                          and not ops.get(op.opcode).remote})
+                          and not ops.get(op.opcode).remote and not ops.get(op.opcode).subgraphs})
         if missing:
             raise UnsupportedOpError(f"no numpy kernel for op(s): {', '.join(missing)}",
                                      [(m, "no numpy kernel") for m in missing])
@@ -83,7 +85,8 @@ class Interpreter:
 
     def _make_plan(self, inputs, outputs, shapes, targets, known):
         plan = make_plan(self._subgraph, inputs, outputs, shapes, self._constants, self._variables,
-                         self._folded, self._preserve_all, targets, self.delegates, known, self._update_ops)
+                         self._folded, self._preserve_all, targets, self.delegates, known, self._update_ops,
+                         self._program)
         if self.delegates:
             _log.info("%s", plan.placement_summary())
         return plan

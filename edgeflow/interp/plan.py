@@ -90,12 +90,14 @@ class Plan:
     """
 
     def __init__(self, subgraph, inputs, outputs, input_shapes, constants, variables, folded,
-                 preserve_all=False, targets=(), delegates=(), known=None, update_ops=frozenset()):
+                 preserve_all=False, targets=(), delegates=(), known=None, update_ops=frozenset(),
+                 program=None):
         # Its own list of operators: an op whose attributes come from operands is replaced
         # by the op with those values as attributes (see _infer).
         subgraph = replace(subgraph, operators=list(subgraph.operators))
         self.subgraph, self.inputs, self.outputs = subgraph, list(inputs), list(outputs)
         self.update_ops = update_ops  # indices of ops that compute optimizer updates
+        self.program = program  # the model's subgraphs, for ops that run them (interp/control.py)
         fed = set(inputs)  # may be intermediates: what produces them then does not run
         producer = {t: i for i, op in enumerate(subgraph.operators) for t in op.outputs if t not in fed}
         self.arrays = dict(variables)  # variables, constants and folded values: not in the arena
@@ -136,6 +138,16 @@ class Plan:
                 raise InvalidInputError(f"op {i} ({op.opcode}) needs {missing}, which no input feeds")
             ins = [specs[t] for t in op.inputs]
             opdef = ops.get(op.opcode)
+            if opdef.subgraphs:  # control flow: its subgraphs' plans give the shapes
+                if self.program is None:
+                    raise FormatError(f"op {i} ({op.opcode}) runs subgraphs, but the plan was made "
+                                      "without the model's (program=None)")
+                outs = self.program.specs(i, op, ins)
+                for t, spec in zip(op.outputs, outs):
+                    _check_declared(t, tensors[t], spec, op.opcode)
+                self.order.append(i)
+                specs.update(zip(op.outputs, outs))
+                continue
             try:
                 outs = opdef.infer_specs(ins, op.attrs)
             except GraphError as e:
@@ -234,7 +246,10 @@ class Plan:
                     "runs on the device alone, such as 'infer_local')")
             ins = [self.arrays[t] for t in op.inputs]
             outs = [self.arrays[t] for t in op.outputs]
-            steps.append(KERNELS[op.opcode](ins, outs, op.attrs))
+            if ops.get(op.opcode).subgraphs:
+                steps.append(self.program.bind(op, ins, outs))
+            else:
+                steps.append(KERNELS[op.opcode](ins, outs, op.attrs))
             step_ops.append(i)
         return steps, step_ops
 

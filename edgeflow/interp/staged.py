@@ -43,14 +43,14 @@ class PlanCache:
 
 
 def make_plan(subgraph, inputs, outputs, shapes, constants, variables, folded, preserve_all=False,
-              targets=(), delegates=(), known=None, update_ops=frozenset()):
+              targets=(), delegates=(), known=None, update_ops=frozenset(), program=None):
     """A Plan, or a StagedPlan where some shape depends on values (same arguments as Plan)."""
     args = (subgraph, inputs, outputs, shapes, constants, variables, folded, preserve_all,
-            targets, delegates, known, update_ops)
+            targets, delegates, known, update_ops, program)
     try:
         return Plan(*args)
     except ShapeDependsOnValues as e:
-        if targets or e.op is None:  # ops run for their effects must run once, in one plan
+        if e.op is None:
             raise
         return StagedPlan(e.op, *args)
 
@@ -60,15 +60,23 @@ class StagedPlan:
     gets, then a plan for the rest made for the shapes that gives (cached)."""
 
     def __init__(self, boundary, subgraph, inputs, outputs, shapes, constants, variables, folded,
-                 preserve_all=False, targets=(), delegates=(), known=None, update_ops=frozenset()):
+                 preserve_all=False, targets=(), delegates=(), known=None, update_ops=frozenset(),
+                 program=None):
         self.subgraph, self.inputs, self.outputs = subgraph, list(inputs), list(outputs)
         self.boundary = boundary
-        self._common = (constants, variables, folded, preserve_all, (), delegates)
-        self._update_ops = update_ops
+        self._common = (constants, variables, folded, preserve_all, tuple(targets), delegates)
+        self._update_ops, self.program = update_ops, program
         fed = set(inputs)
         producer = {t: i for i, op in enumerate(subgraph.operators) for t in op.outputs if t not in fed}
-        order = needed_operators(subgraph, outputs, producer)
+        order = needed_operators(subgraph, outputs, producer, targets)
         position = order.index(boundary)
+        # Ops run for their effect (variable writes) come last in `order`, so they run in
+        # the rest, after every read: unless the boundary itself reads what one wrote.
+        written = [i for i in order[:position] if ops.get(subgraph.operators[i].opcode).stateful]
+        if written:
+            raise ShapeDependsOnValues(f"op {boundary} ({subgraph.operators[boundary].opcode}) has output "
+                                       f"shapes known only when running, and reads what op {written[0]} "
+                                       "writes in the same run")
         made = fed | {t for i in order[:position] for t in subgraph.operators[i].outputs}
         later = {t for i in order[position + 1:] for t in subgraph.operators[i].inputs} | set(outputs)
         here = subgraph.operators[boundary]
@@ -77,7 +85,7 @@ class StagedPlan:
         self._carried = sorted(t for t in made & later if t not in constants and t not in variables)
         needed = sorted(set(self._carried) | {t for t in here.inputs if t in made})
         self.before = Plan(subgraph, inputs, needed, shapes, constants, variables, folded,
-                           preserve_all, (), delegates, known, update_ops)
+                           preserve_all, (), delegates, known, update_ops, program)
         self._known_before = {t: v for t, v in self.before.values.items() if t in self._carried}
         self._rests = PlanCache(_REST_CACHE_SIZE)
         self.rest = None  # the plan the last run used for the rest
@@ -89,6 +97,8 @@ class StagedPlan:
         op = self.subgraph.operators[self.boundary]
         ins = [TensorSpec(a.shape, a.dtype, a) for a in (self.before.arrays[t] for t in op.inputs)]
         try:
+            if ops.get(op.opcode).subgraphs:
+                return self.program.run(op, [s.value for s in ins])
             outs = ops.get(op.opcode).infer_specs(ins, op.attrs)
             with np.errstate(all="ignore"):
                 return evaluate(op.opcode, op.attrs, [s.value for s in ins], outs)
@@ -106,7 +116,7 @@ class StagedPlan:
         constants, variables, folded, preserve_all, targets, delegates = self._common
         return self._rests.get(key, lambda: make_plan(
             self.subgraph, list(feeds), self.outputs, {t: a.shape for t, a in feeds.items()}, constants,
-            variables, folded, preserve_all, targets, delegates, known, self._update_ops))
+            variables, folded, preserve_all, targets, delegates, known, self._update_ops, self.program))
 
     def _enter_rest(self, values):
         """The rest's plan for the boundary op's output `values`, with its inputs copied in."""

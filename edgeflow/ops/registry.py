@@ -25,6 +25,7 @@ class AttrKind(enum.IntEnum):
     INTS = 5
     FLOATS = 6
     DTYPE = 7
+    SUBGRAPH = 8  # a subgraph the op runs: its index in the model, or a builder's Body
 
 
 REQUIRED = object()
@@ -77,6 +78,13 @@ def _coerce(kind, value):
         return tuple(float(v) for v in value)
     if kind is AttrKind.DTYPE:
         return dtypes.as_dtype(value)
+    if kind is AttrKind.SUBGRAPH:
+        if hasattr(value, "inputs") and hasattr(value, "outputs"):
+            return value  # a graph being built (edgeflow.graph.control.Body)
+        value = _coerce(AttrKind.INT, value)
+        if value < 0:
+            raise ValueError("a subgraph index is not negative")
+        return value
     raise TypeError(f"unknown attribute kind {kind}")
 
 
@@ -247,7 +255,8 @@ class Types:
 class OpDef:
     name: str
     num_inputs: tuple  # (min, max); max None means variadic
-    num_outputs: Any  # an int, or a function of the attrs (split)
+    num_outputs: Any  # an int, or a function of the attrs (split); None: as many as
+    #                   the op's subgraphs give (control flow, see `subgraphs`)
     attrs: dict
     infer: Callable  # (list[TensorSpec], attrs) -> list[TensorSpec]
     view: bool  # output 0 is input 0 reinterpreted (reshape-like): no copy, no new bytes
@@ -308,7 +317,14 @@ class OpDef:
             want = f"{lo}" if lo == hi else f"{lo} to {hi if hi is not None else 'any number'}"
             raise GraphError(f"{self.name} takes {want} inputs, got {n}")
 
+    @property
+    def subgraphs(self):
+        """Names of the attributes that name subgraphs the op runs (If's branches, While's
+        condition and body); empty for ops that run no subgraph."""
+        return tuple(k for k, a in self.attrs.items() if a.kind is AttrKind.SUBGRAPH)
+
     def output_count(self, attrs):
+        """How many outputs the op has with these attrs; None: as its subgraphs say."""
         return self.num_outputs(attrs) if callable(self.num_outputs) else self.num_outputs
 
     def check_dtypes(self, dts, attrs):
@@ -357,7 +373,7 @@ class OpDef:
         else:
             inputs, attrs = self.take_operands(inputs, attrs)
             outs = self.infer(list(inputs), attrs)
-        if len(outs) != self.output_count(attrs):
+        if self.num_outputs is not None and len(outs) != self.output_count(attrs):
             raise AssertionError(f"{self.name}: inference gave {len(outs)} outputs")
         if self.types is not None:
             self.types.check_outputs(self.name, bound, [s.dtype for s in outs], attrs)
@@ -382,7 +398,8 @@ def define(name, *, inputs=None, outputs=None, attrs=None, types=None, view=Fals
 
     `types` declares the dtypes the op takes and gives (a `Types`); its arity follows
     from it, else `inputs` is an int or a (min, max) pair, max None for variadic, and
-    `outputs` an int or a function of the attrs (default 1). `fn(input_specs, attrs)`,
+    `outputs` an int or a function of the attrs (default 1), or "subgraphs" for an op
+    with as many outputs as its subgraphs give (control flow). `fn(input_specs, attrs)`,
     called once the dtypes passed the declaration, returns the output TensorSpecs (with
     `value` set where it can compute the value itself, as `shape` does) and raises
     GraphError on inputs the op cannot take.
@@ -398,7 +415,9 @@ def define(name, *, inputs=None, outputs=None, attrs=None, types=None, view=Fals
     if types is not None:
         types.validate(name, attrs)
     arity = _count(name, inputs, types and types.inputs)
-    if not callable(outputs):
+    if outputs == "subgraphs":
+        outputs = None
+    elif not callable(outputs):
         low, high = _count(name, 1 if outputs is None and types is None else outputs, types and types.outputs)
         if low != high:
             raise AssertionError(f"{name}: the signature leaves the output count open; give it")

@@ -11,3 +11,4 @@ class AttrType(object):
     INTS = 5
     FLOATS = 6
     DTYPE = 7
+    SUBGRAPH = 8
