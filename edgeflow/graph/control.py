@@ -147,13 +147,25 @@ def _flatten(structure, what):
     return [structure], lambda values: values[0]
 
 
+def _shapes_like(structure, shapes):
+    """The shapes in `shapes`, a structure like `structure` whose leaves are shapes."""
+    if isinstance(structure, (list, tuple)):
+        if not isinstance(shapes, (list, tuple)) or len(shapes) != len(structure):
+            raise GraphError(f"while_loop: shape_invariants {shapes!r} do not follow the loop "
+                             f"variables' structure")
+        return [s for part, shape in zip(structure, shapes) for s in _shapes_like(part, shape)]
+    if not isinstance(shapes, (list, tuple)) or not all(d is None or isinstance(d, (int, np.integer)) for d in shapes):
+        raise GraphError(f"while_loop: a shape invariant is a list of ints and None, got {shapes!r}")
+    return [tuple(shapes)]
+
+
 def _build(parent, name, fn, args, what):
     """A Body holding `fn(*args)`'s ops; (body, leaves of the result, rebuild)."""
     body = Body(parent, name)
     with body.as_default():
         result = fn(*args)
         leaves, rebuild = _flatten(result, what)
-        leaves = [convert_to_tensor(v) for v in leaves]
+        leaves = [body._own(convert_to_tensor(v), what) for v in leaves]
     body.outputs = leaves
     return body, rebuild
 
@@ -219,11 +231,8 @@ def while_loop(cond_fn, body_fn, loop_vars, shape_invariants=None, maximum_itera
     leaves = [convert_to_tensor(v) for v in leaves]
     shapes = [t.shape for t in leaves]
     if shape_invariants is not None:
-        given, _ = _flatten(list(shape_invariants) if not single else [shape_invariants],
-                            "while_loop: shape_invariants")
-        given = [tuple(given)] if single and given and not isinstance(given[0], (tuple, list)) else given
-        if len(given) != len(leaves):
-            raise GraphError(f"while_loop: {len(given)} shape invariants for {len(leaves)} loop variables")
+        given = _shapes_like(loop_vars if not single else [loop_vars],
+                             shape_invariants if not single else [shape_invariants])
         shapes = [tuple(None if d is None or d == -1 else int(d) for d in s) for s in given]
         for k, (t, s) in enumerate(zip(leaves, shapes)):
             if merge_shapes(t.shape, s) is None or any(a is not None and b is not None and a != b
@@ -279,15 +288,16 @@ def loop(cond_fn, body_fn, leaves, shapes, limit=-1, name=None):
     cond_body = Body(graph, "cond")
     with cond_body.as_default():
         params = [placeholder(t.dtype, s, name=f"loop_var_{k}") for k, (t, s) in enumerate(zip(leaves, shapes))]
-        out = convert_to_tensor(cond_fn(*params))
+        out = cond_body._own(convert_to_tensor(cond_fn(*params)), "while_loop: cond_fn")
     _scalar_bool(out, "while_loop: cond_fn")
     cond_body.inputs, cond_body.outputs = params, [out]
     body = Body(graph, "body")
     with body.as_default():
         params = [placeholder(t.dtype, s, name=f"loop_var_{k}") for k, (t, s) in enumerate(zip(leaves, shapes))]
         new, stacks = body_fn(*params)
-        new = [convert_to_tensor(v, t.dtype) for v, t in zip(new, leaves)] if len(new) == len(leaves) else new
-        stacks = [convert_to_tensor(v) for v in stacks]
+        if len(new) == len(leaves):
+            new = [body._own(convert_to_tensor(v, t.dtype), "while_loop: body_fn") for v, t in zip(new, leaves)]
+        stacks = [body._own(convert_to_tensor(v), "while_loop: body_fn") for v in stacks]
     if len(new) != len(leaves):
         raise GraphError(f"while_loop: body_fn returns {len(new)} loop variables for {len(leaves)}")
     for k, (t, v, s) in enumerate(zip(leaves, new, shapes)):
@@ -325,7 +335,12 @@ def map_fn(fn, elems, name=None):
         outs, built["rebuild"] = _flatten(result, "map_fn: fn")
         return [m.add(i, 1)], outs
     outs = loop(lambda i: m.less(i, count), body, [constant(0, dtypes.int32)], [()], -1, name or "map")
-    return built["rebuild"](outs[1:])
+    length = leaves[0].shape[0]
+    if length is not None:  # the stacks' length is known: say so, as TensorFlow's map_fn does
+        outs = [m.reshape(t, (length,) + t.shape[1:]) if None not in t.shape[1:] else t for t in outs[1:]]
+    else:
+        outs = outs[1:]
+    return built["rebuild"](outs)
 
 
 # -- gradients ------------------------------------------------------------------------

@@ -11,7 +11,8 @@ from ..errors import GraphError
 from .graph import Tensor, convert_to_tensor, get_default_graph
 
 __all__ = ["add", "subtract", "sub", "multiply", "mul", "divide", "div", "pow", "maximum", "minimum",
-           "equal", "less", "greater", "negative", "neg", "abs", "exp", "log", "sqrt", "sigmoid",
+           "equal", "less", "greater", "less_equal", "greater_equal", "logical_and", "logical_or",
+           "logical_not", "sin", "cos", "negative", "neg", "abs", "exp", "log", "sqrt", "sigmoid",
            "tanh", "matmul", "where", "cast", "reduce_sum", "reduce_mean", "reduce_max", "argmax",
            "reshape", "transpose", "concat", "squeeze", "expand_dims", "slice", "strided_slice",
            "gather", "shape", "fill", "range", "broadcast_to", "tile", "split"]
@@ -21,8 +22,8 @@ def apply(op, inputs, attrs=None, name=None):
     """Add op `op` on `inputs` (Tensors, arrays or scalars); return its output Tensor(s)."""
     tensors = [v for v in inputs if isinstance(v, Tensor)]
     graph = get_default_graph()  # inside a cond branch or loop body: that subgraph
-    if tensors and not all(map(graph.owns, tensors)):
-        graph = tensors[0].graph
+    if tensors and not all(map(graph.owns, tensors)) and getattr(graph, "parent", None) is None:
+        graph = tensors[0].graph  # a graph that is not the default one
     hint = tensors[0].dtype if tensors else None
     with graph.as_default():
         inputs = [convert_to_tensor(v, hint) for v in inputs]
@@ -54,6 +55,13 @@ minimum = _binary("minimum", "The smaller of x and y, elementwise.")
 equal = _binary("equal", "x == y as bool, elementwise.")
 less = _binary("less", "x < y as bool, elementwise.")
 greater = _binary("greater", "x > y as bool, elementwise.")
+less_equal = _binary("less_equal", "x <= y as bool, elementwise.")
+greater_equal = _binary("greater_equal", "x >= y as bool, elementwise.")
+logical_and = _binary("logical_and", "x and y, elementwise on bools.")
+logical_or = _binary("logical_or", "x or y, elementwise on bools.")
+logical_not = _unary("logical_not", "not x, elementwise on bools.")
+sin = _unary("sin", "Sine.")
+cos = _unary("cos", "Cosine.")
 negative = neg = _unary("neg", "-x.")
 abs = _unary("abs", "|x|.")  # noqa: A001
 exp = _unary("exp", "e ** x.")
