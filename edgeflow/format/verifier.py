@@ -27,7 +27,7 @@ from math import prod
 from typing import NamedTuple
 
 from .. import dtypes, ops
-from ..ops import control
+from ..ops import control as control_ops
 from ..errors import FormatError, GraphError
 from . import metadata
 from .model import (ALIGNMENT, FILE_IDENTIFIER, FORMAT_VERSION, ModelDef, OperatorDef,
@@ -307,41 +307,40 @@ def _check_model(raw, fb_end, file_size):
 
 
 def _check_control(subgraphs, buffer_of):
-    """Ops that run subgraphs (if, while) name subgraphs that exist, agree with them in
-    arity and dtypes, and never reach themselves again; those subgraphs hold no variables."""
+    """Ops that run subgraphs (if, while) name subgraphs that exist, never reach themselves
+    again, and agree with them in arity and dtypes; those subgraphs hold no variables."""
     def read(k, t):  # the dtype ops read: quantized constants are dequantized to float32
         tensor = subgraphs[k].tensors[t]
         return dtypes.float32 if tensor.quantization is not None and buffer_of[k][t] >= 0 else tensor.dtype
 
-    calls = {k: set() for k in range(len(subgraphs))}
+    calls, control = {k: set() for k in range(len(subgraphs))}, []
     for k, sg in enumerate(subgraphs):
-        where = _label("subgraph", k, sg.name)
         for i, op in enumerate(sg.operators):
             names = ops.get(op.opcode).subgraphs
-            if not names:
-                continue
-            here = f"{where}: operator {i} {op.opcode!r}"
+            here = f"{_label('subgraph', k, sg.name)}: operator {i} {op.opcode!r}"
             for name in names:
                 if not op.attrs[name] < len(subgraphs):
                     _fail(here, f"attribute {name!r} names subgraph {op.attrs[name]}, but the model "
                                 f"has {len(subgraphs)}")
                 calls[k].add(op.attrs[name])
-
-            def signature(name):
-                callee = subgraphs[op.attrs[name]]
-                return ([read(op.attrs[name], t) for t in callee.inputs],
-                        [callee.tensors[t].dtype for t in callee.outputs])
-            problems = control.check_subgraphs(op.opcode, op.attrs, [read(k, t) for t in op.inputs],
-                                               [sg.tensors[t].dtype for t in op.outputs], signature)
-            if problems:
-                _fail(here, "; ".join(problems))
+            if names:
+                control.append((here, k, op))
+    _check_acyclic(subgraphs, calls)
+    for here, k, op in control:
+        def signature(name):
+            callee = op.attrs[name]
+            return ([read(callee, t) for t in subgraphs[callee].inputs],
+                    [subgraphs[callee].tensors[t].dtype for t in subgraphs[callee].outputs])
+        problems = control_ops.check_subgraphs(op.opcode, op.attrs, [read(k, t) for t in op.inputs],
+                                               [subgraphs[k].tensors[t].dtype for t in op.outputs], signature)
+        if problems:
+            _fail(here, "; ".join(problems))
     for k in sorted(set().union(*calls.values())):
         held = [t.name for t in subgraphs[k].tensors if t.is_variable]
         if held:
             _fail(_label("subgraph", k, subgraphs[k].name), f"is run by an op but holds variable "
                   f"{held[0][:40]!r}; variables live in the subgraphs signatures run, and reach "
                   "others as inputs")
-    _check_acyclic(subgraphs, calls)
 
 
 def _check_acyclic(subgraphs, calls):

@@ -51,6 +51,8 @@ def check_subgraphs(opcode, attrs, in_dtypes, out_dtypes, signature):
             agree("else_branch outputs", signature("else_branch")[1], signature("then_branch")[1])
     elif opcode == WHILE:
         n = len(in_dtypes)
+        if attrs.get("maximum_iterations", -1) < -1:
+            problems.append(f"maximum_iterations is {attrs['maximum_iterations']}; give a bound >= 0, or -1 for none")
         ins, outs = signature("cond")
         agree("cond inputs", ins, in_dtypes)
         agree("cond outputs", outs, [dtypes.bool_])
