@@ -37,6 +37,7 @@ class Program:
     def __init__(self, model, delegates=()):
         self.model, self.delegates = model, list(delegates)
         self._constants, self._folded, self._plans = {}, {}, {}
+        self.iterations = {}  # loop body subgraph -> iterations its last run took
 
     def plan(self, k, shapes):
         """The plan of subgraph `k` (its outputs from its inputs) at input `shapes`."""
@@ -87,6 +88,23 @@ class Program:
         if isinstance(plan, StagedPlan):
             return None
         return [TensorSpec(plan.arrays[t].shape, plan.arrays[t].dtype) for t in self.model.subgraphs[k].outputs]
+
+    def flops(self, op, ins):
+        """Arithmetic operations of one run of control op `op` on inputs `ins` (specs): the
+        costlier branch; a loop's body times the iterations its last run took (else its
+        bound, else one). 0 where a subgraph cannot be planned ahead for these shapes."""
+        def cost(k, specs):
+            try:
+                plan = self.plan(k, tuple(s.shape for s in specs))
+            except InvalidInputError:
+                return 0
+            return sum(plan.flops().values())
+        if op.opcode == IF:
+            return max(cost(op.attrs[n], ins[1:]) for n in ("then_branch", "else_branch"))
+        body = op.attrs["body"]
+        limit = op.attrs["maximum_iterations"]
+        count = self.iterations.get(body, limit if limit >= 0 else 1)
+        return count * (cost(body, ins) + cost(op.attrs["cond"], ins))
 
     # -- running -------------------------------------------------------------------------
     def bind(self, op, ins, outs):
@@ -165,6 +183,7 @@ class _Loop:
                     values[i] = outs[i].copy()  # the plan's arrays are overwritten next time
             stacks.append([a.copy() for a in outs[n:]])
             iterations += 1
+        self.body.program.iterations[self.body.k] = iterations
         extra = len(self.body.sub.outputs) - n
         if not extra:
             return values

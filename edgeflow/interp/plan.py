@@ -289,7 +289,8 @@ class Plan:
             op = self.subgraph.operators[i]
             specs = [[TensorSpec(self.arrays[t].shape, self.arrays[t].dtype) for t in ts]
                      for ts in (op.inputs, op.outputs)]
-            out[i] = ops.get(op.opcode).cost(*specs, op.attrs)
+            opdef = ops.get(op.opcode)
+            out[i] = self.program.flops(op, specs[0]) if opdef.subgraphs else opdef.cost(*specs, op.attrs)
         return out
 
     def each_step(self):

@@ -87,7 +87,7 @@ def cloud_package(model, cut, model_id, graph="full"):
         names = {t.name: i for i, t in enumerate(sub.tensors)}
         inputs = {cut.subgraph.tensors[t].name: names[cut.subgraph.tensors[t].name] for t in cut.uploads}
         outputs = {cut.subgraph.tensors[t].name: names[cut.subgraph.tensors[t].name] for t in cut.downloads}
-        new = ModelDef(subgraphs=[sub], metadata={}, description=model.description)
+        new = ModelDef(subgraphs=[sub] + list(model.subgraphs[1:]), metadata={}, description=model.description)
         sig_index = 0
         new.signatures = []
     else:
@@ -151,7 +151,7 @@ def device_package(model, cut, cloud_id, cloud_sha256, graph="full", probe_shape
     # A cut graph renumbers the ops: the original's training roles would name the wrong ones.
     inherited = metadata.without(model.metadata, metadata.SPLIT, metadata.MODEL_ID,
                                  *((metadata.ROLES,) if graph == "cut" else ()))
-    return ModelDef(subgraphs=[new_sub], signatures=signatures,
+    return ModelDef(subgraphs=[new_sub] + list(model.subgraphs[1:]), signatures=signatures,
                     metadata={**inherited, **metadata.split_entry(meta)}, description=model.description)
 
 
@@ -168,7 +168,7 @@ def original_model(device_model):
     kept = [op for op in sub.operators if not ops.get(op.opcode).remote]
     new_sub = SubGraphDef(sub.name, list(sub.tensors[:info["original_tensors"]]), kept,
                           list(sub.inputs), list(sub.outputs))
-    return ModelDef([new_sub], [SignatureDef(info["signature"], dict(local.inputs), dict(local.outputs),
+    return ModelDef([new_sub] + list(device_model.subgraphs[1:]), [SignatureDef(info["signature"], dict(local.inputs), dict(local.outputs),
                                              0, list(local.targets))],
                     metadata.without(device_model.metadata, metadata.SPLIT), device_model.description)
 

@@ -268,7 +268,8 @@ def device_package(model, cut, cloud_id, cloud_sha256, probe_shapes=None, extra_
     meta.update(extra_metadata or {})
     inherited = metadata.without(model.metadata, metadata.SPLIT, metadata.MODEL_ID)
     new_sub = SubGraphDef(sub.name, tensors, operators, list(sub.inputs), list(sub.outputs))
-    return ModelDef([new_sub], signatures, {**inherited, **metadata.split_entry(meta)}, model.description)
+    return ModelDef([new_sub] + list(model.subgraphs[1:]), signatures, {**inherited, **metadata.split_entry(meta)},
+                    model.description)
 
 
 def cloud_package(model, model_id):
