@@ -74,6 +74,9 @@ def describe(path, delegates=()):
         "variables": int(sum(np.prod(t.shape, dtype=np.int64) for t in variables)),
         "signatures": signatures,
         "ops_by_type": dict(Counter(op.opcode for op in sub.operators).most_common()),
+        "subgraphs": [{"index": k, "name": sg.name, "inputs": len(sg.inputs), "outputs": len(sg.outputs),
+                       "ops_by_type": dict(Counter(op.opcode for op in sg.operators).most_common())}
+                      for k, sg in enumerate(model.subgraphs[1:], 1)],
         "tensors": [{"index": i, "name": t.name, "dtype": dtypes.name(t.dtype), "shape": _dims(t.shape),
                      "kind": kind(i, t)} for i, t in enumerate(sub.tensors)],
         "metadata": {k: len(v) for k, v in model.metadata.items()},
@@ -133,6 +136,10 @@ def render(info, max_tensors=30):
                          f"down {', '.join(r['downloads']) or '-'}")
     lines.append("ops by type:")
     lines.extend(f"  {op:16} {n}" for op, n in info["ops_by_type"].items())
+    if info["subgraphs"]:
+        lines.append("subgraphs (run by if and while ops):")
+        lines.extend(f"  {sg['index']:4} {sg['name']:16} {sg['inputs']} in, {sg['outputs']} out: "
+                     + ", ".join(f"{n} {op}" for op, n in sg["ops_by_type"].items()) for sg in info["subgraphs"])
     tensors = info["tensors"]
     lines.append(f"tensors ({len(tensors)}):")
     for t in tensors[:max_tensors]:

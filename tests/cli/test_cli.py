@@ -76,6 +76,21 @@ def test_inspect_text_and_json(model):
     assert info["signatures"]["infer"]["arena_bytes"] > 0
 
 
+def test_inspect_lists_the_subgraphs_of_control_flow(tmp_path):
+    g = ef.Graph()
+    with g.as_default():
+        x = ef.placeholder(ef.float32, [None, 8], name="x")
+        _, r = ef.while_loop(lambda i, s: i < 5, lambda i, s: (i + 1, ef.tanh(s) + s), [ef.constant(0), x])
+    ef.save(g, tmp_path / "loop.efl", {"infer": ({"x": x}, {"y": r})})
+    r = edgeflow("inspect", tmp_path / "loop.efl", "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["ops_by_type"] == {"while": 1}
+    assert info["subgraphs"] == [
+        {"index": 1, "name": "cond", "inputs": 2, "outputs": 1, "ops_by_type": {"less": 1}},
+        {"index": 2, "name": "body", "inputs": 2, "outputs": 2, "ops_by_type": {"add": 2, "tanh": 1}}]
+
+
 def test_run_reads_npy_and_writes_outputs(model, tmp_path):
     path, w = model
     xv = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
