@@ -119,6 +119,45 @@ def train_on_device(directory):
         raise SystemExit("quickstart: training did not recover W and b")
 
 
+def decode_with_a_loop(directory, vocab=10, hidden=16, end=0, max_len=12):
+    """A greedy decoder: an RNN cell in ef.while_loop that stops at an end token, against numpy."""
+    import edgeflow as ef
+    rng = np.random.default_rng(2)
+    p = {k: (rng.standard_normal(s) * 0.5).astype(np.float32)
+         for k, s in (("embed", (vocab, hidden)), ("w", (hidden, hidden)), ("out", (hidden, vocab)))}
+    path = os.path.join(directory, "decoder.efl")
+    g = ef.Graph()
+    with g.as_default():
+        h0 = ef.placeholder(ef.float32, [1, hidden], name="state")
+        start = ef.placeholder(ef.int64, [], name="start")
+        embed, w, out = (ef.constant(p[k], name=k) for k in ("embed", "w", "out"))
+
+        def step(i, token, h, tokens):
+            h = ef.tanh(ef.expand_dims(ef.gather(embed, token), 0) + ef.matmul(h, w))
+            token = ef.reshape(ef.argmax(ef.matmul(h, out), axis=1), [])
+            return i + 1, token, h, ef.concat([tokens, ef.reshape(token, [1])], 0)
+
+        def going(i, token, h, tokens):
+            return ef.logical_and(i < max_len, ef.logical_not(ef.logical_and(i > 0, ef.equal(token, end))))
+        tokens = ef.while_loop(going, step, [ef.constant(0), start, h0, ef.constant(np.zeros(0, np.int64))],
+                               shape_invariants=[(), (), (1, hidden), (None,)], name="decode")[3]
+    ef.save(g, path, {"infer": ({"state": h0, "start": start}, {"tokens": tokens})})
+    run = ef.Interpreter(path).get_signature_runner("infer")
+    for seed in range(3):
+        state = np.random.default_rng(seed).standard_normal((1, hidden)).astype(np.float32)
+        got = run(state=state, start=np.int64(seed + 1))["tokens"].tolist()
+        want, token, h = [], seed + 1, state
+        while len(want) < max_len and not (want and want[-1] == end):
+            h = np.tanh(p["embed"][token] + h @ p["w"])
+            token = int(np.argmax(h @ p["out"]))
+            want.append(token)
+        print(f"  start {seed + 1}: tokens {got}" + ("  (stopped at the end token)" if got[-1] == end else ""))
+        if got != want:
+            raise SystemExit(f"quickstart: the decoder gave {got}, numpy {want}")
+    print("  the loop ran in the interpreter (its body planned once per length of the token list); "
+          "numpy agrees")
+
+
 def build_encoder_classifier(path):
     """DADS's case for a split: a cheap encoder that shrinks a 64x64 image 24x (strided
     conv, pooling), then heavy dense layers."""
@@ -265,14 +304,17 @@ def main(directory=None):
         _step(6, "Train on the device: the seeds' linear regression through a train signature")
         train_on_device(directory)
 
-        _step(7, "Split a model with the cloud: plan, package, serve on 127.0.0.1, infer jointly")
+        _step(7, "Control flow: a greedy decoder in a while loop that stops at an end token")
+        decode_with_a_loop(directory)
+
+        _step(8, "Split a model with the cloud: plan, package, serve on 127.0.0.1, infer jointly")
         split_with_cloud(directory)
 
-        _step(8, "Train jointly: U-shaped split learning, the labels stay on the device")
+        _step(9, "Train jointly: U-shaped split learning, the labels stay on the device")
         split_training(directory)
     print("\nquickstart finished: built, packaged, inspected, ran and benchmarked a model, "
-          "converted one from ONNX, trained one on the device, split one with the cloud, and "
-          "trained one jointly with it.")
+          "converted one from ONNX, trained one on the device, decoded with a loop, split one with "
+          "the cloud, and trained one jointly with it.")
 
 
 def add_parser(verbs):
