@@ -59,9 +59,11 @@ class Program:
         return [p for cache in self._plans.values() for p in cache.values()]
 
     # -- what a plan asks while preparing ----------------------------------------------
-    def specs(self, index, op, ins):
+    def specs(self, index, op, ins, unread=()):
         """Output specs of control op `op` (operator `index`) for input specs `ins`;
-        ShapeDependsOnValues when they are known only once it runs."""
+        ShapeDependsOnValues when they are known only once it runs. A loop's stacked
+        outputs at positions `unread` (that nothing reads: those kept for gradients, in
+        an inference signature) are not made: empty, shape [0, ...]."""
         later = ShapeDependsOnValues(f"op {index} ({op.opcode}): its output shapes are known only "
                                      "once it runs", op=index)
         if op.opcode == IF:
@@ -75,9 +77,11 @@ class Program:
         n = len(ins)
         body = self.model.subgraphs[op.attrs["body"]]
         outs = self._static_outputs(op.attrs["body"], ins)
-        if outs is None or len(body.outputs) != n or [s.shape for s in outs] != [s.shape for s in ins]:
+        stacks = range(n, len(body.outputs))
+        if outs is None or any(k not in unread for k in stacks) or \
+                [s.shape for s in outs[:n]] != [s.shape for s in ins]:
             raise later
-        return [TensorSpec(s.shape, s.dtype) for s in ins]
+        return [TensorSpec(s.shape, s.dtype) for s in ins] + [TensorSpec((0,) + s.shape, s.dtype) for s in outs[n:]]
 
     def _static_outputs(self, k, ins):
         """Output specs of subgraph `k` for input specs `ins`, if a plan fixes them."""
@@ -107,8 +111,9 @@ class Program:
         return count * (cost(body, ins) + cost(op.attrs["cond"], ins))
 
     # -- running -------------------------------------------------------------------------
-    def bind(self, op, ins, outs):
-        """A step running control op `op` from arrays `ins` into arrays `outs`."""
+    def bind(self, op, ins, outs, unread=()):
+        """A step running control op `op` from arrays `ins` into arrays `outs` (a loop
+        makes no stacks at positions `unread`: see `specs`)."""
         if op.opcode == IF:
             branches = (_Runner(self, op.attrs["then_branch"]), _Runner(self, op.attrs["else_branch"]))
             cond, args = ins[0], ins[1:]
@@ -117,11 +122,13 @@ class Program:
                 for dst, src in zip(outs, branches[not truth(cond)](args)):
                     np.copyto(dst, src)
             return step
-        loop = _Loop(self, op)
+        loop = _Loop(self, op, skip={k - len(ins) for k in unread if k >= len(ins)})
+        wanted = [(k, a) for k, a in enumerate(outs) if k not in unread or k < len(ins)]
 
         def step():
-            for dst, src in zip(outs, loop(ins)):
-                np.copyto(dst, src)
+            values = loop(ins)
+            for k, dst in wanted:
+                np.copyto(dst, values[k])
         return step
 
     def run(self, op, values):
@@ -160,8 +167,10 @@ class _Runner:
 class _Loop:
     """One `while` op: runs its condition and body until the condition is false."""
 
-    def __init__(self, program, op):
+    def __init__(self, program, op, skip=()):
         self.cond, self.body = _Runner(program, op.attrs["cond"]), _Runner(program, op.attrs["body"])
+        self.keep = [k for k in range(len(program.model.subgraphs[op.attrs["body"]].outputs) - len(op.inputs))
+                     if k not in skip]  # the stacks to make
         self.limit = op.attrs["maximum_iterations"]
         body = self.body.sub
         self.n = len(op.inputs)
@@ -181,7 +190,7 @@ class _Loop:
             for i in range(n):
                 if i not in same:
                     values[i] = outs[i].copy()  # the plan's arrays are overwritten next time
-            stacks.append([a.copy() for a in outs[n:]])
+            stacks.append([outs[n + k].copy() for k in self.keep])
             iterations += 1
         self.body.program.iterations[self.body.k] = iterations
         extra = len(self.body.sub.outputs) - n
@@ -190,11 +199,12 @@ class _Loop:
         if not stacks:
             return values + self._empty_stacks(values)
         try:
-            return values + [np.stack(parts) for parts in zip(*stacks)]
+            made = {k: np.stack(parts) for k, parts in zip(self.keep, zip(*stacks))}
         except ValueError:
             shapes = sorted({a.shape for parts in stacks for a in parts[:1]})
             raise InvalidInputError(f"while: a stacked output changes shape between iterations "
                                     f"({shapes[:3]}); it must keep one shape") from None
+        return values + [made.get(k) for k in range(extra)]  # None: not wanted (see bind)
 
     def _empty_stacks(self, values):
         """Stacks of zero iterations: [0, ...] with the element shape the body would give

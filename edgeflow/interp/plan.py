@@ -131,6 +131,8 @@ class Plan:
             self.arrays[t] = data
             static.add(t)
         self.order = []
+        consumed = {t for i in order for t in self.subgraph.operators[i].inputs} | set(self.outputs)
+        self.unread = {}  # control op -> positions of its outputs that nothing here reads
         for i in order:
             op = self.subgraph.operators[i]
             missing = [tensors[t].name for t in op.inputs if t not in specs]
@@ -142,7 +144,8 @@ class Plan:
                 if self.program is None:
                     raise FormatError(f"op {i} ({op.opcode}) runs subgraphs, but the plan was made "
                                       "without the model's (program=None)")
-                outs = self.program.specs(i, op, ins)
+                self.unread[i] = {k for k, t in enumerate(op.outputs) if t not in consumed}
+                outs = self.program.specs(i, op, ins, self.unread[i])
                 for t, spec in zip(op.outputs, outs):
                     _check_declared(t, tensors[t], spec, op.opcode)
                 self.order.append(i)
@@ -247,7 +250,7 @@ class Plan:
             ins = [self.arrays[t] for t in op.inputs]
             outs = [self.arrays[t] for t in op.outputs]
             if ops.get(op.opcode).subgraphs:
-                steps.append(self.program.bind(op, ins, outs))
+                steps.append(self.program.bind(op, ins, outs, self.unread.get(i, ())))
             else:
                 steps.append(KERNELS[op.opcode](ins, outs, op.attrs))
             step_ops.append(i)

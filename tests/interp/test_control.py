@@ -161,3 +161,19 @@ def test_opencl_partitions_run_inside_loop_bodies(tmp_path):
         want = np.maximum(want @ wv, 0) + want
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert sum(p.partitions for p in interp._program.plans()) >= 1
+
+
+def test_inference_skips_the_stacks_a_loop_keeps_for_its_gradient(tmp_path):
+    g, sigs = _rnn_regression(unrolled=False)
+    interp = ef.Interpreter(_save(tmp_path, g, sigs))
+    loop = next(op for op in interp.model.subgraphs[0].operators if op.opcode == "while")
+    assert len(loop.outputs) > len(loop.inputs)  # the entry stacks, for the backward loop
+    xs = np.random.default_rng(0).standard_normal((4, 2, 3))
+    infer = interp.get_signature_runner("infer")
+    h = infer(xs=xs)["h"]
+    assert not isinstance(infer.last_plan, StagedPlan)  # planned ahead: the stacks are not made
+    w, u = (interp.variables()[k] for k in ("w", "u"))
+    want = np.zeros((2, 5))
+    for t in range(4):
+        want = np.tanh(xs[t] @ w + want @ u)
+    np.testing.assert_allclose(h, want, rtol=1e-12)
