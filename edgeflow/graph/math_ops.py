@@ -151,8 +151,10 @@ def shape(x, name=None):
 
 def fill(dims, value, dtype=None, name=None):
     """A tensor of shape `dims` (a list or an int tensor) filled with `value`."""
-    dtype = dtypes.as_dtype(dtype) if dtype is not None else np.asarray(value).dtype
-    dtype = dtypes.float32 if dtype == np.float64 else dtypes.int32 if dtype == np.int64 else dtype
+    if dtype is None:  # from a Python value: float32 or int32, as TensorFlow's
+        dtype = np.asarray(value).dtype
+        dtype = dtypes.float32 if dtype == np.float64 else dtypes.int32 if dtype == np.int64 else dtype
+    dtype = dtypes.as_dtype(dtype)
     return apply("constant_of_shape", [_int_operand(dims, dims)],
                  {"value": float(value), "dtype": dtype}, name)
 

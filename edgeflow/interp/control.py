@@ -123,7 +123,7 @@ class Program:
                     np.copyto(dst, src)
             return step
         loop = _Loop(self, op, skip={k - len(ins) for k in unread if k >= len(ins)})
-        wanted = [(k, a) for k, a in enumerate(outs) if k not in unread or k < len(ins)]
+        wanted = [(k, a) for k, a in enumerate(outs) if k not in unread]
 
         def step():
             values = loop(ins)
@@ -144,24 +144,35 @@ class _Runner:
 
     def __init__(self, program, k):
         self.program, self.k = program, k
-        self.sub = program.model.subgraphs[k]
-        self.shapes, self.plan = None, None
+        self.sub = sub = program.model.subgraphs[k]
+        self.shapes, self.plan, self.given = None, None, {}
+        # Inputs that an op or the outputs read (a loop condition reads few of the loop's
+        # values: not the weights its body is given): the others are not copied in.
+        read = {t for op in sub.operators for t in op.inputs} | set(sub.outputs)
+        self.read = [(i, t) for i, t in enumerate(sub.inputs) if t in read]
 
     def __call__(self, values, keep=()):
         """The subgraph's output arrays (the plan's own: valid until its next run) for
         input `values`; inputs at positions `keep` still hold what the last call gave them."""
-        shapes = tuple(v.shape for v in values)
+        shapes = [v.shape for v in values]
         if shapes != self.shapes:
-            self.plan, self.shapes, keep = self.program.plan(self.k, shapes), shapes, ()
+            self.plan, self.shapes, keep, self.given = self.program.plan(self.k, tuple(shapes)), shapes, (), {}
         plan = self.plan
         if getattr(plan, "loaded_by", None) is not self:  # another op ran the same plan since
             plan.loaded_by, keep = self, ()
-        arrays = plan.arrays
-        for i, (t, v) in enumerate(zip(self.sub.inputs, values)):
-            if i not in keep:
-                np.copyto(arrays[t], v)
-        plan.run()
-        return [plan.arrays[t] for t in self.sub.outputs]
+            self.given = {}
+        arrays, given = plan.arrays, self.given
+        for i, t in self.read:
+            v = values[i]
+            if i in keep or given.get(i) is v:
+                continue
+            np.copyto(arrays[t], v)
+            if not v.flags.writeable:  # a constant of the caller's: the same next time it comes
+                given[i] = v
+            elif given:
+                given.pop(i, None)
+        plan.run(errstate=False)
+        return [arrays[t] for t in self.sub.outputs]
 
 
 class _Loop:
@@ -179,24 +190,26 @@ class _Loop:
         self.same = {i for i in range(self.n) if body.outputs[i] == body.inputs[i]}
 
     def __call__(self, values):
-        n, limit, same = self.n, self.limit, self.same
+        n, limit, cond, body, keep = self.n, self.limit, self.cond, self.body, self.keep
+        changing = [i for i in range(n) if i not in self.same]
+        extra = len(body.sub.outputs) - n
         values, stacks, iterations = list(values), [], 0
         kept = ()
         while limit < 0 or iterations < limit:
-            if not truth(self.cond(values, kept)[0], WHILE):
+            flag = cond(values, kept)[0]
+            if not (bool(flag) if flag.size == 1 else truth(flag, WHILE)):
                 break
-            outs = self.body(values, kept)
-            kept = same
-            for i in range(n):
-                if i not in same:
-                    values[i] = outs[i].copy()  # the plan's arrays are overwritten next time
-            stacks.append([outs[n + k].copy() for k in self.keep])
+            outs = body(values, kept)
+            kept = self.same
+            for i in changing:
+                values[i] = outs[i].copy()  # the plan's arrays are overwritten next time
+            if keep:
+                stacks.append([outs[n + k].copy() for k in keep])
             iterations += 1
         self.body.program.iterations[self.body.k] = iterations
-        extra = len(self.body.sub.outputs) - n
         if not extra:
             return values
-        if not stacks:
+        if not iterations:
             return values + self._empty_stacks(values)
         try:
             made = {k: np.stack(parts) for k, parts in zip(self.keep, zip(*stacks))}

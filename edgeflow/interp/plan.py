@@ -4,6 +4,7 @@ Preparing does the work that running must not: pick the ops the outputs need, or
 them, infer every shape, place intermediates in one arena, and bind each kernel to its
 input and output arrays.
 """
+import contextlib
 from collections import deque
 from dataclasses import replace
 
@@ -301,10 +302,12 @@ class Plan:
         for step, i in zip(self.steps, self.step_ops):
             yield step, i, self.arrays
 
-    def run(self):
+    def run(self, errstate=True):
+        """Run every step. `errstate=False`: the caller has numpy's floating-point
+        warnings off already (a subgraph's plan, run by a step of another)."""
         it = iter(self.steps)
         try:
-            with np.errstate(all="ignore"):
+            with np.errstate(all="ignore") if errstate else contextlib.nullcontext():
                 for step in it:
                     step()
         except (IndexError, ValueError) as e:

@@ -98,7 +98,8 @@ class StagedPlan:
         ins = [TensorSpec(a.shape, a.dtype, a) for a in (self.before.arrays[t] for t in op.inputs)]
         try:
             if ops.get(op.opcode).subgraphs:
-                return self.program.run(op, [s.value for s in ins])
+                with np.errstate(all="ignore"):
+                    return self.program.run(op, [s.value for s in ins])
             outs = ops.get(op.opcode).infer_specs(ins, op.attrs)
             with np.errstate(all="ignore"):
                 return evaluate(op.opcode, op.attrs, [s.value for s in ins], outs)
@@ -137,9 +138,9 @@ class StagedPlan:
         yield from self._enter_rest([got[t] for t in here.outputs]).each_step()
         self.arrays.update((t, self.rest.arrays[t]) for t in self.outputs)
 
-    def run(self):
-        self.before.run()
-        self._enter_rest(self._boundary_values()).run()
+    def run(self, errstate=True):
+        self.before.run(errstate)
+        self._enter_rest(self._boundary_values()).run(errstate)
         self.arrays.update((t, self.rest.arrays[t]) for t in self.outputs)
 
     # -- what a Plan tells ---------------------------------------------------------------
