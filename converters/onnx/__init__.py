@@ -107,13 +107,19 @@ def _dtype(value_info):
 
 
 def unsupported_nodes(model):
-    """(op_type, opset, node name) of every node no handler converts."""
+    """(op_type, opset, node name) of every node no handler converts, inside subgraphs too."""
+    from .context import subgraphs
     from .handlers import HANDLERS
     opset = _opset(model)
-    return [(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}", opset,
-             n.name or n.output[0])
-            for n in model.graph.node
-            if n.domain not in ("", "ai.onnx") or n.op_type not in HANDLERS]
+
+    def walk(nodes):
+        for n in nodes:
+            if n.domain not in ("", "ai.onnx") or n.op_type not in HANDLERS:
+                yield (n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}", opset,
+                       n.name or n.output[0])
+            for graph in subgraphs(n):
+                yield from walk(graph.node)
+    return list(walk(model.graph.node))
 
 
 def _raise_unsupported(found):
@@ -132,7 +138,7 @@ def to_graph(model, progress=False, variables=()):
     inputs and outputs as dicts of ONNX name -> Tensor. Initializers named in `variables`
     become ef.Variables; the others constants."""
     import edgeflow as ef
-    from .context import Context, Node, onnx_array
+    from .context import Context, Sequence, onnx_array
     from .handlers import HANDLERS
 
     if unsupported_nodes(model):  # nodes computed from constants alone need no handler
@@ -142,8 +148,7 @@ def to_graph(model, progress=False, variables=()):
     if found:
         _raise_unsupported(found)
     g = ef.Graph()
-    ctx = Context(g)
-    opset = _opset(model)
+    ctx = Context(g, _opset(model))
     with g.as_default():
         initializers = {init.name for init in model.graph.initializer}
         for init in model.graph.initializer:
@@ -154,27 +159,13 @@ def to_graph(model, progress=False, variables=()):
             if vi.name not in initializers:
                 shape = _shape(vi)  # first: it rejects inputs that are not tensors
                 inputs[vi.name] = ctx.tensors[vi.name] = ef.placeholder(_dtype(vi), shape, name=vi.name)
-        failed, lost = [], set()  # unsupported nodes; values they would have made
-        for proto in _progress(model.graph.node, progress):
-            node = Node(proto, opset)
-            if lost.intersection(node.inputs):
-                lost.update(node.outputs)  # cannot convert past an unsupported node
-                continue
-            try:
-                outs = HANDLERS[node.op_type](ctx, node)
-            except UnsupportedOpError as e:
-                failed.extend(e.ops)
-                lost.update(node.outputs)
-                continue
-            except (GraphError, ConversionError) as e:
-                raise ConversionError(f"{node.where()}: {e}") from None
-            outs = outs if isinstance(outs, list) else [outs]
-            for name, t in zip(node.outputs, outs):
-                if name:
-                    ctx.tensors[name] = t
+        failed = ctx.convert(_progress(model.graph.node, progress))
         if failed:
             _raise_unsupported(failed)
         outputs = {vi.name: ctx.tensors[vi.name] for vi in model.graph.output}
+    sequences = [name for name, t in outputs.items() if isinstance(t, Sequence)]
+    if sequences:
+        raise ConversionError(f"graph output(s) {sequences} are sequences: edgeflow has no sequence values")
     return g, inputs, outputs, ctx
 
 

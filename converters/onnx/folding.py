@@ -15,23 +15,64 @@ MAX_ELEMENTS = 1 << 24  # inputs larger than this are not evaluated at conversio
 def fold_unsupported(model, supported, variables=()):
     """`model` with every node whose op type is not in `supported` but whose inputs are
     all constant (initializers, Constant nodes, nodes computed from them) replaced by
-    initializers holding its outputs; the same model when there is none. Initializers
-    named in `variables` (trainable weights) are not constants here."""
-    from onnx import numpy_helper
+    initializers holding its outputs, inside subgraphs too (where the constants of
+    enclosing graphs count); the same model when there is none. Initializers named in
+    `variables` (trainable weights) are not constants here."""
+    from onnx import ModelProto, numpy_helper
     known = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer if i.name not in variables}
     known[""] = None  # an omitted optional input
     opset = {o.domain or "": o.version for o in model.opset_import}
-    folded = {}  # index of an unsupported node -> its outputs' values
-    for index, node in enumerate(model.graph.node):
-        if not _foldable(node, known):
-            continue
-        values = _evaluate(node, [known[name] for name in node.input], opset)
+    graph = _fold(model.graph, known, supported, opset)
+    if graph is model.graph:
+        return model
+    out = ModelProto()
+    out.CopyFrom(model)
+    out.graph.CopyFrom(graph)
+    return out
+
+
+def _fold(graph, known, supported, opset, subgraph=False):
+    """GraphProto `graph` folded (the same object when nothing folds); `known`: the
+    values of the constants it can see, updated with those it computes."""
+    from onnx import numpy_helper
+    if subgraph:
+        for vi in graph.input:  # a subgraph's inputs hide enclosing names
+            known.pop(vi.name, None)
+        known.update({i.name: numpy_helper.to_array(i) for i in graph.initializer})
+    nodes, initializers, changed = [], [], False
+    for node in graph.node:
+        inner = [(a, _fold(a.g, dict(known), supported, opset, True)) for a in node.attribute if a.HasField("g")]
+        if any(g is not a.g for a, g in inner):
+            node = _with_graphs(node, {a.name: g for a, g in inner})
+            changed = True
+        values = _evaluate(node, [known[name] for name in node.input], opset) if _foldable(node, known) else None
         if values is None:
+            nodes.append(node)
             continue
         known.update(zip(node.output, values))
-        if node.op_type not in supported:
-            folded[index] = values
-    return _replace(model, folded) if folded else model
+        if node.op_type in supported:
+            nodes.append(node)
+            continue
+        initializers += [numpy_helper.from_array(value, name) for name, value in zip(node.output, values) if name]
+        changed = True
+    if not changed:
+        return graph
+    out = type(graph)()
+    out.CopyFrom(graph)
+    del out.node[:]
+    out.node.extend(nodes)
+    out.initializer.extend(initializers)
+    return out
+
+
+def _with_graphs(node, graphs):
+    """NodeProto `node` with the GraphProto attributes named in `graphs` replaced."""
+    out = type(node)()
+    out.CopyFrom(node)
+    for a in out.attribute:
+        if a.name in graphs:
+            a.g.CopyFrom(graphs[a.name])
+    return out
 
 
 def _foldable(node, known):
@@ -50,19 +91,9 @@ def _evaluate(node, inputs, opset):
     try:
         session = ReferenceEvaluator(node, opsets=opset)
         feeds = {name: value for name, value in zip(node.input, inputs) if name}
-        return [np.asarray(v) for v in session.run(None, feeds)]
+        values = session.run(None, feeds)
     except Exception:  # an op or variant the reference evaluator lacks: left to the handlers
         return None
-
-
-def _replace(model, folded):
-    from onnx import ModelProto, numpy_helper
-    out = ModelProto()
-    out.CopyFrom(model)
-    del out.graph.node[:]
-    out.graph.node.extend(n for i, n in enumerate(model.graph.node) if i not in folded)
-    for index, values in folded.items():
-        for name, value in zip(model.graph.node[index].output, values):
-            if name:
-                out.graph.initializer.append(numpy_helper.from_array(value, name))
-    return out
+    if any(isinstance(v, (list, tuple)) or v is None for v in values):
+        return None  # sequences and optionals: left to the handlers
+    return [np.asarray(v) for v in values]

@@ -8,7 +8,7 @@ type lives in the module named like the ops/ module defining its principal op, w
 import numpy as np
 
 from edgeflow import dtypes
-from edgeflow.errors import UnsupportedOpError
+from edgeflow.errors import ConversionError, UnsupportedOpError
 
 HANDLERS = {}
 BUILDS = {}  # ONNX op type -> the edgeflow op its handler builds (the principal one), or None
@@ -71,5 +71,19 @@ def first_float(value):
     return float((dtypes.widen(value) if value.dtype == dtypes.bfloat16 else value).reshape(-1)[0])
 
 
-from . import (activations, array, attention, conv, einsum, image, loss, math, nn, no_op, norm, pool,  # noqa: E402,F401
+def sequence_position(ctx, node, i, length, default, extra=0):
+    """The constant `position` input `i` of a sequence op in [0, length + extra), counted
+    from the back when negative; `default` where it is absent."""
+    if not ctx.has(node, i):
+        return default
+    if ctx.value(node, i) is None:
+        raise unsupported(node, "a position known only when running: edgeflow has no sequence values, "
+                                "so positions must be constants")
+    at = first_int(ctx.value(node, i))
+    if not -length <= at < length + extra:
+        raise ConversionError(f"{node.where()}: position {at} is out of range for a sequence of {length}")
+    return at + length if at < 0 else at
+
+
+from . import (activations, array, attention, control, conv, einsum, image, loss, math, nn, no_op, norm, pool,  # noqa: E402,F401
                quantize, reduce, rnn, select, shape, signal)  # (registration)

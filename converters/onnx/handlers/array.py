@@ -5,7 +5,9 @@ import numpy as np
 
 from edgeflow.graph.math_ops import apply
 
-from . import attrs_or_operands, first_int, handler, ints, unsupported
+from edgeflow.errors import ConversionError
+
+from . import attrs_or_operands, first_int, handler, ints, sequence_position, unsupported
 
 
 @handler("Reshape", op="reshape")
@@ -74,6 +76,34 @@ def _slice(ctx, node):
 def _gather(ctx, node):
     return apply("gather", [ctx.input(node, 0), ctx.input(node, 1)], {"axis": node.attr("axis", 0)},
                  name=node.outputs[0])
+
+
+@handler("SequenceAt", op="gather")
+def _sequence_at(ctx, node):
+    """The tensor at a constant position; at a position known only when running, a gather
+    from the tensors stacked (they must have one shape)."""
+    items = ctx.sequence(node, 0)
+    if ctx.value(node, 1) is not None:
+        return items[sequence_position(ctx, node, 1, len(items), None)]
+    if not items or len({t.shape for t in items}) > 1 or None in items[0].shape:
+        raise unsupported(node, "a position known only when running, in a sequence whose tensors do not "
+                                "all have one known shape: edgeflow has no sequence values")
+    stacked = apply("concat", [apply("expand_dims", [t], {"axes": (0,)}) for t in items], {"axis": 0})
+    return apply("gather", [stacked, apply("reshape", [ctx.input(node, 1)], {"shape": ()})], {"axis": 0},
+                 name=node.outputs[0])
+
+
+@handler("ConcatFromSequence", op="concat")
+def _concat_from_sequence(ctx, node):
+    """concat (new_axis 0) or stack (new_axis 1) of a sequence's tensors."""
+    items = ctx.sequence(node, 0)
+    if not items:
+        raise ConversionError(f"{node.where()}: concatenating an empty sequence")
+    axis = node.attr("axis")
+    if node.attr("new_axis", 0):
+        axis = axis + items[0].rank + 1 if axis < 0 else axis
+        items = [apply("expand_dims", [t], {"axes": (axis,)}) for t in items]
+    return apply("concat", list(items), {"axis": axis}, name=node.outputs[0])
 
 
 @handler("GatherElements", op="gather_elements")

@@ -3,8 +3,8 @@ import numpy as np
 
 from edgeflow.graph.math_ops import apply
 
-from ..context import onnx_dtype
-from . import attrs_or_operands, handler, ints
+from ..context import Sequence, onnx_dtype
+from . import attrs_or_operands, handler, ints, unsupported
 
 
 @handler("Shape", op="shape")
@@ -63,3 +63,35 @@ def _split(ctx, node):
         attrs["num_outputs"] = node.attr("num_outputs", len(node.outputs))
     outs = apply("split", [ctx.input(node, 0), *operands], attrs, name=node.outputs[0])
     return list(outs) if isinstance(outs, tuple) else [outs]
+
+
+@handler("SplitToSequence", op="split")
+def _split_to_sequence(ctx, node):
+    """A sequence of the pieces: the number of pieces must be known while converting."""
+    x = ctx.input(node, 0)
+    axis = node.attr("axis", 0)
+    axis = axis + x.rank if axis < 0 else axis
+    dim = x.shape[axis]
+    split = ctx.value(node, 1) if ctx.has(node, 1) else None
+    if ctx.has(node, 1) and split is None:
+        sizes = ctx.input(node, 1)
+        if sizes.rank != 1 or sizes.shape[0] is None:
+            raise unsupported(node, "split sizes known only when running, and how many: the length of "
+                                    "the sequence must be known while converting")
+        pieces = apply("split", [x, sizes], {"axis": axis, "num_outputs": sizes.shape[0]}, name=node.outputs[0])
+    else:
+        if dim is None and (split is None or np.ndim(split) == 0):
+            raise unsupported(node, f"splitting dimension {axis} of {x.shape}, known only when running: "
+                                    "the length of the sequence must be known while converting")
+        if split is None:
+            sizes = (1,) * dim
+        elif np.ndim(split) == 0:
+            size = int(split)
+            sizes = (size,) * (dim // size) + ((dim % size,) if dim % size else ())
+        else:
+            sizes = ints(split)
+        pieces = apply("split", [x], {"axis": axis, "sizes": sizes}, name=node.outputs[0])
+    pieces = list(pieces) if isinstance(pieces, tuple) else [pieces]
+    if not ctx.has(node, 1) and not node.attr("keepdims", 1):
+        pieces = [apply("squeeze", [p], {"axes": (axis,)}) for p in pieces]
+    return Sequence(pieces)
