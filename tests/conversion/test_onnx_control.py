@@ -1,6 +1,10 @@
 """ONNX control flow (If, Loop, Scan) and the sequence ops, converted by
-converters/onnx/handlers/control.py: hand-built models checked against onnxruntime."""
+converters/onnx/handlers/control.py: hand-built models checked against onnxruntime, and a
+greedy decoder exported from a torch.jit.script'ed loop (tests/data/make_models.py)."""
+import pathlib
+
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -327,3 +331,35 @@ def test_what_sequences_cannot_be():
                 [helper.make_tensor_sequence_value_info("s", F, [3])])
     with pytest.raises(ConversionError, match="sequences: edgeflow has no sequence values"):
         onnx_converter.convert(out)
+
+
+# -- a greedy decoder exported from PyTorch (tests/data/make_models.py) ----------------------
+
+DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "onnx"
+
+
+@pytest.mark.parametrize("optimize", [True, False])
+def test_torch_scripted_greedy_decoder_matches_pytorch_and_onnxruntime(tmp_path, optimize):
+    """nn.Embedding + GRUCell + Linear in a torch.jit.script'ed `for` loop with `break` at the
+    end token: one Loop carrying tokens that grow each iteration."""
+    proto = onnx.load(str(DATA / "greedy_decoder.onnx"))
+    assert [n.op_type for n in proto.graph.node if n.op_type != "Constant"] == ["Loop"]
+    path = tmp_path / "greedy_decoder.efl"
+    converted = onnx_converter.convert(DATA / "greedy_decoder.onnx", path, optimize=optimize)
+    assert converted.ops["while"] == 1
+    runner = ef.Interpreter(path).get_signature_runner("infer")
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # onnxruntime warns that the tokens outgrow their declared shape
+    session = ort.InferenceSession(str(DATA / "greedy_decoder.onnx"), options, providers=["CPUExecutionProvider"])
+    io = np.load(DATA / "greedy_decoder_io.npz")
+    lengths = set()
+    for case in (str(c) for c in io["cases"]):
+        feeds = {"h0": io[f"{case}.h0"], "start": io[f"{case}.start"]}
+        ours = runner(**feeds)
+        theirs = dict(zip(["tokens", "h"], session.run(["tokens", "h"], feeds)))
+        np.testing.assert_array_equal(ours["tokens"], io[f"{case}.tokens"], err_msg=case)
+        np.testing.assert_array_equal(ours["tokens"], theirs["tokens"], err_msg=case)
+        np.testing.assert_allclose(ours["h"], io[f"{case}.h"], rtol=1e-4, atol=1e-5, err_msg=case)
+        np.testing.assert_allclose(ours["h"], theirs["h"], rtol=1e-4, atol=1e-5, err_msg=case)
+        lengths.add(len(ours["tokens"]))
+    assert min(lengths) < 10 and 10 in lengths  # early stops at the end token, and runs to the limit

@@ -4,8 +4,8 @@ Regenerate with .venv/bin/python tests/data/make_models.py [--only NAME,...]; ne
 scikit-learn, and transformers for ``bert_mask`` (none of them a dependency of edgeflow, nor
 needed by the tests: the tests read only the files written here, with numpy, onnx and
 onnxruntime). The first six models were made with torch==2.13.0, the exporter-pattern
-fixtures (``attention_mod``, ``bert_mask``, ``bigru``, ``qdq_cnn``) with torch==2.14.1 and
-transformers 5.24.0; another torch writes other bytes (its version is in each file), so
+fixtures (``attention_mod``, ``bert_mask``, ``bigru``, ``qdq_cnn``) and the control-flow one
+(``greedy_decoder``, a torch.jit.script'ed loop) with torch==2.14.1 and transformers 5.24.0; another torch writes other bytes (its version is in each file), so
 ``--only`` regenerates the models it names and leaves the others' files as they are (the
 README still describes them all).
 
@@ -522,6 +522,60 @@ def build_qdq_cnn():
     return path, model, cases, ins, outs
 
 
+class GreedyDecoder(nn.Module):
+    """nn.Embedding + nn.GRUCell + Linear decoding greedily from a start token until the end
+    token or max_len tokens: a `for` loop with `break`, compiled by torch.jit.script. The
+    cell's step is written out with the GRUCell's weights (r, z, n gates as nn.GRUCell
+    computes them): the scripted nn.GRUCell itself does not export (its input-rank checks
+    and gate chunks of unknown size inside the loop)."""
+
+    def __init__(self, vocab: int = 12, hidden: int = 16, end: int = 6, max_len: int = 10):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.cell = nn.GRUCell(hidden, hidden)
+        self.out = nn.Linear(hidden, vocab)
+        self.hidden, self.end, self.max_len = hidden, end, max_len
+
+    def gru(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        n = self.hidden
+        gi = nn.functional.linear(x, self.cell.weight_ih, self.cell.bias_ih)
+        gh = nn.functional.linear(h, self.cell.weight_hh, self.cell.bias_hh)
+        r = torch.sigmoid(gi[:, :n] + gh[:, :n])
+        z = torch.sigmoid(gi[:, n:2 * n] + gh[:, n:2 * n])
+        c = torch.tanh(gi[:, 2 * n:] + r * gh[:, 2 * n:])
+        return (1 - z) * c + z * h
+
+    def forward(self, h: torch.Tensor, token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = torch.zeros([0], dtype=torch.long)
+        for _ in range(self.max_len):
+            h = self.gru(self.embed(token), h)
+            token = self.out(h).argmax(dim=1)
+            tokens = torch.cat([tokens, token])
+            if bool(token[0] == self.end):
+                break
+        return tokens, h
+
+
+def build_greedy_decoder():
+    """The TorchScript exporter writes the scripted loop as one Loop (its condition: the
+    iteration count and the end-token test) carrying the tokens, which grow each step."""
+    torch.manual_seed(13)
+    eager = GreedyDecoder().eval()
+    x, h = torch.randn(1, 16), torch.randn(1, 16)
+    with torch.no_grad():
+        assert torch.allclose(eager.gru(x, h), eager.cell(x, h), atol=1e-6), "the written-out cell is not GRUCell's"
+    model = torch.jit.script(eager)
+    ins, outs = ["h0", "start"], ["tokens", "h"]
+    path = export(model, "greedy_decoder", (torch.zeros(1, 16), torch.tensor([3])), ins, outs,
+                  {"tokens": {0: "length"}})
+    g = np.random.default_rng(1300)
+    cases = {f"start{s}": [g.standard_normal((1, 16)).astype(np.float32), np.array([s], np.int64)] for s in range(12)}
+    with torch.no_grad():
+        lengths = {len(model(*[torch.from_numpy(a) for a in inputs])[0]) for inputs in cases.values()}
+    assert min(lengths) < eager.max_len and eager.max_len in lengths, lengths  # early stops and full runs
+    return path, model, cases, ins, outs
+
+
 def check_qdq(path, model, cases, input_names, output_names):
     """onnx.checker; onnxruntime (graph optimizations off: the nodes as written) on every case,
     within a few quantization steps of PyTorch's float model; write <name>_io.npz with
@@ -662,6 +716,15 @@ def write_readme(rows, acc, n_test):
         "  activations, MinMax calibration on 16 random images): QuantizeLinear/DequantizeLinear",
         "  around every float op, int8 weights in initializers.",
         "",
+        "## Control flow",
+        "",
+        "- `greedy_decoder.onnx` (torch==2.14.1): `nn.Embedding(12, 16)`, `nn.GRUCell(16, 16)` (its",
+        "  step written out with the cell's weights: the scripted GRUCell does not export) and",
+        "  `Linear(16, 12)` decoding greedily in a `torch.jit.script`'ed `for` loop with `break`: from",
+        "  token `start` [1] and state `h0` [1, 16], until token 6 or 10 tokens. One `Loop` carrying",
+        "  the tokens, which grow by one each iteration. Cases `start0` ... `start11`: one per start",
+        "  token, some stopping early at the end token, some running to the limit.",
+        "",
         "## Reference inputs and outputs",
         "",
         "`<name>_io.npz` holds example inputs and PyTorch's outputs. Its array `cases` names the",
@@ -683,7 +746,8 @@ def write_readme(rows, acc, n_test):
 
 OLD = ("mlp", "mobilenetv2", "resnet", "lstm", "transformer")
 PATTERNS = ("attention_mod", "bert_mask", "bigru", "qdq_cnn")
-NAMES = (*OLD, "digits_cnn", *PATTERNS)
+CONTROL = ("greedy_decoder",)
+NAMES = (*OLD, "digits_cnn", *PATTERNS, *CONTROL)
 
 
 def main(argv=None):
@@ -729,6 +793,9 @@ def main(argv=None):
         rows.append(row)
         for name in PATTERNS:
             _, row = make(name, globals()[f"build_{name}"], check_qdq if name == "qdq_cnn" else check)
+            rows.append(row)
+        for name in CONTROL:
+            _, row = make(name, globals()[f"build_{name}"])
             rows.append(row)
     n_test = len(test["y"])
     write_readme(rows, ort_acc, n_test)
