@@ -3,9 +3,10 @@
 Initializers become constants, graph inputs placeholders (symbolic dimensions stay
 dynamic), and the graph's inputs and outputs the `infer` signature under their ONNX
 names. Each node goes through the handler registered for its op type
-(converters/onnx/handlers); nodes without one whose inputs are all constant are computed
-first (folding.py); a model with other unsupported ops fails with one
-UnsupportedOpError that lists them all.
+(converters/onnx/handlers), the nodes of subgraphs (If branches, Loop and Scan bodies) too,
+walked the same way (Context.convert in context.py); nodes without one whose inputs are
+all constant are computed first (folding.py); a model with other unsupported ops, at any
+depth, fails with one UnsupportedOpError that lists them all.
 """
 import os
 from collections import Counter

@@ -71,3 +71,37 @@ def test_trainable_weights_are_not_constants():
     supported = set(HANDLERS) - {"Mul"}
     assert [n.op_type for n in fold_unsupported(proto, supported).graph.node] == ["Add"]
     assert fold_unsupported(proto, supported, variables={"w"}) is proto
+
+
+def _loop_over(body_nodes, body_inputs):
+    body = helper.make_graph(body_nodes + [helper.make_node("Identity", ["c"], ["c_out"])], "body",
+                             [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                              helper.make_tensor_value_info("c", TensorProto.BOOL, [])] + body_inputs,
+                             [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [3])])
+    graph = helper.make_graph([helper.make_node("Loop", ["n", "", "v0"], ["v"], body=body)], "g",
+                              [helper.make_tensor_value_info("n", TensorProto.INT64, []),
+                               helper.make_tensor_value_info("v0", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("v", TensorProto.FLOAT, [3])],
+                              initializer=[numpy_helper.from_array(A, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", 17)])
+
+
+def test_nodes_inside_a_loop_body_fold_on_the_enclosing_constants():
+    """Mul(w, b): w the main graph's initializer, b a Constant in the body."""
+    proto = _loop_over([constant("b", B), helper.make_node("Mul", ["w", "b"], ["wb"]),
+                        helper.make_node("Add", ["v", "wb"], ["v_out"])],
+                       [helper.make_tensor_value_info("v", TensorProto.FLOAT, [3])])
+    folded = fold_unsupported(proto, set(HANDLERS) - {"Mul"})
+    body = folded.graph.node[0].attribute[0].g
+    assert [n.op_type for n in body.node] == ["Constant", "Add", "Identity"]
+    np.testing.assert_array_equal(numpy_helper.to_array(body.initializer[0]), A * B)
+    assert [n.op_type for n in proto.graph.node[0].attribute[0].g.node][:3] == ["Constant", "Mul", "Add"]  # untouched
+
+
+def test_a_body_input_hides_the_enclosing_constant_of_that_name():
+    """The body's loop variable is named `w` like the main graph's initializer: Mul(w, b)
+    reads the loop variable, which is no constant."""
+    proto = _loop_over([constant("b", B), helper.make_node("Mul", ["w", "b"], ["v_out"])],
+                       [helper.make_tensor_value_info("w", TensorProto.FLOAT, [3])])
+    assert fold_unsupported(proto, set(HANDLERS) - {"Mul"}) is proto
