@@ -133,7 +133,7 @@ def _non_max_suppression(inputs, attrs):
                              "disagree on the batches or the number of boxes")
     if attrs["center_point_box"] not in (0, 1):
         raise GraphError(f"non_max_suppression: center_point_box must be 0 or 1, got {attrs['center_point_box']}")
-    count = None
-    if boxes.value is not None and scores.value is not None:
-        count = len(non_max_suppression(np.asarray(boxes.value), np.asarray(scores.value), attrs))
-    return [TensorSpec((count, 3), dtypes.int64)]
+    if boxes.value is not None and scores.value is not None:  # the rows themselves: not computed twice
+        rows = non_max_suppression(np.asarray(boxes.value), np.asarray(scores.value), attrs)
+        return [TensorSpec(rows.shape, dtypes.int64, rows)]
+    return [TensorSpec((None, 3), dtypes.int64)]

@@ -42,6 +42,21 @@ def test_flatten_at_axis_equal_to_rank():
         np.testing.assert_array_equal(got, want)
 
 
+def test_flatten_of_dimensions_unknown_on_both_sides():
+    """torchvision's Faster R-CNN flattens RoI features whose every dimension is dynamic
+    ([?, ?, ?, ?] at axis 1): the product is worked out from the shape when planning."""
+    node = helper.make_node("Flatten", ["x"], ["y"], axis=2)
+    graph = helper.make_graph([node], "flatten", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["a", "b", "c", "d"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", 17)])
+    run = _runner(proto)
+    for shape in [(2, 3, 4, 5), (1, 1, 7, 2), (3, 2, 1, 1)]:
+        x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+        got = run(x=x)["y"]
+        assert got.shape == (shape[0] * shape[1], shape[2] * shape[3])
+        np.testing.assert_array_equal(got, _ort(proto).run(None, {"x": x})[0])
+
+
 # -- the committed fixtures ---------------------------------------------------------------------
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "onnx"
 FIXTURES = ["attention_mod", "bert_mask", "bigru", "qdq_cnn"]

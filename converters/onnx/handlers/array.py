@@ -3,6 +3,7 @@ passes as tensors (a target shape, slice bounds, axes) become attributes when th
 constants, and stay operands when they are computed from shapes at run time."""
 import numpy as np
 
+from edgeflow.graph.graph import constant
 from edgeflow.graph.math_ops import apply
 
 from edgeflow.errors import ConversionError
@@ -27,9 +28,11 @@ def _flatten(ctx, node):
         shape = (-1, int(np.prod(tail, dtype=np.int64)))
     elif None not in head:
         shape = (int(np.prod(head, dtype=np.int64)), -1)
-    else:
-        raise unsupported(node, f"Flatten of a shape with unknown dimensions on both sides of "
-                                f"axis {axis}: {x.shape}")
+    else:  # (product of the leading dimensions, -1), worked out when a plan is made
+        head = apply("slice", [apply("shape", [x])], {"starts": (0,), "ends": (axis,), "axes": (0,)})
+        size = apply("reduce_prod", [head], {"axes": (0,), "keepdims": True})
+        target = apply("concat", [size, constant(np.array([-1], np.int64))], {"axis": 0})
+        return apply("reshape", [x, target], name=node.outputs[0])
     return apply("reshape", [x], {"shape": shape}, name=node.outputs[0])
 
 
