@@ -363,3 +363,30 @@ def test_torch_scripted_greedy_decoder_matches_pytorch_and_onnxruntime(tmp_path,
         np.testing.assert_allclose(ours["h"], theirs["h"], rtol=1e-4, atol=1e-5, err_msg=case)
         lengths.add(len(ours["tokens"]))
     assert min(lengths) < 10 and 10 in lengths  # early stops at the end token, and runs to the limit
+
+
+def test_a_loop_trains_on_the_device_after_convert_trainable(tmp_path):
+    """convert --trainable on a Loop whose body reads an initializer: the weight becomes a
+    variable the loop captures, and one SGD step moves it by the finite-difference gradient."""
+    w = (RNG.standard_normal((4, 4)) * 0.5).astype(np.float32)
+    step = body([helper.make_node("MatMul", ["h_in", "W"], ["hw"]), helper.make_node("Tanh", ["hw"], ["h_out"]),
+                 helper.make_node("Identity", ["c_in"], ["c_out"])], "step",
+                [vi("i", I64, []), vi("c_in", B, []), vi("h_in", F, ["b", 4])], [vi("c_out", B, []), vi("h_out", F, ["b", 4])])
+    proto = model([helper.make_node("Loop", ["M", "", "x"], ["h"], body=step)], [vi("x", F, ["b", 4])],
+                  [vi("h", F, ["b", 4])], [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array(3, np.int64), "M")])
+    onnx_converter.convert(proto, tmp_path / "rnn.efl", trainable=True, loss="mse", optimizer="sgd:0.1")
+    interp = ef.Interpreter(tmp_path / "rnn.efl")
+    x = RNG.standard_normal((5, 4)).astype(np.float32)
+    y = np.tanh(RNG.standard_normal((5, 4))).astype(np.float32)
+
+    def loss(wv):
+        h = x.astype(np.float64)
+        for _ in range(3):
+            h = np.tanh(h @ wv)
+        return ((h - y) ** 2).mean()
+    first = float(interp.get_signature_runner("train")(x=x, labels=y)["loss"])
+    np.testing.assert_allclose(first, loss(w.astype(np.float64)), rtol=1e-5)
+    h = 1e-6
+    grad = np.array([(loss(w + h * e.reshape(4, 4)) - loss(w - h * e.reshape(4, 4))) / (2 * h)
+                     for e in np.eye(16)]).reshape(4, 4)
+    np.testing.assert_allclose(interp.get_signature_runner("save")()["W"], w - 0.1 * grad, rtol=1e-4, atol=1e-6)
