@@ -90,25 +90,49 @@ def non_max_suppression(boxes, scores, attrs):
     limit = attrs["max_output_boxes_per_class"]
     y1, x1, y2, x2 = (np.asarray(c, np.float64) for c in _corners(np.asarray(boxes, np.float64),
                                                                    attrs["center_point_box"]))
-    area = (y2 - y1) * (x2 - x1)
+    corners = np.stack([y1, x1, y2, x2, (y2 - y1) * (x2 - x1)], -1)  # (batches, n, 5)
     rows = []
     for b, c in np.ndindex(*scores.shape[:2]):
         s = scores[b, c]
         order = np.argsort(-s.astype(np.float64), kind="stable")
         if attrs["score_threshold"] is not None:
             order = order[s[order] > attrs["score_threshold"]]
-        kept = []
-        while order.size and len(kept) < limit:
-            best, order = order[0], order[1:]
-            kept.append(best)
-            inter = (np.clip(np.minimum(y2[b, best], y2[b, order]) - np.maximum(y1[b, best], y1[b, order]), 0, None)
-                     * np.clip(np.minimum(x2[b, best], x2[b, order]) - np.maximum(x1[b, best], x1[b, order]), 0, None))
-            union = area[b, best] + area[b, order] - inter
-            with np.errstate(divide="ignore", invalid="ignore"):
-                overlaps = (inter > 0) & (area[b, best] > 0) & (area[b, order] > 0) & (inter / union > attrs["iou_threshold"])
-            order = order[~overlaps]
+        kept = _greedy(corners[b], order, attrs["iou_threshold"], limit)
         rows += [(b, c, k) for k in kept]
     return np.array(rows, np.int64).reshape(-1, 3)
+
+
+def _overlaps(a, b, threshold):
+    """[len(a), len(b)]: whether box a[i] overlaps b[j] by IoU above `threshold` (rows of
+    y1, x1, y2, x2, area; boxes of no area overlap nothing)."""
+    inter = (np.clip(np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0]), 0, None)
+             * np.clip(np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1]), 0, None))
+    union = a[:, None, 4] + b[None, :, 4] - inter
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (inter > 0) & (a[:, None, 4] > 0) & (b[None, :, 4] > 0) & (inter / union > threshold)
+
+
+def _greedy(boxes, order, threshold, limit, block=64, elements=1 << 21):
+    """Indices NMS keeps of `boxes` taken in `order`: a box is kept unless one kept before
+    it overlaps it. A block of the best remaining boxes at a time: the greedy pass within it
+    needs only their overlaps with each other; then every later box overlapped by one the
+    block kept is dropped at once (blocks shrink so that this holds at most `elements`)."""
+    kept = []
+    while order.size and len(kept) < limit:
+        size = max(1, min(block, elements // order.size))
+        head, order = order[:size], order[size:]
+        among = _overlaps(boxes[head], boxes[head], threshold)
+        alive, chosen = np.ones(len(head), bool), []
+        for i in range(len(head)):
+            if alive[i]:
+                chosen.append(i)
+                if len(kept) + len(chosen) == limit:
+                    break
+                alive &= ~among[i]
+        kept += head[chosen].tolist()
+        if order.size and len(kept) < limit:
+            order = order[~_overlaps(boxes[head[chosen]], boxes[order], threshold).any(0)]
+    return kept
 
 
 @define("non_max_suppression", types=Types(

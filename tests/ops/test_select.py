@@ -91,7 +91,7 @@ def test_non_max_suppression_matches_onnxruntime(center_point_box, with_threshol
     runner = ef.Interpreter(writer.to_bytes(onnx_converter.convert(model).model)).get_signature_runner("infer")
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(center_point_box + 2 * with_threshold)
-    for batches, classes, n in ((1, 1, 6), (2, 3, 20)):
+    for batches, classes, n in ((1, 1, 6), (2, 3, 20), (1, 2, 300)):  # 300: several blocks of the greedy pass
         corners = rng.random((batches, n, 2)) * 10
         boxes = np.concatenate([corners, corners + rng.random((batches, n, 2)) * 4 - 1], -1).astype(np.float32)
         scores = np.round(rng.random((batches, classes, n)), 1).astype(np.float32)  # ties
