@@ -8,11 +8,12 @@ from ..interp.inputs import pick_signature, random_inputs
 from . import arguments
 
 
-def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, delegates=()):
+def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, delegates=(), threads=None):
     """Init time, first run, steady-state statistics (us), arena bytes and the slowest ops.
 
     Steady-state runs are timed without the profiler; a separate profiled pass of the
-    same length attributes time to ops, so profiling does not inflate the totals. With
+    same length attributes time to ops, so profiling does not inflate the totals. `threads`:
+    the Interpreter's num_threads (None: numpy's BLAS decides). With
     `delegates`, also where ops run and the host<->device copies per run (a split model
     runs with an edgeflow.cloud.CloudDelegate among them).
     """
@@ -20,7 +21,7 @@ def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, de
     from ..interp import Interpreter
 
     t0 = time.perf_counter()
-    interp = Interpreter(path, delegates=delegates)
+    interp = Interpreter(path, delegates=delegates, num_threads=threads)
     init_s = time.perf_counter() - t0
     runner = pick_signature(interp, signature)
     feed = random_inputs(runner, inputs or {})
@@ -49,6 +50,7 @@ def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, de
         "signature": runner.key,
         "input_shapes": {n: list(v.shape) for n, v in feed.items()},
         "ops": len(plan.order),
+        "threads": threads,
         "init_ms": init_s * 1e3,
         "first_run_ms": first_s * 1e3,
         "runs": runs,
@@ -75,7 +77,8 @@ def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, de
 
 def render(r):
     lines = [
-        f"{r['model']} [{r['signature']}] inputs {r['input_shapes']}, {r['ops']} ops",
+        f"{r['model']} [{r['signature']}] inputs {r['input_shapes']}, {r['ops']} ops, "
+        f"{'threads as numpy BLAS decides' if r['threads'] is None else str(r['threads']) + ' thread(s)'}",
         f"  init {r['init_ms']:.2f} ms, first run {r['first_run_ms']:.2f} ms",
         f"  {r['runs']} runs: mean {r['mean_us']:.1f} us, std {r['std_us']:.1f}, "
         f"p50 {r['p50_us']:.1f}, p99 {r['p99_us']:.1f}, min {r['min_us']:.1f}",
@@ -102,6 +105,9 @@ def add_parser(verbs):
     p.add_argument("--runs", type=arguments.positive, default=50, help="timed runs (default 50)")
     p.add_argument("--warmup", type=arguments.non_negative, default=3, help="untimed runs first (default 3)")
     p.add_argument("--top", type=arguments.positive, default=10, help="ops to list by time (default 10)")
+    p.add_argument("--threads", type=arguments.positive, metavar="N",
+                   help="threads the interpreter splits big ops over, each with one BLAS thread "
+                        "(default: as numpy's BLAS decides)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     arguments.add_accel_args(p)
     arguments.add_cloud_args(p)
@@ -111,5 +117,6 @@ def add_parser(verbs):
 def cmd_bench(args):
     result = bench_model(args.model, runs=args.runs, warmup=args.warmup, signature=args.signature,
                          inputs=arguments.parse_inputs(args.input), top=args.top,
-                         delegates=arguments.cloud_delegates(args) + arguments.delegates(args))
+                         delegates=arguments.cloud_delegates(args) + arguments.delegates(args),
+                         threads=args.threads)
     print(json.dumps(result, indent=2) if args.json else render(result))

@@ -8,6 +8,7 @@ from .. import dtypes, ops
 from ..errors import EdgeflowError, InvalidInputError, UnsupportedOpError
 from ..format import metadata, reader
 from ..ops.dims import fmt
+from . import threads
 from .control import Program
 from .kernels import KERNELS
 from .plan import ShapeDependsOnValues
@@ -29,7 +30,9 @@ class Interpreter:
     `model` is a path (mapped, not read: opening costs O(1) in the weights' size) or the
     file's bytes. `delegates` (e.g. `[edgeflow.accel.OpenCLDelegate()]`) run partitions of
     consecutive ops they support on their device; the rest runs on the CPU.
-    `preserve_all_tensors` keeps every intermediate readable with `get_tensor` (no arena
+    `num_threads`: None (default) leaves threading to numpy's BLAS; N > 1 runs the big
+    ops (matrix products, convolutions) split over N threads, each with one BLAS thread;
+    1 keeps everything on one thread. `preserve_all_tensors` keeps every intermediate readable with `get_tensor` (no arena
     reuse), for debugging. A device package made by `edgeflow split` runs with an
     `edgeflow.cloud.CloudDelegate("host:port", token=...)` among its delegates.
     """
@@ -63,7 +66,9 @@ class Interpreter:
         self._value_routes = set()  # (feeds, fetches) whose plans need small int feeds' values
         self.profiler = None
         self.num_threads = num_threads
-        self._threads = _thread_limiter(num_threads)
+        # N > 1: N workers split the big ops (interp/threads.py), BLAS capped at one thread each.
+        self._workers = threads.Workers(num_threads) if num_threads is not None and num_threads > 1 else None
+        self._threads = _thread_limiter(1 if self._workers is not None else num_threads)
 
     def _check_kernels(self):
         missing = sorted({op.opcode for sg in self.model.subgraphs for op in sg.operators
@@ -84,6 +89,10 @@ class Interpreter:
         return self._plans.get(key, lambda: self._make_plan(inputs, outputs, shapes, targets, known))
 
     def _make_plan(self, inputs, outputs, shapes, targets, known):
+        with threads.using(self._workers):  # kernels bound now split their work for these workers
+            return self._planned(inputs, outputs, shapes, targets, known)
+
+    def _planned(self, inputs, outputs, shapes, targets, known):
         plan = make_plan(self._subgraph, inputs, outputs, shapes, self._constants, self._variables,
                          self._folded, self._preserve_all, targets, self.delegates, known, self._update_ops,
                          self._program)
@@ -92,7 +101,7 @@ class Interpreter:
         return plan
 
     def run_plan(self, plan):
-        with self._threads():
+        with self._threads(), threads.using(self._workers):  # subgraphs may be planned while running
             if self.profiler is not None:
                 self.profiler.run(plan)
             else:

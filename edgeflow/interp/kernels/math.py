@@ -4,6 +4,7 @@ from functools import partial
 import numpy as np
 
 from ... import dtypes
+from .. import threads
 from . import kernel
 from .fused import with_activation
 
@@ -142,4 +143,23 @@ def _matmul(ins, outs, attrs):
         a = np.swapaxes(a, -1, -2)
     if attrs["transpose_b"] and b.ndim >= 2:
         b = np.swapaxes(b, -1, -2)
-    return with_activation(partial(np.matmul, a, b, out=outs[0]), attrs["activation"], outs[0])
+    out = outs[0]
+    return with_activation(_split_matmul(a, b, out) or partial(np.matmul, a, b, out=out), attrs["activation"], out)
+
+
+def _split_matmul(a, b, out):
+    """A step computing a @ b into `out` in pieces on the plan's workers (rows of the
+    product, or its columns when it has few rows), or None: one thread, or too little work."""
+    workers = threads.current()
+    if workers is None or a.ndim < 2 or b.ndim < 2 or 2 * out.size * a.shape[-1] < threads.MIN_FLOPS:
+        return None
+    rows, columns = out.shape[-2], out.shape[-1]
+    if rows >= 4 * workers.n:
+        parts = [partial(np.matmul, a[..., i:j, :], b, out=out[..., i:j, :])
+                 for i, j in threads.pieces(rows, workers.n)]
+    elif columns >= 64 * workers.n:
+        parts = [partial(np.matmul, a, b[..., :, i:j], out=out[..., :, i:j])
+                 for i, j in threads.pieces(columns, workers.n, 64)]
+    else:
+        return None
+    return lambda: workers.run(parts)

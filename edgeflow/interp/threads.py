@@ -1,0 +1,76 @@
+"""Intra-op threads: kernels that split their work run the pieces on the interpreter's workers.
+
+`Interpreter(num_threads=N)` with N > 1 gives its plans `Workers(N)`: N - 1 threads plus
+the caller's. numpy releases the GIL in BLAS calls and in ufunc loops, so pieces of one
+op (rows of a matmul, columns of a convolution's product) run on several cores at once,
+each piece on one BLAS thread (the interpreter caps BLAS at one thread while it runs:
+BLAS threads of its own would compete with the workers, and on busy cores they spin).
+
+A kernel factory asks `current()` for the workers while a plan binds it, and splits its
+work then, once: a kernel of a plan made without workers runs as before.
+"""
+import contextlib
+import contextvars
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+_CURRENT = contextvars.ContextVar("edgeflow_workers", default=None)
+# Arithmetic operations below which an op is not split: handing a piece to a thread and
+# waiting for it costs some 10-30 us.
+MIN_FLOPS = 1 << 21
+
+
+def available_cores():
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+class Workers:
+    """`n` threads of intra-op work: `run(tasks)` runs callables, one on the caller's thread."""
+
+    def __init__(self, n):
+        self.n = int(n)
+        self._pool = ThreadPoolExecutor(self.n - 1, thread_name_prefix="edgeflow") if self.n > 1 else None
+
+    def run(self, tasks):
+        """Run every callable of `tasks`, the first on this thread; re-raise the first error."""
+        if self._pool is None or len(tasks) < 2:
+            for task in tasks:
+                task()
+            return
+        futures = [self._pool.submit(task) for task in tasks[1:]]
+        try:
+            tasks[0]()
+        finally:
+            for f in futures:
+                f.result()
+
+    def close(self):
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
+
+def current():
+    """The workers of the plan being bound or run, or None (one thread)."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def using(workers):
+    """Make `workers` current (kernels bound or subgraphs planned inside split for them)."""
+    token = _CURRENT.set(workers)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+def pieces(length, parts, minimum=1):
+    """At most `parts` (start, stop) ranges covering range(length), each at least `minimum`
+    long (fewer ranges when `length` is short)."""
+    parts = max(1, min(parts, length // max(minimum, 1)))
+    edges = [length * k // parts for k in range(parts + 1)]
+    return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]

@@ -1,0 +1,55 @@
+"""Intra-op threads (edgeflow/interp/threads.py): ops split over an interpreter's workers
+give numpy's results, on odd shapes, and the workers' errors reach the caller."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import edgeflow as ef
+from edgeflow.format import writer
+from edgeflow.interp import threads
+
+
+@pytest.mark.parametrize("length,parts,minimum", [(10, 3, 1), (7, 4, 2), (3, 8, 1), (0, 2, 1), (100, 2, 64)])
+def test_pieces_cover_the_range_once(length, parts, minimum):
+    got = threads.pieces(length, parts, minimum)
+    assert [i for a, b in got for i in range(a, b)] == list(range(length))
+    assert len(got) <= parts and all(b - a >= min(minimum, length) for a, b in got)
+
+
+def test_workers_run_every_task_and_raise_their_errors():
+    workers = threads.Workers(3)
+    done = []
+    workers.run([lambda k=k: done.append(k) for k in range(5)])
+    assert sorted(done) == list(range(5))
+
+    def fail():
+        raise ValueError("in a worker")
+    with pytest.raises(ValueError, match="in a worker"):
+        workers.run([lambda: None, fail])
+    workers.close()
+
+
+def _matmul_model(a_shape, b_shape, transpose_a, transpose_b):
+    g = ef.Graph()
+    with g.as_default():
+        a = ef.placeholder(ef.float32, a_shape, name="a")
+        b = ef.placeholder(ef.float32, b_shape, name="b")
+        y = ef.nn.relu(ef.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b))
+    return writer.to_bytes(ef.to_model(g, {"infer": ({"a": a, "b": b}, {"y": y})}))
+
+
+@settings(max_examples=12)
+@given(batch=st.sampled_from([(), (1,), (3,)]), m=st.integers(1, 70), k=st.integers(1, 40),
+       n=st.integers(1, 700), transpose_a=st.booleans(), transpose_b=st.booleans())
+def test_a_matmul_split_over_threads_equals_numpy(batch, m, k, n, transpose_a, transpose_b):
+    rng = np.random.default_rng(m * 1000 + n)
+    a = rng.standard_normal(batch + ((k, m) if transpose_a else (m, k))).astype(np.float32)
+    b = rng.standard_normal((k, n) if not transpose_b else (n, k)).astype(np.float32)
+    data = _matmul_model(a.shape, b.shape, transpose_a, transpose_b)
+    want = np.maximum(np.matmul(np.swapaxes(a, -1, -2) if transpose_a else a, b.T if transpose_b else b,
+                                dtype=np.float64), 0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(threads, "MIN_FLOPS", 1)  # small products split too (by default they stay whole)
+        got = ef.Interpreter(data, num_threads=3).get_signature_runner("infer")(a=a, b=b)["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
