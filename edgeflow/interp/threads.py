@@ -18,6 +18,9 @@ _CURRENT = contextvars.ContextVar("edgeflow_workers", default=None)
 # Arithmetic operations below which an op is not split: handing a piece to a thread and
 # waiting for it costs some 10-30 us.
 MIN_FLOPS = 1 << 21
+# Columns below which a piece of a matrix product is not worth a thread: narrower blocks
+# run far below BLAS's speed.
+MIN_COLUMNS = 64
 
 
 def available_cores():

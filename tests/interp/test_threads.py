@@ -51,5 +51,38 @@ def test_a_matmul_split_over_threads_equals_numpy(batch, m, k, n, transpose_a, t
                                 dtype=np.float64), 0)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(threads, "MIN_FLOPS", 1)  # small products split too (by default they stay whole)
+        patch.setattr(threads, "MIN_COLUMNS", 1)
         got = ef.Interpreter(data, num_threads=3).get_signature_runner("infer")(a=a, b=b)["y"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+def _conv(x, w, bias, strides, pads, group, threads_):
+    from edgeflow.graph.math_ops import apply
+    g = ef.Graph()
+    with g.as_default():
+        xp = ef.placeholder(ef.float32, x.shape, name="x")
+        y = apply("conv", [xp, ef.constant(w), ef.constant(bias)],
+                  {"strides": strides, "pads": pads, "group": group, "activation": "relu"})
+    data = writer.to_bytes(ef.to_model(g, {"infer": ({"x": xp}, {"y": y})}))
+    return ef.Interpreter(data, num_threads=threads_).get_signature_runner("infer")(x=x)["y"]
+
+
+@settings(max_examples=12)
+@given(n=st.integers(1, 3), c=st.sampled_from([1, 2, 4, 6]), m_per=st.integers(1, 3), size=st.integers(3, 11),
+       kernel=st.sampled_from([1, 3]), stride=st.sampled_from([1, 2]), pad=st.sampled_from([0, 1]),
+       grouping=st.sampled_from(["dense", "grouped", "depthwise"]))
+def test_a_conv_split_over_threads_equals_one_thread(n, c, m_per, size, kernel, stride, pad, grouping):
+    """Dense convs split their product's columns, grouped and depthwise ones their groups;
+    pointwise (1x1) convs take their own path: each against the same conv on one thread."""
+    group = {"dense": 1, "grouped": 2 if c % 2 == 0 else 1, "depthwise": c}[grouping]
+    rng = np.random.default_rng(size * 100 + c)
+    x = rng.standard_normal((n, c, size, size + 2)).astype(np.float32)
+    w = rng.standard_normal((group * m_per, c // group, kernel, kernel)).astype(np.float32)
+    bias = rng.standard_normal(group * m_per).astype(np.float32)
+    args = (x, w, bias, (stride, stride), (pad,) * 4, group)
+    want = _conv(*args, threads_=1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(threads, "MIN_FLOPS", 1)  # small convs split too
+        patch.setattr(threads, "MIN_COLUMNS", 1)
+        got = _conv(*args, threads_=3)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

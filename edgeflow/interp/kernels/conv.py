@@ -22,6 +22,7 @@ from functools import partial
 import numpy as np
 
 from ...ops.conv import transposed_geometry, window_geometry, window_params
+from .. import threads
 from . import kernel
 from .fused import with_activation
 
@@ -127,7 +128,8 @@ def _pointwise(x, w, group, out):
     xs = reshaped(x, (n, group, c // group, -1))
     ws = reshaped(w, (group, m // group, c // group))
     result = reshaped(out, (n, group, m // group, -1))
-    return lambda: np.matmul(ws, xs, out=result)
+    return _split(lambda g, p: partial(np.matmul, ws[g], xs[:, g, :, p], out=result[:, g, :, p]),
+                  group, result, xs.shape[2]) or (lambda: np.matmul(ws, xs, out=result))
 
 
 def _im2col(runs, w, group, acc):
@@ -141,11 +143,30 @@ def _im2col(runs, w, group, acc):
     ws = reshaped(w, (group, m // group, -1))
     result = reshaped(acc, (n, group, m // group, -1))
 
-    def run():
-        for dst, src in gathers:
-            np.copyto(dst, src)
-        np.matmul(ws, flat, out=result)
-    return run
+    def piece(g, p):  # the gathers and the product of groups g, columns p
+        channels = slice(g.start * (c // group), g.stop * (c // group))
+        parts = [(dst[:, channels, p], src[:, channels, p]) for dst, src in gathers]
+
+        def run():
+            for dst, src in parts:
+                np.copyto(dst, src)
+            np.matmul(ws[g], flat[:, g, :, p], out=result[:, g, :, p])
+        return run
+    whole = piece(slice(0, group), slice(None))
+    return _split(piece, group, result, flat.shape[2]) or whole
+
+
+def _split(piece, group, result, depth):
+    """A step running `piece(groups, columns)` (slices; each a step) over the plan's workers:
+    groups apart when there are several, else columns; None for one thread or little work."""
+    workers = threads.current()
+    if workers is None or 2 * result.size * depth < threads.MIN_FLOPS:
+        return None
+    if group >= workers.n:
+        parts = [piece(slice(a, b), slice(None)) for a, b in threads.pieces(group, workers.n)]
+    else:
+        parts = [piece(slice(0, group), slice(a, b)) for a, b in threads.pieces(result.shape[-1], workers.n, threads.MIN_COLUMNS)]
+    return (lambda: workers.run(parts)) if len(parts) > 1 else None
 
 
 @kernel("conv")

@@ -157,9 +157,9 @@ def _split_matmul(a, b, out):
     if rows >= 4 * workers.n:
         parts = [partial(np.matmul, a[..., i:j, :], b, out=out[..., i:j, :])
                  for i, j in threads.pieces(rows, workers.n)]
-    elif columns >= 64 * workers.n:
+    elif columns >= threads.MIN_COLUMNS * workers.n:
         parts = [partial(np.matmul, a, b[..., :, i:j], out=out[..., :, i:j])
-                 for i, j in threads.pieces(columns, workers.n, 64)]
+                 for i, j in threads.pieces(columns, workers.n, threads.MIN_COLUMNS)]
     else:
         return None
     return lambda: workers.run(parts)
