@@ -67,13 +67,14 @@ def _conv(x, w, bias, strides, pads, group, threads_):
     return ef.Interpreter(data, num_threads=threads_).get_signature_runner("infer")(x=x)["y"]
 
 
-@settings(max_examples=12)
-@given(n=st.integers(1, 3), c=st.sampled_from([1, 2, 4, 6]), m_per=st.integers(1, 3), size=st.integers(3, 11),
+@settings(max_examples=16)
+@given(n=st.integers(1, 3), c=st.sampled_from([1, 2, 4, 6]), m_per=st.sampled_from([1, 3, 17]), size=st.integers(3, 11),
        kernel=st.sampled_from([1, 3]), stride=st.sampled_from([1, 2]), pad=st.sampled_from([0, 1]),
-       grouping=st.sampled_from(["dense", "grouped", "depthwise"]))
-def test_a_conv_split_over_threads_equals_one_thread(n, c, m_per, size, kernel, stride, pad, grouping):
-    """Dense convs split their product's columns, grouped and depthwise ones their groups;
-    pointwise (1x1) convs take their own path: each against the same conv on one thread."""
+       grouping=st.sampled_from(["dense", "grouped", "depthwise"]), columns=st.sampled_from([1, 10**9]))
+def test_a_conv_split_over_threads_equals_one_thread(n, c, m_per, size, kernel, stride, pad, grouping, columns):
+    """Dense convs split their product's columns (or, when it has too few, its output
+    channels: `columns` forces either), grouped and depthwise ones their groups; pointwise
+    (1x1) convs take their own path: each against the same conv on one thread."""
     group = {"dense": 1, "grouped": 2 if c % 2 == 0 else 1, "depthwise": c}[grouping]
     rng = np.random.default_rng(size * 100 + c)
     x = rng.standard_normal((n, c, size, size + 2)).astype(np.float32)
@@ -83,6 +84,6 @@ def test_a_conv_split_over_threads_equals_one_thread(n, c, m_per, size, kernel, 
     want = _conv(*args, threads_=1)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(threads, "MIN_FLOPS", 1)  # small convs split too
-        patch.setattr(threads, "MIN_COLUMNS", 1)
+        patch.setattr(threads, "MIN_COLUMNS", columns)
         got = _conv(*args, threads_=3)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

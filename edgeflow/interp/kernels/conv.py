@@ -129,7 +129,8 @@ def _pointwise(x, w, group, out):
     ws = reshaped(w, (group, m // group, c // group))
     result = reshaped(out, (n, group, m // group, -1))
     return _split(lambda g, p: partial(np.matmul, ws[g], xs[:, g, :, p], out=result[:, g, :, p]),
-                  group, result, xs.shape[2]) or (lambda: np.matmul(ws, xs, out=result))
+                  group, result, xs.shape[2], lambda r: partial(np.matmul, ws[:, r], xs, out=result[:, :, r])) \
+        or (lambda: np.matmul(ws, xs, out=result))
 
 
 def _im2col(runs, w, group, acc):
@@ -152,21 +153,47 @@ def _im2col(runs, w, group, acc):
                 np.copyto(dst, src)
             np.matmul(ws[g], flat[:, g, :, p], out=result[:, g, :, p])
         return run
+    def rows(r):  # output channels r of every group, once the gathers are done
+        return partial(np.matmul, ws[:, r], flat, out=result[:, :, r])
     whole = piece(slice(0, group), slice(None))
-    return _split(piece, group, result, flat.shape[2]) or whole
+    split = _split(piece, group, result, flat.shape[2], rows)
+    if split is None:
+        return whole
+    if split.rows:  # every worker reads all columns: gather them first
+
+        def gather():
+            for dst, src in gathers:
+                np.copyto(dst, src)
+        return sequence(gather, split)
+    return split
 
 
-def _split(piece, group, result, depth):
-    """A step running `piece(groups, columns)` (slices; each a step) over the plan's workers:
-    groups apart when there are several, else columns; None for one thread or little work."""
+class _Split:
+    """A step running `parts` on `workers`; `rows`: the parts split output channels."""
+
+    def __init__(self, workers, parts, rows=False):
+        self.workers, self.parts, self.rows = workers, parts, rows
+
+    def __call__(self):
+        self.workers.run(self.parts)
+
+
+def _split(piece, group, result, depth, rows=None):
+    """A step running the product over the plan's workers, or None (one thread, little
+    work): `piece(groups, columns)` (slices; each a step) for groups apart when there are
+    several, else for columns when there are enough, else `rows(output channels)`."""
     workers = threads.current()
     if workers is None or 2 * result.size * depth < threads.MIN_FLOPS:
         return None
     if group >= workers.n:
         parts = [piece(slice(a, b), slice(None)) for a, b in threads.pieces(group, workers.n)]
+    elif result.shape[-1] >= threads.MIN_COLUMNS * workers.n or rows is None:
+        parts = [piece(slice(0, group), slice(a, b))
+                 for a, b in threads.pieces(result.shape[-1], workers.n, threads.MIN_COLUMNS)]
     else:
-        parts = [piece(slice(0, group), slice(a, b)) for a, b in threads.pieces(result.shape[-1], workers.n, threads.MIN_COLUMNS)]
-    return (lambda: workers.run(parts)) if len(parts) > 1 else None
+        parts = [rows(slice(a, b)) for a, b in threads.pieces(result.shape[-2], workers.n, 8)]
+        return _Split(workers, parts, rows=True) if len(parts) > 1 else None
+    return _Split(workers, parts) if len(parts) > 1 else None
 
 
 @kernel("conv")
