@@ -11,8 +11,11 @@ work then, once: a kernel of a plan made without workers runs as before.
 """
 import contextlib
 import contextvars
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
 
 _CURRENT = contextvars.ContextVar("edgeflow_workers", default=None)
 # Arithmetic operations below which an op is not split: handing a piece to a thread and
@@ -77,3 +80,30 @@ def pieces(length, parts, minimum=1):
     parts = max(1, min(parts, length // max(minimum, 1)))
     edges = [length * k // parts for k in range(parts + 1)]
     return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]
+
+
+# Elements below which an elementwise op is not split (a piece must outweigh a thread hop).
+MIN_ELEMENTS = 1 << 16
+
+
+def elementwise(fn, ins, out, *args):
+    """A step computing `fn(*ins, *args, out=piece of out)` piece by piece on the current
+    workers (split along the first axis of `out` long enough; inputs that broadcast along
+    it are passed whole), or None: one thread, or too few elements."""
+    workers = current()
+    if workers is None or out.size < MIN_ELEMENTS:
+        return None
+    axis = next((k for k, d in enumerate(out.shape) if d >= workers.n), None)
+    if axis is None:
+        return None
+
+    def part(a, b):
+        def cut(x):
+            x = np.asarray(x)
+            k = axis - (out.ndim - x.ndim)  # x's axis under out's, numpy's alignment from the right
+            if k < 0 or x.shape[k] == 1:
+                return x
+            return x[(slice(None),) * k + (slice(a, b),)]
+        return functools.partial(fn, *map(cut, ins), *args, out=cut(out))
+    parts = [part(a, b) for a, b in pieces(out.shape[axis], workers.n)]
+    return (lambda: workers.run(parts)) if len(parts) > 1 else None

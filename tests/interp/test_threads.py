@@ -2,7 +2,7 @@
 give numpy's results, on odd shapes, and the workers' errors reach the caller."""
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import edgeflow as ef
@@ -87,3 +87,27 @@ def test_a_conv_split_over_threads_equals_one_thread(n, c, m_per, size, kernel, 
         patch.setattr(threads, "MIN_COLUMNS", columns)
         got = _conv(*args, threads_=3)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=12)
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), other=st.sampled_from(["same", "row", "scalar", "column"]),
+       op=st.sampled_from(["add", "sub", "mul", "maximum", "relu"]))
+@example(shape=[1, 4, 3], other="column", op="add")  # split along axis 1, which y broadcasts along
+def test_elementwise_ops_split_over_threads_equal_numpy(shape, other, op):
+    """Split along the first axis long enough; the other operand broadcasts along it or not."""
+    from edgeflow.graph.math_ops import apply
+    rng = np.random.default_rng(len(shape))
+    x = rng.standard_normal(shape).astype(np.float32)
+    y = {"same": rng.standard_normal(shape), "row": rng.standard_normal(shape[-1:]),
+         "scalar": rng.standard_normal(()), "column": rng.standard_normal(shape[:1] + [1] * (len(shape) - 1))}[other]
+    y = y.astype(np.float32)
+    g = ef.Graph()
+    with g.as_default():
+        xp, yp = ef.placeholder(ef.float32, x.shape, name="x"), ef.placeholder(ef.float32, y.shape, name="y")
+        out = apply("relu", [xp + yp]) if op == "relu" else apply(op, [xp, yp])
+    data = writer.to_bytes(ef.to_model(g, {"infer": ({"x": xp, "y": yp}, {"out": out})}))
+    want = {"add": x + y, "sub": x - y, "mul": x * y, "maximum": np.maximum(x, y), "relu": np.maximum(x + y, 0)}[op]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(threads, "MIN_ELEMENTS", 1)
+        got = ef.Interpreter(data, num_threads=2).get_signature_runner("infer")(x=x, y=y)["out"]
+    np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -12,7 +12,7 @@ from .fused import with_activation
 def _ufunc(fn):
     """The kernel of an elementwise op that numpy ufunc `fn` computes."""
     def make(ins, outs, attrs):
-        return partial(fn, *ins, out=outs[0])
+        return threads.elementwise(fn, ins, outs[0]) or partial(fn, *ins, out=outs[0])
     return make
 
 
@@ -74,7 +74,8 @@ def _truncating_divide(a, b, out):
 
 @kernel("add")
 def _add(ins, outs, attrs):
-    return with_activation(partial(np.add, *ins, out=outs[0]), attrs["activation"], outs[0])
+    return with_activation(threads.elementwise(np.add, ins, outs[0]) or partial(np.add, *ins, out=outs[0]),
+                           attrs["activation"], outs[0])
 
 
 @kernel("div")

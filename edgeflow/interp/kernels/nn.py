@@ -3,12 +3,14 @@ from functools import partial
 
 import numpy as np
 
+from .. import threads
 from . import kernel
 
 
 @kernel("relu")
 def _relu(ins, outs, attrs):
-    return partial(np.maximum, ins[0], outs[0].dtype.type(0), out=outs[0])
+    zero = outs[0].dtype.type(0)
+    return threads.elementwise(np.maximum, [ins[0], zero], outs[0]) or partial(np.maximum, ins[0], zero, out=outs[0])
 
 
 def _softmax(x, axis, out):
