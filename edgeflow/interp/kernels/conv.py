@@ -22,7 +22,7 @@ from functools import partial
 import numpy as np
 
 from ...ops.conv import transposed_geometry, window_geometry, window_params
-from . import kernel
+from . import jit, kernel
 from .fused import with_activation
 
 
@@ -156,12 +156,19 @@ def _conv(ins, outs, attrs):
     kernel_shape = w.shape[2:]
     strides, dilations, _ = window_params("conv", attrs, x.ndim - 2)
     out_shape, begin, end = window_geometry("conv", x.shape[2:], kernel_shape, attrs)
+    if group > 1 and group == x.shape[1] == w.shape[0]:  # depthwise: one pass where numba is there
+        step = jit.bind_depthwise(x, w, bias, out, strides, dilations, begin, attrs["activation"])
+        if step is not None:
+            return step
     if math.prod(kernel_shape) == 1 and set(strides) == {1} and not any(begin + end):
         step, runs, acc = _pointwise(x, w, group, out), None, out
     else:
         runs = tap_runs(x, kernel_shape, strides, dilations, begin, out_shape)
         acc = out if runs.wide == out_shape else np.empty(out.shape[:2] + runs.wide, out.dtype)
         step = sequence(runs.load, _im2col(runs, w, group, acc))
+    finish = jit.bind_bias_activation(acc, bias, out, attrs["activation"])  # crop, bias, activation in one pass
+    if finish is not None:
+        return sequence(step, finish)
     return with_activation(sequence(step, _finish(acc, runs, bias, out)), attrs["activation"], out)
 
 

@@ -4,7 +4,7 @@ from functools import partial
 import numpy as np
 
 from ... import dtypes
-from . import kernel
+from . import jit, kernel
 from .fused import with_activation
 
 
@@ -73,7 +73,8 @@ def _truncating_divide(a, b, out):
 
 @kernel("add")
 def _add(ins, outs, attrs):
-    return with_activation(partial(np.add, *ins, out=outs[0]), attrs["activation"], outs[0])
+    fused = jit.bind_add_activation(*ins, outs[0], attrs["activation"])
+    return fused or with_activation(partial(np.add, *ins, out=outs[0]), attrs["activation"], outs[0])
 
 
 @kernel("div")
