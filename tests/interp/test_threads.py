@@ -111,3 +111,18 @@ def test_elementwise_ops_split_over_threads_equal_numpy(shape, other, op):
         patch.setattr(threads, "MIN_ELEMENTS", 1)
         got = ef.Interpreter(data, num_threads=2).get_signature_runner("infer")(x=x, y=y)["out"]
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("channels,size,stride", [(6, 9, 1), (5, 12, 2)])
+def test_a_depthwise_conv_split_over_threads_equals_one_thread(channels, size, stride):
+    """numba's one-pass depthwise conv (where numba is installed) splits its channels."""
+    rng = np.random.default_rng(channels)
+    x = rng.standard_normal((1, channels, size, size)).astype(np.float32)
+    w = rng.standard_normal((channels, 1, 3, 3)).astype(np.float32)
+    bias = rng.standard_normal(channels).astype(np.float32)
+    args = (x, w, bias, (stride, stride), (1, 1, 1, 1), channels)
+    want = _conv(*args, threads_=1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(threads, "MIN_FLOPS", 1)
+        got = _conv(*args, threads_=3)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

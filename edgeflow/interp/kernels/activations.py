@@ -3,7 +3,7 @@ from functools import partial
 
 import numpy as np
 
-from . import kernel
+from . import jit, kernel
 
 # Chebyshev coefficients, computed offline from mpmath's erf at 40 digits (interpolation
 # at 40 Chebyshev nodes, truncated where the terms drop below 1e-17):
@@ -129,7 +129,13 @@ def _evaluate(formula, x, attrs, out):
 
 
 for _name, _formula in _FORMULAS.items():
-    kernel(_name)(lambda ins, outs, attrs, f=_formula: partial(_evaluate, f, ins[0], attrs, outs[0]))
+    if _name != "gelu":
+        kernel(_name)(lambda ins, outs, attrs, f=_formula: partial(_evaluate, f, ins[0], attrs, outs[0]))
+
+
+@kernel("gelu")
+def _gelu_kernel(ins, outs, attrs):
+    return jit.bind_gelu(ins[0], outs[0], attrs["approximate"]) or partial(_evaluate, _gelu, ins[0], attrs, outs[0])
 
 
 def _swiglu(a, b, alpha, out):

@@ -23,7 +23,7 @@ import numpy as np
 
 from ...ops.conv import transposed_geometry, window_geometry, window_params
 from .. import threads
-from . import kernel
+from . import jit, kernel
 from .fused import with_activation
 
 
@@ -196,6 +196,20 @@ def _split(piece, group, result, depth, rows=None):
     return _Split(workers, parts) if len(parts) > 1 else None
 
 
+def _depthwise(x, w, bias, out, strides, dilations, begin, activation):
+    """numba's one-pass depthwise conv (or None), its channels split over the plan's
+    workers for one image (whose channel slices stay contiguous)."""
+    workers = threads.current()
+    if workers is None or x.shape[0] != 1 or 2 * out.size * math.prod(w.shape[2:]) < threads.MIN_FLOPS:
+        return jit.bind_depthwise(x, w, bias, out, strides, dilations, begin, activation)
+    parts = [jit.bind_depthwise(x[:, a:b], w[a:b], None if bias is None else bias[a:b], out[:, a:b],
+                                strides, dilations, begin, activation)
+             for a, b in threads.pieces(x.shape[1], workers.n)]
+    if None in parts:
+        return None
+    return (lambda: workers.run(parts)) if len(parts) > 1 else parts[0]
+
+
 @kernel("conv")
 def _conv(ins, outs, attrs):
     x, w = ins[:2]
@@ -204,12 +218,19 @@ def _conv(ins, outs, attrs):
     kernel_shape = w.shape[2:]
     strides, dilations, _ = window_params("conv", attrs, x.ndim - 2)
     out_shape, begin, end = window_geometry("conv", x.shape[2:], kernel_shape, attrs)
+    if group > 1 and group == x.shape[1] == w.shape[0]:  # depthwise: one pass where numba is there
+        step = _depthwise(x, w, bias, out, strides, dilations, begin, attrs["activation"])
+        if step is not None:
+            return step
     if math.prod(kernel_shape) == 1 and set(strides) == {1} and not any(begin + end):
         step, runs, acc = _pointwise(x, w, group, out), None, out
     else:
         runs = tap_runs(x, kernel_shape, strides, dilations, begin, out_shape)
         acc = out if runs.wide == out_shape else np.empty(out.shape[:2] + runs.wide, out.dtype)
         step = sequence(runs.load, _im2col(runs, w, group, acc))
+    finish = jit.bind_bias_activation(acc, bias, out, attrs["activation"])  # crop, bias, activation in one pass
+    if finish is not None:
+        return sequence(step, finish)
     return with_activation(sequence(step, _finish(acc, runs, bias, out)), attrs["activation"], out)
 
 

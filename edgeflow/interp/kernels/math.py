@@ -5,7 +5,7 @@ import numpy as np
 
 from ... import dtypes
 from .. import threads
-from . import kernel
+from . import jit, kernel
 from .fused import with_activation
 
 
@@ -74,8 +74,9 @@ def _truncating_divide(a, b, out):
 
 @kernel("add")
 def _add(ins, outs, attrs):
-    return with_activation(threads.elementwise(np.add, ins, outs[0]) or partial(np.add, *ins, out=outs[0]),
-                           attrs["activation"], outs[0])
+    fused = None if threads.current() else jit.bind_add_activation(*ins, outs[0], attrs["activation"])
+    return fused or with_activation(threads.elementwise(np.add, ins, outs[0]) or partial(np.add, *ins, out=outs[0]),
+                                    attrs["activation"], outs[0])
 
 
 @kernel("div")

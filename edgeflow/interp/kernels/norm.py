@@ -1,7 +1,7 @@
 """Kernels of edgeflow/ops/norm.py."""
 import numpy as np
 
-from . import kernel
+from . import jit, kernel
 
 
 @kernel("batch_norm")
@@ -27,6 +27,9 @@ def _layer_norm(ins, outs, attrs):
     x, scale = ins[:2]
     bias = ins[2] if len(ins) > 2 else None
     out, eps = outs[0], attrs["epsilon"]
+    step = jit.bind_layer_norm(x, scale, bias, out, attrs["axis"], eps)
+    if step is not None:
+        return step
     axes = tuple(range(attrs["axis"] % x.ndim, x.ndim))
     wide = np.float32 if x.dtype == np.float16 else None
     centered = np.empty(x.shape, wide) if wide else out

@@ -1,0 +1,244 @@
+"""The numba loops of edgeflow/interp/kernels/jit.py: each kernel they serve, run with them
+(`jit`) and with numba disabled (`numpy`, EDGEFLOW_JIT=0: the numpy-only install's path),
+against onnxruntime on odd shapes and, for the JIT, against the numpy path it replaces.
+
+fp32 results agree within 1e-4 of the largest magnitude of the reference (sums of random
+terms cancel, so a bound relative to each element would test the rounding of numbers near 0).
+"""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import edgeflow as ef
+from edgeflow.format import writer
+from edgeflow.graph.math_ops import apply
+from edgeflow.interp.kernels import jit
+
+FEW = settings(max_examples=12)
+ACTIVATIONS = {"": lambda y: y, "relu": lambda y: np.maximum(y, 0), "relu6": lambda y: np.clip(y, 0, 6)}
+
+
+@pytest.fixture(params=["jit", "numpy"])
+def mode(request, monkeypatch):
+    """Which path the kernels bind to; under `jit`, the loops bound are recorded in
+    `bound` (a list of loop names) so that a test can check the JIT did run."""
+    if request.param == "jit":
+        pytest.importorskip("numba")
+    monkeypatch.setenv("EDGEFLOW_JIT", "1" if request.param == "jit" else "0")
+    bound, compiled = [], jit.compiled
+
+    def recording(loop, *args):
+        bound.append(loop.__name__)
+        return compiled(loop, *args)
+    monkeypatch.setattr(jit, "compiled", recording)
+    return request.param, bound
+
+
+def run(build, x, jit_on=None):
+    """build(placeholder) run on x by an Interpreter; EDGEFLOW_JIT set to `jit_on` (if not
+    None) while its plan binds."""
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, x.shape, name="x")
+        y = build(t)
+    runner = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})}))) \
+        .get_signature_runner("infer")
+    if jit_on is None:
+        return runner(x=x)["y"]
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("EDGEFLOW_JIT", "1" if jit_on else "0")
+        return runner(x=x)["y"]
+
+
+def onnx_run(nodes, x, inits, opset=17):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.log_severity_level = 1, 3
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+
+
+def close(got, expected, rtol=1e-4):
+    assert got.dtype == np.float32 and got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=rtol, atol=rtol * max(float(np.abs(expected).max()), 1.0))
+
+
+def check(mode, build, x, expected, loop):
+    """The kernel's result on x is `expected` (onnxruntime's), and under the JIT also the
+    numpy path's, with `loop` the one bound."""
+    path, bound = mode
+    bound.clear()
+    got = run(build, x)
+    close(got, expected)
+    if path == "jit":
+        assert loop in bound, bound
+        close(got, run(build, x, jit_on=False))
+    else:
+        assert not bound
+
+
+# -- depthwise convolution -------------------------------------------------------------------
+
+@st.composite
+def depthwise_cases(draw):
+    k = draw(st.sampled_from([3, 5]))
+    c, n = draw(st.integers(2, 6)), draw(st.integers(1, 2))
+    h, w = draw(st.integers(1, 13)), draw(st.integers(1, 13))
+    stride, dilation = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    pads = [draw(st.integers(0, k - 1)) for _ in range(4)]
+    reach = (k - 1) * dilation + 1
+    assume(h + pads[0] + pads[2] >= reach and w + pads[1] + pads[3] >= reach)
+    return (n, c, h, w), k, {"strides": (stride, stride), "dilations": (dilation, dilation), "pads": tuple(pads),
+                             "group": c}, draw(st.sampled_from(list(ACTIVATIONS))), draw(st.booleans())
+
+
+@FEW
+@given(case=depthwise_cases(), seed=st.integers(0, 2 ** 16))
+def test_depthwise_conv(mode, case, seed):
+    shape, k, attrs, activation, with_bias = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((shape[1], 1, k, k)).astype(np.float32)
+    b = rng.standard_normal(shape[1]).astype(np.float32) if with_bias else None
+    operands = [w] + ([b] if with_bias else [])
+    inits = {"w": w, **({"b": b} if with_bias else {})}
+    expected = ACTIVATIONS[activation](onnx_run([helper.make_node("Conv", ["x", *inits], ["y"], **attrs)], x, inits))
+    check(mode, lambda t: apply("conv", [t] + operands, {**attrs, "activation": activation}), x, expected,
+          "depthwise_loop")
+
+
+def test_depthwise_mobilenet_layer(mode):
+    """A MobileNetV2 layer: 3x3, stride 2, padding 1, bias, relu6."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 24, 28, 28)).astype(np.float32)
+    w, b = rng.standard_normal((24, 1, 3, 3)).astype(np.float32), rng.standard_normal(24).astype(np.float32)
+    attrs = {"strides": (2, 2), "pads": (1, 1, 1, 1), "group": 24}
+    expected = np.clip(onnx_run([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], x, {"w": w, "b": b}),
+                       0, 6)
+    check(mode, lambda t: apply("conv", [t, w, b], {**attrs, "activation": "relu6"}), x, expected, "depthwise_loop")
+
+
+# -- a conv's bias and activation, a residual add's activation -------------------------------
+
+@FEW
+@given(k=st.sampled_from([1, 3]), c=st.integers(1, 5), m=st.integers(1, 5), h=st.integers(3, 11),
+       w=st.integers(3, 11), rank=st.sampled_from([1, 2]), activation=st.sampled_from(["relu", "relu6"]),
+       seed=st.integers(0, 2 ** 16))
+def test_conv_bias_activation(mode, k, c, m, h, w, rank, activation, seed):
+    """1x1 and 1-D (the conv's result is out: bias and activation in place), 2-D 3x3 padded
+    (a wide result, cropped into out)."""
+    rng = np.random.default_rng(seed)
+    spatial = (h, w)[:rank]
+    x = rng.standard_normal((2, c) + spatial).astype(np.float32)
+    weight = rng.standard_normal((m, c) + (k,) * rank).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    attrs = {"pads": (k // 2,) * (2 * rank)}
+    expected = ACTIVATIONS[activation](
+        onnx_run([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], x, {"w": weight, "b": b}))
+    check(mode, lambda t: apply("conv", [t, weight, b], {**attrs, "activation": activation}), x, expected,
+          "bias_activation_loop" if k == 3 and rank == 2 else "bias_activation_inplace_loop")
+
+
+@FEW
+@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=4), row=st.booleans(),
+       activation=st.sampled_from(["relu", "relu6"]), seed=st.integers(0, 2 ** 16))
+def test_add_activation(mode, shape, row, activation, seed):
+    """A residual add (same shapes) or a bias add (a vector along the last axis), then the
+    activation the optimizer fused into it."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32) * 4
+    other = rng.standard_normal(shape[-1:] if row else shape).astype(np.float32) * 4
+    onnx_act = [helper.make_node("Relu", ["s"], ["y"])] if activation == "relu" else \
+        [helper.make_node("Clip", ["s", "lo", "hi"], ["y"])]
+    expected = onnx_run([helper.make_node("Add", ["x", "o"], ["s"])] + onnx_act, x,
+                        {"o": other, "lo": np.float32(0), "hi": np.float32(6)})
+    check(mode, lambda t: apply("add", [t, other], {"activation": activation}), x, expected, "add_activation_loop")
+
+
+# -- layer norm and GELU -----------------------------------------------------------------------
+
+@FEW
+@given(shape=st.lists(st.integers(1, 11), min_size=1, max_size=4), last=st.integers(1, 2),
+       with_bias=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_layer_norm(mode, shape, last, with_bias, seed):
+    """Statistics over the last one or two axes; scale and bias of the normalized shape."""
+    assume(last <= len(shape))
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    normalized = tuple(shape[-last:])
+    scale = rng.standard_normal(normalized).astype(np.float32)
+    bias = rng.standard_normal(normalized).astype(np.float32) if with_bias else None
+    inits = {"s": scale, **({"b": bias} if with_bias else {})}
+    expected = onnx_run([helper.make_node("LayerNormalization", ["x", *inits], ["y"], axis=-last, epsilon=1e-5)],
+                        x, inits)
+    operands = [scale] + ([bias] if with_bias else [])
+    check(mode, lambda t: apply("layer_norm", [t] + operands, {"axis": -last, "epsilon": 1e-5}), x, expected,
+          "layer_norm_loop")
+
+
+@FEW
+@given(shape=st.lists(st.integers(1, 17), min_size=0, max_size=3), approximate=st.sampled_from(["none", "tanh"]),
+       seed=st.integers(0, 2 ** 16))
+def test_gelu(mode, shape, approximate, seed):
+    x = np.asarray(np.random.default_rng(seed).standard_normal(shape) * 4, np.float32)
+    expected = onnx_run([helper.make_node("Gelu", ["x"], ["y"], approximate=approximate)], x, {}, opset=20)
+    check(mode, lambda t: apply("gelu", [t], {"approximate": approximate}), x, expected, "gelu_loop")
+
+
+# -- the numpy-only install -------------------------------------------------------------------
+
+def _in_fresh_interpreter(code, env=None):
+    import os
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, **(env or {})})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_importing_the_interpreter_does_not_import_numba():
+    assert _in_fresh_interpreter("import sys, json, edgeflow.interp\nprint(json.dumps('numba' in sys.modules))") \
+        is False
+
+
+DEPTHWISE_RUN = """
+import sys, json
+import numpy as np
+import edgeflow as ef
+from edgeflow.format import writer
+from edgeflow.graph.math_ops import apply
+rng = np.random.default_rng(1)
+x = rng.standard_normal((1, 4, 9, 9)).astype(np.float32)
+w = rng.standard_normal((4, 1, 3, 3)).astype(np.float32)
+g = ef.Graph()
+with g.as_default():
+    t = ef.placeholder(ef.float32, x.shape, name="x")
+    y = apply("conv", [t, w], {"group": 4, "pads": (1, 1, 1, 1), "activation": "relu"})
+    z = apply("layer_norm", [y, np.ones(9, np.float32)], {"axis": -1, "epsilon": 1e-5})
+out = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"z": z})}))) \\
+    .get_signature_runner("infer")(x=x)["z"]
+print(json.dumps([sys.modules.get("numba") is not None, out.ravel().tolist()]))
+"""
+
+
+@pytest.mark.parametrize("how", ["disabled", "absent"])
+def test_kernels_run_without_numba(how):
+    """EDGEFLOW_JIT=0, or numba not installed (an import that fails): the numpy path runs,
+    numba is never imported, and the result is the JIT's (where numba is installed)."""
+    blocked = "import sys; sys.modules['numba'] = None\n" if how == "absent" else ""
+    imported, out = _in_fresh_interpreter(blocked + DEPTHWISE_RUN,
+                                          {"EDGEFLOW_JIT": "0"} if how == "disabled" else {"EDGEFLOW_JIT": "1"})
+    assert not imported
+    pytest.importorskip("numba")
+    imported_jit, out_jit = _in_fresh_interpreter(DEPTHWISE_RUN, {"EDGEFLOW_JIT": "1"})
+    assert imported_jit
+    close(np.float32(out), np.float32(out_jit))
