@@ -1,6 +1,7 @@
 """Winograd against the direct conv: ResNet-18's 3x3 stride-1 layer shapes, one conv per model.
 
     .venv/bin/python benchmarks/bench_winograd.py [--runs N] [--batch 1 8] [--threads 1] [--error]
+    .venv/bin/python benchmarks/bench_winograd.py --model resnet18.onnx [--runs N] [--batch 1 8]
 
 Each shape (C = M channels at H = W, padding 1, bias, relu) runs as a one-op
 `edgeflow.Interpreter` model three times, its kernel bound with EDGEFLOW_CONV_ALGO set to
@@ -9,6 +10,9 @@ of the one Conv node, all interleaved on `--threads` threads each: median times,
 over onnxruntime's; "auto" names the path edgeflow's rule picks (winograd.rule).
 `--error` also prints, per shape and path, the float32 max abs error over the max abs
 output against a float64 direct conv (He-initialised weights, standard normal inputs).
+`--model` instead runs an ONNX model (its first input of shape (batch, ...), e.g. a
+torchvision ResNet-18 exported by benchmarks/zoo.py) end to end: converted, bound with
+EDGEFLOW_CONV_ALGO=auto (the rule) and =direct, against onnxruntime, interleaved.
 """
 import argparse
 import os
@@ -42,13 +46,48 @@ def interpreter(model, algo, threads):
     return interp
 
 
+def model_end_to_end(path, batches, runs, threads):
+    """`--model`: the model with each conv path against onnxruntime, per batch size."""
+    import tempfile
+    from edgeflow.converters import onnx as onnx_converter
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        efl = os.path.join(folder, "model.efl")
+        onnx_converter.convert(path, efl)
+        sess = harness.ort_session(path, threads)
+        feed = sess.get_inputs()[0]
+        for n in batches:
+            x = np.random.default_rng(0).standard_normal([n] + list(feed.shape[1:])).astype(np.float32)
+            contenders = {}
+            for algo in ("auto", "direct"):
+                interp = interpreter(efl, algo, threads)
+                inp = interp.get_input_details()[0]
+                interp.resize_input_tensor(inp["index"], list(x.shape))
+                interp.allocate_tensors()
+                interp.set_tensor(inp["index"], x)
+                contenders[algo] = interp.invoke
+            contenders["ort"] = lambda x=x: sess.run(None, {feed.name: x})
+            t = harness.medians(contenders, runs)
+            rows.append([str(n)] + [f"{harness.ms(t[k])} ({harness.ratio(t[k], t['ort'])})" for k in ("auto", "direct")]
+                        + [harness.ms(t["ort"]), harness.ratio(t["auto"], t["direct"])])
+    print(f"{os.path.basename(path)}: median ms of {runs} interleaved runs on {threads} thread(s); "
+          f"(x) = time / onnxruntime's")
+    harness.print_table(["batch", "edgeflow auto", "edgeflow direct", "ort", "auto/direct"], rows)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10, help="timed runs of each contender (default 10)")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--error", action="store_true", help="also measure float32 errors")
+    parser.add_argument("--model", help="an ONNX model to run end to end instead")
     args = parser.parse_args()
+    if args.model:
+        saved = os.environ.get(winograd.ENV)
+        model_end_to_end(args.model, args.batch, args.runs, args.threads)
+        os.environ.pop(winograd.ENV, None) if saved is None else os.environ.update({winograd.ENV: saved})
+        return
     rng = np.random.default_rng(0)
     rows, errors = [], []
     saved = os.environ.get(winograd.ENV)
