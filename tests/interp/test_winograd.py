@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from edgeflow import ops
+from edgeflow.interp import threads
 from edgeflow.interp.kernels import KERNELS, winograd
 
 
@@ -160,3 +161,21 @@ def test_forcing_where_winograd_does_not_apply_and_bad_values():
     with mock.patch.dict(os.environ, {winograd.ENV: "fast"}):
         with pytest.raises(ValueError, match=winograd.ENV):
             winograd.choose(x, w, 1, (1, 1), (1, 1), (6, 6))
+
+
+@pytest.mark.parametrize("algo", ["winograd2", "winograd4"])
+def test_split_over_workers(algo):
+    """Bound with 3 intra-op workers (each phase split over them), on an odd layer."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 24, 23, 19)).astype(np.float32)
+    w = rng.standard_normal((40, 24, 3, 3)).astype(np.float32)
+    w.setflags(write=False)
+    b = rng.standard_normal(40).astype(np.float32)
+    workers = threads.Workers(3)
+    try:
+        with threads.using(workers):
+            step, out = conv(x, w, b, (1, 0, 2, 1), "relu", algo)
+        step()
+    finally:
+        workers.close()
+    assert_near(out, reference(x, w, b, (1, 0, 2, 1), "relu"))

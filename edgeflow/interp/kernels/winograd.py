@@ -17,7 +17,9 @@ with a^2 multiplies per channel pair instead of 9 m^2. Done over whole arrays:
 
 The transforms are products, not elementwise passes: measured, BLAS does the input's 36x36
 (F4) Kronecker product and the output's two small ones faster than numpy does the adds.
-Every array is allocated at prepare time; each run only calls numpy with out= arrays.
+Every array is allocated at prepare time; each run only calls numpy with out= arrays. With
+intra-op workers (interp/threads.py) each of the four phases (input transform, products,
+output transform by tile rows, then by tile columns with the scatter) is split over them.
 
 Which path a conv takes (`choose`, when its kernel binds): EDGEFLOW_CONV_ALGO=direct,
 winograd2 or winograd4 forces one where it applies (tests, benchmarks); unset or "auto",
@@ -31,9 +33,12 @@ for F(4x4,3x3) (its transforms have entries up to 8 and down to 1/24; onnxruntim
 1.7e-7 to 3.7e-7). tests/interp/test_winograd.py bounds both by 1e-4.
 """
 import os
+from functools import partial
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
+
+from .. import threads
 
 ENV = "EDGEFLOW_CONV_ALGO"
 ALGOS = ("direct", "winograd2", "winograd4")
@@ -157,18 +162,52 @@ def conv(x, w, bias, begin, out, algo):
                 dst = _tiled(out, t0 * m, nt, nr, s0 * m, ns, nc, m)
                 scatters.append((dst, ys[:, :, t0:t0 + nt, :nr, s0:s0 + ns, :nc]))
 
+    # Four phases, each split over the plan's workers (see interp/threads.py) when the
+    # product is worth it: input channels (copy, gather, transform), the a^2 products,
+    # the tile rows of the output transform, output channels (its columns, the scatter).
+    workers = threads.current()
+    split = workers is not None and 2 * a * a * mm * c * tiles >= threads.MIN_FLOPS
+
+    def load(c0, c1):
+        copies = [(inner[:, c0:c1], x[:, c0:c1]), (d[:, :, c0:c1], windows[:, :, c0:c1])]
+        cols = slice(c0 * tiles, c1 * tiles)
+
+        def run():
+            for dst, src in copies:
+                np.copyto(dst, src)
+            np.matmul(kb, d2[:, cols], out=v2[:, cols])
+        return run
+
+    def product(k0, k1):
+        return partial(np.matmul, u[k0:k1], v[k0:k1], out=products[k0:k1])
+
+    def rows(j0, j1):  # A^T over the tile rows, for tile columns j0:j1 of the products
+        cols = slice(j0 * mm * tiles, j1 * mm * tiles)
+        return partial(np.matmul, at_rows, p2[:, cols], out=z2[:, cols])
+
+    def finish(m0, m1):  # A^T over the tile columns, and the scatter, for output channels m0:m1
+        part = slice(m0 * tiles, m1 * tiles)
+        pieces = [(dst[:, m0:m1], src[:, m0:m1]) for dst, src in scatters]
+        bias_part = None if column is None else column[:, m0:m1]
+
+        def run():
+            np.matmul(zt[:, part], at_cols, out=y3[:, part])
+            for dst, src in pieces:
+                if bias_part is None:
+                    np.copyto(dst, src)
+                else:
+                    np.add(src, bias_part, out=dst)
+        return run
+
+    phases = [[make(lo, hi) for lo, hi in threads.pieces(length, workers.n if split else 1)]
+              for make, length in ((load, c), (product, a * a), (rows, a), (finish, mm))]
+
     def run():
         if weights is not None:
             np.matmul(*weights[:2], out=weights[2])
-        np.copyto(inner, x)
-        np.copyto(d, windows)
-        np.matmul(kb, d2, out=v2)
-        np.matmul(u, v, out=products)
-        np.matmul(at_rows, p2, out=z2)  # A^T over the tile's rows, then its columns
-        np.matmul(zt, at_cols, out=y3)
-        for dst, src in scatters:
-            if column is None:
-                np.copyto(dst, src)
+        for phase in phases:
+            if len(phase) > 1:
+                workers.run(phase)
             else:
-                np.add(src, column, out=dst)
+                phase[0]()
     return run
