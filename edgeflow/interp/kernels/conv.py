@@ -13,6 +13,8 @@ A conv is then one batched BLAS product: the runs are gathered into columns
 needs no gather (w @ x). A depthwise conv takes the same path, a product per channel of
 (M/C, taps) @ (taps, L): measured, that beats a multiply-accumulate of the runs (two
 passes per tap, one of them a slow broadcast) by 1 to 2x.
+
+3x3 stride-1 convs of enough channels and outputs take winograd.py's path instead.
 """
 import itertools
 import math
@@ -23,7 +25,7 @@ import numpy as np
 
 from ...ops.conv import transposed_geometry, window_geometry, window_params
 from .. import threads
-from . import jit, kernel
+from . import jit, kernel, winograd
 from .fused import with_activation
 
 
@@ -222,6 +224,9 @@ def _conv(ins, outs, attrs):
         step = _depthwise(x, w, bias, out, strides, dilations, begin, attrs["activation"])
         if step is not None:
             return step
+    algo = winograd.choose(x, w, group, strides, dilations, out_shape)  # see winograd.py
+    if algo != "direct":
+        return with_activation(winograd.conv(x, w, bias, begin, out, algo), attrs["activation"], out)
     if math.prod(kernel_shape) == 1 and set(strides) == {1} and not any(begin + end):
         step, runs, acc = _pointwise(x, w, group, out), None, out
     else:

@@ -1,0 +1,213 @@
+"""Winograd convolution F(2x2,3x3) and F(4x4,3x3): the `conv` kernel's path for 3x3,
+stride-1, dilation-1, ungrouped 2-D convolutions (any padding), float32 and float64.
+
+A helper of conv.py's kernel (it registers none). An output tile of m x m (m = 2 or 4)
+is computed from an input tile d of a x a (a = m + 2) as A^T [(G g G^T) * (B^T d B)] A,
+with a^2 multiplies per channel pair instead of 9 m^2. Done over whole arrays:
+
+- weights: U = G g G^T, (a^2, M, C), once at prepare time when w is a constant (read-only
+  array), else at each run (a variable being trained);
+- input: x copied into a zero-padded buffer (allocated at prepare, padding written once),
+  the overlapping tiles gathered by one copy from a strided view into D (a^2, C, N*tiles),
+  and transformed by one product V = (B^T kron B^T) D;
+- the a^2 products U[k] (M, C) @ V[k] (C, N*tiles): one batched np.matmul;
+- output: Y = A^T m A as two products (A^T over the tile rows, then over its columns with
+  the columns last, so that each output row is one run of Y), scattered with the bias added
+  into the output (up to four strided copies: whole tiles and the cropped last row/column).
+
+The transforms are products, not elementwise passes: measured, BLAS does the input's 36x36
+(F4) Kronecker product and the output's two small ones faster than numpy does the adds.
+Every array is allocated at prepare time; each run only calls numpy with out= arrays. With
+intra-op workers (interp/threads.py) each of the four phases (input transform, products,
+output transform by tile rows, then by tile columns with the scatter) is split over them.
+
+Which path a conv takes (`choose`, when its kernel binds): EDGEFLOW_CONV_ALGO=direct,
+winograd2 or winograd4 forces one where it applies (tests, benchmarks); unset or "auto",
+`rule` picks by shape, as measured on ResNet-18's layers with benchmarks/bench_winograd.py.
+
+Error (float32, measured with benchmarks/bench_winograd.py --error against a float64
+direct conv with bias and relu, He-initialised weights, standard normal inputs, ResNet-18's
+layers C = M = 64..512, batch 1 and 8): the max abs error over the max abs output is
+3.6e-7 to 4.9e-7 for the direct path, 3.0e-7 to 5.9e-7 for F(2x2,3x3) and 5.7e-6 to 1.2e-5
+for F(4x4,3x3) (its transforms have entries up to 8 and down to 1/24; onnxruntime's:
+1.7e-7 to 3.7e-7). tests/interp/test_winograd.py bounds both by 1e-4.
+"""
+import os
+from functools import partial
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from .. import threads
+
+ENV = "EDGEFLOW_CONV_ALGO"
+ALGOS = ("direct", "winograd2", "winograd4")
+
+# Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks" (2015): B^T, G, A^T.
+_F2 = ([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
+       [[1, 0, 0], [1 / 2, 1 / 2, 1 / 2], [1 / 2, -1 / 2, 1 / 2], [0, 0, 1]],
+       [[1, 1, 1, 0], [0, 1, -1, -1]])
+_F4 = ([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+        [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]],
+       [[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+        [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]],
+       [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]])
+TRANSFORMS = {2: tuple(np.array(t, np.float64) for t in _F2), 4: tuple(np.array(t, np.float64) for t in _F4)}
+
+
+def applies(x, w, group, strides, dilations):
+    """Whether a Winograd path computes this conv: 2-D, 3x3, stride 1, dilation 1, one group,
+    float32/float64, w contiguous (its transform reads it as a (M*C, 9) view)."""
+    return (x.ndim == 4 and w.shape[2:] == (3, 3) and group == 1 and set(strides) == {1}
+            and set(dilations) == {1} and x.dtype in (np.float32, np.float64) and w.dtype == x.dtype
+            and w.flags.c_contiguous)
+
+
+def rule(x_shape, w_shape, out_shape):
+    """The path measured fastest for this shape (benchmarks/bench_winograd.py, numpy's
+    OpenBLAS on 1 thread): F(4x4) once there are 32 of its tiles (ResNet-18's 56, 28 and 14
+    layers at batch 8, 56 and 28 at batch 1); else F(2x2) if there are 16 of its tiles and
+    work enough that the product dominates (C * M * tiles >= 2^20: ResNet-18's 14 and 7
+    layers at batch 1); else direct. Below 16 channels the transforms cost more than the
+    multiplies they save; with few tiles the product is as long to read as the weights,
+    which Winograd makes 16/9 (F2) or 4 (F4) times larger."""
+    n, c = x_shape[:2]
+    m = w_shape[0]
+    oh, ow = out_shape
+    if min(c, m) < 16:
+        return "direct"
+    if n * -(-oh // 4) * -(-ow // 4) >= 32:
+        return "winograd4"
+    tiles = n * -(-oh // 2) * -(-ow // 2)
+    if tiles >= 16 and c * m * tiles >= 1 << 20:
+        return "winograd2"
+    return "direct"
+
+
+def choose(x, w, group, strides, dilations, out_shape):
+    """"direct", "winograd2" or "winograd4" for this conv: EDGEFLOW_CONV_ALGO where set and
+    a Winograd path applies, else `rule`."""
+    forced = os.environ.get(ENV, "").strip().lower()
+    if forced and forced != "auto" and forced not in ALGOS:
+        raise ValueError(f"{ENV} must be one of {ALGOS + ('auto',)}, got {forced!r}")
+    if not applies(x, w, group, strides, dilations):
+        return "direct"
+    if forced in ALGOS:
+        return forced
+    return rule(x.shape, w.shape, out_shape)
+
+
+def transformed_weights(w, m):
+    """U = G g G^T of w (M, C, 3, 3), shaped (a^2, M, C), computed in float64."""
+    _, g, _ = TRANSFORMS[m]
+    kg = np.kron(g, g)  # (a^2, 9)
+    mm, c = w.shape[:2]
+    return (kg @ np.asarray(w, np.float64).reshape(mm * c, 9).T).reshape(-1, mm, c).astype(w.dtype)
+
+
+def _tiled(out, row0, rows, height, col0, cols, width, m):
+    """out[:, :, row0:, col0:] viewed as (N, M, rows, height, cols, width): `rows` tiles of
+    `height` <= m rows, m apart, and `cols` tiles of `width` <= m columns."""
+    s = out.strides
+    return as_strided(out[:, :, row0:, col0:], out.shape[:2] + (rows, height, cols, width),
+                      (s[0], s[1], m * s[2], s[2], m * s[3], s[3]), writeable=True)
+
+
+def conv(x, w, bias, begin, out, algo):
+    """Step computing out = conv(x, w) + bias with F(m x m, 3x3), m = 2 for "winograd2", 4 for
+    "winograd4"; `begin` the (top, left) padding (the end padding follows from out's shape)."""
+    m = {"winograd2": 2, "winograd4": 4}[algo]
+    bt, _, at = TRANSFORMS[m]
+    a = m + 2
+    n, c, h, wd = x.shape
+    mm, (oh, ow) = w.shape[0], out.shape[2:]
+    th, tw = -(-oh // m), -(-ow // m)
+    tiles = n * th * tw
+    dt = x.dtype
+    pt, pl = begin
+    padded = np.zeros((n, c, th * m + 2, tw * m + 2), dt)  # the padding stays zero
+    inner = padded[:, :, pt:pt + h, pl:pl + wd]
+    s = padded.strides
+    windows = as_strided(padded, (a, a, c, n, th, tw), (s[2], s[3], s[1], s[0], m * s[2], m * s[3]))
+    # Two scratch buffers, each used several times: D, the products, Y; V, Z.
+    first = np.empty(a * a * max(c, mm) * tiles, dt)
+    second = np.empty(max(a * a * c, m * a * mm) * tiles, dt)
+    d = first[:a * a * c * tiles].reshape(a, a, c, n, th, tw)
+    products = first[:a * a * mm * tiles].reshape(a * a, mm, tiles)
+    y = first[:m * m * mm * tiles].reshape(m, mm, n, th, tw, m)  # (r, M, N, t, s, c)
+    v = second[:a * a * c * tiles].reshape(a * a, c, tiles)
+    z = second[:m * a * mm * tiles].reshape(m, a, mm * tiles)
+    kb = np.kron(bt, bt).astype(dt)
+    d2, v2 = d.reshape(a * a, -1), v.reshape(a * a, -1)
+    p2, z2, y3 = products.reshape(a, -1), z.reshape(m, -1), y.reshape(m, mm * tiles, m)
+    zt = z.transpose(0, 2, 1)
+    at_rows, at_cols = at.astype(dt), np.ascontiguousarray(at.T, dt)
+    u = np.empty((a * a, mm, c), dt)
+    if w.flags.writeable:  # a variable: transformed at each run
+        kg = np.kron(TRANSFORMS[m][1], TRANSFORMS[m][1]).astype(dt)
+        weights = (kg, w.reshape(mm * c, 9).T, u.reshape(a * a, -1))
+    else:
+        u[...] = transformed_weights(w, m)
+        weights = None
+    # Scatter: y (r, M, N, t, s, c) -> out[N, M, t*m + r, s*m + c], in whole tiles and the
+    # cropped last tile row / column; each output row is read from one run of y.
+    ys = y.transpose(2, 1, 3, 0, 4, 5)  # (N, M, th, m, tw, m)
+    column = None if bias is None else bias.reshape(1, mm, 1, 1, 1, 1)
+    fh, rh = divmod(oh, m)
+    fw, rw = divmod(ow, m)
+    scatters = []
+    for t0, nt, nr in ((0, fh, m), (fh, 1 if rh else 0, rh)):
+        for s0, ns, nc in ((0, fw, m), (fw, 1 if rw else 0, rw)):
+            if nt and ns and nr and nc:
+                dst = _tiled(out, t0 * m, nt, nr, s0 * m, ns, nc, m)
+                scatters.append((dst, ys[:, :, t0:t0 + nt, :nr, s0:s0 + ns, :nc]))
+
+    # Four phases, each split over the plan's workers (see interp/threads.py) when the
+    # product is worth it: input channels (copy, gather, transform), the a^2 products,
+    # the tile rows of the output transform, output channels (its columns, the scatter).
+    workers = threads.current()
+    split = workers is not None and 2 * a * a * mm * c * tiles >= threads.MIN_FLOPS
+
+    def load(c0, c1):
+        copies = [(inner[:, c0:c1], x[:, c0:c1]), (d[:, :, c0:c1], windows[:, :, c0:c1])]
+        cols = slice(c0 * tiles, c1 * tiles)
+
+        def run():
+            for dst, src in copies:
+                np.copyto(dst, src)
+            np.matmul(kb, d2[:, cols], out=v2[:, cols])
+        return run
+
+    def product(k0, k1):
+        return partial(np.matmul, u[k0:k1], v[k0:k1], out=products[k0:k1])
+
+    def rows(j0, j1):  # A^T over the tile rows, for tile columns j0:j1 of the products
+        cols = slice(j0 * mm * tiles, j1 * mm * tiles)
+        return partial(np.matmul, at_rows, p2[:, cols], out=z2[:, cols])
+
+    def finish(m0, m1):  # A^T over the tile columns, and the scatter, for output channels m0:m1
+        part = slice(m0 * tiles, m1 * tiles)
+        pieces = [(dst[:, m0:m1], src[:, m0:m1]) for dst, src in scatters]
+        bias_part = None if column is None else column[:, m0:m1]
+
+        def run():
+            np.matmul(zt[:, part], at_cols, out=y3[:, part])
+            for dst, src in pieces:
+                if bias_part is None:
+                    np.copyto(dst, src)
+                else:
+                    np.add(src, bias_part, out=dst)
+        return run
+
+    phases = [[make(lo, hi) for lo, hi in threads.pieces(length, workers.n if split else 1)]
+              for make, length in ((load, c), (product, a * a), (rows, a), (finish, mm))]
+
+    def run():
+        if weights is not None:
+            np.matmul(*weights[:2], out=weights[2])
+        for phase in phases:
+            if len(phase) > 1:
+                workers.run(phase)
+            else:
+                phase[0]()
+    return run

@@ -1,0 +1,181 @@
+"""The conv kernel's Winograd paths (edgeflow/interp/kernels/winograd.py) against a float64
+direct conv written here, onnxruntime's Conv and the direct path forced on; the rule's
+choice for ResNet-like layers reaches the Winograd path."""
+import os
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from edgeflow import ops
+from edgeflow.interp import threads
+from edgeflow.interp.kernels import KERNELS, winograd
+
+
+def onnx_conv(x, w, b, pads):
+    """onnxruntime's Conv (1 thread) of x with the constants w, b."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    consts = [numpy_helper.from_array(w, "w")] + ([] if b is None else [numpy_helper.from_array(b, "b")])
+    node = helper.make_node("Conv", ["x", "w"] + ([] if b is None else ["b"]), ["y"], pads=list(pads))
+    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], consts)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # what every onnxruntime release reads
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+TOL = 1e-4  # max abs error / max abs output, float32 (F(4x4,3x3) measures ~1e-5 at 512 channels)
+
+
+def reference(x, w, b, pads, activation=""):
+    """float64 conv of x (N, C, H, W) with w (M, C, 3, 3), pads (top, left, bottom, right):
+    an einsum over the padded 3x3 windows."""
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    top, left, bottom, right = pads
+    p = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    windows = np.lib.stride_tricks.sliding_window_view(p, (3, 3), axis=(2, 3))  # (N, C, OH, OW, 3, 3)
+    y = np.einsum("nchwij,mcij->nmhw", windows, w)
+    if b is not None:
+        y = y + b.astype(np.float64)[:, None, None]
+    return np.maximum(y, 0) if activation == "relu" else y
+
+
+def conv(x, w, b, pads, activation="", algo=None):
+    """The conv kernel bound once (with EDGEFLOW_CONV_ALGO=algo) and its step."""
+    attrs = {name: a.default for name, a in ops.get("conv").attrs.items()}
+    attrs.update(pads=tuple(pads), activation=activation)
+    out_shape = (x.shape[0], w.shape[0], x.shape[2] + pads[0] + pads[2] - 2, x.shape[3] + pads[1] + pads[3] - 2)
+    out = np.full(out_shape, np.nan, x.dtype)
+    env = {winograd.ENV: algo} if algo else {}
+    with mock.patch.dict(os.environ, env):
+        if not algo:
+            os.environ.pop(winograd.ENV, None)
+        step = KERNELS["conv"]([x, w] + ([] if b is None else [b]), [out], attrs)
+    return step, out
+
+
+def assert_near(got, want, tol=TOL):
+    scale = max(np.abs(want).max(), 1e-3)
+    err = np.abs(got.astype(np.float64) - want).max() / scale
+    assert err <= tol, f"max abs error {err:.2e} of the output scale {scale:.3g}"
+
+
+@st.composite
+def problems(draw):
+    n, c, m = draw(st.integers(1, 3)), draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    pads = tuple(draw(st.integers(0, 2)) for _ in range(4))
+    h = draw(st.integers(max(1, 3 - pads[0] - pads[2]), 11))
+    wd = draw(st.integers(max(1, 3 - pads[1] - pads[3]), 11))
+    return (n, c, m, h, wd, pads, draw(st.booleans()), draw(st.sampled_from(["", "relu"])),
+            draw(st.booleans()), draw(st.integers(0, 2 ** 16)))
+
+
+@pytest.mark.parametrize("algo", ["winograd2", "winograd4"])
+@settings(max_examples=12)
+@given(problem=problems())
+def test_winograd_matches_references(algo, problem):
+    """Odd sizes (tiles cut by the output's edge, H or W below a tile), asymmetric pads, bias
+    or none, relu or none, w a constant (transformed once) or a variable (at each run)."""
+    n, c, m, h, wd, pads, bias, activation, constant, seed = problem
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, wd)).astype(np.float32)
+    w = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32) if bias else None
+    if constant:
+        w.setflags(write=False)
+    step, out = conv(x, w, b, pads, activation, algo)
+    step()
+    want = reference(x, w, b, pads, activation)
+    assert_near(out, want)
+    direct_step, direct = conv(x, w, b, pads, activation, "direct")
+    direct_step()
+    assert_near(out, direct.astype(np.float64))
+    peer = onnx_conv(x, np.array(w), b, pads)
+    assert_near(out, np.maximum(peer, 0) if activation else peer)
+    if not constant:  # a variable changed between runs: the next run uses its new value
+        w *= -0.5
+        step()
+        assert_near(out, reference(x, w, b, pads, activation))
+
+
+@pytest.mark.parametrize("algo", ["winograd2", "winograd4"])
+def test_winograd_float64(algo):
+    rng = np.random.default_rng(3)
+    x, w, b = rng.standard_normal((2, 6, 9, 10)), rng.standard_normal((7, 6, 3, 3)), rng.standard_normal(7)
+    step, out = conv(x, w, b, (1, 0, 2, 1), "", algo)
+    step()
+    assert_near(out, reference(x, w, b, (1, 0, 2, 1)), 1e-12)
+
+
+@pytest.mark.parametrize("algo", ["winograd2", "winograd4"])
+def test_error_on_a_resnet_like_layer(algo):
+    """He-initialised weights, inputs of magnitude ~1, 128 channels: the bound of the module doc."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 128, 16, 16)).astype(np.float32)
+    w = (rng.standard_normal((128, 128, 3, 3)) * np.sqrt(2 / (9 * 128))).astype(np.float32)
+    w.setflags(write=False)
+    b = (0.1 * rng.standard_normal(128)).astype(np.float32)
+    step, out = conv(x, w, b, (1, 1, 1, 1), "relu", algo)
+    step()
+    assert_near(out, reference(x, w, b, (1, 1, 1, 1), "relu"))
+
+
+@pytest.mark.parametrize("shape, algo", [((1, 64, 56, 56), "winograd4"), ((1, 256, 14, 14), "winograd2"),
+                                         ((1, 8, 56, 56), "direct"), ((1, 512, 2, 2), "direct")])
+def test_rule(shape, algo):
+    assert winograd.rule(shape, (shape[1], shape[1], 3, 3), shape[2:]) == algo
+
+
+def test_resnet_layer_takes_the_winograd_path(monkeypatch):
+    """No EDGEFLOW_CONV_ALGO: the kernel of a ResNet-18 layer (64 channels, 56x56) binds
+    the path the rule picks, F(4x4), and computes the conv; forced direct, it does not."""
+    bound = []
+    original = winograd.conv
+    monkeypatch.setattr(winograd, "conv", lambda *args: bound.append(args[-1]) or original(*args))
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 64, 56, 56)).astype(np.float32)
+    w = (rng.standard_normal((64, 64, 3, 3)) * np.sqrt(2 / (9 * 64))).astype(np.float32)
+    w.setflags(write=False)
+    b = rng.standard_normal(64).astype(np.float32)
+    step, out = conv(x, w, b, (1, 1, 1, 1), "relu")
+    step()
+    assert bound == ["winograd4"]
+    assert_near(out, reference(x, w, b, (1, 1, 1, 1), "relu"))
+    conv(x, w, b, (1, 1, 1, 1), "relu", "direct")
+    assert bound == ["winograd4"]
+
+
+def test_forcing_where_winograd_does_not_apply_and_bad_values():
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((1, 4, 8, 8)).astype(np.float32), rng.standard_normal((4, 4, 3, 3)).astype(np.float32)
+    assert winograd.choose(x, w, 2, (1, 1), (1, 1), (6, 6)) == "direct"  # grouped
+    assert winograd.choose(x, w, 1, (2, 2), (1, 1), (3, 3)) == "direct"  # strided
+    assert winograd.choose(x.astype(np.float16), w.astype(np.float16), 1, (1, 1), (1, 1), (6, 6)) == "direct"
+    with mock.patch.dict(os.environ, {winograd.ENV: "winograd4"}):
+        assert winograd.choose(x, w, 1, (1, 1), (1, 1), (6, 6)) == "winograd4"
+        assert winograd.choose(x, w, 1, (1, 1), (2, 2), (4, 4)) == "direct"  # dilated
+    with mock.patch.dict(os.environ, {winograd.ENV: "fast"}):
+        with pytest.raises(ValueError, match=winograd.ENV):
+            winograd.choose(x, w, 1, (1, 1), (1, 1), (6, 6))
+
+
+@pytest.mark.parametrize("algo", ["winograd2", "winograd4"])
+def test_split_over_workers(algo):
+    """Bound with 3 intra-op workers (each phase split over them), on an odd layer."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 24, 23, 19)).astype(np.float32)
+    w = rng.standard_normal((40, 24, 3, 3)).astype(np.float32)
+    w.setflags(write=False)
+    b = rng.standard_normal(40).astype(np.float32)
+    workers = threads.Workers(3)
+    try:
+        with threads.using(workers):
+            step, out = conv(x, w, b, (1, 0, 2, 1), "relu", algo)
+        step()
+    finally:
+        workers.close()
+    assert_near(out, reference(x, w, b, (1, 0, 2, 1), "relu"))
