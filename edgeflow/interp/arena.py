@@ -68,8 +68,15 @@ def _place_in_order(requests, order):
 
 def lower_bound(requests):
     """The most (aligned) bytes live at any one step: no plan can use fewer."""
-    steps = {s for _, first, last in requests for s in (first, last)}
-    return max((sum(aligned(n) for n, f, l in requests if f <= s <= l) for s in steps), default=0)
+    change = {}  # step -> bytes that become live there, less those that died just before
+    for n, first, last in requests:
+        change[first] = change.get(first, 0) + aligned(n)
+        change[last + 1] = change.get(last + 1, 0) - aligned(n)
+    live = peak = 0
+    for step in sorted(change):
+        live += change[step]
+        peak = max(peak, live)
+    return peak
 
 
 class Arena:
@@ -94,8 +101,8 @@ class Workspace:
     runs, and another step's scratch uses the same bytes. The arrays of one step never
     overlap each other. Arrays are carved from the newest block from offset 0 at each step;
     a step that needs more than it holds gets a new block at least twice as large (the steps
-    bound before keep the older), so the memory touched is about twice the largest step's
-    need (pages never written are never mapped), not the sum of every step's.
+    bound before keep the older), so the blocks hold at most four times the largest step's
+    need (and pages never written are never mapped), not the sum of every step's.
     """
 
     def __init__(self):

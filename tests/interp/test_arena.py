@@ -38,6 +38,7 @@ def test_place_never_overlaps_live_tensors(requests):
     steps = range(0, 41)
     peak = max(sum(-(-n // 64) * 64 for n, f, l in requests if f <= s <= l) for s in steps)
     assert total >= peak
+    assert arena.lower_bound(requests) == peak
 
 
 def _branchy(rng, width=6, depth=5):
