@@ -14,8 +14,8 @@ bidirectional GRU (input 128, hidden 256, sequence 64). `small`: the test models
 tests/data/onnx (0.1-1 ms a run: they measure per-op overhead, not kernels).
 
 Measured, for each model at each thread count (edgeflow's `num_threads` and
-onnxruntime's intra-op threads alike) and batch: the time of the first run of a new
-Interpreter (planning included: the plan is made on the first call), the median latency
+onnxruntime's intra-op threads alike) and batch: the time a new Interpreter takes to make
+its plan, and its first run (that plan included: what a first call costs), the median latency
 of edgeflow and of onnxruntime (the peer), interleaved, their ratio, and the GFLOP/s each
 achieves (the plan's FLOP count over the median), edgeflow's as a fraction of numpy's own
 float32 matmul peak measured in the same run at the same thread count. Then, for the small
@@ -145,11 +145,20 @@ def batched(inputs, batch, seed=0):
 
 # -- the benchmark ----------------------------------------------------------------------------------
 def first_run(efl, threads, feeds):
-    """Seconds of a new Interpreter's first call (its plan made then) and the runner."""
-    runner = ef.Interpreter(efl, num_threads=threads).get_signature_runner("infer")
+    """(seconds to make the plan, seconds of the first call including that, runner) of a new
+    Interpreter: the plan is made through the tensor API (resize_input_tensor,
+    allocate_tensors), for the same key as the runner's, which then finds it cached."""
+    interp = ef.Interpreter(efl, num_threads=threads)
+    runner = interp.get_signature_runner("infer")
+    inputs = {d["name"]: d["index"] for d in interp.get_input_details()}
     start = time.perf_counter()
+    for name, value in feeds.items():
+        interp.resize_input_tensor(inputs[name], value.shape)
+    interp.allocate_tensors()
+    planned = time.perf_counter()
     runner(**feeds)
-    return time.perf_counter() - start, runner
+    end = time.perf_counter()
+    return planned - start, end - start, runner
 
 
 def bench_latency(models, runs, threads_list, batches, folder):
@@ -169,18 +178,18 @@ def bench_latency(models, runs, threads_list, batches, folder):
             sess = harness.ort_session(onnx_path, threads)
             for batch in batches:
                 feeds = feeds_of[batch]
-                first, runner = first_run(efl, threads, feeds)
+                plan, first, runner = first_run(efl, threads, feeds)
                 t = harness.medians({"edgeflow": lambda: runner(**feeds), "ort": lambda: sess.run(None, feeds)},
                                     runs, warmup=2)
                 flops = sum(runner.last_plan.flops().values())
                 gflops = flops / t["edgeflow"] / 1e9
-                rows.append([name, threads, batch, harness.ms(first, 1), harness.ms(t["edgeflow"], 2),
+                rows.append([name, threads, batch, harness.ms(plan, 1), harness.ms(first, 1), harness.ms(t["edgeflow"], 2),
                              harness.ms(t["ort"], 2), harness.ratio(t["edgeflow"], t["ort"]),
-                             f"{flops / 1e9:.2f}", f"{gflops:.1f}", f"{flops / t['ort'] / 1e9:.1f}",
+                             f"{flops / 1e9:.3g}", f"{gflops:.1f}", f"{flops / t['ort'] / 1e9:.1f}",
                              f"{gflops / peaks[threads]:.0%}"])
                 harness.log("  " + "  ".join(str(c) for c in rows[-1]))
     print()
-    harness.print_table(["model", "threads", "batch", "first run ms", "edgeflow ms", "onnxruntime ms", "ratio",
+    harness.print_table(["model", "threads", "batch", "plan ms", "first run ms", "edgeflow ms", "onnxruntime ms", "ratio",
                          "GFLOP", "edgeflow GFLOP/s", "ort GFLOP/s", "of sgemm peak"], rows)
 
 
