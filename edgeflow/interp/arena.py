@@ -7,6 +7,7 @@ Kernels' own scratch memory (im2col columns, wide results) lives in a Workspace:
 of a plan run one at a time, so every step's scratch can share the same bytes. A kernel
 factory asks `scratch(shape, dtype)` while its plan binds it.
 """
+import bisect
 import contextlib
 import contextvars
 
@@ -47,23 +48,29 @@ def place(requests):
 
 
 def _place_in_order(requests, order):
-    offsets = [0] * len(requests)
-    placed = []  # (offset, end, first, last)
+    """Offsets placing requests[i] for i in `order`, each into the smallest gap between the
+    byte ranges of the tensors placed before it that are alive with it (the first such gap
+    in offset order on ties), else above them all; and the arena's size. The tensors placed
+    are kept sorted by offset, so one pass over them finds the gap (no sort per tensor: a
+    train step's thousand tensors place in tens of milliseconds)."""
+    offsets, placed, top = [0] * len(requests), [], 0  # placed: (offset, end, first, last)
     for i in order:
         size, first, last = requests[i]
         size = aligned(size)
         if size == 0:
             continue
-        busy = sorted((o, e) for o, e, f, l in placed if f <= last and first <= l)
         best, best_gap, cursor = None, None, 0
-        for start, end in busy:
-            gap = start - cursor
-            if gap >= size and (best_gap is None or gap < best_gap):
-                best, best_gap = cursor, gap
-            cursor = max(cursor, end)
-        offsets[i] = cursor if best is None else best
-        placed.append((offsets[i], offsets[i] + size, first, last))
-    return offsets, max((e for _, e, _, _ in placed), default=0)
+        for start, end, f, l in placed:
+            if f <= last and first <= l:
+                gap = start - cursor
+                if gap >= size and (best_gap is None or gap < best_gap):
+                    best, best_gap = cursor, gap
+                if end > cursor:
+                    cursor = end
+        offsets[i] = offset = cursor if best is None else best
+        bisect.insort(placed, (offset, offset + size, first, last))
+        top = max(top, offset + size)
+    return offsets, top
 
 
 def lower_bound(requests):

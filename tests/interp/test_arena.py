@@ -180,3 +180,30 @@ def test_plans_have_a_workspace_and_kernels_draw_from_it():
         KERNELS["tanh"] = original
     blocks = plan.workspace.blocks
     assert seen and all(any(np.may_share_memory(a, b) for b in blocks) for a in seen)
+
+
+def _place_in_order_reference(requests, order):
+    """The placement loop as first written (one Python pass over the placed tensors)."""
+    offsets, placed = [0] * len(requests), []
+    for i in order:
+        size, first, last = requests[i]
+        size = arena.aligned(size)
+        if size == 0:
+            continue
+        busy = sorted((o, e) for o, e, f, l in placed if f <= last and first <= l)
+        best, best_gap, cursor = None, None, 0
+        for start, end in busy:
+            gap = start - cursor
+            if gap >= size and (best_gap is None or gap < best_gap):
+                best, best_gap = cursor, gap
+            cursor = max(cursor, end)
+        offsets[i] = cursor if best is None else best
+        placed.append((offsets[i], offsets[i] + size, first, last))
+    return offsets, max((e for _, e, _, _ in placed), default=0)
+
+
+@given(_requests(), st.randoms(use_true_random=False))
+def test_placement_places_as_the_plain_loop(requests, random):
+    order = list(range(len(requests)))
+    random.shuffle(order)
+    assert arena._place_in_order(requests, order) == _place_in_order_reference(requests, order)
