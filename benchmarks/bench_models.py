@@ -1,25 +1,40 @@
 """Latency of converted models: edgeflow against onnxruntime, in one process.
 
-    .venv/bin/python benchmarks/bench_models.py [--runs N] [--models a,b]
+    .venv/bin/python benchmarks/bench_models.py [--suite real|small] [--models a,b]
+                                                [--runs N] [--threads 1,2] [--batches 1,8]
+                                                [--cache DIR] [--no-sizes]
 
-Measured, for each model of tests/data/onnx (MobileNetV2-style, ResNet-style,
-transformer, LSTM) at batch 1 and 8, on one thread each and on default threads: the
-median latency of edgeflow and of onnxruntime (the peer), interleaved, their ratio, and
-edgeflow's GFLOP/s as a fraction of numpy's own float32 matmul peak on this machine.
-Then each model's file size: .onnx against .efl fp32, fp16, int8. Goals: under 1.5x
-onnxruntime for MobileNetV2 at batch 1, parity for the matmul-heavy transformer.
+Two suites. `real` (the default; needs the `zoo` extra): real-size models with random
+weights, exported from PyTorch with the TorchScript exporter (benchmarks/zoo.py's
+builders and export) with a dynamic batch, the ONNX files cached outside the checkout
+(default ~/.cache/edgeflow-bench/<torch version>): ResNet-18, MobileNetV2, EfficientNet-B0
+and mobilenet_v3_small at 224x224, a BERT-like encoder (torch.nn.TransformerEncoder, 4
+layers, d_model 256, 4 heads, feed-forward 1024, sequence 128), a 2-layer LSTM and a
+bidirectional GRU (input 128, hidden 256, sequence 64). `small`: the test models of
+tests/data/onnx (0.1-1 ms a run: they measure per-op overhead, not kernels).
+
+Measured, for each model at each thread count (edgeflow's `num_threads` and
+onnxruntime's intra-op threads alike) and batch: the time a new Interpreter takes to make
+its plan, and its first run (that plan included: what a first call costs), the median latency
+of edgeflow and of onnxruntime (the peer), interleaved, their ratio, and the GFLOP/s each
+achieves (the plan's FLOP count over the median), edgeflow's as a fraction of numpy's own
+float32 matmul peak measured in the same run at the same thread count. Then, for the small
+suite, each model's file size: .onnx against .efl fp32, fp16, int8.
 """
 import argparse
 import os
 import pathlib
+import sys
 import tempfile
+import time
 
 import numpy as np
 
 import edgeflow as ef
 import harness
 
-MODELS = ("mobilenetv2", "resnet", "transformer", "lstm")
+SMALL = ("mobilenetv2", "resnet", "transformer", "lstm")
+REAL = ("resnet18", "mobilenet_v2", "efficientnet_b0", "mobilenet_v3_small", "bert_encoder", "lstm2", "bigru")
 
 
 def matmul_peak(threads, n=1024, runs=10):
@@ -32,27 +47,150 @@ def matmul_peak(threads, n=1024, runs=10):
     return 2 * n ** 3 / t / 1e9
 
 
-def bench_latency(names, runs, folder):
-    peaks = {1: matmul_peak(1), None: matmul_peak(os.cpu_count())}
-    print(f"numpy float32 matmul peak (1024^3): {peaks[1]:.1f} GFLOP/s on 1 thread, "
-          f"{peaks[None]:.1f} GFLOP/s on default threads; medians of {runs} interleaved runs\n")
+# -- real-size models ---------------------------------------------------------------------------
+def _zoo():
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    import zoo
+    return zoo
+
+
+def _vision(name):
+    """torchvision's `name` (random weights, zoo's randomized BatchNorm), 224x224, any batch."""
+    example = _zoo().MODELS[name]()
+    example.dynamic = {"image": {0: "batch"}}
+    return example
+
+
+def _bert_encoder():
+    """A BERT-sized encoder: 4 post-norm layers of d_model 256, 4 heads, feed-forward 1024,
+    GELU, on [batch, 128, 256] embeddings."""
+    import torch
+    zoo = _zoo()
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, activation="gelu", batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+    with torch.no_grad():  # the layers are deep copies of one: make them differ (else the export shares them)
+        for p in model.parameters():
+            if p.dim() > 1:
+                torch.nn.init.xavier_uniform_(p)
+            else:
+                p.copy_(torch.randn_like(p) * 0.02 + (1.0 if p.abs().max() == 1 else 0.0))
+    return zoo.Example(model, {"x": zoo._sequence(1, 128, 256)}, ["y"], {"x": {0: "batch"}})
+
+
+def _lstm2():
+    """A 2-layer LSTM (input 128, hidden 256) over 64 steps, its last output classified."""
+    import torch
+    zoo = _zoo()
+    torch.manual_seed(0)
+
+    class LSTM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(128, 256, num_layers=2, batch_first=True)
+            self.fc = torch.nn.Linear(256, 10)
+
+        def forward(self, x):
+            out, _ = self.lstm(x)
+            return self.fc(out[:, -1])
+    return zoo.Example(LSTM(), {"x": zoo._sequence(1, 64, 128)}, ["logits"], {"x": {0: "batch"}})
+
+
+def _bigru():
+    """A bidirectional GRU (input 128, hidden 256) over 64 steps, its final states classified."""
+    import torch
+    zoo = _zoo()
+    torch.manual_seed(0)
+
+    class BiGRU(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gru = torch.nn.GRU(128, 256, batch_first=True, bidirectional=True)
+            self.fc = torch.nn.Linear(512, 10)
+
+        def forward(self, x):
+            _, h = self.gru(x)  # [2, batch, 256]
+            return self.fc(h.transpose(0, 1).reshape(x.shape[0], -1))
+    return zoo.Example(BiGRU(), {"x": zoo._sequence(1, 64, 128)}, ["logits"], {"x": {0: "batch"}})
+
+
+BUILDERS = {"resnet18": lambda: _vision("resnet18"), "mobilenet_v2": lambda: _vision("mobilenet_v2"),
+            "efficientnet_b0": lambda: _vision("efficientnet_b0"),
+            "mobilenet_v3_small": lambda: _vision("mobilenet_v3_small"),
+            "bert_encoder": _bert_encoder, "lstm2": _lstm2, "bigru": _bigru}
+
+
+def default_cache():
+    import torch
+    return pathlib.Path(os.environ.get("EDGEFLOW_BENCH_CACHE")
+                        or pathlib.Path.home() / ".cache" / "edgeflow-bench" / torch.__version__)
+
+
+def real_model(name, cache):
+    """(path of `name`'s ONNX file, exported now if not cached, {input: example at batch 1})."""
+    example = BUILDERS[name]()
+    path = pathlib.Path(cache) / f"{name}.onnx"
+    if not path.exists():
+        harness.log(f"exporting {name} to {path}...")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _zoo().export(example, "torchscript", path)
+    return path, example.inputs
+
+
+def batched(inputs, batch, seed=0):
+    """Random inputs shaped like `inputs` (batch 1) at `batch`."""
+    rng = np.random.default_rng(seed)
+    return {n: rng.standard_normal((batch, *a.shape[1:])).astype(a.dtype) for n, a in inputs.items()}
+
+
+# -- the benchmark ----------------------------------------------------------------------------------
+def first_run(efl, threads, feeds):
+    """(seconds to make the plan, seconds of the first call including that, runner) of a new
+    Interpreter: the plan is made through the tensor API (resize_input_tensor,
+    allocate_tensors), for the same key as the runner's, which then finds it cached."""
+    interp = ef.Interpreter(efl, num_threads=threads)
+    runner = interp.get_signature_runner("infer")
+    inputs = {d["name"]: d["index"] for d in interp.get_input_details()}
+    start = time.perf_counter()
+    for name, value in feeds.items():
+        interp.resize_input_tensor(inputs[name], value.shape)
+    interp.allocate_tensors()
+    planned = time.perf_counter()
+    runner(**feeds)
+    end = time.perf_counter()
+    return planned - start, end - start, runner
+
+
+def bench_latency(models, runs, threads_list, batches, folder):
+    """models: [(name, onnx path, {batch: feeds})]."""
+    from edgeflow.converters import onnx as onnx_converter
+    peaks = {t: matmul_peak(t) for t in threads_list}
+    print("numpy float32 matmul peak (1024^3): "
+          + ", ".join(f"{p:.1f} GFLOP/s on {t} thread(s)" for t, p in peaks.items())
+          + f"; medians of {runs} interleaved runs\n", flush=True)
     rows = []
-    for name in names:
-        path = folder / f"{name}.efl"
-        harness.convert_onnx(name, path)
-        for threads in (1, None):
-            runner = ef.Interpreter(path, num_threads=threads).get_signature_runner("infer")
-            sess = harness.ort_session(harness.ONNX_DIR / f"{name}.onnx", threads)
-            for batch in (1, 8):
-                feeds = harness.onnx_feeds(name, batch)
+    for name, onnx_path, feeds_of in models:
+        efl = folder / f"{name}.efl"
+        start = time.perf_counter()
+        onnx_converter.convert(onnx_path, efl)
+        harness.log(f"{name}: converted in {time.perf_counter() - start:.1f} s")
+        for threads in threads_list:
+            sess = harness.ort_session(onnx_path, threads)
+            for batch in batches:
+                feeds = feeds_of[batch]
+                plan, first, runner = first_run(efl, threads, feeds)
                 t = harness.medians({"edgeflow": lambda: runner(**feeds), "ort": lambda: sess.run(None, feeds)},
-                                    runs, warmup=3)
-                gflops = sum(runner.last_plan.flops().values()) / t["edgeflow"] / 1e9
-                rows.append([name, batch, threads or "default", harness.ms(t["edgeflow"], 2), harness.ms(t["ort"], 2),
-                             harness.ratio(t["edgeflow"], t["ort"]), f"{gflops:.2f}",
-                             f"{gflops / peaks[threads]:.1%}"])
-    harness.print_table(["model", "batch", "threads", "edgeflow ms", "onnxruntime ms", "ratio", "GFLOP/s",
-                         "of peak"], rows)
+                                    runs, warmup=2)
+                flops = sum(runner.last_plan.flops().values())
+                gflops = flops / t["edgeflow"] / 1e9
+                rows.append([name, threads, batch, harness.ms(plan, 1), harness.ms(first, 1), harness.ms(t["edgeflow"], 2),
+                             harness.ms(t["ort"], 2), harness.ratio(t["edgeflow"], t["ort"]),
+                             f"{flops / 1e9:.3g}", f"{gflops:.1f}", f"{flops / t['ort'] / 1e9:.1f}",
+                             f"{gflops / peaks[threads]:.0%}"])
+                harness.log("  " + "  ".join(str(c) for c in rows[-1]))
+    print()
+    harness.print_table(["model", "threads", "batch", "plan ms", "first run ms", "edgeflow ms", "onnxruntime ms", "ratio",
+                         "GFLOP", "edgeflow GFLOP/s", "ort GFLOP/s", "of sgemm peak"], rows)
 
 
 def bench_sizes(names, folder):
@@ -66,15 +204,45 @@ def bench_sizes(names, folder):
     harness.print_table(["model", ".onnx", ".efl fp32", "fp16", "int8", "int8/fp32"], rows)
 
 
+def _ints(text):
+    return [int(x) for x in text.split(",") if x]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=30, help="timed runs of each contender (default 30)")
-    parser.add_argument("--models", default=",".join(MODELS), help=f"of {','.join(MODELS)}")
+    parser.add_argument("--suite", choices=("real", "small"), default="real",
+                        help="real-size models (needs the zoo extra) or tests/data/onnx's (default real)")
+    parser.add_argument("--models", default="", help=f"of {','.join(REAL)} (real) or {','.join(SMALL)} "
+                        "(small); default the whole suite")
+    parser.add_argument("--runs", type=int, default=10, help="timed runs of each contender (default 10)")
+    parser.add_argument("--threads", default="1,2", help="thread counts, for both (default 1,2)")
+    parser.add_argument("--batches", default="1,8", help="batch sizes (default 1,8)")
+    parser.add_argument("--cache", default=None, help="folder of exported ONNX files (default "
+                        "$EDGEFLOW_BENCH_CACHE or ~/.cache/edgeflow-bench/<torch version>)")
+    parser.add_argument("--no-sizes", action="store_true", help="skip the small suite's file sizes")
     args = parser.parse_args()
-    names = [m for m in args.models.split(",") if m]
+    suite = REAL if args.suite == "real" else SMALL
+    names = [m for m in args.models.split(",") if m] or list(suite)
+    unknown = [m for m in names if m not in suite]
+    if unknown:
+        parser.error(f"unknown {args.suite} model(s) {unknown}: of {','.join(suite)}")
+    batches = _ints(args.batches)
+    if args.suite == "small" and set(batches) - {1, 8}:
+        parser.error("the small suite has recorded inputs at batch 1 and 8 only")
+    models = []
+    if args.suite == "real":
+        import torch
+        torch.set_num_threads(1)
+        cache = pathlib.Path(args.cache) if args.cache else default_cache()
+        for name in names:
+            path, inputs = real_model(name, cache)
+            models.append((name, path, {b: batched(inputs, b) for b in batches}))
+    else:
+        models = [(n, harness.ONNX_DIR / f"{n}.onnx", {b: harness.onnx_feeds(n, b) for b in batches}) for n in names]
     with tempfile.TemporaryDirectory() as tmp:
-        bench_latency(names, args.runs, pathlib.Path(tmp))
-        bench_sizes(names + ["mlp", "digits_cnn"], pathlib.Path(tmp))
+        bench_latency(models, args.runs, _ints(args.threads), batches, pathlib.Path(tmp))
+        if args.suite == "small" and not args.no_sizes:
+            bench_sizes(names + ["mlp", "digits_cnn"], pathlib.Path(tmp))
 
 
 if __name__ == "__main__":

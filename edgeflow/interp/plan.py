@@ -14,7 +14,7 @@ from .. import ops
 from ..errors import EdgeflowError, FormatError, GraphError, InvalidInputError
 from ..ops.registry import TensorSpec
 from ..ops.dims import fmt
-from .arena import Arena, lower_bound, place
+from .arena import Arena, Workspace, lower_bound, place
 from .kernels import KERNELS, evaluate
 
 
@@ -106,6 +106,7 @@ class Plan:
                             constants, variables, folded, known or {})
         self._allocate(specs, preserve_all, fed)
         self._views(specs)
+        self.workspace = Workspace()  # the kernels' scratch, shared by their steps
         self.placement, self.fallbacks, self.partitions = {}, {}, 0
         if delegates:
             self.steps, self.step_ops = self._bind_delegated(delegates, constants, folded)
@@ -253,7 +254,8 @@ class Plan:
             if ops.get(op.opcode).subgraphs:
                 steps.append(self.program.bind(op, ins, outs, self.unread.get(i, ())))
             else:
-                steps.append(KERNELS[op.opcode](ins, outs, op.attrs))
+                with self.workspace.step():
+                    steps.append(KERNELS[op.opcode](ins, outs, op.attrs))
             step_ops.append(i)
         return steps, step_ops
 

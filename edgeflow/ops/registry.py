@@ -6,6 +6,7 @@ attributes with their defaults, its dtype constraints (`Types`) and shape infere
 ops up by name; none of them re-describes one.
 """
 import enum
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -131,6 +132,7 @@ def _arity(slots):
     return low, None if any(s.repeat in ("+", "*") for s in slots) else low + sum(s.repeat == "?" for s in slots)
 
 
+@functools.lru_cache(maxsize=None)  # per (op signature, count): planning asks for every op
 def _spread(slots, n):
     """The slot of each of `n` values: optional slots are filled first to last (ops take
     positional inputs, absent ones skipped), a repeated slot takes what the others leave."""
@@ -144,7 +146,7 @@ def _spread(slots, n):
             take = 1
         extra -= take - (s.repeat in ("", "+"))
         out += [s] * take
-    return out
+    return tuple(out)
 
 
 class Types:
@@ -317,7 +319,7 @@ class OpDef:
             want = f"{lo}" if lo == hi else f"{lo} to {hi if hi is not None else 'any number'}"
             raise GraphError(f"{self.name} takes {want} inputs, got {n}")
 
-    @property
+    @functools.cached_property  # asked of every op while planning
     def subgraphs(self):
         """Names of the attributes that name subgraphs the op runs (If's branches, While's
         condition and body); empty for ops that run no subgraph."""

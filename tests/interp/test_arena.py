@@ -38,6 +38,7 @@ def test_place_never_overlaps_live_tensors(requests):
     steps = range(0, 41)
     peak = max(sum(-(-n // 64) * 64 for n, f, l in requests if f <= s <= l) for s in steps)
     assert total >= peak
+    assert arena.lower_bound(requests) == peak
 
 
 def _branchy(rng, width=6, depth=5):
@@ -117,3 +118,92 @@ def test_arena_views_are_aligned():
     runner(x=np.zeros((3, 16), np.float32))
     plan = runner.last_plan
     assert all(plan.arrays[t].ctypes.data % 64 == 0 for t in plan.offsets)
+
+
+# -- the kernels' shared scratch (arena.Workspace) ----------------------------------------------
+def _span(a):
+    return a.ctypes.data, a.ctypes.data + a.nbytes
+
+
+def _overlap(a, b):
+    (s1, e1), (s2, e2) = _span(a), _span(b)
+    return s1 < e2 and s2 < e1
+
+
+def test_scratch_outside_a_plan_is_a_new_array():
+    a, b = arena.scratch((3, 5), np.float32), arena.scratch((3, 5), np.float32)
+    assert a.shape == (3, 5) and a.dtype == np.float32 and not _overlap(a, b)
+
+
+@given(st.lists(st.lists(st.tuples(st.integers(0, 3000), st.sampled_from([np.float32, np.int8, np.float64])),
+                         min_size=1, max_size=4), min_size=1, max_size=8))
+def test_workspace_steps_share_bytes_but_one_step_never_overlaps_itself(steps):
+    ws = arena.Workspace()
+    taken = []
+    for requests in steps:
+        with ws.step():
+            arrays = [arena.scratch((n,), dtype) for n, dtype in requests]
+        assert arena.scratch((4,), np.float32).base is None  # outside the step: a new array again
+        for a, (n, dtype) in zip(arrays, requests):
+            assert a.shape == (n,) and a.dtype == dtype and (a.ctypes.data % arena.ALIGNMENT == 0 or not n)
+        assert not any(_overlap(a, b) for i, a in enumerate(arrays) for b in arrays[:i] if a.size and b.size)
+        taken.append(arrays)
+    # each step's arrays keep their values while it runs, whatever the others hold between runs
+    for arrays in taken:
+        for k, a in enumerate(arrays):
+            a[...] = k + 1
+        for k, a in enumerate(arrays):
+            assert (a == k + 1).all()
+    # memory is shared: it never exceeds about twice what the largest step takes (plus alignment)
+    largest = max(sum(arena.aligned(n * np.dtype(d).itemsize) for n, d in r) for r in steps)
+    assert ws.nbytes <= 4 * largest + 64
+
+
+def test_plans_have_a_workspace_and_kernels_draw_from_it():
+    from edgeflow.interp.kernels import KERNELS
+    data, ref = _branchy(np.random.default_rng(3))
+    interp = ef.Interpreter(data)
+    runner = interp.get_signature_runner("infer")
+    xv = np.ones((4, 16), np.float32)
+    np.testing.assert_allclose(runner(x=xv)["y"], ref(xv), rtol=1e-4, atol=1e-5)
+    assert isinstance(runner.last_plan.workspace, arena.Workspace)
+    # a kernel factory run by a plan gets its scratch from that plan's workspace
+    seen, original = [], KERNELS["tanh"]
+
+    def spying(ins, outs, attrs):
+        seen.append(arena.scratch((8,), np.float32))
+        return original(ins, outs, attrs)
+    KERNELS["tanh"] = spying
+    try:
+        plan = interp._make_plan(interp._io[0], interp._io[1], {interp._io[0][0]: (2, 16)}, [], {})
+    finally:
+        KERNELS["tanh"] = original
+    blocks = plan.workspace.blocks
+    assert seen and all(any(np.may_share_memory(a, b) for b in blocks) for a in seen)
+
+
+def _place_in_order_reference(requests, order):
+    """The placement loop as first written (one Python pass over the placed tensors)."""
+    offsets, placed = [0] * len(requests), []
+    for i in order:
+        size, first, last = requests[i]
+        size = arena.aligned(size)
+        if size == 0:
+            continue
+        busy = sorted((o, e) for o, e, f, l in placed if f <= last and first <= l)
+        best, best_gap, cursor = None, None, 0
+        for start, end in busy:
+            gap = start - cursor
+            if gap >= size and (best_gap is None or gap < best_gap):
+                best, best_gap = cursor, gap
+            cursor = max(cursor, end)
+        offsets[i] = cursor if best is None else best
+        placed.append((offsets[i], offsets[i] + size, first, last))
+    return offsets, max((e for _, e, _, _ in placed), default=0)
+
+
+@given(_requests(), st.randoms(use_true_random=False))
+def test_placement_places_as_the_plain_loop(requests, random):
+    order = list(range(len(requests)))
+    random.shuffle(order)
+    assert arena._place_in_order(requests, order) == _place_in_order_reference(requests, order)
