@@ -25,6 +25,7 @@ import numpy as np
 
 from ...ops.conv import transposed_geometry, window_geometry, window_params
 from .. import threads
+from ..arena import scratch
 from . import jit, kernel, winograd
 from .fused import with_activation
 
@@ -140,7 +141,7 @@ def _im2col(runs, w, group, acc):
     sources = runs.runs()
     n, c, length = sources[0].shape
     m = w.shape[0]
-    cols = np.empty((n, c, len(sources), length), w.dtype)
+    cols = scratch((n, c, len(sources), length), w.dtype)  # rewritten whole every run
     gathers = [(cols[:, :, t], run) for t, run in enumerate(sources)]
     flat = reshaped(cols, (n, group, -1, cols.shape[-1]))
     ws = reshaped(w, (group, m // group, -1))
@@ -231,7 +232,7 @@ def _conv(ins, outs, attrs):
         step, runs, acc = _pointwise(x, w, group, out), None, out
     else:
         runs = tap_runs(x, kernel_shape, strides, dilations, begin, out_shape)
-        acc = out if runs.wide == out_shape else np.empty(out.shape[:2] + runs.wide, out.dtype)
+        acc = out if runs.wide == out_shape else scratch(out.shape[:2] + runs.wide, out.dtype)
         step = sequence(runs.load, _im2col(runs, w, group, acc))
     finish = jit.bind_bias_activation(acc, bias, out, attrs["activation"])  # crop, bias, activation in one pass
     if finish is not None:
@@ -343,11 +344,11 @@ def _conv_input_grad(ins, outs, attrs):
     dys = reshaped(wide, (n, group, m // group, length))
     targets = [reshaped(run, (n, group, c // group, length)) for run in sources]
     if m == group:  # one output channel per group (depthwise): the product is an outer one, slow in BLAS
-        part = np.empty((n, group, c // group, length), dx.dtype)
+        part = scratch((n, group, c // group, length), dx.dtype)
         w_taps = reshaped(w, (group, c // group, taps))[..., None]
         parts = [(partial(np.multiply, dys, w_taps[:, :, t], out=part), part) for t in range(taps)]
     else:
-        cols = np.empty((n, group, c // group, taps, length), dx.dtype)
+        cols = scratch((n, group, c // group, taps, length), dx.dtype)
         product = partial(np.matmul, ws, dys, out=reshaped(cols, (n, group, -1, length)))
         parts = [(product if t == 0 else None, cols[:, :, :, t]) for t in range(taps)]
     unload = unload_step(runs, runs.buffers, dx, kernel_shape, strides, dilations, begin)
@@ -370,7 +371,7 @@ def _conv_filter_grad(ins, outs, attrs):
     strides, dilations, out_shape, begin, pointwise = _conv_geometry(x, kernel_shape, attrs)
     result = reshaped(dw, (group, m // group, -1))
     if pointwise:  # per image (M/g, P) @ (P, C/g), then the sum over images
-        per_image = np.empty((n,) + result.shape, dw.dtype)
+        per_image = scratch((n,) + result.shape, dw.dtype)
         xs = np.swapaxes(reshaped(x, (n, group, c // group, -1)), 2, 3)
         dys = reshaped(dy, (n, group, m // group, -1))
         return sequence(partial(np.matmul, dys, xs, out=per_image),
@@ -378,7 +379,7 @@ def _conv_filter_grad(ins, outs, attrs):
     runs = tap_runs(x, kernel_shape, strides, dilations, begin, out_shape)
     wide, widen = _widened(runs, np.swapaxes(dy, 0, 1), (m, n) + runs.wide)
     sources = runs.runs()
-    cols = np.empty((c, len(sources)) + sources[0].shape[::2], x.dtype)  # (C, taps, N, L)
+    cols = scratch((c, len(sources)) + sources[0].shape[::2], x.dtype)  # (C, taps, N, L)
     gathers = [(cols[:, t], np.swapaxes(run, 0, 1)) for t, run in enumerate(sources)]
     product = partial(np.matmul, reshaped(wide, (group, m // group, -1)),
                       np.swapaxes(reshaped(cols, (group, -1, n * cols.shape[-1])), 1, 2), out=result)
