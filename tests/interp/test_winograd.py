@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from edgeflow import ops
+from edgeflow.errors import EdgeflowError
 from edgeflow.interp import threads
 from edgeflow.interp.kernels import KERNELS, winograd
 
@@ -159,7 +160,7 @@ def test_forcing_where_winograd_does_not_apply_and_bad_values():
         assert winograd.choose(x, w, 1, (1, 1), (1, 1), (6, 6)) == "winograd4"
         assert winograd.choose(x, w, 1, (1, 1), (2, 2), (4, 4)) == "direct"  # dilated
     with mock.patch.dict(os.environ, {winograd.ENV: "fast"}):
-        with pytest.raises(ValueError, match=winograd.ENV):
+        with pytest.raises(EdgeflowError, match=winograd.ENV):
             winograd.choose(x, w, 1, (1, 1), (1, 1), (6, 6))
 
 

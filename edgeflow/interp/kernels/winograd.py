@@ -38,6 +38,7 @@ from functools import partial
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ...errors import EdgeflowError
 from .. import threads
 
 ENV = "EDGEFLOW_CONV_ALGO"
@@ -89,7 +90,7 @@ def choose(x, w, group, strides, dilations, out_shape):
     a Winograd path applies, else `rule`."""
     forced = os.environ.get(ENV, "").strip().lower()
     if forced and forced != "auto" and forced not in ALGOS:
-        raise ValueError(f"{ENV} must be one of {ALGOS + ('auto',)}, got {forced!r}")
+        raise EdgeflowError(f"{ENV} must be one of {ALGOS + ('auto',)}, got {forced!r}")
     if not applies(x, w, group, strides, dilations):
         return "direct"
     if forced in ALGOS:
