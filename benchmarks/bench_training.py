@@ -78,8 +78,13 @@ def torch_step(kind, path, x, y, threads):
     threads, as a callable."""
     import torch
     torch.set_num_threads(threads)
-    model = torch_model(kind, ef.Interpreter(path).variables())
-    opt = torch.optim.Adam(model.parameters(), LEARNING_RATE)
+    return _adam_step(torch_model(kind, ef.Interpreter(path).variables()), x, y, LEARNING_RATE)
+
+
+def _adam_step(model, x, y, lr):
+    """A callable making one Adam step of torch `model` on softmax cross-entropy of (x, y)."""
+    import torch
+    opt = torch.optim.Adam(model.parameters(), lr)
     tx, ty = torch.from_numpy(x), torch.from_numpy(y)
 
     def step():
@@ -125,14 +130,7 @@ def torch_real_step(name, threads, x, y):
     torch.set_num_threads(threads)
     model = fuse(_bench_models().BUILDERS[name]().module.eval())  # the exported weights
     model.eval()
-    opt = torch.optim.Adam(model.parameters(), REAL_LR)
-    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
-
-    def step():
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(tx), ty).backward()
-        opt.step()
-    return step
+    return _adam_step(model, x, y, REAL_LR)
 
 
 def peak_rss():

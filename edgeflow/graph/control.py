@@ -76,10 +76,7 @@ class Body(Graph):
                 with self.as_default():
                     self._copies[t] = constant(value, name=t.node.name)
             return self._copies[t]
-        outer = self.parent._own(t, op)
-        if outer not in self.captured:
-            self.captured[outer] = self._placeholder(outer.spec, outer.node.name)
-        return self.captured[outer]
+        return self.input_for(self.parent._own(t, op))
 
     def _placeholder(self, spec, name):
         node = self.add_node(PLACEHOLDER, [], {}, name, [TensorSpec(spec.shape, spec.dtype)])
@@ -239,42 +236,23 @@ def while_loop(cond_fn, body_fn, loop_vars, shape_invariants=None, maximum_itera
                                                        for a, b in zip(t.shape, s)):
                 raise GraphError(f"while_loop: loop variable {k} has shape {fmt(t.shape)}, which its "
                                  f"shape invariant {fmt(s)} does not admit")
-    limit = -1
-    if isinstance(maximum_iterations, Tensor):
-        outs = _counted_while(cond_fn, body_fn, leaves, shapes, maximum_iterations, rebuild, single, name)
-        return outs
-    if maximum_iterations is not None:
-        limit = int(maximum_iterations)
-        if limit < 0:
-            raise GraphError(f"while_loop: maximum_iterations must be >= 0, got {limit}")
-
-    def unpack(args):
-        values = rebuild(list(args))
-        return values if not single else [values[0]]
+    def cond(*args):
+        return cond_fn(*rebuild(list(args)))
 
     def body(*args):
-        return list(_flatten(body_fn(*unpack(args)), "while_loop: body_fn")[0]), []
-    outs = loop(lambda *args: cond_fn(*unpack(args)), body, leaves, shapes, limit, name)
+        return list(_flatten(body_fn(*rebuild(list(args))), "while_loop: body_fn")[0]), []
+    if isinstance(maximum_iterations, Tensor):  # the bound is a value: a counter joins the loop variables
+        from . import math_ops as m
+        bound = m.cast(maximum_iterations, dtypes.int32)
+        outs = loop(lambda i, *args: m.logical_and(m.less(i, bound), cond(*args)),
+                    lambda i, *args: ([m.add(i, 1)] + body(*args)[0], []),
+                    [constant(0, dtypes.int32)] + leaves, [()] + shapes, -1, name)[1:]
+    else:
+        limit = -1 if maximum_iterations is None else int(maximum_iterations)
+        if maximum_iterations is not None and limit < 0:
+            raise GraphError(f"while_loop: maximum_iterations must be >= 0, got {limit}")
+        outs = loop(cond, body, leaves, shapes, limit, name)
     result = rebuild(outs)
-    return result[0] if single else result
-
-
-def _counted_while(cond_fn, body_fn, leaves, shapes, limit, rebuild, single, name):
-    """A while_loop whose bound is a tensor: an iteration counter joins the loop variables."""
-    from . import math_ops as m
-    limit = m.cast(limit, dtypes.int32)
-
-    def unpack(args):
-        values = rebuild(list(args))
-        return values if not single else [values[0]]
-
-    def cond_counted(i, *args):
-        return m.logical_and(m.less(i, limit), cond_fn(*unpack(args)))
-
-    def body_counted(i, *args):
-        return [m.add(i, 1)] + list(_flatten(body_fn(*unpack(args)), "while_loop: body_fn")[0]), []
-    outs = loop(cond_counted, body_counted, [constant(0, dtypes.int32)] + leaves, [()] + shapes, -1, name)
-    result = rebuild(outs[1:])
     return result[0] if single else result
 
 

@@ -149,26 +149,23 @@ def _im2col(runs, w, group, acc):
 
     def piece(g, p):  # the gathers and the product of groups g, columns p
         channels = slice(g.start * (c // group), g.stop * (c // group))
-        parts = [(dst[:, channels, p], src[:, channels, p]) for dst, src in gathers]
+        return sequence(_copies([(dst[:, channels, p], src[:, channels, p]) for dst, src in gathers]),
+                        partial(np.matmul, ws[g], flat[:, g, :, p], out=result[:, g, :, p]))
 
-        def run():
-            for dst, src in parts:
-                np.copyto(dst, src)
-            np.matmul(ws[g], flat[:, g, :, p], out=result[:, g, :, p])
-        return run
     def rows(r):  # output channels r of every group, once the gathers are done
         return partial(np.matmul, ws[:, r], flat, out=result[:, :, r])
-    whole = piece(slice(0, group), slice(None))
     split = _split(piece, group, result, flat.shape[2], rows)
     if split is None:
-        return whole
-    if split.rows:  # every worker reads all columns: gather them first
+        return piece(slice(0, group), slice(None))
+    return sequence(_copies(gathers), split) if split.rows else split  # rows: every worker reads all columns
 
-        def gather():
-            for dst, src in gathers:
-                np.copyto(dst, src)
-        return sequence(gather, split)
-    return split
+
+def _copies(pairs):
+    """A step copying each (destination, source) pair."""
+    def run():
+        for dst, src in pairs:
+            np.copyto(dst, src)
+    return run
 
 
 class _Split:
