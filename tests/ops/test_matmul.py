@@ -17,6 +17,8 @@ SHAPES = [
     ((2, 3), (3, 4)),
     ((1, 1), (1, 1)),
     ((5, 2, 3), (3, 4)),  # batch on one side
+    ((6, 1, 3), (3, 4)),  # sequence-first rows of one: run as one (6, 3) @ (3, 4) product
+    ((2, 3, 1, 3), (3, 5)),
     ((2, 3), (5, 3, 4)),
     ((5, 2, 3), (5, 3, 4)),
     ((5, 1, 2, 3), (4, 3, 2)),  # batch dims broadcast: (5, 4)
