@@ -196,6 +196,35 @@ def test_gelu(mode, shape, approximate, seed):
     check(mode, lambda t: apply("gelu", [t], {"approximate": approximate}), x, expected, "gelu_loop")
 
 
+# -- recurrences -------------------------------------------------------------------------------
+
+RECURRENCE_OUTPUTS = {"lstm": ["Y", "Y_h", "Y_c"], "gru": ["Y", "Y_h"]}
+
+
+@FEW
+@given(op=st.sampled_from(["lstm", "gru"]), direction=st.sampled_from(["forward", "reverse", "bidirectional"]),
+       linear_before_reset=st.booleans(), seq=st.integers(1, 7), batch=st.integers(1, 3),
+       size=st.integers(1, 9), hidden=st.integers(1, 11), with_bias=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_recurrence(mode, op, direction, linear_before_reset, seq, batch, size, hidden, with_bias, seed):
+    """A whole LSTM / GRU sequence (Y, then the final states) in one compiled loop."""
+    rng = np.random.default_rng(seed)
+    gates, dirs = {"lstm": 4, "gru": 3}[op], 2 if direction == "bidirectional" else 1
+    x = rng.normal(0, 1, (seq, batch, size)).astype(np.float32)
+    w = rng.normal(0, 0.8, (dirs, gates * hidden, size)).astype(np.float32)
+    r = rng.normal(0, 0.8, (dirs, gates * hidden, hidden)).astype(np.float32)
+    b = rng.normal(0, 0.8, (dirs, 2 * gates * hidden)).astype(np.float32)
+    attrs = {"hidden_size": hidden, "direction": direction}
+    if op == "gru":
+        attrs["linear_before_reset"] = int(linear_before_reset)
+    inits = {"w": w, "r": r, **({"b": b} if with_bias else {})}
+    node = helper.make_node(op.upper(), ["x", *inits], RECURRENCE_OUTPUTS[op], **attrs)
+    for k, name in enumerate(RECURRENCE_OUTPUTS[op]):
+        expected = onnx_run([node, helper.make_node("Identity", [name], ["y"])], x, inits, opset=14)
+        has = {"has_bias": with_bias}
+        check(mode, lambda t: apply(op, [t, w, r] + ([b] if with_bias else []), {**attrs, **has})[k], x,
+              expected, f"{op}_loop")
+
+
 # -- the numpy-only install -------------------------------------------------------------------
 
 def _in_fresh_interpreter(code, env=None):

@@ -281,6 +281,79 @@ def bind_add_activation(a, b, out, activation):
     return _bound(add_activation_loop, a2, b2, out2, ACTIVATION_CODES[activation])
 
 
+# -- recurrences: every time step of one direction in one call -----------------------------
+# A step of an LSTM or GRU is one small matrix product and a few gate functions over the
+# hidden state: numpy runs some 15 calls per step, each costing more than its work. These
+# loops run the whole sequence, the products through numba's BLAS binding (np.dot), the
+# gate functions in float64 (a sigmoid as 1 / (1 + exp(-v)): exp overflowing to inf gives
+# 0, not NaN).
+
+def lstm_loop(xw, r, h, c, g, y, backward):
+    """ONNX LSTM with its default gate functions (sigmoid, tanh, tanh), no peepholes:
+    per step t (in reverse when `backward`), g = h @ r + xw[t] (gates i, o, f, c),
+    c = f * c + i * tanh(g_c), h = o * tanh(c), y[t] = h."""
+    seq, batch = xw.shape[0], xw.shape[1]
+    n = h.shape[1]
+    for s in range(seq):
+        t = seq - 1 - s if backward else s
+        np.dot(h, r, g)
+        x = xw[t]
+        for b in range(batch):
+            gb, xb, hb, cb, yb = g[b], x[b], h[b], c[b], y[t, b]
+            for k in range(n):
+                i = 1.0 / (1.0 + math.exp(-(gb[k] + xb[k])))
+                o = 1.0 / (1.0 + math.exp(-(gb[n + k] + xb[n + k])))
+                f = 1.0 / (1.0 + math.exp(-(gb[2 * n + k] + xb[2 * n + k])))
+                cell = math.tanh(gb[3 * n + k] + xb[3 * n + k])
+                ck = f * cb[k] + i * cell
+                cb[k] = ck
+                hk = o * math.tanh(ck)
+                hb[k] = hk
+                yb[k] = hk
+
+
+def gru_loop(xw, r_zr, r_h, rbh, h, zr, hh, rh, y, backward, linear_before_reset):
+    """ONNX GRU with its default gate functions (sigmoid, tanh): per step, z and r from
+    h @ r_zr + xw[t][:2n]; the candidate from (h @ r_h + rbh) * r (linear_before_reset)
+    or (r * h) @ r_h, plus xw[t][2n:]; h = (1 - z) * candidate + z * h; y[t] = h."""
+    seq, batch = xw.shape[0], xw.shape[1]
+    n = h.shape[1]
+    for s in range(seq):
+        t = seq - 1 - s if backward else s
+        x = xw[t]
+        np.dot(h, r_zr, zr)
+        for b in range(batch):
+            for k in range(2 * n):
+                zr[b, k] = 1.0 / (1.0 + math.exp(-(zr[b, k] + x[b, k])))
+        if linear_before_reset:
+            np.dot(h, r_h, hh)
+            for b in range(batch):
+                for k in range(n):
+                    hh[b, k] = (hh[b, k] + rbh[k]) * zr[b, n + k]
+        else:
+            for b in range(batch):
+                for k in range(n):
+                    rh[b, k] = zr[b, n + k] * h[b, k]
+            np.dot(rh, r_h, hh)
+        for b in range(batch):
+            for k in range(n):
+                cand = math.tanh(hh[b, k] + x[b, 2 * n + k])
+                z = zr[b, k]
+                hk = (1 - z) * cand + z * h[b, k]
+                h[b, k] = hk
+                y[t, b, k] = hk
+
+
+def bind_recurrence(kind, *args):
+    """lstm_loop or gru_loop (`kind`) compiled for `args` as the kernel will pass them
+    (their types; the arrays may change between runs), or None: numba absent or
+    disabled, or operands its loops do not take (float32 and float64 only)."""
+    arrays = [a for a in args if isinstance(a, np.ndarray)]
+    if not available() or not _takes(*arrays):
+        return None
+    return compiled(lstm_loop if kind == "lstm" else gru_loop, *args)
+
+
 # -- along the last axis, one row at a time -------------------------------------------------
 
 def layer_norm_loop(x, scale, bias, out, eps):

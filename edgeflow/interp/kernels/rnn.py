@@ -6,8 +6,8 @@ on buffers allocated once, at prepare time. float16 models compute in float32.
 """
 import numpy as np
 
-from ...ops.rnn import GRU_OPTIONAL, LSTM_OPTIONAL, RNN_OPTIONAL, activations, named_inputs
-from . import kernel
+from ...ops.rnn import DEFAULT_ACTIVATIONS, GRU_OPTIONAL, LSTM_OPTIONAL, RNN_OPTIONAL, activations, named_inputs
+from . import jit, kernel
 
 
 def _sigmoid(a):
@@ -86,6 +86,13 @@ class _Recurrence:
         self.xw = np.empty((seq * batch, self.W.shape[1]), self.dtype)
         reverse = attrs["direction"] == "reverse"
         self.directions = [(d, reverse or d == 1) for d in range(self.W.shape[0])]
+        # The whole time loop compiled (jit.py), where the gate functions are the defaults
+        # and nothing per step (clip, sequence_lens) or per cell (peepholes) is asked for.
+        # A subclass binds it (`bind_sequence`) once its buffers are made.
+        names = [name for name, _, _ in activations(op, attrs)]
+        self.plain = (names == list(DEFAULT_ACTIVATIONS[op]) * len(self.directions) and not self.clip
+                      and self.lens is None and self.P is None and not attrs.get("input_forget"))
+        self.sequence = None
 
     def clipped(self, a):
         if self.clip:
@@ -108,6 +115,11 @@ class _Recurrence:
             self.peepholes = None if self.P is None else self.P[d].astype(dt, copy=False)
             for state, initial in zip(self.state, self.initial):
                 state[...] = 0 if initial is None else initial[d]
+            if self.sequence is not None:
+                self.run_sequence(xw, recurrent, y[:, d], backward)
+                for out, state in zip(self.outs[1:], self.state):
+                    out[d] = state
+                continue
             for t in (reversed(range(seq)) if backward else range(seq)):
                 if self.lens is None:
                     self.step(xw[t], *recurrent)
@@ -139,12 +151,21 @@ class _LSTM(_Recurrence):
         super().__init__("lstm", ins, outs, attrs)
         self.input_forget = attrs["input_forget"]
         self.g = np.empty((self.state[0].shape[0], 4 * self.hidden), self.dtype)
+        self.sequence = self.bind_sequence() if self.plain else None
 
     def bias(self, b):
         return b[:4 * self.hidden] + b[4 * self.hidden:]
 
     def recurrent(self, r, b):
         return (r.T,)
+
+    def bind_sequence(self):
+        xw = self.xw.reshape(self.X.shape[0], self.X.shape[1], -1)
+        r = np.empty(self.R.shape[1:], self.dtype).T
+        return jit.bind_recurrence("lstm", xw, r, *self.state, self.g, self.outs[0][:, 0], True)
+
+    def run_sequence(self, xw, recurrent, y, backward):
+        self.sequence(xw, recurrent[0], *self.state, self.g, y, backward)
 
     def step(self, xw_t, r):
         (h, c), g, n, p = self.state, self.g, self.hidden, self.peepholes
@@ -183,6 +204,7 @@ class _GRU(_Recurrence):
         n, batch = self.hidden, self.state[0].shape[0]
         self.zr = np.empty((batch, 2 * n), self.dtype)
         self.hh, self.rh = np.empty((batch, n), self.dtype), np.empty((batch, n), self.dtype)
+        self.sequence = self.bind_sequence() if self.plain else None
 
     def bias(self, b):
         # Rbh joins the input projection only where the reset gate comes before R.
@@ -197,6 +219,19 @@ class _GRU(_Recurrence):
         n = self.hidden
         rbh = b[5 * n:] if b is not None and self.linear_before_reset else None
         return r[:2 * n].T, r[2 * n:].T, rbh
+
+    def bind_sequence(self):
+        xw = self.xw.reshape(self.X.shape[0], self.X.shape[1], -1)
+        r = np.empty(self.R.shape[1:], self.dtype)
+        self.zero_rbh = np.zeros(self.hidden, self.dtype)
+        return jit.bind_recurrence("gru", xw, r[:2 * self.hidden].T, r[2 * self.hidden:].T, self.zero_rbh,
+                                   self.state[0], self.zr, self.hh, self.rh, self.outs[0][:, 0], True,
+                                   bool(self.linear_before_reset))
+
+    def run_sequence(self, xw, recurrent, y, backward):
+        r_zr, r_h, rbh = recurrent
+        self.sequence(xw, r_zr, r_h, self.zero_rbh if rbh is None else rbh, self.state[0], self.zr, self.hh,
+                      self.rh, y, backward, bool(self.linear_before_reset))
 
     def step(self, xw_t, r_zr, r_h, rbh):
         (h,), zr, hh, n = self.state, self.zr, self.hh, self.hidden
@@ -276,6 +311,13 @@ class _Backward:
         self.hidden = n = self.W.shape[1] // self.gates
         reverse = attrs["direction"] == "reverse"
         self.directions = [(d, reverse or d == 1) for d in range(self.W.shape[0])]
+        # The whole time loop compiled (jit.py), where the gate functions are the defaults
+        # and nothing per step (clip, sequence_lens) or per cell (peepholes) is asked for.
+        # A subclass binds it (`bind_sequence`) once its buffers are made.
+        names = [name for name, _, _ in activations(op, attrs)]
+        self.plain = (names == list(DEFAULT_ACTIVATIONS[op]) * len(self.directions) and not self.clip
+                      and self.lens is None and self.P is None and not attrs.get("input_forget"))
+        self.sequence = None
         self.h = np.empty((seq + 1, batch, n), self.dtype)  # h[k]: the state before step k
         self.act = np.empty((seq, batch, self.gates * n), self.dtype)  # gates after activation
         self.live = np.empty(self.act.shape, bool) if self.clip else None  # not clipped
