@@ -157,3 +157,18 @@ def scratch(shape, dtype):
     if workspace is None:
         return np.empty(shape, dtype)
     return workspace.take(shape, dtype)
+
+
+def outside(array, box):
+    """Views of `array` that together cover every element outside `box` (slices of step
+    1, one per leading axis) once: per axis, the slabs before and after the box's range
+    within the box's ranges of the axes before it. A step filling a scratch array's box
+    fills these too (padding, say), since the workspace holds anything between runs."""
+    views, within = [], ()
+    for size, part in zip(array.shape, box):
+        start, stop, _ = part.indices(size)
+        stop = max(start, stop)
+        views += [array[within + (cut,)] for cut in (slice(0, start), slice(stop, size))
+                  if len(range(size)[cut])]
+        within += (slice(start, stop),)
+    return views

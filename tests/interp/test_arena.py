@@ -1,10 +1,12 @@
 """The arena plan: tensors alive at the same time never share bytes; reuse keeps results right."""
 import numpy as np
+import pytest
 from hypothesis import given, strategies as st
 
 import edgeflow as ef
 from edgeflow.interp import arena
 from edgeflow.format import writer
+from edgeflow.graph.math_ops import apply
 
 
 def _overlapping_pairs(requests, offsets):
@@ -207,3 +209,71 @@ def test_placement_places_as_the_plain_loop(requests, random):
     order = list(range(len(requests)))
     random.shuffle(order)
     assert arena._place_in_order(requests, order) == _place_in_order_reference(requests, order)
+
+
+# -- scratch with borders: padding is rewritten on every run ---------------------------------
+
+def _conv_reference(x, w, stride, pad, dilation):
+    """float64 conv2d (N, C, H, W) * (M, C, k, k) by sliding windows: independent of the kernels."""
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    k = (w.shape[2] - 1) * dilation + 1
+    win = np.lib.stride_tricks.sliding_window_view(xp, (k, k), axis=(2, 3))[..., ::dilation, ::dilation]
+    return np.einsum("nchwij,mcij->nmhw", win[:, :, ::stride, ::stride], w)
+
+
+def _poisoned_run(runner, **feeds):
+    """Run twice, the plan's whole workspace set to NaN before the second run: a step that
+    read padding it did not write on that run would give NaN."""
+    runner(**feeds)
+    for block in runner.last_plan.workspace.blocks:
+        block.view(np.uint8)[...] = 0xFF  # NaN in every float dtype
+    return runner(**feeds)
+
+
+@pytest.mark.parametrize("algo", ["direct", "winograd4"])
+@pytest.mark.parametrize("stride,pad,dilation", [(1, 1, 1), (2, 1, 1), (1, 2, 2), (2, 0, 1)])
+def test_padding_of_scratch_buffers_is_rewritten_on_every_run(monkeypatch, algo, stride, pad, dilation):
+    """Forward (conv, max and average pool) against a numpy reference, and the conv's
+    gradients against central differences of it, from a workspace poisoned between runs."""
+    if algo != "direct" and (stride, dilation) != (1, 1):
+        return  # Winograd serves 3x3 stride-1 convs only
+    monkeypatch.setenv("EDGEFLOW_CONV_ALGO", algo)
+    rng = np.random.default_rng(stride * 10 + pad)
+    x = rng.normal(size=(2, 3, 9, 8))
+    w = rng.normal(size=(4, 3, 3, 3))
+    r = rng.normal(size=_conv_reference(x, w, stride, pad, dilation).shape)
+    g = ef.Graph()
+    with g.as_default():
+        xt = ef.placeholder(ef.float64, x.shape, name="x")
+        wt = ef.placeholder(ef.float64, w.shape, name="w")
+        y = apply("conv", [xt, wt], {"strides": (stride,) * 2, "pads": (pad,) * 4, "dilations": (dilation,) * 2})
+        window = {"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}
+        pooled = apply("max_pool", [y], window) + apply("avg_pool", [y], window)
+        loss = ef.reduce_sum(y * ef.constant(r))
+        dx, dw = ef.gradients(loss, [xt, wt])
+    model = ef.to_model(g, {"infer": ({"x": xt, "w": wt}, {"y": y, "pooled": pooled}),
+                            "grads": ({"x": xt, "w": wt}, {"dx": dx, "dw": dw})})
+    interp = ef.Interpreter(writer.to_bytes(model))
+    out = _poisoned_run(interp.get_signature_runner("infer"), x=x, w=w)
+    expected = _conv_reference(x, w, stride, pad, dilation)
+    np.testing.assert_allclose(out["y"], expected, rtol=1e-10, atol=1e-10)
+    padded = np.pad(expected, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))
+    def window_sums(a):
+        return np.lib.stride_tricks.sliding_window_view(np.pad(a, ((0, 0), (0, 0), (1, 1), (1, 1))), (3, 3),
+                                                        axis=(2, 3)).sum((-1, -2))
+    mean = window_sums(expected) / window_sums(np.ones_like(expected))  # padding not counted
+    np.testing.assert_allclose(out["pooled"], windows.max((-1, -2)) + mean, rtol=1e-10, atol=1e-10)
+    grads = _poisoned_run(interp.get_signature_runner("grads"), x=x, w=w)
+
+    def loss_of(xv, wv):
+        return float((_conv_reference(xv, wv, stride, pad, dilation) * r).sum())
+    for name, base, got in (("x", x, grads["dx"]), ("w", w, grads["dw"])):
+        numeric = np.empty(base.size)
+        for e in range(base.size):
+            moved = [base.copy(), base.copy()]
+            moved[0].reshape(-1)[e] += 1e-3
+            moved[1].reshape(-1)[e] -= 1e-3
+            args = [(m, w) if name == "x" else (x, m) for m in moved]
+            numeric[e] = (loss_of(*args[0]) - loss_of(*args[1])) / 2e-3  # exact: the loss is linear
+        np.testing.assert_allclose(got.reshape(-1), numeric, rtol=1e-7, atol=1e-9, err_msg=name)

@@ -25,7 +25,7 @@ import numpy as np
 
 from ...ops.conv import transposed_geometry, window_geometry, window_params
 from .. import threads
-from ..arena import scratch
+from ..arena import outside, scratch
 from . import jit, kernel, winograd
 from .fused import with_activation
 
@@ -84,7 +84,10 @@ class TapRuns:
 
 
 def tap_runs(x, kernel_shape, strides, dilations, begin, out_shape, fill=0):
-    """TapRuns of x padded by `begin` (and `fill` past its end) for these windows."""
+    """TapRuns of x padded by `begin` (and `fill` past its end) for these windows.
+
+    The buffers are scratch (arena.scratch): `load` writes them whole, x's elements and
+    the padding around them, on every run."""
     sizes, (n, c) = x.shape[2:], x.shape[:2]
     taps = list(itertools.product(*map(range, kernel_shape)))
     # Phase widths: room for every tap's reach and for all of x.
@@ -92,9 +95,9 @@ def tap_runs(x, kernel_shape, strides, dilations, begin, out_shape, fill=0):
               zip(out_shape, kernel_shape, strides, dilations, begin, sizes)]
     widths[0] += 1  # a run starting past column 0 spills into one more row
     used = sorted({tuple(t * dl % s for t, dl, s in zip(tap, dilations, strides)) for tap in taps})
-    buffers = np.full((n, len(used), c, math.prod(widths)), fill, x.dtype)
+    buffers = scratch((n, len(used), c, math.prod(widths)), x.dtype)
     grid = reshaped(buffers, (n, len(used), c) + tuple(widths))
-    copies = []
+    copies, borders = [], []
     for p, phase in enumerate(used):
         src, dst = [], []
         for a, s, b, m in zip(phase, strides, begin, sizes):
@@ -103,11 +106,15 @@ def tap_runs(x, kernel_shape, strides, dilations, begin, out_shape, fill=0):
             src.append(slice(first, m, s))
             dst.append(slice((first + b) // s, (first + b) // s + count))
         copies.append((grid[(slice(None), p, slice(None)) + tuple(dst)], x[(Ellipsis,) + tuple(src)]))
+        borders += outside(grid[:, p], (slice(None), slice(None)) + tuple(dst))
     starts = [(used.index(tuple(t * dl % s for t, dl, s in zip(tap, dilations, strides))),
                int(np.ravel_multi_index([t * dl // s for t, dl, s in zip(tap, dilations, strides)], widths)))
               for tap in taps]
+    fill = x.dtype.type(fill)
 
     def load():
+        for border in borders:
+            border.fill(fill)
         for dst, src in copies:
             np.copyto(dst, src)
     return TapRuns(buffers, starts, load, (out_shape[0],) + tuple(widths[1:]), tuple(out_shape))
@@ -312,9 +319,15 @@ def _widened(runs, dy, shape):
     (N, M, *wide), or dy itself with no step where that layout is dy's own."""
     if runs.wide == runs.out_shape and shape == dy.shape and dy.flags.c_contiguous:
         return dy, None
-    wide = np.zeros(shape, dy.dtype)  # the columns past the outputs stay zero
-    crop = wide[(Ellipsis,) + tuple(slice(0, o) for o in runs.out_shape)]
-    return wide, partial(np.copyto, crop, dy)
+    wide = scratch(shape, dy.dtype)
+    box = (slice(None),) * (len(shape) - len(runs.out_shape)) + tuple(slice(0, o) for o in runs.out_shape)
+    pads = outside(wide, box)  # the columns past the outputs: zero
+
+    def run():
+        for pad in pads:
+            pad.fill(0)
+        np.copyto(wide[box], dy)
+    return wide, run
 
 
 def _conv_geometry(x, kernel_shape, attrs):

@@ -8,6 +8,7 @@ the average).
 import numpy as np
 
 from ...ops.conv import window_geometry, window_params
+from ..arena import scratch
 from . import kernel
 from .conv import reshaped, tap_runs, unload_step
 
@@ -89,7 +90,8 @@ def _pool_adjoint(like, dx, attrs, fill):
     strides, dilations, _ = window_params("pool", attrs, like.ndim - 2)
     _, begin, _ = window_geometry("pool", like.shape[2:], attrs["kernel_shape"], attrs, attrs["ceil_mode"])
     n, phases, c, q = runs.buffers.shape
-    grads = np.zeros_like(runs.buffers) if fill else runs.buffers  # zero-padded runs are never loaded
+    # Zeroed by the step on each run; zero-padded runs are never loaded: their buffers serve.
+    grads = scratch(runs.buffers.shape, runs.buffers.dtype) if fill else runs.buffers
     flat = reshaped(grads, (n, phases, c * q))
     length = c * q - max(s for _, s in runs.taps)
     targets = [flat[:, p, s:s + length] for p, s in runs.taps]

@@ -311,13 +311,6 @@ class _Backward:
         self.hidden = n = self.W.shape[1] // self.gates
         reverse = attrs["direction"] == "reverse"
         self.directions = [(d, reverse or d == 1) for d in range(self.W.shape[0])]
-        # The whole time loop compiled (jit.py), where the gate functions are the defaults
-        # and nothing per step (clip, sequence_lens) or per cell (peepholes) is asked for.
-        # A subclass binds it (`bind_sequence`) once its buffers are made.
-        names = [name for name, _, _ in activations(op, attrs)]
-        self.plain = (names == list(DEFAULT_ACTIVATIONS[op]) * len(self.directions) and not self.clip
-                      and self.lens is None and self.P is None and not attrs.get("input_forget"))
-        self.sequence = None
         self.h = np.empty((seq + 1, batch, n), self.dtype)  # h[k]: the state before step k
         self.act = np.empty((seq, batch, self.gates * n), self.dtype)  # gates after activation
         self.live = np.empty(self.act.shape, bool) if self.clip else None  # not clipped

@@ -40,6 +40,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ...errors import EdgeflowError
 from .. import threads
+from ..arena import outside, scratch
 
 ENV = "EDGEFLOW_CONV_ALGO"
 ALGOS = ("direct", "winograd2", "winograd4")
@@ -128,13 +129,15 @@ def conv(x, w, bias, begin, out, algo):
     tiles = n * th * tw
     dt = x.dtype
     pt, pl = begin
-    padded = np.zeros((n, c, th * m + 2, tw * m + 2), dt)  # the padding stays zero
-    inner = padded[:, :, pt:pt + h, pl:pl + wd]
+    # Scratch (arena.scratch), written whole on each run: x, and zeros around it.
+    padded = scratch((n, c, th * m + 2, tw * m + 2), dt)
+    box = (slice(None), slice(None), slice(pt, pt + h), slice(pl, pl + wd))
+    inner = padded[box]
     s = padded.strides
     windows = as_strided(padded, (a, a, c, n, th, tw), (s[2], s[3], s[1], s[0], m * s[2], m * s[3]))
     # Two scratch buffers, each used several times: D, the products, Y; V, Z.
-    first = np.empty(a * a * max(c, mm) * tiles, dt)
-    second = np.empty(max(a * a * c, m * a * mm) * tiles, dt)
+    first = scratch(a * a * max(c, mm) * tiles, dt)
+    second = scratch(max(a * a * c, m * a * mm) * tiles, dt)
     d = first[:a * a * c * tiles].reshape(a, a, c, n, th, tw)
     products = first[:a * a * mm * tiles].reshape(a * a, mm, tiles)
     y = first[:m * m * mm * tiles].reshape(m, mm, n, th, tw, m)  # (r, M, N, t, s, c)
@@ -145,12 +148,12 @@ def conv(x, w, bias, begin, out, algo):
     p2, z2, y3 = products.reshape(a, -1), z.reshape(m, -1), y.reshape(m, mm * tiles, m)
     zt = z.transpose(0, 2, 1)
     at_rows, at_cols = at.astype(dt), np.ascontiguousarray(at.T, dt)
-    u = np.empty((a * a, mm, c), dt)
-    if w.flags.writeable:  # a variable: transformed at each run
+    if w.flags.writeable:  # a variable: transformed at each run, into scratch
+        u = scratch((a * a, mm, c), dt)
         kg = np.kron(TRANSFORMS[m][1], TRANSFORMS[m][1]).astype(dt)
         weights = (kg, w.reshape(mm * c, 9).T, u.reshape(a * a, -1))
     else:
-        u[...] = transformed_weights(w, m)
+        u = transformed_weights(w, m)
         weights = None
     # Scatter: y (r, M, N, t, s, c) -> out[N, M, t*m + r, s*m + c], in whole tiles and the
     # cropped last tile row / column; each output row is read from one run of y.
@@ -173,9 +176,12 @@ def conv(x, w, bias, begin, out, algo):
 
     def load(c0, c1):
         copies = [(inner[:, c0:c1], x[:, c0:c1]), (d[:, :, c0:c1], windows[:, :, c0:c1])]
+        borders = outside(padded[:, c0:c1], box)
         cols = slice(c0 * tiles, c1 * tiles)
 
         def run():
+            for border in borders:
+                border.fill(0)
             for dst, src in copies:
                 np.copyto(dst, src)
             np.matmul(kb, d2[:, cols], out=v2[:, cols])
