@@ -4,15 +4,17 @@ numpy makes one pass over memory per ufunc: a depthwise conv one multiply-add pa
 tap, a conv's bias and fused activation two more over its output, a layer norm seven over
 its input, an exact GELU five. Each loop here makes one pass, keeping what it reuses (a
 channel's accumulator, a row of a layer norm) in cache. Softmax stays numpy's: numba's
-scalar exp made it 1.3x slower than numpy's SIMD one (benchmarks/bench_jit.py).
+scalar exp made it 1.3x slower than numpy's SIMD one (benchmarks/bench_jit.py). The float32
+activations (sigmoid, swish, hard_sigmoid, hard_swish, gelu) run on `_expf`, an exp written
+in arithmetic LLVM vectorizes (faster than numpy's), one pass each where numpy needs 3-5.
 
 numba is optional (the `jit` extra): it is imported on the first bind, never by `import
 edgeflow.interp`, and each `bind_*` returns None where numba is absent, disabled
 (EDGEFLOW_JIT=0 when the kernel binds) or the operands are not ones its loop takes; the
 kernel then runs its numpy path. The loops are plain Python at module level, compiled by
-`numba.njit(cache=True)` (no fastmath: the float arithmetic as written) for the argument
-types of each bind, at prepare time; later processes load the machine code from numba's
-on-disk cache.
+`numba.njit(cache=True)` (no fastmath: the float arithmetic as written, but for the
+activation loops' fused multiply-adds, _FASTMATH) for the argument types of each bind, at
+prepare time; later processes load the machine code from numba's on-disk cache.
 """
 import math
 import os
