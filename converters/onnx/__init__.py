@@ -256,7 +256,7 @@ def _convert_trainable(src, dst, quantize, progress, loss, optimizer, freeze):
     import numpy as np
     import edgeflow as ef
     from onnx import numpy_helper
-    from edgeflow.graph.optimize import fold_constants
+    from edgeflow.graph.optimize import fold_constants, fuse_swish
 
     _check_quantize(quantize)
     if loss not in ("cross_entropy", "mse"):
@@ -273,6 +273,7 @@ def _convert_trainable(src, dst, quantize, progress, loss, optimizer, freeze):
                  if init.name not in freeze and init.name not in ctx.values_read
                  and numpy_helper.to_array(init).dtype.kind == "f"}
     graph, inputs, outputs, _ = to_graph(proto, progress, variables=trainable)
+    fuse_swish(graph, {"infer": (inputs, outputs)})  # before the gradients: they differentiate swish
     first_name, first = next(iter(outputs.items()))
     with graph.as_default():
         if loss == "cross_entropy":

@@ -1,6 +1,6 @@
 """Graph rewrites applied when packaging: constant folding, BatchNorm folding into the
-conv or dense layer before it, and fusing an activation into the op that produces its
-input. Dead nodes need no pass: `to_model` writes only what the signatures need.
+conv or dense layer before it, fusing an activation into the op that produces its input,
+and x * sigmoid(x) (SiLU as ONNX exports it) into one swish op. Dead nodes need no pass: `to_model` writes only what the signatures need.
 
 Each pass mutates the graph and returns the signatures with replaced tensors updated.
 """
@@ -16,6 +16,7 @@ def optimize(graph, signatures):
     signatures = fold_constants(graph, signatures)
     signatures = fold_batch_norm(graph, signatures)
     signatures = fuse_activations(graph, signatures)
+    signatures = fuse_swish(graph, signatures)
     return signatures
 
 
@@ -141,4 +142,18 @@ def fuse_activations(graph, signatures):
         signatures = _replace(graph, signatures, act.outputs[0], x)
         graph.nodes.remove(act)
         uses = _consumers(graph, signatures)
+    return signatures
+
+
+def fuse_swish(graph, signatures):
+    """mul(x, sigmoid(x)) (either operand order), sigmoid's output read by that mul alone,
+    becomes swish(x) (alpha 1): one pass over x instead of two, and no tensor in between."""
+    uses = _consumers(graph, signatures)
+    for mul in [n for n in graph.nodes if n.op == "mul"]:
+        for x, s in (mul.inputs, mul.inputs[::-1]):
+            if s.node.op == "sigmoid" and s.node.inputs[0] is x and len(uses.get(s, ())) == 1 \
+                    and x.dtype.kind == "f" and x.shape == mul.outputs[0].shape:
+                graph.nodes.remove(s.node)
+                mul.op, mul.inputs, mul.attrs = "swish", [x], {"alpha": 1.0}
+                break
     return signatures

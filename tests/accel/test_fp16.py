@@ -92,6 +92,7 @@ def _cases():
                   ("log", positive(101)), ("sqrt", positive(101)), ("relu", r(101)), ("sigmoid", 4 * r(101)),
                   ("tanh", 2 * r(101))):
         cases.append(Case(op, [x]))
+    cases.append(Case("swish", [4 * r(101)], {"alpha": 1.0}))
     # matmul: both kernels, sizes that divide no tile, transposes, batch broadcasting
     for path, patch in (("blocked", cpu), ("tiled", gpu)):
         cases += [

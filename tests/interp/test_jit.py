@@ -193,7 +193,127 @@ def test_layer_norm(mode, shape, last, with_bias, seed):
 def test_gelu(mode, shape, approximate, seed):
     x = np.asarray(np.random.default_rng(seed).standard_normal(shape) * 4, np.float32)
     expected = onnx_run([helper.make_node("Gelu", ["x"], ["y"], approximate=approximate)], x, {}, opset=20)
-    check(mode, lambda t: apply("gelu", [t], {"approximate": approximate}), x, expected, "gelu_loop")
+    check(mode, lambda t: apply("gelu", [t], {"approximate": approximate}), x, expected, "gelu_float32_loop")
+
+
+def test_gelu_float64(mode):
+    """float64 gelu runs gelu_loop (math.erfc in float64), against scipy."""
+    from scipy import special
+    path, bound = mode
+    x = np.random.default_rng(3).standard_normal((5, 7)) * 6
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float64, x.shape, name="x")
+        y = apply("gelu", [t], {"approximate": "none"})
+    got = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})}))) \
+        .get_signature_runner("infer")(x=x)["y"]
+    np.testing.assert_allclose(got, x / 2 * special.erfc(-x / np.sqrt(2)), rtol=1e-12, atol=1e-300)
+    assert ("gelu_loop" in bound) == (path == "jit")
+
+
+# -- float32 activations on jit's vectorized exp ----------------------------------------------
+
+def _sigmoid64(x):
+    from scipy import special
+    return special.expit(x)
+
+
+def _erfc64(x):
+    from scipy import special
+    return special.erfc(x)
+
+
+ALPHA, BETA = float(np.float32(0.2)), float(np.float32(0.5))
+# name, attrs, float64 reference (of float64 x), the loop, an onnxruntime graph of it
+ACTIVATION_CASES = {
+    "sigmoid": ({}, _sigmoid64, "sigmoid_loop", [helper.make_node("Sigmoid", ["x"], ["y"])]),
+    "swish": ({"alpha": 1.0}, lambda x: x * _sigmoid64(x), "swish_loop",
+              [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])]),
+    "swish_alpha": ({"alpha": 1.7}, lambda x: x * _sigmoid64(float(np.float32(1.7)) * x), "swish_loop", None),
+    "hard_sigmoid": ({"alpha": 0.2, "beta": 0.5}, lambda x: np.clip(ALPHA * x + BETA, 0, 1), "hard_sigmoid_loop",
+                     [helper.make_node("HardSigmoid", ["x"], ["y"], alpha=0.2, beta=0.5)]),
+    "hard_swish": ({}, lambda x: x * np.clip(x / 6 + 0.5, 0, 1), "hard_swish_loop",
+                   [helper.make_node("HardSwish", ["x"], ["y"])]),
+    "gelu": ({"approximate": "none"}, lambda x: x / 2 * _erfc64(-x / np.sqrt(2)), "gelu_float32_loop",
+             [helper.make_node("Gelu", ["x"], ["y"])]),
+    "gelu_tanh": ({"approximate": "tanh"},
+                  lambda x: x * _sigmoid64(2 * np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)), "gelu_float32_loop",
+                  [helper.make_node("Gelu", ["x"], ["y"], approximate="tanh")]),
+}
+SPECIAL = np.float32([-np.inf, -1e30, -110, -104, -100, -88.8, -88, -87, -20, -14, -13, -10, -3, -2.5, -1e-30, -0.0,
+                      0, 1e-30, 2.5, 3, 10, 20, 87, 88, 88.8, 100, 104, 110, 1e30, np.inf, np.nan])
+TINY = float(np.finfo(np.float32).tiny)
+
+
+def _op(name):
+    return {"swish_alpha": "swish", "gelu_tanh": "gelu"}.get(name, name)
+
+
+def _accurate(got, expected, rtol):
+    """got (float32) is expected (float64) within rtol of each element, where expected is a
+    normal float32 number; within 1e-42 where it is smaller (subnormals: x sigmoid(x) of
+    x < -104 is 104 times a sigmoid that rounded to 0); inf and NaN where it is."""
+    assert got.dtype == np.float32 and got.shape == expected.shape
+    g = got.astype(np.float64)
+    normal = np.isfinite(expected) & (np.abs(expected) >= TINY)
+    np.testing.assert_allclose(g[normal], expected[normal], rtol=rtol, atol=0)
+    tiny = np.isfinite(expected) & ~normal
+    np.testing.assert_allclose(g[tiny], expected[tiny], rtol=0, atol=1e-42)
+    rest = ~np.isfinite(expected)
+    np.testing.assert_array_equal(g[rest], expected[rest])
+
+
+@pytest.mark.parametrize("name", list(ACTIVATION_CASES))
+def test_activation_over_float32_range(mode, name):
+    """Every float32 magnitude (0 to 1e30, both signs, inf, NaN; a dense sweep of -110..110
+    on an odd shape) against float64 scipy: sigmoid, hard_*, gelu within 1e-6 relative of
+    each element; swish within 2e-5 (x sigmoid(x) of x < -87, where sigmoid is subnormal,
+    keeps fewer bits; measured 5.5e-6)."""
+    path, bound = mode
+    if path == "numpy":
+        pytest.skip("the numpy formulas round in float32 (x / 6 + 1 / 2 cancels near -3, exp overflows "
+                    "below -88): test_activation_against_onnxruntime checks them")
+    attrs, reference, loop, _ = ACTIVATION_CASES[name]
+    sweep = np.linspace(-110, 110, 3003 * 7 - SPECIAL.size, dtype=np.float32)
+    x = np.concatenate([SPECIAL, sweep]).reshape(-1, 7)
+    with np.errstate(all="ignore"):
+        expected = reference(x.astype(np.float64))
+    bound.clear()
+    got = run(lambda t: apply(_op(name), [t], attrs), x)
+    _accurate(got, expected, 2e-5 if name.startswith("swish") else 1e-6)
+    assert loop in bound, bound
+
+
+@FEW
+@given(name=st.sampled_from([k for k, v in ACTIVATION_CASES.items() if v[3]]),
+       shape=st.lists(st.integers(1, 19), min_size=0, max_size=4), scale=st.sampled_from([1.0, 8.0, 60.0]),
+       seed=st.integers(0, 2 ** 16))
+def test_activation_against_onnxruntime(mode, name, shape, scale, seed):
+    """Odd shapes, values up to the overflow range of exp, against onnxruntime (swish: its
+    Sigmoid then Mul, as ONNX exports SiLU), and the JIT against the numpy path."""
+    attrs, _, loop, nodes = ACTIVATION_CASES[name]
+    x = np.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, np.float32)
+    expected = onnx_run(nodes, x, {}, opset=20)
+    check(mode, lambda t: apply(_op(name), [t], attrs), x, expected, loop)
+
+
+def test_activations_split_across_workers(mode):
+    """2 workers and an activation of 2^18 elements and more: the loop binds once a piece,
+    and the pieces cover the whole array."""
+    path, bound = mode
+    x = np.random.default_rng(5).standard_normal((3, 131072 + 5)).astype(np.float32) * 10
+    for name in ("swish", "gelu", "hard_swish"):
+        bound.clear()
+        attrs, reference, loop, _ = ACTIVATION_CASES[name]
+        g = ef.Graph()
+        with g.as_default():
+            t = ef.placeholder(ef.float32, x.shape, name="x")
+            y = apply(name, [t], attrs)
+        runner = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})), num_threads=2) \
+            .get_signature_runner("infer")
+        got, expected = runner(x=x)["y"], reference(x.astype(np.float64))
+        _accurate(got, expected, 2e-5) if path == "jit" else close(got, expected.astype(np.float32))
+        assert bound.count(loop) == (2 if path == "jit" else 0), bound
 
 
 # -- recurrences -------------------------------------------------------------------------------

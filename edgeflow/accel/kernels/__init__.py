@@ -50,4 +50,4 @@ for _view in ("reshape", "squeeze", "expand_dims"):
     # Views cost nothing on the device either: the same buffer, a new shape.
     CL_KERNELS[_view] = Entry(None, None, True)
 
-from . import math, nn, array, reduce, conv, pool, norm, image  # noqa: E402,F401  (registration)
+from . import math, nn, array, reduce, conv, pool, norm, image, activations  # noqa: E402,F401  (registration)

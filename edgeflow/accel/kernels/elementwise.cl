@@ -48,6 +48,8 @@ inline float unary_op(float x) {
     return fmax(x, 0.0f);
 #elif UOP == 6
     return 1.0f / (1.0f + exp(-x));
+#elif UOP == 8
+    return x / (1.0f + exp(-(ALPHA) * x));  // swish: x * sigmoid(ALPHA x)
 #else
     return tanh(x);
 #endif

@@ -3,7 +3,7 @@ unary math. The launchers are registered where their ops are defined (math.py, n
 import numpy as np
 
 BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3, "maximum": 4, "minimum": 5, "pow": 6}
-UNARY = {"neg": 0, "abs": 1, "exp": 2, "log": 3, "sqrt": 4, "relu": 5, "sigmoid": 6, "tanh": 7}
+UNARY = {"neg": 0, "abs": 1, "exp": 2, "log": 3, "sqrt": 4, "relu": 5, "sigmoid": 6, "tanh": 7, "swish": 8}
 ACTIVATIONS = {"": 0, "relu": 1, "relu6": 2}
 
 
@@ -52,10 +52,10 @@ def rank_supported(attrs, ins, outs):
     return None if len(outs[0].shape) <= 8 else "rank above 8"
 
 
-def unary(rt, name, x, out):
-    """A step computing out = name(x)."""
+def unary(rt, name, x, out, **defines):
+    """A step computing out = name(x); `defines` set the op's constants (swish: ALPHA)."""
     n = int(out.size)
-    kernel = rt.kernel(rt.program("elementwise", OP=0, UOP=UNARY[name], ACT=0), "unary")
+    kernel = rt.kernel(rt.program("elementwise", OP=0, UOP=UNARY[name], ACT=0, **defines), "unary")
     group = min(rt.max_group(kernel), 256)
     kernel.set_args(x.data, out.data, np.int32(n))
     return lambda: rt.cl.enqueue_nd_range_kernel(rt.queue, kernel, _global(n, group), (group,))

@@ -128,9 +128,17 @@ def _evaluate(formula, x, attrs, out):
               casting="unsafe")
 
 
+def _make(name, formula):
+    """The kernel of activation `name`: a JIT loop where jit has one for its operands (swish,
+    hard_sigmoid, hard_swish in float32), else numpy's `formula`."""
+    def make(ins, outs, attrs):
+        return jit.bind_activation(name, ins[0], outs[0], attrs) or partial(_evaluate, formula, ins[0], attrs, outs[0])
+    return make
+
+
 for _name, _formula in _FORMULAS.items():
     if _name != "gelu":
-        kernel(_name)(lambda ins, outs, attrs, f=_formula: partial(_evaluate, f, ins[0], attrs, outs[0]))
+        kernel(_name)(_make(_name, _formula))
 
 
 @kernel("gelu")

@@ -4,21 +4,25 @@ numpy makes one pass over memory per ufunc: a depthwise conv one multiply-add pa
 tap, a conv's bias and fused activation two more over its output, a layer norm seven over
 its input, an exact GELU five. Each loop here makes one pass, keeping what it reuses (a
 channel's accumulator, a row of a layer norm) in cache. Softmax stays numpy's: numba's
-scalar exp made it 1.3x slower than numpy's SIMD one (benchmarks/bench_jit.py).
+scalar exp made it 1.3x slower than numpy's SIMD one (benchmarks/bench_jit.py). The float32
+activations (sigmoid, swish, hard_sigmoid, hard_swish, gelu) run on `_expf`, an exp written
+in arithmetic LLVM vectorizes (faster than numpy's), one pass each where numpy needs 3-5.
 
 numba is optional (the `jit` extra): it is imported on the first bind, never by `import
 edgeflow.interp`, and each `bind_*` returns None where numba is absent, disabled
 (EDGEFLOW_JIT=0 when the kernel binds) or the operands are not ones its loop takes; the
 kernel then runs its numpy path. The loops are plain Python at module level, compiled by
-`numba.njit(cache=True)` (no fastmath: the float arithmetic as written) for the argument
-types of each bind, at prepare time; later processes load the machine code from numba's
-on-disk cache.
+`numba.njit(cache=True)` (no fastmath: the float arithmetic as written, but for the
+activation loops' fused multiply-adds, _FASTMATH) for the argument types of each bind, at
+prepare time; later processes load the machine code from numba's on-disk cache.
 """
 import math
 import os
 import time
 
 import numpy as np
+
+from .. import threads
 
 # Fused activation codes of the loops (edgeflow.ops.registry.ACTIVATIONS).
 ACTIVATION_CODES = {"": 0, None: 0, "relu": 1, "relu6": 2}
@@ -59,11 +63,25 @@ def compiled(loop, *args):
     start = time.perf_counter()
     dispatcher = _compiled.get(loop.__name__)
     if dispatcher is None:
-        # nogil: pieces of one op may run on several of the plan's workers at once.
-        dispatcher = _compiled[loop.__name__] = numba.njit(cache=True, nogil=True)(loop)
+        _compile_scalars(numba)
+        # nogil: pieces of one op may run on several of the plan's workers at once. The
+        # numpy error model: a float division by zero gives inf or NaN as in numpy (numba's
+        # default raises, and its check keeps LLVM from vectorizing a loop that divides).
+        dispatcher = _compiled[loop.__name__] = numba.njit(
+            cache=True, nogil=True, error_model="numpy", fastmath=_FASTMATH.get(loop.__name__, False))(loop)
     dispatcher.compile(tuple(numba.typeof(a) for a in args))
     BIND_SECONDS.setdefault(loop.__name__, time.perf_counter() - start)
     return dispatcher
+
+
+def _compile_scalars(numba):
+    """Replace the scalar functions of SCALARS, which the loops call, by their numba
+    dispatchers (once): numba resolves a loop's globals when it compiles it, and LLVM then
+    inlines them into the loop."""
+    names = globals()
+    for name in SCALARS:
+        if not hasattr(names[name], "py_func"):
+            names[name] = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})(names[name])
 
 
 def _takes(*arrays):
@@ -393,8 +411,9 @@ def bind_layer_norm(x, scale, bias, out, axis, eps):
 
 
 def gelu_loop(x, out, tanh):
-    """out = gelu(x) elementwise, in float64: x / 2 * erfc(-x / sqrt 2), or with
-    approximate='tanh' x * sigmoid(2 * sqrt(2 / pi) * (x + 0.044715 x^3))."""
+    """out = gelu(x) elementwise, in float64 (float64 x; float32 x runs gelu_float32_loop):
+    x / 2 * erfc(-x / sqrt 2), or with approximate='tanh' x * sigmoid(2 * sqrt(2 / pi) *
+    (x + 0.044715 x^3))."""
     for i in range(x.shape[0]):
         v = float(x[i])
         if tanh:
@@ -404,7 +423,174 @@ def gelu_loop(x, out, tanh):
 
 
 def bind_gelu(x, out, approximate):
-    """A step for gelu on a contiguous float array, or None."""
-    if not available() or not _takes(x, out) or not (x.flags.c_contiguous and out.flags.c_contiguous):
+    """A step for gelu on a contiguous float array (float32 by gelu_float32_loop, float64 by
+    gelu_loop), or None."""
+    if not available() or not _takes(x, out):
         return None
-    return _bound(gelu_loop, x.reshape(-1), out.reshape(-1), approximate == "tanh")
+    loop = gelu_float32_loop if x.dtype == np.float32 else gelu_loop
+    return _elementwise(loop, x, out, approximate == "tanh")
+
+
+# -- float32 activations on an exp that vectorizes --------------------------------------------
+#
+# numba's math.exp is a call into libm per element: no SIMD. _expf is exp in float32 arithmetic
+# LLVM vectorizes: n = round(x / ln 2) (by adding and subtracting 1.5 * 2^23), r = x - n ln 2
+# (ln 2 in two parts, Cody and Waite's: n * C1 is exact), exp(r) by Cephes' expf polynomial on
+# |r| <= ln 2 / 2, times 2^n built from exponent bits (in two halves, so that 2^-150..2^128
+# are normal numbers and the result rounds into subnormals once). Within 1.5 ulp of exp over
+# float32's range (tests/interp/test_jit.py), 0.6-0.8 ns an element against numpy's 1.3.
+
+_f = np.float32
+_ZERO, _HALF, _ONE, _THREE, _SIX, _INF = _f(0), _f(0.5), _f(1), _f(3), _f(6), _f(np.inf)
+_LOG2E, _MAGIC = _f(1.4426950408889634), _f(12582912.0)
+_LN2_HI, _LN2_LO = _f(0.693359375), _f(-2.12194440e-4)
+_EXP_HI, _EXP_LO = _f(88.72284), _f(-104.0)  # exp overflows at and above, is 0 at and below
+_EXP_POLY = tuple(map(_f, (5.0000001201e-1, 1.6666665459e-1, 4.1665795894e-2, 8.3334519073e-3,
+                           1.3981999507e-3, 1.9875691500e-4)))
+_P0, _P1, _P2, _P3, _P4, _P5 = _EXP_POLY
+_B127 = np.int32(127)
+_LN2_64 = 0.6931471805599453
+# Numerical Recipes' erfcc: erfc(z) = t exp(-z^2 + E(t)), t = 1 / (1 + z / 2), z >= 0, E a
+# polynomial of degree 9, within 1.2e-7 relative everywhere (Press et al., 6.2).
+_E0, _E1, _E2, _E3, _E4, _E5, _E6, _E7, _E8, _E9 = map(_f, (
+    -1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398, 1.48851587,
+    -0.82215223, 0.17087277))
+_SQRT_HALF = _f(0.7071067811865476)
+
+
+def _expm_poly(r):
+    """exp(r) for float32 |r| <= ln 2 / 2 (Cephes' expf)."""
+    return ((((((_P5 * r + _P4) * r + _P3) * r + _P2) * r + _P1) * r + _P0) * (r * r) + r) + _ONE
+
+
+def _times_pow2(p, n):
+    """p * 2^n for an integral float n in [-150, 128] (p near 1): two normal factors."""
+    k = np.int32(n)
+    h = np.int32(k >> 1)
+    low = np.int32((h + _B127) << 23).view(np.float32)
+    high = np.int32((k - h + _B127) << 23).view(np.float32)
+    return p * low * high
+
+
+def _expf(x):
+    """exp(x) for float32 x, in float32 (inf above 88.72284, 0 below -104, NaN kept)."""
+    v = x if x > _EXP_LO else _EXP_LO  # NaN becomes a number here, and is put back below
+    v = v if v < _EXP_HI else _EXP_HI
+    n = (v * _LOG2E + _MAGIC) - _MAGIC
+    r = (v - n * _LN2_HI) - n * _LN2_LO
+    e = _times_pow2(_expm_poly(r), n)
+    e = e if x < _EXP_HI else _INF
+    e = e if x > _EXP_LO else _ZERO
+    return e if x == x else x
+
+
+def _exp_wide(a):
+    """exp(a) in float32 for a float64 a, reduced in float64: accurate where a float32
+    argument would not be (-x^2 / 2 of a large x, rounded to float32, is off by |x^2| ulps).
+    Only the reduction is in float64: n and the range checks come from a rounded to float32."""
+    b = np.float32(a)
+    v = b if b > _EXP_LO else _EXP_LO
+    v = v if v < _EXP_HI else _EXP_HI
+    n = (v * _LOG2E + _MAGIC) - _MAGIC
+    e = _times_pow2(_expm_poly(np.float32(a - np.float64(n) * _LN2_64)), n)
+    e = e if b < _EXP_HI else _INF
+    e = e if b > _EXP_LO else _ZERO
+    return e if b == b else b
+
+
+def _sigmoidf(v):
+    """1 / (1 + exp(-v)) for float32 v, as e / (1 + e), e = exp(v), where v < 0: nothing
+    overflows, and tiny results keep their precision."""
+    e = _expf(-abs(v))
+    return (_ONE if v >= _ZERO else e) / (_ONE + e)
+
+
+SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf")
+# The activation loops and SCALARS may contract a * b + c into one fused multiply-add where the
+# machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other
+# loops keep the arithmetic as written.
+_FASTMATH = dict.fromkeys(("sigmoid_loop", "swish_loop", "hard_sigmoid_loop", "hard_swish_loop",
+                           "gelu_float32_loop"), {"contract"})
+
+
+def sigmoid_loop(x, out):
+    for i in range(x.shape[0]):
+        out[i] = _sigmoidf(x[i])
+
+
+def swish_loop(x, out, alpha):
+    """out = x * sigmoid(alpha x)."""
+    for i in range(x.shape[0]):
+        v = x[i]
+        out[i] = v * _sigmoidf(alpha * v)
+
+
+def hard_sigmoid_loop(x, out, alpha, beta):
+    """out = max(0, min(1, alpha x + beta)), NaN kept (numpy's clip); alpha x + beta in
+    float64, rounded once (near 0 it cancels)."""
+    for i in range(x.shape[0]):
+        v = np.float32(alpha * np.float64(x[i]) + beta)
+        v = _ZERO if v < _ZERO else v
+        out[i] = _ONE if v > _ONE else v
+
+
+def hard_swish_loop(x, out):
+    """out = x * max(0, min(1, x / 6 + 1 / 2)), as (x + 3) / 6: exact near -3, where x / 6 + 1 / 2
+    cancels."""
+    for i in range(x.shape[0]):
+        v = x[i]
+        s = (v + _THREE) / _SIX
+        s = _ZERO if s < _ZERO else s
+        out[i] = v * (_ONE if s > _ONE else s)
+
+
+def gelu_float32_loop(x, out, tanh):
+    """gelu_loop for float32 x, in float32 but for the exponent, -x^2 / 2 (exact in float64)
+    plus erfcc's E(t) (near 1: float32), whose exp _exp_wide takes: within 1e-6 relative of
+    gelu everywhere, its far negative tail (tiny, not 0) included."""
+    if tanh:
+        for i in range(x.shape[0]):
+            v = x[i]
+            w = np.float64(v)
+            u = 1.5957691216057308 * (w + 0.044715 * w * w * w)  # gelu = x sigmoid(u), as in _sigmoidf
+            e = _exp_wide(-abs(u))
+            out[i] = v * ((_ONE if u >= 0.0 else e) / (_ONE + e))
+        return
+    for i in range(x.shape[0]):
+        v = x[i]
+        w = np.float64(v)
+        t = _ONE / (_ONE + _HALF * _SQRT_HALF * abs(v))  # z = |x| / sqrt 2
+        q = _E0 + t * (_E1 + t * (_E2 + t * (_E3 + t * (_E4 + t * (_E5 + t * (_E6 + t * (
+            _E7 + t * (_E8 + t * _E9))))))))
+        half_tail = _HALF * t * _exp_wide(q - 0.5 * w * w)  # erfc(|x| / sqrt 2) / 2
+        # gelu = x erfc(-x / sqrt 2) / 2; erfc(-z) = 2 - erfc(z)
+        out[i] = v * (half_tail if v < _ZERO else _ONE - half_tail)
+
+
+_ACTIVATION_LOOPS = {"sigmoid": sigmoid_loop, "swish": swish_loop, "hard_sigmoid": hard_sigmoid_loop,
+                     "hard_swish": hard_swish_loop}
+
+
+def bind_activation(name, x, out, attrs):
+    """A step for float32 sigmoid, swish, hard_sigmoid or hard_swish (float64 runs numpy's
+    formulas, to full precision), or None."""
+    if name not in _ACTIVATION_LOOPS or x.dtype != np.float32 or out.dtype != np.float32 or not available():
+        return None
+    params = {"swish": (np.float32(attrs.get("alpha", 1.0)),),
+              "hard_sigmoid": (float(np.float32(attrs.get("alpha", 0.2))), float(np.float32(attrs.get("beta", 0.5))))}
+    return _elementwise(_ACTIVATION_LOOPS[name], x, out, *params.get(name, ()))
+
+
+def _elementwise(loop, x, out, *args):
+    """A step running loop(x, out, *args) over the elements of x and out (C-contiguous, of
+    one shape), in pieces on the current workers where they are many; or None."""
+    if x.shape != out.shape or not (x.flags.c_contiguous and out.flags.c_contiguous) or not out.size:
+        return None
+    x, out = x.reshape(-1), out.reshape(-1)
+    workers = threads.current()
+    if workers is None or out.size < threads.MIN_ELEMENTS:
+        return _bound(loop, x, out, *args)
+    edges = [[a * 16, b * 16] for a, b in threads.pieces(out.size // 16, workers.n)]  # whole cache lines
+    edges[-1][1] = out.size
+    steps = [_bound(loop, x[a:b], out[a:b], *args) for a, b in edges]
+    return lambda: workers.run(steps)

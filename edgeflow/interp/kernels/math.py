@@ -96,7 +96,7 @@ def _sigmoid(x, out):
 
 @kernel("sigmoid")
 def _sigmoid_kernel(ins, outs, attrs):
-    return partial(_sigmoid, ins[0], outs[0])
+    return jit.bind_activation("sigmoid", ins[0], outs[0], attrs) or partial(_sigmoid, ins[0], outs[0])
 
 
 def _where(cond, x, y, out):
