@@ -89,7 +89,10 @@ class Interpreter:
         return self._plans.get(key, lambda: self._make_plan(inputs, outputs, shapes, targets, known))
 
     def _make_plan(self, inputs, outputs, shapes, targets, known):
-        with threads.using(self._workers):  # kernels bound now split their work for these workers
+        # Kernels bound now split their work for these workers; BLAS capped as when running
+        # (binding runs products too, e.g. Winograd's weight transforms: an uncapped BLAS
+        # spins its threads on busy cores, measured 5x slower at num_threads=1).
+        with self._threads(), threads.using(self._workers):
             return self._planned(inputs, outputs, shapes, targets, known)
 
     def _planned(self, inputs, outputs, shapes, targets, known):

@@ -202,3 +202,23 @@ def test_num_threads_caps_blas_threads(tmp_path, monkeypatch):
     np.testing.assert_allclose(interp.get_signature_runner("infer")(x=xv)["probs"], ref(xv)[2],
                                rtol=1e-5, atol=1e-6)
     assert seen and set(seen) == {1}
+
+
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_num_threads_caps_blas_threads_while_planning(tmp_path, monkeypatch, num_threads):
+    """Binding runs products too (Winograd's weight transforms): BLAS is capped then as well."""
+    import threadpoolctl
+    from edgeflow.interp.plan import Plan
+    rng = np.random.default_rng(5)
+    ref = _mlp(tmp_path / "m.efl", rng)
+    seen, bind = [], Plan._bind
+
+    def spy(plan, *args):
+        seen.extend(p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas")
+        return bind(plan, *args)
+    monkeypatch.setattr(Plan, "_bind", spy)
+    interp = ef.Interpreter(tmp_path / "m.efl", num_threads=num_threads)
+    xv = rng.standard_normal((3, 4)).astype(np.float32)
+    np.testing.assert_allclose(interp.get_signature_runner("infer")(x=xv)["probs"], ref(xv)[2],
+                               rtol=1e-5, atol=1e-6)
+    assert seen and set(seen) == {1}
