@@ -180,3 +180,47 @@ def test_split_over_workers(algo):
     finally:
         workers.close()
     assert_near(out, reference(x, w, b, (1, 0, 2, 1), "relu"))
+
+
+@pytest.mark.parametrize("m, shape", [(4, (170, 160)), (2, (250, 240)), (4, (5, 3))])
+@pytest.mark.parametrize("split", [False, True])
+def test_transformed_weights_match_numpy(m, shape, split):
+    """U = G g G^T (split over 2 workers where the product is large enough: the first two
+    shapes) against a float64 einsum."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal(shape + (3, 3)).astype(np.float32)
+    g = winograd.TRANSFORMS[m][1]
+    want = np.einsum("ik,mckl,jl->ijmc", g, w.astype(np.float64), g).reshape((m + 2) ** 2, *shape)
+    workers = threads.Workers(2) if split else None
+    try:
+        got = winograd.transformed_weights(w, m, workers=workers)
+    finally:
+        if workers is not None:
+            workers.close()
+    assert got.dtype == np.float32 and got.flags.c_contiguous
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_steps_sharing_the_workspace():
+    """Two Winograd convs bound as steps of one plan draw their scratch from the same
+    workspace bytes; run alternately on new inputs, each stays right."""
+    from edgeflow.interp.arena import Workspace
+    rng = np.random.default_rng(6)
+    workspace = Workspace()
+    layers, blocks = [], None
+    for algo, (n, c, h, wd, m) in (("winograd4", (2, 20, 17, 15, 24)), ("winograd2", (1, 24, 9, 11, 18))):
+        x = np.zeros((n, c, h, wd), np.float32)
+        w = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
+        w.setflags(write=False)
+        b = rng.standard_normal(m).astype(np.float32)
+        with workspace.step():
+            step, out = conv(x, w, b, (1, 1, 1, 1), "relu", algo)
+        layers.append((x, w, b, step, out))
+        blocks = blocks if layers[1:] else len(workspace.blocks)
+    assert len(workspace.blocks) == blocks  # the second step reuses the first's bytes
+    for _ in range(2):
+        for x, w, b, step, out in layers:
+            x[...] = rng.standard_normal(x.shape)
+            step()
+        for x, w, b, step, out in layers:
+            assert_near(out, reference(x, w, b, (1, 1, 1, 1), "relu"))

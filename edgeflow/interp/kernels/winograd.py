@@ -7,7 +7,7 @@ with a^2 multiplies per channel pair instead of 9 m^2. Done over whole arrays:
 
 - weights: U = G g G^T, (a^2, M, C), once at prepare time when w is a constant (read-only
   array), else at each run (a variable being trained);
-- input: x copied into a zero-padded buffer (allocated at prepare, padding written once),
+- input: x copied into a zero-padded buffer (scratch: its padding rewritten each run),
   the overlapping tiles gathered by one copy from a strided view into D (a^2, C, N*tiles),
   and transformed by one product V = (B^T kron B^T) D;
 - the a^2 products U[k] (M, C) @ V[k] (C, N*tiles): one batched np.matmul;
@@ -17,7 +17,8 @@ with a^2 multiplies per channel pair instead of 9 m^2. Done over whole arrays:
 
 The transforms are products, not elementwise passes: measured, BLAS does the input's 36x36
 (F4) Kronecker product and the output's two small ones faster than numpy does the adds.
-Every array is allocated at prepare time; each run only calls numpy with out= arrays. With
+Every array is allocated at prepare time (all but U in the plan's workspace, shared with
+its other steps); each run only calls numpy with out= arrays. With
 intra-op workers (interp/threads.py) each of the four phases (input transform, products,
 output transform by tile rows, then by tile columns with the scatter) is split over them.
 
@@ -32,6 +33,7 @@ layers C = M = 64..512, batch 1 and 8): the max abs error over the max abs outpu
 for F(4x4,3x3) (its transforms have entries up to 8 and down to 1/24; onnxruntime's:
 1.7e-7 to 3.7e-7), weights transformed in float32. tests/interp/test_winograd.py bounds both by 1e-4.
 """
+import functools
 import os
 from functools import partial
 
@@ -55,6 +57,16 @@ _F4 = ([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
         [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]],
        [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]])
 TRANSFORMS = {2: tuple(np.array(t, np.float64) for t in _F2), 4: tuple(np.array(t, np.float64) for t in _F4)}
+
+
+@functools.lru_cache(maxsize=None)
+def kron(m, which, dtype):
+    """TRANSFORMS[m][which] kron itself in `dtype`, made once (read-only): which = 0 for
+    the input's B^T kron B^T (a^2, a^2), 1 for the weights' G kron G (a^2, 9)."""
+    t = TRANSFORMS[m][which]
+    k = np.kron(t, t).astype(dtype)
+    k.setflags(write=False)
+    return k
 
 
 def applies(x, w, group, strides, dilations):
@@ -99,14 +111,22 @@ def choose(x, w, group, strides, dilations, out_shape):
     return rule(x.shape, w.shape, out_shape)
 
 
-def transformed_weights(w, m):
+def transformed_weights(w, m, workers=None):
     """U = G g G^T of w (M, C, 3, 3), shaped (a^2, M, C): one product with G kron G, in w's
     dtype (a model's first run makes them all; float64 would double its cost for an error
-    far below the transforms' own)."""
-    _, g, _ = TRANSFORMS[m]
-    kg = np.kron(g, g).astype(w.dtype)  # (a^2, 9)
+    far below the transforms' own). With `workers` (interp/threads.py), the M * C columns
+    are split over them."""
+    kg = kron(m, 1, w.dtype)  # (a^2, 9)
     mm, c = w.shape[:2]
-    return (kg @ np.asarray(w).reshape(mm * c, 9).T).reshape(-1, mm, c)
+    out = np.empty((len(kg), mm, c), w.dtype)
+    src, dst = np.asarray(w).reshape(mm * c, 9).T, out.reshape(len(kg), mm * c)
+    n = workers.n if workers is not None and 2 * kg.size * mm * c >= threads.MIN_FLOPS else 1
+    parts = [partial(np.matmul, kg, src[:, a:b], out=dst[:, a:b]) for a, b in threads.pieces(mm * c, n)]
+    if len(parts) > 1:
+        workers.run(parts)
+    else:
+        parts[0]()
+    return out
 
 
 def _tiled(out, row0, rows, height, col0, cols, width, m):
@@ -121,7 +141,7 @@ def conv(x, w, bias, begin, out, algo):
     """Step computing out = conv(x, w) + bias with F(m x m, 3x3), m = 2 for "winograd2", 4 for
     "winograd4"; `begin` the (top, left) padding (the end padding follows from out's shape)."""
     m = {"winograd2": 2, "winograd4": 4}[algo]
-    bt, _, at = TRANSFORMS[m]
+    at = TRANSFORMS[m][2]
     a = m + 2
     n, c, h, wd = x.shape
     mm, (oh, ow) = w.shape[0], out.shape[2:]
@@ -143,17 +163,17 @@ def conv(x, w, bias, begin, out, algo):
     y = first[:m * m * mm * tiles].reshape(m, mm, n, th, tw, m)  # (r, M, N, t, s, c)
     v = second[:a * a * c * tiles].reshape(a * a, c, tiles)
     z = second[:m * a * mm * tiles].reshape(m, a, mm * tiles)
-    kb = np.kron(bt, bt).astype(dt)
+    kb = kron(m, 0, dt)
     d2, v2 = d.reshape(a * a, -1), v.reshape(a * a, -1)
     p2, z2, y3 = products.reshape(a, -1), z.reshape(m, -1), y.reshape(m, mm * tiles, m)
     zt = z.transpose(0, 2, 1)
     at_rows, at_cols = at.astype(dt), np.ascontiguousarray(at.T, dt)
     if w.flags.writeable:  # a variable: transformed at each run, into scratch
         u = scratch((a * a, mm, c), dt)
-        kg = np.kron(TRANSFORMS[m][1], TRANSFORMS[m][1]).astype(dt)
+        kg = kron(m, 1, dt)
         weights = (kg, w.reshape(mm * c, 9).T, u.reshape(a * a, -1))
     else:
-        u = transformed_weights(w, m)
+        u = transformed_weights(w, m, workers=threads.current())
         weights = None
     # Scatter: y (r, M, N, t, s, c) -> out[N, M, t*m + r, s*m + c], in whole tiles and the
     # cropped last tile row / column; each output row is read from one run of y.
