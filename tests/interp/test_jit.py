@@ -29,8 +29,18 @@ ACTIVATIONS = {"": lambda y: y, "relu": lambda y: np.maximum(y, 0), "relu6": lam
 def mode(request, monkeypatch):
     """Which path the kernels bind to; under `jit`, the loops bound are recorded in
     `bound` (a list of loop names) so that a test can check the JIT did run."""
-    monkeypatch.setenv("EDGEFLOW_JIT", "1" if request.param == "jit" else "0")
-    if request.param == "jit":  # the jit extra is installed with the tests: a broken numba fails here
+    return _bind_mode(request.param, monkeypatch)
+
+
+@pytest.fixture
+def jit_mode(monkeypatch):
+    """`mode`'s JIT path alone, for tests of what only the loops promise."""
+    return _bind_mode("jit", monkeypatch)
+
+
+def _bind_mode(path, monkeypatch):
+    monkeypatch.setenv("EDGEFLOW_JIT", "1" if path == "jit" else "0")
+    if path == "jit":  # the jit extra is installed with the tests: a broken numba fails here
         assert jit.available(), "numba does not import"  # loaded: the loops of small gains bind too
     bound, compiled = [], jit.compiled
 
@@ -38,7 +48,7 @@ def mode(request, monkeypatch):
         bound.append(loop.__name__)
         return compiled(loop, *args)
     monkeypatch.setattr(jit, "compiled", recording)
-    return request.param, bound
+    return path, bound
 
 
 def run(build, x, jit_on=None):
@@ -264,15 +274,14 @@ def _accurate(got, expected, rtol):
 
 
 @pytest.mark.parametrize("name", list(ACTIVATION_CASES))
-def test_activation_over_float32_range(mode, name):
+def test_activation_over_float32_range(jit_mode, name):
     """Every float32 magnitude (0 to 1e30, both signs, inf, NaN; a dense sweep of -110..110
     on an odd shape) against float64 scipy: sigmoid, hard_*, gelu within 1e-6 relative of
     each element; swish within 2e-5 (x sigmoid(x) of x < -87, where sigmoid is subnormal,
-    keeps fewer bits; measured 5.5e-6)."""
-    path, bound = mode
-    if path == "numpy":
-        pytest.skip("the numpy formulas round in float32 (x / 6 + 1 / 2 cancels near -3, exp overflows "
-                    "below -88): test_activation_against_onnxruntime checks them")
+    keeps fewer bits; measured 5.5e-6). The JIT's loops only: the numpy formulas round in
+    float32 (x / 6 + 1 / 2 cancels near -3, exp overflows below -88), and
+    test_activation_against_onnxruntime checks them."""
+    _, bound = jit_mode
     attrs, reference, loop, _ = ACTIVATION_CASES[name]
     sweep = np.linspace(-110, 110, 3003 * 7 - SPECIAL.size, dtype=np.float32)
     x = np.concatenate([SPECIAL, sweep]).reshape(-1, 7)
