@@ -121,15 +121,13 @@ class _Recurrence:
                 state[...] = 0 if initial is None else initial[d]
             if self.sequence is not None:
                 self.run_sequence(xw, recurrent, y[:, d], backward)
-                for out, state in zip(self.outs[1:], self.state):
-                    out[d] = state
-                continue
-            for t in (reversed(range(seq)) if backward else range(seq)):
-                if self.lens is None:
-                    self.step(xw[t], *recurrent)
-                    y[t, d] = self.state[0]
-                else:
-                    self.masked_step(t, xw[t], recurrent, y[t, d])
+            else:
+                for t in (reversed(range(seq)) if backward else range(seq)):
+                    if self.lens is None:
+                        self.step(xw[t], *recurrent)
+                        y[t, d] = self.state[0]
+                    else:
+                        self.masked_step(t, xw[t], recurrent, y[t, d])
             for out, state in zip(self.outs[1:], self.state):
                 out[d] = state
 

@@ -33,9 +33,8 @@ layers C = M = 64..512, batch 1 and 8): the max abs error over the max abs outpu
 for F(4x4,3x3) (its transforms have entries up to 8 and down to 1/24; onnxruntime's:
 1.7e-7 to 3.7e-7), weights transformed in float32. tests/interp/test_winograd.py bounds both by 1e-4.
 """
-import functools
 import os
-from functools import partial
+from functools import lru_cache, partial
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -59,7 +58,7 @@ _F4 = ([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
 TRANSFORMS = {2: tuple(np.array(t, np.float64) for t in _F2), 4: tuple(np.array(t, np.float64) for t in _F4)}
 
 
-@functools.lru_cache(maxsize=None)
+@lru_cache(maxsize=None)
 def kron(m, which, dtype):
     """TRANSFORMS[m][which] kron itself in `dtype`, made once (read-only): which = 0 for
     the input's B^T kron B^T (a^2, a^2), 1 for the weights' G kron G (a^2, 9)."""
