@@ -10,25 +10,12 @@ depth, fails with one UnsupportedOpError that lists them all.
 """
 import os
 from collections import Counter
-from dataclasses import dataclass, field
 
-from edgeflow.errors import ConversionError, GraphError, UnsupportedOpError
+from edgeflow.errors import ConversionError, UnsupportedOpError
+
+from ..package import Conversion, check_quantize, package, progress  # noqa: F401 (Conversion: API)
 
 MIN_OPSET = 13
-
-
-@dataclass
-class Conversion:
-    """What `convert` made, and figures for the report."""
-
-    model: object  # edgeflow.format.model.ModelDef
-    onnx_ops: Counter
-    ops: Counter
-    parameters: int
-    onnx_bytes: int
-    efl_bytes: int = 0
-    path: str = ""
-    notes: list = field(default_factory=list)
 
 
 def load(src):
@@ -134,7 +121,7 @@ def _raise_unsupported(found):
                              + "\n".join(lines), found)
 
 
-def to_graph(model, progress=False, variables=()):
+def to_graph(model, show_progress=False, variables=()):
     """(graph, inputs, outputs, context): the ONNX graph as an edgeflow Graph, with its
     inputs and outputs as dicts of ONNX name -> Tensor. Initializers named in `variables`
     become ef.Variables; the others constants."""
@@ -160,7 +147,7 @@ def to_graph(model, progress=False, variables=()):
             if vi.name not in initializers:
                 shape = _shape(vi)  # first: it rejects inputs that are not tensors
                 inputs[vi.name] = ctx.tensors[vi.name] = ef.placeholder(_dtype(vi), shape, name=vi.name)
-        failed = ctx.convert(_progress(model.graph.node, progress))
+        failed = ctx.convert(progress(model.graph.node, show_progress))
         if failed:
             _raise_unsupported(failed)
         outputs = {vi.name: ctx.tensors[vi.name] for vi in model.graph.output}
@@ -168,16 +155,6 @@ def to_graph(model, progress=False, variables=()):
     if sequences:
         raise ConversionError(f"graph output(s) {sequences} are sequences: edgeflow has no sequence values")
     return g, inputs, outputs, ctx
-
-
-def _progress(nodes, enabled):
-    if not enabled or len(nodes) < 200:
-        return nodes
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return nodes
-    return tqdm(nodes, desc="converting", unit="node", leave=False)
 
 
 def convert(src, dst=None, quantize=None, optimize=True, progress=False, trainable=False,
@@ -199,7 +176,7 @@ def convert(src, dst=None, quantize=None, optimize=True, progress=False, trainab
         return _convert_trainable(src, dst, quantize, progress, loss, optimizer, freeze)
     from edgeflow.graph import optimize as passes
 
-    _check_quantize(quantize)
+    check_quantize(quantize)
     proto = load(src)
     graph, inputs, outputs, _ = to_graph(proto, progress)
     signatures = {"infer": (inputs, outputs)}
@@ -209,29 +186,9 @@ def convert(src, dst=None, quantize=None, optimize=True, progress=False, trainab
                     f"opset {_opset(proto)})", proto, dst, quantize)
 
 
-def _check_quantize(quantize):
-    if quantize not in (None, "fp16", "int8"):
-        raise ConversionError(f"quantize must be None, 'fp16' or 'int8', got {quantize!r}")
-
-
 def _package(graph, signatures, description, proto, dst, quantize):
-    """The ModelDef of `graph`, quantized if asked, written to `dst` if given."""
-    import edgeflow as ef
-    from edgeflow.format import quantize as quantization, writer
-    try:
-        model = ef.to_model(graph, signatures, description=description)
-    except GraphError as e:
-        raise ConversionError(str(e)) from None
-    model.producer = "edgeflow.converters.onnx"
-    if quantize:
-        model = quantization.quantize(model, quantize)
-    result = Conversion(model, Counter(n.op_type for n in proto.graph.node),
-                        Counter(op.opcode for op in model.subgraphs[0].operators),
-                        _parameters(model), proto.ByteSize())
-    if dst is not None:
-        writer.write(model, dst)
-        result.path, result.efl_bytes = os.fspath(dst), os.path.getsize(dst)
-    return result
+    return package(graph, signatures, description, "edgeflow.converters.onnx", dst, quantize,
+                   Counter(n.op_type for n in proto.graph.node), proto.ByteSize(), "ONNX")
 
 
 OPTIMIZERS = {"sgd": "GradientDescent", "momentum": "Momentum", "adam": "Adam", "adamw": "AdamW",
@@ -258,7 +215,7 @@ def _convert_trainable(src, dst, quantize, progress, loss, optimizer, freeze):
     from onnx import numpy_helper
     from edgeflow.graph.optimize import fold_constants, fuse_swish
 
-    _check_quantize(quantize)
+    check_quantize(quantize)
     if loss not in ("cross_entropy", "mse"):
         raise ConversionError(f"loss must be 'cross_entropy' or 'mse', got {loss!r}")
     proto = load(src)
@@ -289,9 +246,3 @@ def _convert_trainable(src, dst, quantize, progress, loss, optimizer, freeze):
     signatures = fold_constants(graph, signatures)
     return _package(graph, signatures, f"trainable, converted from ONNX (loss {loss}, optimizer "
                     f"{optimizer}, {len(trainable)} variables)", proto, dst, quantize)
-
-
-def _parameters(model):
-    import numpy as np
-    return int(sum(np.prod(t.shape, dtype=np.int64) for t in model.subgraphs[0].tensors
-                   if t.data is not None and (t.data.dtype.kind == "f" or t.quantization is not None)))

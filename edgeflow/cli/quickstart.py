@@ -81,7 +81,7 @@ def convert_onnx(directory):
         result = onnx_converter.convert(onnx_path, out, quantize=quantize)
         probs = ef.Interpreter(out).get_signature_runner("infer")(image=x)["probs"]
         err = float(np.abs(probs - reference).max())
-        print(f"  {os.path.basename(out)}: {sum(result.onnx_ops.values())} ONNX ops -> "
+        print(f"  {os.path.basename(out)}: {sum(result.source_ops.values())} ONNX ops -> "
               f"{sum(result.ops.values())} edgeflow ops ({', '.join(sorted(result.ops))}), "
               f"{result.efl_bytes:,} bytes; max |edgeflow - onnx reference| = {err:.1e}")
         if err > (1e-5 if quantize is None else 5e-2):

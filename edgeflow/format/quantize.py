@@ -16,21 +16,32 @@ from .model import OperatorDef, QuantizationDef, TensorDef
 MIN_ELEMENTS = 64  # smaller constants (biases, norm scales) stay float32: they weigh little
 
 
-def quantize(model, mode):
-    """A copy of `model` with its weights stored as `mode` ("fp16" or "int8")."""
+def quantize(model, mode, exact_only=False):
+    """A copy of `model` with its weights stored as `mode` ("fp16" or "int8").
+
+    exact_only (fp16): only the weights that float16 holds exactly (a model whose
+    weights came as float16, as MediaPipe's), so that nothing changes but the size."""
     if mode not in ("fp16", "int8"):
         raise ValueError(f"quantization mode must be 'fp16' or 'int8', got {mode!r}")
     model = copy.copy(model)
-    model.subgraphs = [_quantize_subgraph(sg, mode) for sg in model.subgraphs]
+    model.subgraphs = [_quantize_subgraph(sg, mode, exact_only) for sg in model.subgraphs]
     model.metadata = {**model.metadata, "quantization": mode.encode()}
     return model
 
 
 def _weights(subgraph):
-    """Indices of the float32 constants worth quantizing."""
+    """Indices of the float32 constants worth quantizing: not small, and not the scales of
+    (de)quantize ops, which float16 or int8 would round."""
+    scales = {t for op in subgraph.operators if op.opcode in ("quantize_linear", "dequantize_linear")
+              for t in op.inputs[1:]}
     return [i for i, t in enumerate(subgraph.tensors)
-            if t.data is not None and not t.is_variable and t.quantization is None
+            if t.data is not None and not t.is_variable and t.quantization is None and i not in scales
             and t.dtype == dtypes.float32 and t.data.size >= MIN_ELEMENTS]
+
+
+def _fp16_exact(data):
+    with np.errstate(over="ignore"):
+        return bool(np.array_equal(data.astype(np.float16).astype(np.float32), data, equal_nan=True))
 
 
 def channel_axis(subgraph, index):
@@ -59,10 +70,12 @@ def int8_symmetric(data, axis):
     return q, scale.reshape(-1)
 
 
-def _quantize_subgraph(sg, mode):
+def _quantize_subgraph(sg, mode, exact_only=False):
     tensors, operators = list(sg.tensors), list(sg.operators)
     for i in _weights(sg):
         t = tensors[i]
+        if exact_only and not _fp16_exact(t.data):
+            continue
         if mode == "int8":
             axis = channel_axis(sg, i)
             q, scale = int8_symmetric(t.data, axis)

@@ -60,8 +60,8 @@ def test_matches_onnxruntime(converted, name, optimize):
 
 def test_optimizations_fold_batch_norm_and_fuse_activations(converted):
     result, _ = converted("mobilenetv2", optimize=True)
-    assert result.onnx_ops["BatchNormalization"] == 23 and "batch_norm" not in result.ops
-    assert result.onnx_ops["Clip"] == 16 and "clip" not in result.ops
+    assert result.source_ops["BatchNormalization"] == 23 and "batch_norm" not in result.ops
+    assert result.source_ops["Clip"] == 16 and "clip" not in result.ops
     plain, _ = converted("mobilenetv2", optimize=False)
     assert plain.ops["batch_norm"] == 23
 

@@ -1,0 +1,39 @@
+"""Pooling (edgeflow/ops/pool.py): TFLite's NHWC pools as edgeflow's NCHW ones."""
+from edgeflow.graph.math_ops import apply
+
+from ..context import NCHW
+from . import fused, handler, padding
+
+
+def _pool(ctx, op, kind, attrs=None):
+    x = ctx.get(op.inputs[0], NCHW)
+    attrs = {"kernel_shape": (op.option("filter_height", 1), op.option("filter_width", 1)),
+             "strides": (op.option("stride_h", 1), op.option("stride_w", 1)), "auto_pad": padding(op),
+             **(attrs or {})}
+    y = fused(op, apply(kind, [x], attrs, name=f"{op.name}/{kind}"))
+    return y
+
+
+@handler("MAX_POOL_2D", op="max_pool")
+def _max_pool(ctx, op):
+    ctx.set(op.outputs[0], _pool(ctx, op, "max_pool"), NCHW, exact=ctx.same_grid(op.inputs[0], op.outputs[0]))
+
+
+@handler("AVERAGE_POOL_2D", op="avg_pool")
+def _average_pool(ctx, op):
+    """The mean of each window's pixels inside the image (padding does not count)."""
+    ctx.set(op.outputs[0], _pool(ctx, op, "avg_pool", {"count_include_pad": False}), NCHW)
+
+
+@handler("L2_POOL_2D", op="lp_pool")
+def _l2_pool(ctx, op):
+    """TFLite's L2 pool is the root of the window's MEAN square; lp_pool's of the sum."""
+    raise_if_padded = padding(op)
+    y = _pool(ctx, op, "lp_pool", {"p": 2})
+    if raise_if_padded != "VALID":
+        from ..context import unsupported
+        raise unsupported(op, "L2_POOL_2D with SAME padding (edge windows average fewer pixels)")
+    import numpy as np
+    window = op.option("filter_height", 1) * op.option("filter_width", 1)
+    y = apply("mul", [y, np.asarray(1 / np.sqrt(window), y.dtype)], name=f"{op.name}/mean")
+    ctx.set(op.outputs[0], y, NCHW)
