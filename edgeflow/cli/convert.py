@@ -1,4 +1,4 @@
-"""`edgeflow convert`: convert an ONNX model to a .efl package."""
+"""`edgeflow convert`: convert an ONNX or TFLite model to a .efl package."""
 import argparse
 import os
 import sys
@@ -7,14 +7,16 @@ from ..errors import EdgeflowError
 
 
 def add_parser(verbs):
-    p = verbs.add_parser("convert", help="convert an ONNX model to a .efl package",
-                         description="Convert an ONNX model (opset >= 13) to a .efl package: "
-                                     "constants folded, BatchNorm folded, activations fused, "
-                                     "weights optionally quantized.")
-    p.add_argument("model", help="an .onnx file")
+    p = verbs.add_parser("convert", help="convert an ONNX or TFLite model to a .efl package",
+                         description="Convert an ONNX model (opset >= 13) or a TFLite model (.tflite: "
+                                     "float, float16 or int8-quantized) to a .efl package: constants "
+                                     "folded, BatchNorm folded, activations fused, weights optionally "
+                                     "quantized.")
+    p.add_argument("model", help="an .onnx or .tflite file")
     p.add_argument("-o", "--output", help="the .efl file to write (default: MODEL with .efl)")
     p.add_argument("--quantize", choices=["fp16", "int8"],
-                   help="store weights as float16, or int8 with per-channel scales")
+                   help="store weights as float16, or int8 with per-channel scales (default: as the "
+                        "source stores them)")
     p.add_argument("--optimize", action=argparse.BooleanOptionalAction, default=True,
                    help="fold constants and BatchNorm, fuse activations (default: on)")
     p.add_argument("--trainable", action="store_true",
@@ -30,27 +32,41 @@ def add_parser(verbs):
 
 
 def cmd_convert(args):
+    kind = os.path.splitext(args.model)[1].lower()
+    if kind not in (".onnx", ".tflite"):
+        raise EdgeflowError(f"{args.model}: expected an .onnx or a .tflite file")
     try:
-        from edgeflow.converters import onnx as onnx_converter
+        if kind == ".onnx":
+            from edgeflow.converters import onnx as converter
+        else:
+            from edgeflow.converters import tflite as converter
     except ImportError as e:
         raise EdgeflowError(f"edgeflow convert needs the 'convert' extra: pip install 'edgeflow[convert]' ({e})")
-    if not args.model.lower().endswith(".onnx"):
-        raise EdgeflowError(f"{args.model}: expected an .onnx file (TFLite input is not supported yet)")
     out = args.output or os.path.splitext(args.model)[0] + ".efl"
-    result = onnx_converter.convert(args.model, out, quantize=args.quantize, optimize=args.optimize,
-                                    progress=sys.stderr.isatty(), trainable=args.trainable,
-                                    loss=args.loss, optimizer=args.optimizer, freeze=args.freeze)
+    if kind == ".tflite":
+        if args.trainable or args.freeze:
+            raise EdgeflowError("--trainable and --freeze take ONNX models; a .tflite file converts for inference")
+        result = converter.convert(args.model, out, quantize=args.quantize, optimize=args.optimize,
+                                   progress=sys.stderr.isatty())
+    else:
+        result = converter.convert(args.model, out, quantize=args.quantize, optimize=args.optimize,
+                                   progress=sys.stderr.isatty(), trainable=args.trainable,
+                                   loss=args.loss, optimizer=args.optimizer, freeze=args.freeze)
+    source = result.source_format
     print(f"converted {args.model} -> {out}")
-    print(f"  ONNX ops     {sum(result.onnx_ops.values()):5}  " + _counts(result.onnx_ops))
+    print(f"  {source + ' ops':12} {sum(result.source_ops.values()):5}  " + _counts(result.source_ops))
     print(f"  edgeflow ops {sum(result.ops.values()):5}  " + _counts(result.ops))
     print(f"  parameters   {result.parameters:,}")
     if args.trainable:
         variables = sum(t.is_variable for t in result.model.subgraphs[0].tensors)
         print(f"  trainable    {variables} variables (with optimizer slots); signatures "
               + ", ".join(s.key for s in result.model.signatures))
-    ratio = result.efl_bytes / result.onnx_bytes if result.onnx_bytes else float("nan")
-    print(f"  size         {result.onnx_bytes:,} B (.onnx) -> {result.efl_bytes:,} B (.efl"
-          f"{', ' + args.quantize if args.quantize else ''}), {ratio:.2f}x")
+    elif len(result.model.signatures) > 1 or result.model.signatures[0].key != "infer":
+        print("  signatures   " + ", ".join(s.key for s in result.model.signatures))
+    ratio = result.efl_bytes / result.source_bytes if result.source_bytes else float("nan")
+    stored = args.quantize or result.model.metadata.get("quantization", b"").decode()
+    print(f"  size         {result.source_bytes:,} B ({kind}) -> {result.efl_bytes:,} B (.efl"
+          f"{', ' + stored if stored else ''}), {ratio:.2f}x")
 
 
 def _counts(counter):
