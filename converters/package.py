@@ -51,6 +51,7 @@ def package(graph, signatures, description, producer, dst, quantize, source_ops,
     except GraphError as e:
         raise ConversionError(str(e)) from None
     model.producer = producer
+    model = quantization.absorb_dequantize(model)  # integer weights: the format's quantization fields
     if quantize:
         model = quantization.quantize(model, quantize)
     elif fp16_exact:

@@ -7,12 +7,14 @@ import pathlib
 import pytest
 
 from edgeflow.converters.onnx.handlers import BUILDS, HANDLERS
+from edgeflow.converters.tflite import handlers as tflite_handlers
 from edgeflow import ops
 from edgeflow.accel.kernels import CL_KERNELS
 from edgeflow.interp.kernels import KERNELS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-KERNEL_PACKAGES = ("edgeflow/interp/kernels", "edgeflow/accel/kernels", "converters/onnx/handlers")
+KERNEL_PACKAGES = ("edgeflow/interp/kernels", "edgeflow/accel/kernels", "converters/onnx/handlers",
+                   "converters/tflite/handlers")
 # The forward op of each gradient op whose name is not "<forward>_grad". sum_to is a sum
 # over axes (the gradient of broadcasting): it lives with the reductions.
 FORWARD = {"sum_to": "reduce_sum", "conv_input_grad": "conv", "conv_filter_grad": "conv"}
@@ -49,6 +51,14 @@ def test_onnx_handlers_sit_in_the_module_of_the_op_they_build():
     assert HANDLERS.keys() == BUILDS.keys()
     placed = sorted((onnx_type, module_name(fn), NO_OP if BUILDS[onnx_type] is None else home(BUILDS[onnx_type]))
                    for onnx_type, fn in HANDLERS.items())
+    assert [p for p in placed if p[1] != p[2]] == []
+
+
+def test_tflite_handlers_sit_in_the_module_of_the_op_they_build():
+    handlers, builds = tflite_handlers.HANDLERS, tflite_handlers.BUILDS
+    assert handlers.keys() == builds.keys() and "CONV_2D" in handlers
+    placed = sorted((opcode, module_name(fn), NO_OP if builds[opcode] is None else home(builds[opcode]))
+                    for opcode, fn in handlers.items())
     assert [p for p in placed if p[1] != p[2]] == []
 
 

@@ -26,11 +26,30 @@ from .context import QUANTIZED, Context, Op
 _FAILURES = (ValueError, IndexError, KeyError, TypeError, OverflowError, ZeroDivisionError)
 
 
+SUBGRAPH_OPTIONS = ("cond_subgraph_index", "body_subgraph_index", "then_subgraph_index", "else_subgraph_index")
+
+
+def reachable(model, roots):
+    """The subgraphs `roots` and those their control-flow ops run, at any depth."""
+    seen, stack = set(), list(roots)
+    while stack:
+        s = stack.pop()
+        if s in seen:
+            continue
+        if not 0 <= s < len(model.subgraphs):
+            raise ConversionError(f"an op runs subgraph {s}; the model has {len(model.subgraphs)}")
+        seen.add(s)
+        stack.extend(op.options[k] for op in model.subgraphs[s].operators for k in SUBGRAPH_OPTIONS
+                     if k in op.options)
+    return sorted(seen)
+
+
 def unsupported_ops(model, subgraphs):
-    """(op, version, name, why) of each operator in `subgraphs` that no handler converts."""
+    """(op, version, name, why) of each operator in `subgraphs` (and the subgraphs they
+    run) that no handler converts."""
     from .handlers import HANDLERS
     found = []
-    for s in subgraphs:
+    for s in reachable(model, subgraphs):
         sg = model.subgraphs[s]
         for k, op in enumerate(sg.operators):
             if op.opcode not in HANDLERS:
@@ -79,23 +98,51 @@ def to_graph(model, show_progress=False):
             ctx = contexts[s] = Context(model, sg)
             for i in sg.inputs:
                 _input(ctx, i)
-            ops = [Op(k, op, sg) for k, op in enumerate(sg.operators)]
-            for op in progress(ops, show_progress, unit="op"):
-                try:
-                    HANDLERS[op.opcode](ctx, op)
-                except UnsupportedOpError as e:
-                    _raise_unsupported(e.ops)
-                except (GraphError, ConversionError) as e:
-                    raise ConversionError(f"subgraph {s} {op.where()}: {e}") from None
-                except _FAILURES as e:
-                    raise ConversionError(f"subgraph {s} {op.where()}: cannot convert it "
-                                          f"({type(e).__name__}: {e})") from None
+            convert_ops(ctx, s, show_progress)
         result = {}
         for key, s, inputs, outputs in signatures:
             ctx = contexts[s]
             result[key] = ({name: ctx.placeholders[i] for name, i in inputs.items()},
                            {name: _output(ctx, i, name) for name, i in outputs.items()})
     return graph, result
+
+
+def convert_ops(ctx, s, show_progress=False):
+    """Convert subgraph s's operators, in order, into the default graph."""
+    from .handlers import HANDLERS
+    sg = ctx.subgraph
+    ops = [Op(k, op, sg) for k, op in enumerate(sg.operators)]
+    for op in progress(ops, show_progress, unit="op"):
+        try:
+            HANDLERS[op.opcode](ctx, op)
+        except UnsupportedOpError as e:
+            _raise_unsupported(e.ops)
+        except (GraphError, ConversionError) as e:
+            raise ConversionError(f"subgraph {s} {op.where()}: {e}") from None
+        except _FAILURES as e:
+            raise ConversionError(f"subgraph {s} {op.where()}: cannot convert it "
+                                  f"({type(e).__name__}: {e})") from None
+        missing = [i for i in op.outputs if i not in ctx.values and i not in ctx.arrays]
+        if missing:
+            raise ConversionError(f"subgraph {s} {op.where()}: gives {len(op.outputs)} outputs, "
+                                  f"converted {len(op.outputs) - len(missing)}")
+
+
+def call_subgraph(model, s, args, depth=0):
+    """The outputs (Tensors, TFLite's layout) of subgraph s run on `args` (Tensors in
+    TFLite's layout), converted into the default graph: a WHILE's cond and body, an IF's
+    branches."""
+    if depth > 32:
+        raise ConversionError(f"subgraph {s}: control flow nested more than 32 deep (or recursive)")
+    sg = model.subgraphs[s]
+    if len(args) != len(sg.inputs):
+        raise ConversionError(f"subgraph {s} takes {len(sg.inputs)} inputs, given {len(args)}")
+    ctx = Context(model, sg, depth)
+    for i, t in zip(sg.inputs, args):
+        ctx.arrays.pop(i, None)
+        ctx.set(i, t, exact=True)
+    convert_ops(ctx, s)
+    return [ctx.get(i) for i in sg.outputs]
 
 
 def _input(ctx, i):

@@ -87,8 +87,8 @@ class Value:
 class Context:
     """TFLite tensor index -> Value (or a constant array), for one subgraph."""
 
-    def __init__(self, model, subgraph):
-        self.model, self.subgraph = model, subgraph
+    def __init__(self, model, subgraph, depth=0):
+        self.model, self.subgraph, self.depth = model, subgraph, depth
         self.values = {}
         self.placeholders = {}  # input tensor index -> its placeholder
         self.arrays = {}     # constants known while converting, in TFLite's layout (real values
@@ -286,59 +286,49 @@ def fake_quantize(tensor, t, perm):
 
 
 def densify(t):
-    """The dense value of sparse constant t (TFLite's SparsityParameters: dimensions in
-    traversal order, each dense or CSR-compressed; block dimensions after the others)."""
+    """The dense value of sparse constant t. TFLite's SparsityParameters list the
+    dimensions in traversal order (`traversal_order`; those past the tensor's rank are
+    block dimensions, of the dimensions `block_map` names), each dense (its size) or CSR
+    (segments, indices): the values are the leaves of that traversal."""
     s, values = t.sparsity, t.data.view(t.dtype)
     order, block_map, dims = s["traversal_order"], s["block_map"], s["dims"]
     rank = len(t.shape)
-    if len(order) != len(dims) or sorted(order) != list(range(len(order))) or len(order) != rank + len(block_map):
+    if (len(order) != len(dims) or sorted(order) != list(range(len(order)))
+            or len(order) != rank + len(block_map) or any(not 0 <= b < rank for b in block_map)):
         raise ConversionError(f"tensor {t.name!r}: inconsistent sparsity parameters")
-    # the size of each traversed dimension
-    sizes = []
-    block_sizes = {}
-    for k, d in enumerate(dims):
+    # coords[k]: the coordinate along traversal dimension k of each leaf so far
+    coords = np.zeros((0, 1), np.int64)
+    position = np.zeros(1, np.int64)  # each leaf's index into the next dimension's segments
+    for d in dims:
         if d[0] == "dense":
-            sizes.append(d[1])
-    expanded = np.zeros(0)
-    # walk the dims in traversal order, gathering (coordinate tuple, value) pairs
-    coords = [()]
-    position = [0]
-    for k, d in enumerate(dims):
-        new_coords, new_pos = [], []
-        if d[0] == "dense":
-            for c, p in zip(coords, position):
-                for j in range(d[1]):
-                    new_coords.append(c + (j,))
-                    new_pos.append(p * d[1] + j)
+            size = int(d[1])
+            coords = np.concatenate([np.repeat(coords, size, axis=1),
+                                     np.tile(np.arange(size), position.size)[None]], axis=0)
+            position = (position[:, None] * size + np.arange(size)).reshape(-1)
         else:
             _, segments, indices = d
-            for c, p in zip(coords, position):
-                if p + 1 >= len(segments) or segments[p] > segments[p + 1] or segments[p + 1] > len(indices):
-                    raise ConversionError(f"tensor {t.name!r}: sparse segments out of range")
-                for q in range(segments[p], segments[p + 1]):
-                    new_coords.append(c + (int(indices[q]),))
-                    new_pos.append(q)
-        coords, position = new_coords, new_pos
-    if len(coords) != values.size:
-        raise ConversionError(f"tensor {t.name!r}: {values.size} sparse values for {len(coords)} positions")
-    # traversal dimension k is original dimension order[k] (block dims: block_map)
-    block_dims = {rank + b: block_map[b] for b in range(len(block_map))}
-    for k, d in enumerate(dims):
-        if order[k] >= rank and d[0] == "dense":
-            block_sizes[block_map[order[k] - rank]] = d[1]
-    dense = np.zeros(t.shape, t.dtype)
-    index = np.zeros((len(coords), rank), np.int64)
-    c = np.asarray(coords, np.int64).reshape(len(coords), len(dims))
-    for k in range(len(dims)):
-        dim = order[k]
+            if position.size and (position.max() + 1 >= segments.size or np.any(np.diff(segments) < 0)
+                                  or segments[-1] > indices.size or segments[0] < 0):
+                raise ConversionError(f"tensor {t.name!r}: sparse segments out of range")
+            counts = segments[position + 1] - segments[position]
+            nested = np.concatenate([np.arange(a, b) for a, b in zip(segments[position], segments[position + 1])]) \
+                if position.size else np.zeros(0, np.int64)
+            coords = np.concatenate([np.repeat(coords, counts, axis=1), indices[nested][None]], axis=0)
+            position = nested.astype(np.int64)
+    if coords.shape[1] != values.size:
+        raise ConversionError(f"tensor {t.name!r}: {values.size} sparse values for {coords.shape[1]} positions")
+    block = {block_map[k - rank]: int(dims[order.index(k)][1]) for k in range(rank, len(order))
+             if dims[order.index(k)][0] == "dense"}
+    index = np.zeros((rank, values.size), np.int64)
+    for k, dim in enumerate(order):
         if dim < rank:
-            index[:, dim] += c[:, k] * block_sizes.get(dim, 1)
+            index[dim] += coords[k] * block.get(dim, 1)
         else:
-            index[:, block_dims[dim]] += c[:, k]
-    if np.any(index >= np.asarray(t.shape)) or np.any(index < 0):
-        raise ConversionError(f"tensor {t.name!r}: sparse indices out of its shape {t.shape}")
-    dense[tuple(index.T)] = values
-    del expanded, sizes
+            index[block_map[dim - rank]] += coords[k]
+    if np.any(index >= np.asarray(t.shape, np.int64)[:, None]) or np.any(index < 0):
+        raise ConversionError(f"tensor {t.name!r}: sparse indices outside its shape {t.shape}")
+    dense = np.zeros(t.shape, t.dtype)
+    dense[tuple(index)] = values
     return dense
 
 

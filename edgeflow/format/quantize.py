@@ -89,3 +89,71 @@ def _quantize_subgraph(sg, mode, exact_only=False):
             # The cast goes first: it must run before any consumer, and needs no input.
             operators.insert(0, OperatorDef("cast", [half], [i], {"dtype": dtypes.float32}))
     return type(sg)(sg.name, tensors, operators, list(sg.inputs), list(sg.outputs))
+
+
+def absorb_dequantize(model):
+    """A copy of `model` in which each dequantize_linear of integer constants (a
+    converter's quantized weights) is gone: its input carries the format's quantization
+    fields instead, which the interpreter dequantizes once, while preparing. Tensors no
+    longer used are dropped."""
+    model = copy.copy(model)
+    subgraphs, renames = [], []
+    for k, sg in enumerate(model.subgraphs):
+        sg, remap = _absorb(sg, [s for s in model.signatures if s.subgraph == k])
+        subgraphs.append(sg)
+        renames.append(remap)
+    model.subgraphs = subgraphs
+    model.signatures = [_resigned(s, renames[s.subgraph]) for s in model.signatures]
+    return model
+
+
+def _resigned(s, remap):
+    tensors, ops = remap
+    s = copy.copy(s)
+    s.inputs = {n: tensors[t] for n, t in s.inputs.items()}
+    s.outputs = {n: tensors[t] for n, t in s.outputs.items()}
+    s.targets = [ops[i] for i in s.targets]
+    return s
+
+
+def _absorb(sg, signatures):
+    tensors, operators, kept_ops = list(sg.tensors), [], {}
+    readers = {}
+    for op in sg.operators:
+        for t in op.inputs:
+            readers[t] = readers.get(t, 0) + 1
+    replaced = {}  # dequantized output -> the quantized constant that replaces it
+    for i, op in enumerate(sg.operators):
+        ins = [tensors[t] for t in op.inputs]
+        if (op.opcode == "dequantize_linear" and all(t.data is not None and not t.is_variable for t in ins)
+                and ins[0].dtype in (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.int32)
+                and ins[0].quantization is None and readers[op.inputs[0]] == 1):
+            x, scale = ins[0], np.asarray(ins[1].data, np.float32).reshape(-1)
+            zero = np.asarray(ins[2].data).reshape(-1) if len(ins) > 2 else np.zeros(0, np.int64)
+            axis = op.attrs["axis"] % x.data.ndim if scale.size > 1 else -1
+            tensors[op.inputs[0]] = TensorDef(x.name, x.dtype, x.shape, x.data, QuantizationDef(
+                tuple(float(v) for v in scale), tuple(int(v) for v in zero) if np.any(zero) else (), axis))
+            replaced[op.outputs[0]] = op.inputs[0]
+            continue
+        kept_ops[i] = len(operators)
+        operators.append(op)
+    if not replaced:
+        return sg, ({t: t for t in range(len(sg.tensors))}, {i: i for i in range(len(sg.operators))})
+    swap = lambda t: replaced.get(t, t)  # noqa: E731
+    operators = [OperatorDef(op.opcode, [swap(t) for t in op.inputs], list(op.outputs), op.attrs, op.placement)
+                 for op in operators]
+    outputs = [swap(t) for t in sg.outputs]
+    used = set(sg.inputs) | set(outputs)
+    for op in operators:
+        used.update(op.inputs)
+        used.update(op.outputs)
+    for s in signatures:
+        used.update(swap(t) for t in s.inputs.values())
+        used.update(swap(t) for t in s.outputs.values())
+    kept = [t for t in range(len(tensors)) if t in used]
+    index = {t: k for k, t in enumerate(kept)}
+    remap = {t: index[swap(t)] for t in range(len(tensors)) if swap(t) in index}
+    operators = [OperatorDef(op.opcode, [index[t] for t in op.inputs], [index[t] for t in op.outputs], op.attrs,
+                             op.placement) for op in operators]
+    return type(sg)(sg.name, [tensors[t] for t in kept], operators, [index[t] for t in sg.inputs],
+                    [index[t] for t in outputs]), (remap, kept_ops)
