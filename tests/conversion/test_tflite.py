@@ -17,7 +17,7 @@ from edgeflow.errors import ConversionError, UnsupportedOpError
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "tflite"
 RUNNABLE = ("conv_float", "conv_dilated", "transpose_conv", "slicing", "batch_matmul_sig", "int8_conv",
-            "int8_io", "uint8_fc", "fp16_weights", "external_buffers", "while_loop")
+            "int8_io", "uint8_fc", "fp16_weights", "external_buffers", "while_loop", "global_pool")
 
 
 def _inputs(details, rng, scale=1.0):
@@ -154,6 +154,14 @@ def test_convolutions_chain_in_nchw_without_a_transpose_per_op(tmp_path):
     assert result.ops["conv"] == 3
     # one transpose into NCHW at the input and one back before the RESHAPE: none per op
     assert result.ops["transpose"] == 2
+
+
+def test_a_pool_over_the_whole_image_is_a_reduction(tmp_path):
+    """Keras writes global pooling as a window the size of the image; as a pool it would
+    make a tap per pixel (seconds to plan a 128x128 one)."""
+    result = tflite_converter.convert(DATA / "global_pool.tflite", tmp_path / "m.efl")
+    assert result.ops["reduce_mean"] == 1 and result.ops["reduce_max"] == 1
+    assert "avg_pool" not in result.ops and "max_pool" not in result.ops
 
 
 def test_a_custom_op_is_reported_with_its_name_and_node():

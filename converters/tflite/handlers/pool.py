@@ -5,7 +5,24 @@ from ..context import NCHW
 from . import fused, handler, padding
 
 
+def _whole(ctx, op):
+    """Whether the window covers the whole image and gives one pixel (a global pool)."""
+    shape = ctx.tensor_shape(op.inputs[0])
+    out = op.output_tensor().shape
+    return (len(shape) == 4 and None not in shape[1:3] and tuple(out[1:3]) == (1, 1)
+            and op.option("filter_height", 1) >= shape[1] and op.option("filter_width", 1) >= shape[2])
+
+
+def _global(ctx, op, kind):
+    """A pool whose window covers the image is a reduction over H and W (pooling would make
+    a tap per pixel)."""
+    x = ctx.get(op.inputs[0], NCHW)
+    return fused(op, apply(kind, [x], {"axes": (2, 3), "keepdims": True}, name=f"{op.name}/{kind}"))
+
+
 def _pool(ctx, op, kind, attrs=None):
+    if kind in ("max_pool", "avg_pool") and _whole(ctx, op):
+        return _global(ctx, op, "reduce_max" if kind == "max_pool" else "reduce_mean")
     x = ctx.get(op.inputs[0], NCHW)
     attrs = {"kernel_shape": (op.option("filter_height", 1), op.option("filter_width", 1)),
              "strides": (op.option("stride_h", 1), op.option("stride_w", 1)), "auto_pad": padding(op),

@@ -107,7 +107,8 @@ def tap_runs(x, kernel_shape, strides, dilations, begin, out_shape, fill=0):
             dst.append(slice((first + b) // s, (first + b) // s + count))
         copies.append((grid[(slice(None), p, slice(None)) + tuple(dst)], x[(Ellipsis,) + tuple(src)]))
         borders += outside(grid[:, p], (slice(None), slice(None)) + tuple(dst))
-    starts = [(used.index(tuple(t * dl % s for t, dl, s in zip(tap, dilations, strides))),
+    phase_of = {phase: p for p, phase in enumerate(used)}
+    starts = [(phase_of[tuple(t * dl % s for t, dl, s in zip(tap, dilations, strides))],
                int(np.ravel_multi_index([t * dl // s for t, dl, s in zip(tap, dilations, strides)], widths)))
               for tap in taps]
     fill = x.dtype.type(fill)

@@ -379,6 +379,25 @@ def transpose_conv():
     return m
 
 
+def global_pool():
+    """Pools whose window covers the whole image (as Keras writes GlobalAveragePooling2D in
+    MediaPipe's selfie segmentation), nearest resizes in the other two coordinate modes, L2 pool."""
+    m = ModelBuilder()
+    g = m.add_subgraph("main")
+    x = _f(g, "input", [1, 9, 7, 6])
+    avg = g.add_op("AVERAGE_POOL_2D", [x], [_f(g, "global_avg", [1, 1, 1, 6])],
+                   ("Pool2DOptions", dict(padding=VALID, stride_w=7, stride_h=9, filter_width=7, filter_height=9,
+                                          fused_activation_function=Act.NONE)))
+    mx = g.add_op("MAX_POOL_2D", [x], [_f(g, "global_max", [1, 1, 1, 6])], _pool_opts(SAME, 16, 16, Act.RELU))
+    l2 = g.add_op("L2_POOL_2D", [x], [_f(g, "l2_pool", [1, 4, 3, 6])], _pool_opts(VALID, 2, 2))
+    r1 = g.add_op("RESIZE_NEAREST_NEIGHBOR", [x, g.const("nn_hp/size", [13, 11], I32)], [_f(g, "nearest_half_pixel", [1, 13, 11, 6])],
+                  ("ResizeNearestNeighborOptions", dict(align_corners=False, half_pixel_centers=True)), version=3)
+    r2 = g.add_op("RESIZE_NEAREST_NEIGHBOR", [x, g.const("nn_ac/size", [5, 12], I32)], [_f(g, "nearest_align_corners", [1, 5, 12, 6])],
+                  ("ResizeNearestNeighborOptions", dict(align_corners=True, half_pixel_centers=False)), version=3)
+    g.inputs, g.outputs = [x], [avg, mx, l2, r1, r2]
+    return m
+
+
 # -- 3. slicing and shape ops ----------------------------------------------------------------
 def slicing():
     rng = np.random.default_rng(104)
@@ -726,7 +745,7 @@ def while_loop():
 
 
 FIXTURES = [conv_float, conv_dilated, transpose_conv, slicing, batch_matmul_sig, fp16_weights,
-            external_buffers, custom_op, while_loop]
+            external_buffers, custom_op, while_loop, global_pool]
 
 
 def _random_inputs(rng, details):
