@@ -122,28 +122,6 @@ def mobilenet_v1(fm, ranges=None):
     return m
 
 
-def calibrate(model_bytes, feeds):
-    """{tensor name: (min, max)} of every float tensor over `feeds`, from LiteRT (its default
-    kernels) with every intermediate kept."""
-    from ai_edge_litert.interpreter import Interpreter
-    it = Interpreter(model_content=model_bytes, num_threads=1, experimental_preserve_all_tensors=True)
-    it.allocate_tensors()
-    index = it.get_input_details()[0]["index"]
-    ranges = {}
-    for feed in feeds:
-        it.set_tensor(index, feed)
-        it.invoke()
-        for t in it.get_tensor_details():
-            try:
-                v = it.get_tensor(t["index"])
-            except ValueError:
-                continue
-            if v.dtype == np.float32 and v.size:
-                lo, hi = ranges.get(t["name"], (np.inf, -np.inf))
-                ranges[t["name"]] = (min(lo, float(v.min())), max(hi, float(v.max())))
-    return ranges
-
-
 def random_images(n, seed):
     """`n` inputs in MobileNet's [-1, 1] range."""
     rng = np.random.default_rng(seed)
@@ -159,7 +137,7 @@ def build(cache, rebuild=False):
     cache.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     float_bytes = mobilenet_v1(fm).serialize()
-    ranges = calibrate(float_bytes, random_images(8, SEED + 1))
+    ranges = fm.calibrate(float_bytes, [[x] for x in random_images(8, SEED + 1)])
     int8_bytes = mobilenet_v1(fm, ranges).serialize()
     paths[0].write_bytes(float_bytes)
     paths[1].write_bytes(int8_bytes)

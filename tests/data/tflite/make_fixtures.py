@@ -513,10 +513,12 @@ def _bias(b, in_scale, w_scale):
     return q, (scale.tolist(), [0] * scale.size, 0)
 
 
-def _calibrate(model: ModelBuilder, feeds):
-    """{tensor name: (min, max)} over ``feeds`` from LiteRT's reference kernels."""
+def calibrate(model, feeds):
+    """{tensor name: (min, max)} over ``feeds`` (each a list of input arrays) from LiteRT's
+    reference kernels; ``model`` is a ModelBuilder or a model's bytes."""
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
-    it = Interpreter(model_content=model.serialize(), experimental_op_resolver_type=OpResolverType.BUILTIN_REF,
+    content = model if isinstance(model, bytes) else model.serialize()
+    it = Interpreter(model_content=content, experimental_op_resolver_type=OpResolverType.BUILTIN_REF,
                      experimental_preserve_all_tensors=True)
     it.allocate_tensors()
     ranges = {}
@@ -664,9 +666,9 @@ def _dequantized_feeds(rng, n, shape, scale, zp, dtype):
 def quantized_models():
     rng = np.random.default_rng(109)
     feeds = [[rng.uniform(-1, 1, (1, 12, 12, 3)).astype(F32)] for _ in range(16)]
-    yield "int8_conv", int8_conv(_calibrate(int8_conv(), feeds))
-    yield "int8_io", int8_io(_calibrate(int8_io(), _dequantized_feeds(rng, 16, (1, 8, 8, 4), 0.05, -10, I8)))
-    yield "uint8_fc", uint8_fc(_calibrate(uint8_fc(), _dequantized_feeds(rng, 16, (1, 16), 0.02, 128, U8)))
+    yield "int8_conv", int8_conv(calibrate(int8_conv(), feeds))
+    yield "int8_io", int8_io(calibrate(int8_io(), _dequantized_feeds(rng, 16, (1, 8, 8, 4), 0.05, -10, I8)))
+    yield "uint8_fc", uint8_fc(calibrate(uint8_fc(), _dequantized_feeds(rng, 16, (1, 16), 0.02, 128, U8)))
 
 
 # -- 6. float16 weights (MediaPipe) ------------------------------------------------------------
