@@ -21,7 +21,7 @@ from edgeflow.errors import ConversionError, GraphError, UnsupportedOpError
 
 from ..package import check_quantize, package, progress
 from . import reader
-from .context import QUANTIZED, Context, Op
+from .context import QUANTIZED, Context, Op, grid
 
 _FAILURES = (ValueError, IndexError, KeyError, TypeError, OverflowError, ZeroDivisionError)
 
@@ -83,7 +83,6 @@ def to_graph(model, show_progress=False):
     """(graph, signatures): the model as an edgeflow Graph with a signature per TFLite
     signature def ({key: ({name: placeholder}, {name: output Tensor})})."""
     import edgeflow as ef
-    from .handlers import HANDLERS
 
     signatures = _subgraph_signatures(model)
     used = sorted({s for _, s, _, _ in signatures})
@@ -157,8 +156,7 @@ def _input(ctx, i):
         q = t.quantization
         if q.axis is not None:
             raise ConversionError(f"input {t.name!r} is quantized per axis; edgeflow takes per-tensor inputs")
-        x = apply("dequantize_linear", [x, np.float32(q.scale[0]), np.asarray(q.zero_point[0], t.dtype)],
-                  name=f"{t.name}/real")
+        x = apply("dequantize_linear", [x, *grid(t)], name=f"{t.name}/real")
     ctx.arrays.pop(i, None)
     ctx.set(i, x, exact=True)
 
@@ -172,8 +170,7 @@ def _output(ctx, i, name):
         q = t.quantization
         if q.axis is not None:
             raise ConversionError(f"output {t.name!r} is quantized per axis; edgeflow gives per-tensor outputs")
-        x = apply("quantize_linear", [x, np.float32(q.scale[0]), np.asarray(q.zero_point[0], t.dtype)],
-                  {"dtype": t.dtype}, name=f"{name}/quantized")
+        x = apply("quantize_linear", [x, *grid(t)], {"dtype": t.dtype}, name=f"{name}/quantized")
     elif x.dtype != t.dtype:
         x = apply("cast", [x], {"dtype": t.dtype}, name=f"{name}/cast")
     return x

@@ -20,7 +20,6 @@ is dequantized once when a plan is made; its quantization axis follows its trans
 """
 import numpy as np
 
-from edgeflow import dtypes
 from edgeflow.errors import ConversionError, UnsupportedOpError
 
 NCHW = (0, 3, 1, 2)  # of a rank-4 NHWC value
@@ -34,11 +33,6 @@ def inverse(perm):
 
 def identity(rank):
     return tuple(range(rank))
-
-
-def compose(a, b):
-    """The perm of transpose(transpose(x, a), b)."""
-    return tuple(a[i] for i in b)
 
 
 def drop_axes(perm, axes):
@@ -185,7 +179,7 @@ class Context:
         if r == rank:
             return self.get(i, perm)
         if i in self.arrays:
-            data = self.array_for_math(i).reshape((1,) * (rank - r) + self.arrays[i].shape)
+            data = self.array(i).reshape((1,) * (rank - r) + self.arrays[i].shape)
             return self._const_tensor(i, np.transpose(data, perm), f"/bcast{''.join(map(str, perm))}")
         from edgeflow.graph.math_ops import apply
         t = apply("expand_dims", [self.get(i)], {"axes": tuple(range(rank - r))},
@@ -193,9 +187,6 @@ class Context:
         if perm == identity(rank):
             return t
         return apply("transpose", [t], {"perm": perm}, name=f"{self.subgraph.tensors[i].name}/bcast")
-
-    def array_for_math(self, i):
-        return self.array(i)
 
     def _constant(self, i, perm):
         key = (i, perm)
@@ -271,15 +262,22 @@ def _real(data, q):
     return ((data.astype(np.float64) - zero) * scale).astype(np.float32)
 
 
+def grid(t):
+    """(scale, zero point) of quantized tensor t as quantize_linear takes them: scalars
+    per tensor, vectors per axis."""
+    q = t.quantization
+    if q.axis is None:
+        return np.float32(q.scale[0]), np.asarray(q.zero_point[0], t.dtype)
+    return q.scale.astype(np.float32), np.asarray(q.zero_point, t.dtype)
+
+
 def fake_quantize(tensor, t, perm):
     """`tensor` (the real value of quantized TFLite tensor t, in layout perm) rounded and
     saturated to t's grid, as TFLite's kernels write it."""
     from edgeflow.graph.math_ops import apply
     q = t.quantization
-    per_tensor = q.axis is None
-    axis = 1 if per_tensor else perm.index(q.axis)
-    scale = np.asarray(q.scale[0] if per_tensor else q.scale, np.float32)
-    zero = np.asarray(q.zero_point[0] if per_tensor else q.zero_point, t.dtype)
+    axis = 1 if q.axis is None else perm.index(q.axis)
+    scale, zero = grid(t)
     attrs = {"axis": axis if len(tensor.shape) else 1}
     quantized = apply("quantize_linear", [tensor, scale, zero], {**attrs, "dtype": t.dtype}, name=f"{t.name}/q")
     return apply("dequantize_linear", [quantized, scale, zero], attrs, name=f"{t.name}/dq")
@@ -335,6 +333,3 @@ def densify(t):
 def unsupported(op, why):
     return UnsupportedOpError(f"{op.where()}: {why}", [(op.opcode, op.op.version, op.name, why)])
 
-
-def edgeflow_dtype(t):
-    return dtypes.as_dtype(t.dtype)

@@ -5,7 +5,7 @@ import numpy as np
 
 from edgeflow.graph.math_ops import apply
 
-from ..context import NCHW, compose, drop_axes, identity, inverse, unsupported
+from ..context import NCHW, drop_axes, identity, inverse, unsupported
 from . import axes_of, handler
 
 BIG = 2 ** 62
@@ -225,5 +225,3 @@ def _space_to_depth(ctx, op):
     y = apply("reshape", [y], {"shape": (-1, c * b * b, h // b, w // b)}, name=f"{op.name}/space_to_depth")
     ctx.set(op.outputs[0], y, NCHW, exact=True)
 
-
-del compose

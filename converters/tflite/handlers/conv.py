@@ -2,8 +2,6 @@
 ones, filters transposed once while converting."""
 import struct
 
-import numpy as np
-
 from edgeflow.graph.math_ops import apply
 
 from ..context import NCHW, unsupported
@@ -99,5 +97,3 @@ def _convolution_2d_transpose_bias(ctx, op):
         out = [(x[1] - 1) * stride_h + kernel[0], (x[2] - 1) * stride_w + kernel[1]]
     _transpose_conv(ctx, op, 0, 1, 2, out, (stride_h, stride_w), "SAME_UPPER" if pad == 1 else "VALID")
 
-
-del np

@@ -1,7 +1,9 @@
 """Pooling (edgeflow/ops/pool.py): TFLite's NHWC pools as edgeflow's NCHW ones."""
+import numpy as np
+
 from edgeflow.graph.math_ops import apply
 
-from ..context import NCHW
+from ..context import NCHW, unsupported
 from . import fused, handler, padding
 
 
@@ -45,12 +47,9 @@ def _average_pool(ctx, op):
 @handler("L2_POOL_2D", op="lp_pool")
 def _l2_pool(ctx, op):
     """TFLite's L2 pool is the root of the window's MEAN square; lp_pool's of the sum."""
-    raise_if_padded = padding(op)
-    y = _pool(ctx, op, "lp_pool", {"p": 2})
-    if raise_if_padded != "VALID":
-        from ..context import unsupported
+    if padding(op) != "VALID":
         raise unsupported(op, "L2_POOL_2D with SAME padding (edge windows average fewer pixels)")
-    import numpy as np
+    y = _pool(ctx, op, "lp_pool", {"p": 2})
     window = op.option("filter_height", 1) * op.option("filter_width", 1)
     y = apply("mul", [y, np.asarray(1 / np.sqrt(window), y.dtype)], name=f"{op.name}/mean")
     ctx.set(op.outputs[0], y, NCHW)
