@@ -250,6 +250,62 @@ def verify(buf, file_size=None):
     return _check_model(walker.table(root, ROOT), end, file_size)
 
 
+MAX_DIM = 2**31 - 1  # TFLite's tensor details give shapes as int32
+
+
+def check_runnable(model, max_tensor_bytes):
+    """FormatError unless a verified `model` is one the interpreter can run: it has a
+    subgraph; every dimension fits int32 and no declared tensor (its dynamic dims at 1,
+    a quantized constant as the float32 it becomes) needs more than `max_tensor_bytes`;
+    signatures run subgraph 0, feed no constant, and each output is produced by an op,
+    fed, or a constant or variable; so are the inputs and outputs of the subgraphs that
+    ops run (and of subgraph 0 when there is no signature)."""
+    if not model.subgraphs:
+        raise FormatError("the model has no subgraph: nothing to run")
+    for k, sg in enumerate(model.subgraphs):
+        where = _label("subgraph", k, sg.name)
+        for i, t in enumerate(sg.tensors):
+            here = f"{where}: {_label('tensor', i, t.name)}"
+            if any(d > MAX_DIM for d in t.shape):
+                _fail(here, f"dimension {max(t.shape)} of shape {t.shape} exceeds {MAX_DIM}, the "
+                            "largest the interpreter's tensor details (int32) hold")
+            dtype = dtypes.float32 if t.quantization is not None and t.data is not None \
+                and not t.is_variable else t.dtype
+            size = prod(max(d, 1) for d in t.shape) * dtype.itemsize
+            if size > max_tensor_bytes:
+                _fail(here, f"shape {t.shape} of {dtype} needs {size} bytes, more than "
+                            f"max_tensor_bytes={max_tensor_bytes} allows")
+        if k:
+            _check_io(where, sg, [(sg.tensors[t].name, t) for t in sg.inputs],
+                      [(sg.tensors[t].name, t) for t in sg.outputs])
+    main = model.subgraphs[0]
+    for k, sig in enumerate(model.signatures):
+        where = _label("signature", k, sig.key)
+        if sig.subgraph != 0:
+            _fail(where, f"runs subgraph {sig.subgraph}; the interpreter runs signatures of subgraph 0 "
+                         "(other subgraphs are run by ops)")
+        _check_io(where, main, sig.inputs.items(), sig.outputs.items())
+    if not model.signatures:
+        _check_io(_label("subgraph", 0, main.name), main, [(main.tensors[t].name, t) for t in main.inputs],
+                  [(main.tensors[t].name, t) for t in main.outputs])
+
+
+def _check_io(where, sg, inputs, outputs):
+    """Inputs are not constants; each output is made by an op, fed, or held (constant, variable)."""
+    fed = set()
+    for name, t in inputs:
+        tensor = sg.tensors[t]
+        if tensor.data is not None and not tensor.is_variable:
+            _fail(where, f"input {name[:40]!r} is {_label('tensor', t, tensor.name)}, a constant: "
+                         "it cannot be fed")
+        fed.add(t)
+    produced = {t for op in sg.operators for t in op.outputs}
+    for name, t in outputs:
+        if t not in produced and t not in fed and sg.tensors[t].data is None:
+            _fail(where, f"output {name[:40]!r} is {_label('tensor', t, sg.tensors[t].name)}, which no "
+                         "operator produces, no input feeds and no constant holds")
+
+
 def _byte_view(buf):
     try:
         view = memoryview(buf)
