@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 
 from .. import ops
-from ..errors import EdgeflowError, FormatError, GraphError, InvalidInputError
+from ..errors import EdgeflowError, FormatError, InvalidInputError
 from ..ops.registry import TensorSpec
 from ..ops.dims import fmt
 from .arena import (Arena, TooLarge, Workspace, bounded, default_max_tensor_bytes, lower_bound, nbytes,
@@ -170,7 +170,7 @@ class Plan:
                 continue
             try:
                 outs = opdef.infer_specs(ins, op.attrs)
-            except (GraphError, ArithmeticError) as e:  # ArithmeticError: overflow (inf to int)
+            except (ValueError, ArithmeticError) as e:  # GraphError, or numbers no shape has (NaN, inf)
                 raise (FormatError if self.fixed else InvalidInputError)(
                     f"op {i} ({op.opcode}) rejects these inputs: {e}") from None
             own = len(ins) - opdef.operand_inputs(len(ins))
