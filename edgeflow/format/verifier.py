@@ -375,7 +375,7 @@ def _check_control(subgraphs, buffer_of):
             names = ops.get(op.opcode).subgraphs
             here = f"{_label('subgraph', k, sg.name)}: operator {i} {op.opcode!r}"
             for name in names:
-                if not op.attrs[name] < len(subgraphs):
+                if not 0 <= op.attrs[name] < len(subgraphs):
                     _fail(here, f"attribute {name!r} names subgraph {op.attrs[name]}, but the model "
                                 f"has {len(subgraphs)}")
                 calls[k].add(op.attrs[name])
@@ -463,6 +463,10 @@ def _subgraph(index, raw, opdefs, buffers):
         if written:
             _fail(f"{where}: operator {k} {op.opcode!r}", f"outputs variable {written[0]}; variables "
                                                            "change only through assign ops")
+        held = [t for t in op.outputs if buffer_of[t] >= 0]
+        if held:
+            _fail(f"{where}: operator {k} {op.opcode!r}", f"outputs {_label('tensor', held[0], tensors[held[0]].name)},"
+                                                           " a constant (its value is in the file)")
     _check_dataflow(where, tensors, operators, inputs)
     return SubGraphDef(raw["name"], tensors, operators, inputs, outputs), buffer_of
 
