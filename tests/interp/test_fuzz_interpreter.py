@@ -80,6 +80,8 @@ def run_mutant(seeds, index, kind, rng_seed):
     try:
         with memory_cap():
             COUNTS[fuzzing.run_everything(mutant)] += 1
+        if sum(COUNTS.values()) % 10_000 == 0:  # progress, for long runs (-s)
+            print(f"\n{sum(COUNTS.values())} mutants: {dict(COUNTS.most_common())}", flush=True)
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
