@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 
 from .. import ops
-from ..errors import EdgeflowError, FormatError, InvalidInputError
+from ..errors import FormatError, InvalidInputError, UnsupportedOpError
 from ..ops.registry import TensorSpec
 from ..ops.dims import fmt
 from .arena import (Arena, TooLarge, Workspace, bounded, default_max_tensor_bytes, lower_bound, nbytes,
@@ -279,12 +279,12 @@ class Plan:
             op = self.subgraph.operators[i]
             if ops.get(op.opcode).view:
                 continue
-            if ops.get(op.opcode).remote:
-                raise EdgeflowError(
+            if ops.get(op.opcode).remote:  # a valid file this interpreter cannot run alone
+                raise UnsupportedOpError(
                     f"op {i} ({op.opcode} {op.attrs.get('key')!r}) exchanges tensors with the cloud: "
                     "create the Interpreter with delegates=[edgeflow.cloud.CloudDelegate('host:port')] "
                     "(or run a signature that "
-                    "runs on the device alone, such as 'infer_local')")
+                    "runs on the device alone, such as 'infer_local')", [(op.opcode, "needs a cloud delegate")])
             ins = [self.arrays[t] for t in op.inputs]
             outs = [self.arrays[t] for t in op.outputs]
             if ops.get(op.opcode).subgraphs:
