@@ -255,8 +255,9 @@ MAX_DIM = 2**31 - 1  # TFLite's tensor details give shapes as int32
 
 def check_runnable(model, max_tensor_bytes):
     """FormatError unless a verified `model` is one the interpreter can run: it has a
-    subgraph; every dimension fits int32 and no declared tensor (its dynamic dims at 1,
-    a quantized constant as the float32 it becomes) needs more than `max_tensor_bytes`;
+    subgraph; every dimension fits int32 and no declared tensor the interpreter would
+    allocate (its dynamic dims at 1, a quantized constant as the float32 it becomes; not
+    the constants it maps from the file) needs more than `max_tensor_bytes`;
     signatures run subgraph 0, feed no constant, and each output is produced by an op,
     fed, or a constant or variable; so are the inputs and outputs of the subgraphs that
     ops run (and of subgraph 0 when there is no signature)."""
@@ -269,8 +270,10 @@ def check_runnable(model, max_tensor_bytes):
             if any(d > MAX_DIM for d in t.shape):
                 _fail(here, f"dimension {max(t.shape)} of shape {t.shape} exceeds {MAX_DIM}, the "
                             "largest the interpreter's tensor details (int32) hold")
-            dtype = dtypes.float32 if t.quantization is not None and t.data is not None \
-                and not t.is_variable else t.dtype
+            constant = t.data is not None and not t.is_variable
+            if constant and t.quantization is None:
+                continue  # mapped from the file, not allocated
+            dtype = dtypes.float32 if constant else t.dtype  # quantized: dequantized when planned
             size = prod(max(d, 1) for d in t.shape) * dtype.itemsize
             if size > max_tensor_bytes:
                 _fail(here, f"shape {t.shape} of {dtype} needs {size} bytes, more than "

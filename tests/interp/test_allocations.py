@@ -88,6 +88,15 @@ def test_an_input_declared_too_large_is_refused_at_load():
         ef.Interpreter(data).allocate_tensors()  # main: MemoryError (4 EiB)
 
 
+def test_constants_are_mapped_not_allocated_and_not_bounded():
+    w = np.arange(64, dtype=np.float32).reshape(8, 8)
+    data = model([("x", "float32", (1, 8)), ("w", "float32", (8, 8), w), ("y", "float32", (1, 8))],
+                 [("matmul", ["x", "w"], ["y"], {})], ["x"], ["y"])
+    interp = ef.Interpreter(data, max_tensor_bytes=200)  # w is 256 bytes, in the file
+    x = np.ones((1, 8), np.float32)
+    np.testing.assert_array_equal(interp.get_signature_runner("infer")(x=x)["y"], x @ w)
+
+
 def test_inputs_that_make_too_large_a_tensor_are_invalid_inputs():
     data = model([("x", "float32", (-1, 8)), const("repeats", [1, 2**20]), ("y", "float32", (-1, -1))],
                  [("tile", ["x", "repeats"], ["y"], {})], ["x"], ["y"])
