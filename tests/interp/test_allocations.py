@@ -133,6 +133,18 @@ def test_scratch_is_bounded_and_named():
     assert arena.nbytes((2**32, 2**32), np.float32) == 2**66  # no int64 wrap
 
 
+def test_a_kernels_scratch_is_bounded_too():
+    # conv_transpose's columns: 16 x 16 taps of a 64 x 64 image, 4 MiB for a 24 KiB output
+    w = np.ones((1, 1, 16, 16), np.float32)
+    data = model([("x", "float32", (1, 1, 64, 64)), ("w", "float32", w.shape, w), ("y", "float32", (-1,) * 4)],
+                 [("conv_transpose", ["x", "w"], ["y"], {})], ["x"], ["y"])
+    x = np.ones((1, 1, 64, 64), np.float32)
+    with pytest.raises(FormatError, match=r"op 0 \(conv_transpose\): scratch needs 4 MiB"):
+        ef.Interpreter(data, max_tensor_bytes=2**20).get_signature_runner("infer")(x=x)
+    y = ef.Interpreter(data, max_tensor_bytes=2**23).get_signature_runner("infer")(x=x)["y"]
+    assert y.shape == (1, 1, 79, 79) and y.max() == 256
+
+
 # Sizes that come from fed values: checked when the op that sizes them runs.
 @pytest.mark.parametrize("op, inputs, feeds", [
     ("constant_of_shape", [("shape", "int64", (2,))], {"shape": np.array([2**20, 2**20])}),
