@@ -17,8 +17,11 @@ HYPOTHESIS_PROFILE=fuzz runs 100,000 (`-s` prints the counts by outcome):
 """
 import collections
 import contextlib
+import json
+import os
 import resource
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -74,17 +77,29 @@ def run_mutant(seeds, index, kind, rng_seed):
     mutant = fuzzing.mutate(data, kind, np.random.default_rng(rng_seed))
     if mutant is None:  # a field change the writer refused
         COUNTS["unwritable"] += 1
+        _progress()
         return
     previous = signal.signal(signal.SIGALRM, _timeout)
     signal.alarm(PER_MUTANT_SECONDS)
     try:
         with memory_cap():
             COUNTS[fuzzing.run_everything(mutant)] += 1
-        if sum(COUNTS.values()) % 10_000 == 0:  # progress, for long runs (-s)
-            print(f"\n{sum(COUNTS.values())} mutants: {dict(COUNTS.most_common())}", flush=True)
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+        _progress()
+
+
+def _progress():
+    """Every 5,000 mutants, the counts so far (seen with -s), and in the JSON file
+    EDGEFLOW_FUZZ_COUNTS names, if set: a long run's record even if it is cut short."""
+    total = sum(COUNTS.values())
+    if total % 5000 == 0:
+        print(f"\n{total} mutants: {dict(COUNTS.most_common())}", flush=True)
+        path = os.environ.get("EDGEFLOW_FUZZ_COUNTS")
+        if path:
+            with open(path, "w") as f:
+                json.dump({"mutants": total, "outcomes": dict(COUNTS), "time": time.time()}, f)
 
 
 def mutants(count):
