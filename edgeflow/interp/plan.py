@@ -82,6 +82,10 @@ def _check_declared(index, declared, spec, opcode):
                           f"{fmt(declared.shape)} but op {opcode} makes {spec.dtype}{fmt(spec.shape)}")
 
 
+def _nothing():
+    pass
+
+
 class Plan:
     """Arrays and bound kernel calls for one signature at one set of input shapes.
 
@@ -289,6 +293,8 @@ class Plan:
             outs = [self.arrays[t] for t in op.outputs]
             if ops.get(op.opcode).subgraphs:
                 steps.append(self.program.bind(op, ins, outs, self.unread.get(i, ())))
+            elif outs and not any(a.size for a in outs) and not ops.get(op.opcode).stateful:
+                steps.append(_nothing)  # no element to write (an empty batch): no kernel to bind
             else:
                 try:
                     with self.workspace.step(), bounded(self.max_bytes):
@@ -296,6 +302,10 @@ class Plan:
                 except TooLarge as e:
                     self._refuse(f"op {i} ({op.opcode})", "scratch", e.nbytes)
                     raise
+                except (ValueError, IndexError, ArithmeticError) as e:  # a kernel refusing these shapes
+                    raise (FormatError if self.fixed else InvalidInputError)(
+                        f"op {i} ({op.opcode}) cannot run on inputs "
+                        f"{', '.join(f'{a.dtype}{list(a.shape)}' for a in ins)}: {e}") from None
             step_ops.append(i)
         return steps, step_ops
 

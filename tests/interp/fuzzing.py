@@ -253,3 +253,12 @@ def mutate(data, kind, rng):
         junk = rng.integers(0, 256, int(rng.integers(1, 49)), dtype=np.uint8).tobytes()
         damaged[start:start + len(junk)] = junk[:len(damaged) - start]
     return bytes(damaged)
+
+
+CONVERTED = ("digits_cnn", "qdq_cnn", "bigru", "lstm", "attention_mod")  # tests/data/onnx: fast to run
+
+
+def converted_seeds(root):
+    """[(name, file bytes)] of the CONVERTED ONNX models under `root` (needs onnx)."""
+    from edgeflow.converters import onnx as onnx_converter
+    return [(name, writer.to_bytes(onnx_converter.convert(f"{root}/{name}.onnx").model)) for name in CONVERTED]

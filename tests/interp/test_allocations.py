@@ -215,3 +215,15 @@ def test_a_signature_of_another_subgraph():
     data = writer.to_bytes(ModelDef([first, second], [SignatureDef("infer", {"x": 0}, {"y": 2}, subgraph=1)]))
     with pytest.raises(FormatError, match=r"signature 0 'infer': runs subgraph 1"):
         run(data)  # main: tensor 2 of subgraph 0, which has 2
+
+
+def test_an_empty_batch_runs_to_empty_outputs():
+    # main: ValueError "cannot reshape array of size 0" binding the conv kernel (found by
+    # tests/interp/test_fuzz_interpreter.py on a mutated digits_cnn)
+    w = np.ones((2, 1, 3, 3), np.float32)
+    data = model([("x", "float32", (-1, 1, 8, 8)), ("w", "float32", w.shape, w), ("c", "float32", (-1, 2, 6, 6)),
+                  ("y", "float32", (-1, 2, 6, 6))],
+                 [("conv", ["x", "w"], ["c"], {}), ("relu", ["c"], ["y"], {})], ["x"], ["y"])
+    runner = ef.Interpreter(data).get_signature_runner("infer")
+    assert runner(x=np.zeros((0, 1, 8, 8), np.float32))["y"].shape == (0, 2, 6, 6)
+    np.testing.assert_array_equal(runner(x=np.ones((1, 1, 8, 8), np.float32))["y"], np.full((1, 2, 6, 6), 9.0))

@@ -11,14 +11,17 @@ step. Each interpreter has max_tensor_bytes=64 MiB; the process's address space 
 capped at its size plus 1 GiB while the mutants run, so an allocation the bound misses
 is a MemoryError (a failure), not a machine out of memory.
 
-The default run takes 300 mutants; the slow test (CI) 6,000, about 30 s on one core;
-HYPOTHESIS_PROFILE=fuzz runs 100,000 (`-s` prints the counts by outcome):
+The default run takes 300 mutants; the slow tests (CI) 6,000 of the seeds and 1,000 of
+models converted from tests/data/onnx (a CNN, a quantized CNN, GRU, LSTM, attention),
+about 40 s on one core; HYPOTHESIS_PROFILE=fuzz runs 100,000 of each (`-s` prints the
+counts by outcome, EDGEFLOW_FUZZ_COUNTS=path.json keeps them):
     HYPOTHESIS_PROFILE=fuzz python -m pytest tests/interp/test_fuzz_interpreter.py --run-slow -s
 """
 import collections
 import contextlib
 import json
 import os
+import pathlib
 import resource
 import signal
 import time
@@ -124,6 +127,20 @@ def test_mutants_run_cleanly_or_raise_typed_errors(seeds, index, kind, rng_seed)
 @given(**MUTANT)
 def test_many_mutants_run_cleanly_or_raise_typed_errors(seeds, index, kind, rng_seed):
     run_mutant(seeds, index, kind, rng_seed)
+
+
+@pytest.fixture(scope="module")
+def converted():
+    pytest.importorskip("onnx")
+    return fuzzing.converted_seeds(pathlib.Path(__file__).parents[1] / "data" / "onnx")
+
+
+@pytest.mark.slow
+@mutants(1000)
+@given(index=st.integers(0, len(fuzzing.CONVERTED) - 1), kind=st.sampled_from(fuzzing.KINDS),
+       rng_seed=st.integers(0, 2**32 - 1))
+def test_mutants_of_converted_models(converted, index, kind, rng_seed):
+    run_mutant(converted, index, kind, rng_seed)
 
 
 def test_the_seeds_run():
