@@ -355,7 +355,7 @@ def _update_ops(model):
 def check_shape(tensor, shape, what):
     declared = tensor.shape
     if len(shape) != len(declared) or any(d not in (-1, s) for d, s in zip(declared, shape)) \
-            or any(s < 0 for s in shape):
+            or any(not 0 <= s <= verifier.MAX_DIM for s in shape):
         raise InvalidInputError(f"{what}: expected shape {fmt(tuple(None if d == -1 else d for d in declared))}"
                                 f" (? is any size), got {tuple(shape)}")
 

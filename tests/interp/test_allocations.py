@@ -208,6 +208,14 @@ def test_f4_a_dimension_past_int32():
         ef.Interpreter(data).get_input_details()
 
 
+def test_resizing_an_input_past_int32():
+    interp = ef.Interpreter(model([("x", "float32", (-1, 2)), ("y", "float32", (-1, 2))],
+                                  [("relu", ["x"], ["y"], {})], ["x"], ["y"]))
+    with pytest.raises(InvalidInputError, match=r"expected shape \(\?, 2\).*got \(1099511627776, 2\)"):
+        interp.resize_input_tensor(0, [2**40, 2])
+    interp.get_input_details()  # main: OverflowError (int32)
+
+
 def test_a_signature_of_another_subgraph():
     tensors = [TensorDef(n, dtypes.float32, (2,)) for n in ("x", "h", "y")]
     first = SubGraphDef("g", tensors[:2], [OperatorDef("relu", [0], [1])], [0], [1])
