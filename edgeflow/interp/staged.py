@@ -14,8 +14,8 @@ import numpy as np
 from .. import ops
 from ..errors import GraphError, InvalidInputError
 from ..ops.registry import TensorSpec
-from .kernels import evaluate
 from .arena import bounded, nbytes, size_text
+from .kernels import evaluate
 from .plan import Plan, ShapeDependsOnValues, needed_operators
 
 _REST_CACHE_SIZE = 8
