@@ -16,7 +16,7 @@ from ..errors import GraphError, InvalidInputError
 from ..ops.registry import TensorSpec
 from .arena import bounded, nbytes, size_text
 from .kernels import evaluate
-from .plan import Plan, ShapeDependsOnValues, needed_operators
+from .plan import Plan, ShapeDependsOnValues, _check_declared, needed_operators
 
 _REST_CACHE_SIZE = 8
 SHAPE_LIKE_MAX = 16  # elements: a small integer tensor may set later shapes; plan for its value
@@ -101,9 +101,14 @@ class StagedPlan:
         try:
             if ops.get(op.opcode).subgraphs:
                 with np.errstate(all="ignore"):
-                    return self.program.run(op, [s.value for s in ins])
+                    values = self.program.run(op, [s.value for s in ins])
+                for t, v in zip(op.outputs, values):
+                    if v is not None:
+                        _check_declared(t, self.subgraph.tensors[t], TensorSpec(v.shape, v.dtype), op.opcode)
+                return values
             outs = ops.get(op.opcode).infer_specs(ins, op.attrs)
             for t, spec in zip(op.outputs, outs):  # sized by values: checked before allocating
+                _check_declared(t, self.subgraph.tensors[t], spec, op.opcode)
                 size = nbytes(spec.shape, spec.dtype)
                 if size > self.max_bytes:
                     raise InvalidInputError(

@@ -235,3 +235,14 @@ def test_an_empty_batch_runs_to_empty_outputs():
     runner = ef.Interpreter(data).get_signature_runner("infer")
     assert runner(x=np.zeros((0, 1, 8, 8), np.float32))["y"].shape == (0, 2, 6, 6)
     np.testing.assert_array_equal(runner(x=np.ones((1, 1, 8, 8), np.float32))["y"], np.full((1, 2, 6, 6), 9.0))
+
+
+def test_an_output_sized_by_values_is_checked_against_its_declaration():
+    # main: TypeError copying float32 into the int64 tensor the file declares (found by
+    # tests/interp/test_fuzz_interpreter.py: a reshape turned into constant_of_shape)
+    data = model([("n", "int64", (1,)), ("c", "int64", (-1,)), ("y", "int64", (-1,))],
+                 [("constant_of_shape", ["n"], ["c"], {"dtype": dtypes.float32}), ("neg", ["c"], ["y"], {})],
+                 ["n"], ["y"])
+    with pytest.raises(FormatError, match=r"tensor 1 'c' is declared int64\(-1\) but op constant_of_shape "
+                                          r"makes float32\(3\)"):
+        ef.Interpreter(data).get_signature_runner("infer")(n=np.array([3]))
