@@ -43,6 +43,7 @@ class HostedModel:
         if not self.id:
             raise EdgeflowError(f"{source}: the package has no {metadata.MODEL_ID!r} metadata; give its id")
         self._tensors = {t.name: t for t in self.model.subgraphs[0].tensors}
+        self.feedable, self.fetchable = exposed(self.model)
         self._idle = queue.SimpleQueue()
         self._idle.put(first)
         self.steps = None  # the StepHost, once a device trains this model
@@ -98,6 +99,11 @@ class HostedModel:
         if dtype != tensor.dtype:
             raise InvalidInputError(f"{what}: expected dtype {dtypes.name(tensor.dtype)} ({_describe(tensor)}), "
                                     f"got {dtypes.name(dtype)}")
+        if name not in self.feedable:
+            kind = "a weight" if tensor.is_variable or tensor.data is not None else "not computed from its inputs"
+            raise InvalidInputError(f"{what}: tensor {name!r} of model {self.id!r} is {kind}; a request feeds "
+                                    f"its signatures' inputs ({self._expected('inputs')}) or tensors computed "
+                                    "from them")
         check_shape(tensor, shape, what)
 
     def check_fetches(self, fetches, allow_none=False):
@@ -111,9 +117,48 @@ class HostedModel:
             if name not in self._tensors:
                 raise InvalidInputError(f"fetch {name!r}: model {self.id!r} has no tensor {name!r}; "
                                         f"its signatures output {self._expected('outputs')}")
+            if name not in self.fetchable:
+                raise InvalidInputError(f"fetch {name!r}: model {self.id!r} does not give out this tensor (a "
+                                        "weight, or not computed from its inputs); a request fetches its "
+                                        f"signatures' outputs ({self._expected('outputs')}) or tensors "
+                                        "computed from its inputs")
             if name in seen:
                 raise InvalidInputError(f"fetch {name!r} is asked for twice; expected distinct names")
             seen.add(name)
+
+
+def exposed(model):
+    """(feedable, fetchable): the names of subgraph 0's tensors a request may feed and fetch.
+
+    A request feeds a signature's inputs or the tensors computed from them (the cut
+    tensors of any split), and fetches those and the signatures' outputs. Weights never
+    cross (constants, variables, and the optimizer's updates of them, which hold the new
+    values; nor `save`'s outputs and `restore`'s inputs), unless the package opts in with "edgeflow.fetchable"."""
+    sub = model.subgraphs[0]
+    roles = metadata.roles(model)
+    updates = set(roles.update) if roles else set()
+    weights = {i for i, t in enumerate(sub.tensors) if t.is_variable or t.data is not None}
+    ours = [s for s in model.signatures if s.subgraph == 0 and s.key != "restore"]  # no weights in or out
+    computed = {i for s in ours for i in s.inputs.values()} - weights
+    readers = {}
+    for k, op in enumerate(sub.operators):
+        for i in op.inputs:
+            readers.setdefault(i, []).append(k)
+    todo = list(computed)
+    while todo:  # forward from the inputs, through every op but the optimizer's
+        for k in readers.get(todo.pop(), ()):
+            if k in updates:
+                continue
+            for o in sub.operators[k].outputs:
+                if o not in computed and o not in weights:
+                    computed.add(o)
+                    todo.append(o)
+    names = [t.name for t in sub.tensors]
+    feedable = {names[i] for i in computed}
+    fetchable = feedable | {names[i] for s in ours if s.key != "save" for i in s.outputs.values()}
+    extra = metadata.fetchable(model) or set()
+    fetchable |= set(names) if "*" in extra else extra
+    return feedable, fetchable
 
 
 def _model_id(model, fallback):

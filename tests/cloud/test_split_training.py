@@ -160,6 +160,22 @@ def test_a_retried_round_is_applied_once(tmp_path):
         assert host.updates == 1
 
 
+def test_a_trainable_cloud_package_gives_out_its_variables_not_their_updates(tmp_path):
+    out, _ = split(tmp_path, "cloud")
+    sub = reader.load(out / "cloud.efl").subgraphs[0]
+    kernel = next(t for t in sub.tensors if t.name == "logits/kernel")
+    updates = [sub.tensors[op.inputs[1]].name for op in sub.operators if op.opcode in ("assign", "assign_sub")]
+    data, _ = digits()
+    batch = training_loop.batch_at(data, 32, 0, 0, 0)
+    with Server(models={"cnn-cloud": out / "cloud.efl"}) as server, Client(server.address) as client:
+        np.testing.assert_array_equal(client.run("cnn-cloud", {}, ["logits/kernel"])["logits/kernel"], kernel.data)
+        assert client.run("cnn-cloud", batch, ["pool1_1"])["pool1_1"].shape[0] == 32  # a cut tensor
+        for name in updates:  # the optimizer's new values and restore's stay on the server
+            with pytest.raises(RemoteError, match=f"fetch '{name}': .*does not give out") as info:
+                client.run("cnn-cloud", batch, [name])
+            assert info.value.code == "INVALID_ARGUMENT"
+
+
 @pytest.mark.slow
 def test_server_killed_and_restarted_loses_no_step(tmp_path):
     out, _ = split(tmp_path, "cloud")
