@@ -132,9 +132,22 @@ class Interpreter:
         from . import checkpoint
         tensors = self._subgraph.tensors
         expected = {tensors[i].name: (a.dtype, a.shape) for i, a in self._variables.items()}
-        values = checkpoint.read(path, expected)
-        for i, a in self._variables.items():
-            np.copyto(a, values[tensors[i].name])
+        self.set_variables(checkpoint.read(path, expected))
+
+    def set_variables(self, values):
+        """Set the variables named in `values` ({name: array}, as `variables()` gives);
+        InvalidInputError, changing nothing, if one is unknown or of another dtype or shape."""
+        tensors = self._subgraph.tensors
+        index = {tensors[i].name: i for i in self._variables}
+        for name, value in values.items():
+            a = self._variables.get(index.get(name))
+            value = np.asarray(value)
+            if a is None or value.dtype != a.dtype or value.shape != a.shape:
+                raise InvalidInputError(f"variable {name!r}: expected " + (
+                    f"{a.dtype}{list(a.shape)}, got {value.dtype}{list(value.shape)}" if a is not None
+                    else f"one of the model's variables {sorted(index)[:10]}"))
+        for name, value in values.items():
+            np.copyto(self._variables[index[name]], value)
 
     def export(self, path):
         """Write a new `.efl` model whose variables start at their current values."""
