@@ -62,6 +62,7 @@ class Interpreter:
                               for i in self._io[0]}
         self._plan = None
         self._names = None
+        self._produced = None  # the tensors some op writes (run() checks fetches against them)
         self._update_ops = _update_ops(self.model)
         self._value_routes = set()  # (feeds, fetches) whose plans need small int feeds' values
         self.profiler = None
@@ -199,6 +200,11 @@ class Interpreter:
             i = self.tensor_index(name)
             values[i] = as_input(self._subgraph.tensors[i], v, f"feed {name!r}")
         outs = [self.tensor_index(n) for n in fetches]
+        if self._produced is None:
+            self._produced = {t for op in self._subgraph.operators for t in op.outputs}
+        for name, i in zip(fetches, outs):
+            if i not in values and i not in self._produced and i not in self._constants and i not in self._variables:
+                raise InvalidInputError(f"fetch {name!r} is an input of the model that no feed gives")
         shapes = {i: v.shape for i, v in values.items()}
         # A fed small integer tensor may be a shape computed upstream (Shape -> Gather ->
         # Concat), as when the other side of a split sends it: then plan for its value.
