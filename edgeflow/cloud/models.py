@@ -44,6 +44,7 @@ class HostedModel:
             raise EdgeflowError(f"{source}: the package has no {metadata.MODEL_ID!r} metadata; give its id")
         self._tensors = {t.name: t for t in self.model.subgraphs[0].tensors}
         self.feedable, self.fetchable = exposed(self.model)
+        self.writes = {i for sig in self.model.signatures if sig.key == "train" for i in sig.targets}
         self._idle = queue.SimpleQueue()
         self._idle.put(first)
         self.steps = None  # the StepHost, once a device trains this model
@@ -105,6 +106,14 @@ class HostedModel:
                                     f"its signatures' inputs ({self._expected('inputs')}) or tensors computed "
                                     "from them")
         check_shape(tensor, shape, what)
+
+    def check_targets(self, targets):
+        """InvalidInputError unless a training round's `targets` are variable writes of the
+        model's `train` signature (a round may not run `restore`'s writes, say)."""
+        bad = [t for t in targets if t not in self.writes]
+        if bad:
+            raise InvalidInputError(f"step targets {bad[:8]}: model {self.id!r} runs only its train signature's "
+                                    f"variable writes ({len(self.writes)} operators)")
 
     def check_fetches(self, fetches, allow_none=False):
         """InvalidInputError unless `fetches` names distinct tensors of the model, at least

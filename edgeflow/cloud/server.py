@@ -111,6 +111,8 @@ class _Servicer(pb_grpc.EdgeflowServicer):
                           f"model {model.id!r}: expected package sha256 {header.model_sha256}, "
                           f"this server hosts sha256 {model.sha256}")
         model.check_fetches(list(header.fetches), allow_none=header.HasField("step"))
+        if header.HasField("step"):
+            model.check_targets([int(t) for t in header.step.targets])
         if header.encoding not in wire.ENCODINGS.values():
             raise _Reject(grpc.StatusCode.INVALID_ARGUMENT, f"encoding {header.encoding!r}: expected "
                                                             "'', 'fp16' or 'int8'")

@@ -176,6 +176,25 @@ def test_a_trainable_cloud_package_gives_out_its_variables_not_their_updates(tmp
             assert info.value.code == "INVALID_ARGUMENT"
 
 
+def test_a_round_runs_only_the_train_signatures_writes(tmp_path):
+    out, cut = split(tmp_path, "cloud")
+    sub = reader.load(out / "cloud.efl").subgraphs[0]
+    restore = [i for i, op in enumerate(sub.operators)
+               if op.opcode == "assign" and sub.tensors[op.inputs[1]].name.startswith("restore/")]
+    data, _ = digits()
+    device = ef.Interpreter(out / "device.efl")
+    feeds = device.run(cut.names(cut.rounds[0]["uploads"]), training_loop.batch_at(data, 32, 0, 0, 0))
+    plan = cut.plan_json()[0]
+    step = {"device_id": "d", "step_id": 0, "round": 1, "keep": plan["keep"], "targets": restore[:2],
+            "final": True}
+    with Server(models={"cnn-cloud": out / "cloud.efl"}) as server, Client(server.address) as client:
+        with pytest.raises(RemoteError, match=r"step targets \[\d+, \d+\]: .*only its train signature's") as info:
+            client.run("cnn-cloud", feeds, plan["downloads"], step=step)
+        assert info.value.code == "INVALID_ARGUMENT"
+        client.run("cnn-cloud", feeds, plan["downloads"], step={**step, "targets": plan["targets"]})
+        assert server.models["cnn-cloud"].steps.updates == 1
+
+
 @pytest.mark.slow
 def test_server_killed_and_restarted_loses_no_step(tmp_path):
     out, _ = split(tmp_path, "cloud")
