@@ -89,6 +89,14 @@ def test_a_bad_token_file_says_which_line(text, reason):
         Tokens.parse(text)
 
 
+def test_a_clients_token_file_may_be_its_line_of_the_servers():
+    from edgeflow.cli.arguments import token_line
+    assert token_line("# mine\ntok-b-0123456789 b t,m  # phone b\n", "f") == ("tok-b-0123456789", "b")
+    assert token_line("s3cret\n", "f") == ("s3cret", None)
+    with pytest.raises(EdgeflowError, match="holds no token"):
+        token_line("# nothing\n", "f")
+
+
 # -- steps under the caller's own id -----------------------------------------------------------
 
 @pytest.fixture(scope="module")
