@@ -30,9 +30,10 @@ def add_parser(verbs):
     p.add_argument("--state-dir", metavar="DIR",
                    help="training state: checkpoints of the models devices train here (split "
                         "training), resumed from on restart")
-    p.add_argument("--max-devices", type=positive, default=256, metavar="N",
-                   help="training devices whose state each model keeps (default 256); a new one beyond "
-                        "them replaces one idle for an hour, or is refused (RESOURCE_EXHAUSTED)")
+    p.add_argument("--max-devices", type=positive, metavar="N",
+                   help="devices whose training state each model keeps: split training (default 256; a "
+                        "new one beyond them replaces one idle for an hour, or is refused with "
+                        "RESOURCE_EXHAUSTED) and the parameter server (default 4096; a new one is refused)")
     p.add_argument("--checkpoint-every", type=positive, default=1, metavar="K",
                    help="with --state-dir: checkpoint after every K-th training step (default 1)")
     p.add_argument("--parameter-server", choices=["sync", "async", "fedavg"], metavar="MODE",

@@ -34,19 +34,24 @@ import logging
 import threading
 import time
 
-import grpc
-
 from ..errors import EdgeflowError, InvalidInputError
 
 MAX_DEVICE_ID = 128
 
 
 class Refused(EdgeflowError):
-    """A call refused with the gRPC status `code` (UNAUTHENTICATED, PERMISSION_DENIED)."""
+    """A call refused with the gRPC status named `status` (UNAUTHENTICATED,
+    PERMISSION_DENIED); `code` is that grpc.StatusCode (grpc is imported only then, so
+    that the pure state modules importing this one stay free of it)."""
 
-    def __init__(self, code, message):
+    def __init__(self, status, message):
         super().__init__(message)
-        self.code = code
+        self.status = status
+
+    @property
+    def code(self):
+        import grpc
+        return grpc.StatusCode[self.status]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +68,7 @@ class Identity:
 
     def check_model(self, model_id):
         if not self.may_use(model_id):
-            raise Refused(grpc.StatusCode.PERMISSION_DENIED,
+            raise Refused("PERMISSION_DENIED",
                           f"device {self.device!r} may not use model {model_id!r}; its token allows "
                           f"{sorted(self.models)}")
 
@@ -73,7 +78,7 @@ class Identity:
         (checked: InvalidInputError unless a valid id, or empty when not `required`)."""
         if self.device is not None:
             if claimed and claimed != self.device:
-                raise Refused(grpc.StatusCode.PERMISSION_DENIED,
+                raise Refused("PERMISSION_DENIED",
                               f"this credential is device {self.device!r}; a call may not act as device "
                               f"{claimed[:MAX_DEVICE_ID]!r}")
             return self.device
@@ -162,14 +167,14 @@ class Tokens:
         """The Identity of the 'authorization' metadata value `got`, or Refused
         (UNAUTHENTICATED)."""
         if got is None:
-            raise Refused(grpc.StatusCode.UNAUTHENTICATED, "expected the metadata 'authorization: Bearer <token>'")
+            raise Refused("UNAUTHENTICATED", "expected the metadata 'authorization: Bearer <token>'")
         got = got.encode() if isinstance(got, str) else bytes(got)
         found = None
         if got.startswith(b"Bearer "):
             found = self._by_digest.get(_digest(got[7:]))
         # Compared in constant time as well (a lookup by digest leaks nothing of the token).
         if found is None or not hmac.compare_digest(found[0], got[7:]):
-            raise Refused(grpc.StatusCode.UNAUTHENTICATED, "wrong token in 'authorization: Bearer <token>'")
+            raise Refused("UNAUTHENTICATED", "wrong token in 'authorization: Bearer <token>'")
         return found[1]
 
 
@@ -201,10 +206,10 @@ class Authenticator:
         try:
             check_device_id(common_name)
         except InvalidInputError as e:
-            raise Refused(grpc.StatusCode.UNAUTHENTICATED, f"the client certificate's common name (CN) "
+            raise Refused("UNAUTHENTICATED", f"the client certificate's common name (CN) "
                                                            f"is not a device id: {e}") from None
         if identity.device is not None and identity.device != common_name:
-            raise Refused(grpc.StatusCode.PERMISSION_DENIED,
+            raise Refused("PERMISSION_DENIED",
                           f"the token is device {identity.device!r}'s, the client certificate "
                           f"{common_name!r}'s")
         return Identity(common_name, identity.models, "certificate")

@@ -103,8 +103,8 @@ class _Servicer(pb_grpc.EdgeflowServicer):
                 for chunk in wire.chunks(name, outputs[name], encoding=header.encoding):
                     yield pb.RunReply(chunk=chunk)
             return
-        _bad_log.log(("Run", code.name), logging.INFO, "Run %s: %s: %s", request_id or "(no request id)",
-                     code.name, message)
+        _bad_log.log(("Run", code.name), logging.INFO, "Run %s: %s: %s", request_id[:64] or "(no request id)",
+                     code.name, message[:1000])
         context.abort(code, message)
 
     def _read(self, requests, identity=ANONYMOUS):
@@ -417,7 +417,7 @@ def serve(args):
         parameter_server = ParameterService(
             trainable, mode=args.parameter_server, replicas=args.replicas,
             checkpoint_dir=os.path.join(args.state_dir, "ps") if args.state_dir else None,
-            checkpoint_every=args.checkpoint_every)
+            checkpoint_every=args.checkpoint_every, max_devices=getattr(args, "max_devices", None) or 4096)
         _log.info("parameter server (%s, %d replicas) for %s", args.parameter_server, args.replicas,
                   sorted(trainable))
     server = Server(args.model_dir, host=args.host, port=args.port, token=token, tls=tls,

@@ -236,6 +236,16 @@ def test_one_client_fills_one_sync_replica_slot(trainable):
         assert status["version"] == 0 and status["pending_devices"] == ["a"] and sorted(status["devices"]) == ["a"]
 
 
+def test_the_parameter_servers_device_table_is_bounded(trainable):
+    state = ps.HostedParameters("t", trainable[0], "<bytes>", ps.Settings(mode="async", max_devices=2))
+    grads = {"w": np.ones((3, 2), np.float32), "b": np.ones(2, np.float32)}
+    for device in ("a", "b"):
+        assert state.push(device, 0, 0, 1, grads)["result"] == 1  # applied
+    with pytest.raises(TooManyDevices, match="at most 2 devices"):  # made-up ids no longer grow it
+        state.push("c", 0, 0, 1, grads)
+    assert state.push("a", 1, 2, 1, grads)["result"] == 1 and sorted(state.devices) == ["a", "b"]
+
+
 # -- finding 7: garbage payloads, plaintext tokens ----------------------------------------------
 
 def test_garbage_payloads_get_invalid_argument_and_log_one_line(server, caplog):

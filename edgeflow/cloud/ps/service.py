@@ -23,6 +23,7 @@ from .. import ps_pb2 as pb
 from .. import ps_pb2_grpc as pb_grpc
 from .. import wire
 from ..identity import ANONYMOUS, Authenticator, Refused, RateLimitedLog
+from ..steps import TooManyDevices
 from .state import HostedParameters, Settings
 
 SERVICE = pb.DESCRIPTOR.services_by_name["ParameterServer"].full_name  # "edgeflow.ps.v1.ParameterServer"
@@ -48,11 +49,15 @@ class ParameterService(pb_grpc.ParameterServerServicer):
     placed in the cloud) or "all" (every trainable one). `checkpoint_dir`: resume from and
     checkpoint to it every `checkpoint_every` applied updates and on `checkpoint()`.
     `max_staleness` (async): drop gradients computed more than this many versions ago.
+    `max_devices`: devices each model keeps the last step of (a new one beyond them:
+    RESOURCE_EXHAUSTED).
     """
 
     def __init__(self, models, mode="async", replicas=1, variables="cloud", checkpoint_dir=None,
-                 checkpoint_every=100, max_staleness=None, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES):
-        self.settings = Settings(mode, replicas, variables, checkpoint_dir, checkpoint_every, max_staleness)
+                 checkpoint_every=100, max_staleness=None, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES,
+                 max_devices=4096):
+        self.settings = Settings(mode, replicas, variables, checkpoint_dir, checkpoint_every, max_staleness,
+                                 max_devices=max_devices)
         if not models:
             raise InvalidInputError("ParameterService: give models={id: path or package bytes}")
         self.max_request_bytes = max_request_bytes
@@ -223,7 +228,7 @@ class ParameterService(pb_grpc.ParameterServerServicer):
     def _abort(self, context, method, e):
         if isinstance(e, (_Reject, Refused)):
             code, message = e.code, str(e)
-        elif isinstance(e, wire.PayloadTooLarge):
+        elif isinstance(e, (wire.PayloadTooLarge, TooManyDevices)):
             code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)
         elif isinstance(e, (InvalidInputError, GraphError)):
             code, message = grpc.StatusCode.INVALID_ARGUMENT, str(e)
