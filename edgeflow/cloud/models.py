@@ -44,21 +44,33 @@ class HostedModel:
             raise EdgeflowError(f"{source}: the package has no {metadata.MODEL_ID!r} metadata; give its id")
         self._tensors = {t.name: t for t in self.model.subgraphs[0].tensors}
         self.feedable, self.fetchable = exposed(self.model)
+        # A trainable split package: a "train" signature whose targets write its variables
+        # (the only operators a training round may run as targets).
         self.writes = {i for sig in self.model.signatures if sig.key == "train" for i in sig.targets}
+        self.trainable = bool(self.writes)
         self._idle = queue.SimpleQueue()
         self._idle.put(first)
         self.steps = None  # the StepHost, once a device trains this model
         self._steps_lock = threading.Lock()
 
-    def step_host(self, state_dir=None, checkpoint_every=1):
+    def step_host(self, state_dir=None, checkpoint_every=1, **limits):
         """The StepHost running split training steps on this model's one trained copy of
-        its variables (made on first use; resumes from `state_dir`/<id> if it holds a
-        checkpoint)."""
+        its variables (made on first use, with StepHost's `limits`; resumes from its folder
+        under `state_dir` if it holds a checkpoint). The folder is named by a sanitised id
+        (steps.state_folder), never by the id itself; a checkpoint in the folder of the
+        old layout (`state_dir`/<id>, if that is inside `state_dir`) is read once."""
         with self._steps_lock:
             if self.steps is None:
-                from .steps import StepHost
-                folder = os.path.join(state_dir, self.id) if state_dir else None
-                self.steps = StepHost(Interpreter(self._data), folder, checkpoint_every, name=self.id)
+                from .steps import StepHost, state_folder
+                folder = legacy = None
+                if state_dir:
+                    folder = state_folder(state_dir, self.id)
+                    legacy = os.path.join(state_dir, self.id)
+                    root = os.path.realpath(state_dir)
+                    if os.path.dirname(os.path.realpath(legacy)) != root or legacy == folder:
+                        legacy = None  # an id that left the folder: never read from there
+                self.steps = StepHost(Interpreter(self._data), folder, checkpoint_every, name=self.id,
+                                      legacy_state_dir=legacy, **limits)
             return self.steps
 
     @contextlib.contextmanager
