@@ -57,14 +57,15 @@ class MemoryBudget:
         self.by_model[model] = self.by_model.get(model, 0) + nbytes
         self.peak = max(self.peak, self.used)
 
-    def take(self, model, nbytes, what, wait_s=None):
+    def take(self, model, nbytes, what, wait_s=None, held=0):
         """Reserve `nbytes` for `model`, waiting up to `wait_s` (default self.wait_s) for
-        them to be free; OverBudget if they never can be, or are not by then."""
+        them to be free; OverBudget if they never can be (with the `held` bytes the caller
+        has already), or are not by then."""
         if nbytes <= 0:
             return
-        if nbytes > min(self.limit, self.model_limit):
-            raise OverBudget(f"{what} needs {nbytes} bytes of memory, more than the server's budget "
-                             f"({self._limits()})")
+        if nbytes + held > min(self.limit, self.model_limit):
+            raise OverBudget(f"{what} needs {nbytes} bytes of memory{f' besides the {held} it holds' if held else ''}"
+                             f", more than the server's budget ({self._limits()})")
         deadline = time.monotonic() + (self.wait_s if wait_s is None else wait_s)
         with self._changed:
             while not self._fits(model, nbytes):
@@ -111,7 +112,7 @@ class Reservation:
 
     def add(self, nbytes, what):
         if self.budget is not None:
-            self.budget.take(self.model, nbytes, what, self.wait_s)
+            self.budget.take(self.model, nbytes, what, self.wait_s, self.nbytes)
         self.nbytes += max(nbytes, 0)
 
     def force(self, nbytes):

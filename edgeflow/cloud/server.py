@@ -134,6 +134,7 @@ class _Servicer(pb_grpc.EdgeflowServicer):
         budget = self.budget
         held.append(Reservation(budget, model.id, None if budget is None or left is None
                                 else max(0.0, min(budget.wait_s, left))))
+        held[0].add(_STREAM_BYTES, "a request")
         tensors = _Reserving(self.max_request_bytes, model.check_feed, held[0])
         for message in requests:
             if message.WhichOneof("kind") != "chunk":
@@ -153,6 +154,9 @@ class _Servicer(pb_grpc.EdgeflowServicer):
         return pb.PingReply(payload=_PING_BLOCK[:request.reply_bytes])
 
 
+# What gRPC and protobuf hold for one request while it streams, besides its tensors: a
+# chunk as received, parsed and copied, and a reply chunk as sliced, serialized and sent.
+_STREAM_BYTES = 8 * wire.CHUNK_BYTES
 _ENCODE_COPIES = {"": 1, "fp16": 2, "int8": 4}  # wire.encode's temporaries per output byte
 _DECODE_COPIES = {"": 1, "fp16": 1.5, "int8": 2.25}  # a feed's buffer and decoding, per decoded byte
 
@@ -346,10 +350,12 @@ def _mib(mb):
 def _return_freed_memory():
     """Have glibc's malloc map every block of 1 MiB or more on its own, so that freeing it
     returns it to the system (by default the threshold grows to 32 MiB as blocks are freed,
-    and freed heap memory stays in the process: RSS would keep what a past request used)."""
+    and freed heap memory stays in the process: RSS would keep what a past request used),
+    and keep two heaps, not eight per core."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-8, 2)  # M_ARENA_MAX: worker threads share heaps, not one each to keep freed memory in
     except (OSError, AttributeError):
         pass  # not glibc: its allocator decides
 
