@@ -18,7 +18,7 @@ ALIGNMENT = 64
 _MAPPED_MIN = 1 << 20  # blocks this large get their own mapping, whose pages `release` returns
 
 
-def block(nbytes):
+def new_block(nbytes):
     """An uninitialised uint8 array of `nbytes`: a private anonymous mapping from 1 MiB on
     (where madvise exists), so that `release` can give its pages back without unmapping it."""
     if nbytes < _MAPPED_MIN or not hasattr(mmap, "MADV_DONTNEED"):
@@ -27,7 +27,7 @@ def block(nbytes):
 
 
 def release(array):
-    """Give the pages of a `block` back to the system (its contents become zeros, its views
+    """Give the pages of a `new_block` back to the system (its contents become zeros, its views
     stay valid: the next write maps fresh pages); a no-op for a small block."""
     base = array.base.obj if isinstance(array.base, memoryview) else array.base
     if isinstance(base, mmap.mmap):
@@ -109,7 +109,7 @@ class Arena:
 
     def __init__(self, nbytes):
         self.nbytes = nbytes
-        self._block = block(nbytes + ALIGNMENT)
+        self._block = new_block(nbytes + ALIGNMENT)
         self._base = -self._block.ctypes.data % ALIGNMENT
 
     def release(self):
@@ -169,7 +169,7 @@ class Workspace:
             # this step took from the old one stays there, and overlaps nothing it takes now.
             start, end = 0, aligned(size)
             last = self.blocks[-1].nbytes - ALIGNMENT if self.blocks else 0
-            self.blocks.append(block(max(end, 2 * last) + ALIGNMENT))
+            self.blocks.append(new_block(max(end, 2 * last) + ALIGNMENT))
         block = self.blocks[-1]
         self._cursor = end
         base = -block.ctypes.data % ALIGNMENT + start
