@@ -24,6 +24,14 @@ def add_parser(verbs):
                         "default all), '#' starting a comment")
     p.add_argument("--max-request-mb", type=float, default=256,
                    help="largest tensor payload of one request, in MiB (default 256)")
+    p.add_argument("--memory-budget-mb", type=float, metavar="MB",
+                   help="memory the hosted models and the requests in flight may use together, in MiB "
+                        "(default: half the machine's or the container's memory); a request that would "
+                        "pass it waits, then gets RESOURCE_EXHAUSTED")
+    p.add_argument("--model-memory-mb", type=float, metavar="MB",
+                   help="memory one model may use, in MiB (default: the whole --memory-budget-mb)")
+    p.add_argument("--memory-wait", type=float, default=10.0, metavar="S",
+                   help="seconds a request waits for memory before RESOURCE_EXHAUSTED (default 10)")
     p.add_argument("--max-workers", type=positive, default=8, help="requests run at once (default 8)")
     p.add_argument("--threads", type=positive,
                    help="BLAS threads per request (default: the cores / --max-workers, at least 1)")

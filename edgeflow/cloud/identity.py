@@ -30,7 +30,6 @@ import dataclasses
 import hashlib
 import hmac
 import ipaddress
-import logging
 import threading
 import time
 

@@ -4,8 +4,12 @@ A model's id is its package's metadata "edgeflow.model_id" (UTF-8) if present, e
 file's stem; its sha256 is the hex digest of the package's bytes, so a device can check
 that the server runs the package it was split against. Interpreters are not
 thread-safe, so each request borrows one from its model's pool (a new one is made when
-all are busy: there are never more than the server's worker threads). All of a model's
-interpreters share one read-only mapping of the file.
+all are busy and the memory budget holds it: there are never more than the server's
+worker threads). All of a model's interpreters share one read-only mapping of the file.
+With a MemoryBudget, `run` reserves what a request's plan writes before running it, and
+each cached interpreter is charged what it keeps (see budget.py); a cached plan's arena
+and scratch pages are given back after each run, and the least recently used plans are
+dropped when what they keep no longer fits.
 """
 import contextlib
 import hashlib
@@ -14,12 +18,17 @@ import os
 import pathlib
 import queue
 import threading
+import types
+import weakref
+
+import numpy as np
 
 from .. import dtypes
 from ..errors import EdgeflowError, InvalidInputError
 from ..format import metadata, reader
 from ..interp import Interpreter
-from ..interp.interpreter import check_shape
+from ..interp.interpreter import check_shape, release, working_bytes
+from .budget import OverBudget
 from ..ops.dims import fmt
 
 _log = logging.getLogger("edgeflow.cloud")
@@ -31,6 +40,8 @@ def _describe(tensor):
 
 class HostedModel:
     """One cloud package: its id, hash, signatures, tensors, and interpreters to run it."""
+
+    budget = None  # a MemoryBudget the server sets
 
     def __init__(self, data, source, model_id=None, default_id=None):
         self.source = source  # the file, or "<bytes>"
@@ -50,6 +61,8 @@ class HostedModel:
         self.trainable = bool(self.writes)
         self._idle = queue.SimpleQueue()
         self._idle.put(first)
+        self._charged = weakref.WeakKeyDictionary()  # interpreter -> bytes charged to the budget
+        self._held = weakref.WeakKeyDictionary()  # plan -> bytes its bound kernels keep
         self.steps = None  # the StepHost, once a device trains this model
         self._steps_lock = threading.Lock()
 
@@ -84,11 +97,91 @@ class HostedModel:
         try:
             interp = self._idle.get_nowait()
         except queue.Empty:
-            interp = Interpreter(self._data)
+            interp = self._new_interpreter()
         try:
             yield interp
         finally:
             self._idle.put(interp)
+
+    def use_budget(self, budget):
+        """Charge what this model's interpreters keep to `budget` (a MemoryBudget), and
+        reserve through it from now on."""
+        self.budget, idle = budget, []
+        while True:
+            try:
+                idle.append(self._idle.get_nowait())
+            except queue.Empty:
+                break
+        for interp in idle:
+            self._charged[interp] = 0
+            self._settle(interp)
+            self._idle.put(interp)
+
+    def _new_interpreter(self):
+        """A new interpreter, charged to the budget; where it does not fit, the next one
+        another request gives back."""
+        if self.budget is None:
+            return Interpreter(self._data)
+        first = next(iter(self._charged), None)
+        need = self._resident(first) if first is not None else self.file_bytes
+        if not self.budget.try_take(self.id, need):
+            try:
+                return self._idle.get(timeout=self.budget.wait_s)
+            except queue.Empty:
+                raise OverBudget(f"model {self.id!r}: every interpreter is busy and another needs "
+                                 f"{need} bytes, more than the memory budget leaves") from None
+        interp = Interpreter(self._data)
+        self._charged[interp] = need
+        self._settle(interp)
+        return interp
+
+    def run(self, fetches, feeds, reservation, encoding=""):
+        """{name: array} of `fetches` from `feeds`, with the plan's working bytes and the
+        outputs (and their encoded copies) reserved in `reservation` (a budget.Reservation)
+        before anything runs; the arena's share is given back once the outputs are copied."""
+        copies = {"": 1, "fp16": 2, "int8": 4}.get(encoding, 4)  # encode(): temporaries per output byte
+
+        @contextlib.contextmanager
+        def reserve(plan, outs):
+            new = plan not in self._held
+            held = self._held.setdefault(plan, _held_bytes(plan, interp)) if new else 0
+            work = working_bytes(plan)
+            out = sum(plan.arrays[i].nbytes for i in outs) * copies
+            reservation.add(work + held + out, f"model {self.id!r}: running these inputs (arena and "
+                                               f"scratch {work} bytes, outputs {out} bytes)")
+            try:
+                yield
+            finally:
+                release(plan)
+                reservation.give(work + held)  # the held share is charged to the interpreter next
+
+        with self.interpreter() as interp:
+            try:
+                return interp.run(fetches, feeds, reserve=reserve if self.budget is not None else None)
+            finally:
+                if self.budget is not None:
+                    self._settle(interp)
+
+    def _resident(self, interp):
+        """What `interp` keeps between requests: variables, folded constants, and what its
+        cached plans' kernels hold (their arenas and scratch are released after each run)."""
+        arrays = {id(a): a.nbytes for a in [*interp._variables.values(), *interp._folded.values()]}
+        return sum(arrays.values()) + sum(self._held.get(p, 0) for p in interp._plans.values())
+
+    def _settle(self, interp):
+        """Charge the budget what `interp` now keeps; drop its least recently used plans
+        while that does not fit."""
+        while True:
+            now, before = self._resident(interp), self._charged.get(interp, 0)
+            if now <= before:
+                self.budget.give(self.id, before - now)
+                break
+            if self.budget.try_take(self.id, now - before):
+                break
+            if interp._plans.pop_oldest() is None:  # nothing more to drop: it keeps what it must
+                self.budget.force(self.id, now - before)
+                break
+        self._charged[interp] = now
 
     def signatures(self):
         """[(key, inputs, outputs)], each of inputs/outputs a list of (signature name, tensor)."""
@@ -180,6 +273,54 @@ def exposed(model):
     extra = metadata.fetchable(model) or set()
     fetchable |= set(names) if "*" in extra else extra
     return feedable, fetchable
+def _held_bytes(plan, interp, depth=4):
+    """Bytes of the arrays that `plan`'s bound kernel steps keep for themselves (per-shape
+    buffers made while binding), found through their closures and objects; not the arena,
+    scratch, constants, variables or folded values."""
+    plans = [getattr(plan, "before", plan)]
+    shared = {id(a) for p in plans for a in (p.arena._block, *p.workspace.blocks)}
+    shared |= {id(a) for a in [*interp._variables.values(), *interp._folded.values()]}
+    seen, total = set(), 0
+
+    def visit(obj, depth):
+        nonlocal total
+        if isinstance(obj, np.ndarray):
+            while isinstance(obj.base, np.ndarray):
+                obj = obj.base
+            if obj.base is None and id(obj) not in shared and id(obj) not in seen:
+                seen.add(id(obj))
+                total += obj.nbytes
+            return
+        if depth == 0 or id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, (list, tuple)):
+            items = obj
+        elif isinstance(obj, dict):
+            items = obj.values()
+        elif isinstance(obj, types.FunctionType):
+            items = [c.cell_contents for c in obj.__closure__ or () if _filled(c)]
+        elif isinstance(obj, types.MethodType):
+            items = [obj.__self__]
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            items = vars(obj).values()
+        else:
+            return
+        for item in items:
+            visit(item, depth - 1)
+
+    for p in plans:
+        for step in p.steps:
+            visit(step, depth)
+    return total
+
+
+def _filled(cell):
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
 
 
 def _model_id(model, fallback):

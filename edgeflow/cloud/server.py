@@ -5,7 +5,8 @@ process (a device can run one on loopback); `serve(args)` is the command. Every 
 is checked before anything runs, and a bad one gets a status saying what was expected:
 INVALID_ARGUMENT (a tensor's name, dtype, shape or bytes; malformed chunks; fetches),
 NOT_FOUND (model id), FAILED_PRECONDITION (package hash), RESOURCE_EXHAUSTED (request
-bytes over the cap, too many training devices), UNAUTHENTICATED (token, client certificate),
+bytes over the cap, more memory than the budget leaves (see budget.py), too many training
+devices), UNAUTHENTICATED (token, client certificate),
 PERMISSION_DENIED (a model the caller's token may not use, a step under another device's
 id); anything unexpected is logged and answered INTERNAL. A message that is not even a
 protobuf of the method's type gets INVALID_ARGUMENT. Refusals are logged at most once per
@@ -16,7 +17,9 @@ Identities (edgeflow.cloud.identity): a caller is who its credential says (a per
 token, or a client certificate's CN), never what its request claims; a training step
 runs under the caller's device id, and only on a trainable package.
 """
+import ctypes
 import logging
+import math
 import os
 import pathlib
 import signal
@@ -33,6 +36,7 @@ from . import edgeflow_pb2 as pb
 from . import edgeflow_pb2_grpc as pb_grpc
 from . import wire
 from .identity import ANONYMOUS, Authenticator, Refused, RateLimitedLog, Tokens, is_loopback
+from .budget import DEFAULT_WAIT_S, MemoryBudget, OverBudget, Reservation, default_bytes
 from .models import load_models
 from .steps import StaleStep, TooManyDevices
 
@@ -56,17 +60,26 @@ class _Reject(Exception):
 
 class _Servicer(pb_grpc.EdgeflowServicer):
     def __init__(self, models, max_request_bytes, state_dir=None, checkpoint_every=1, auth=None,
-                 max_devices=DEFAULT_MAX_DEVICES):
+                 max_devices=DEFAULT_MAX_DEVICES, budget=None):
         self.models = models
         self.max_request_bytes = max_request_bytes
         self.state_dir, self.checkpoint_every = state_dir, checkpoint_every
         self.auth, self.max_devices = auth or Authenticator(), max_devices
+        self.budget = budget  # a MemoryBudget: what requests reserve before they allocate
 
     def Run(self, requests, context):
+        held = []  # the request's memory Reservation, once its model is known
+        try:
+            yield from self._run(requests, context, held)
+        finally:
+            for reservation in held:
+                reservation.close()
+
+    def _run(self, requests, context, held):
         request_id = ""
         try:
             identity = self.auth.identify(context)
-            model, header, feeds = self._read(requests, identity)
+            model, header, feeds = self._read(requests, context, held, identity)
             request_id = header.request_id
             if not context.is_active():  # cancelled or past its deadline while uploading
                 return
@@ -76,15 +89,17 @@ class _Servicer(pb_grpc.EdgeflowServicer):
                 host = model.step_host(self.state_dir, self.checkpoint_every, max_devices=self.max_devices)
                 outputs = host.round(identity.device_for(step.device_id), step.step_id, step.round, feeds, list(header.fetches),
                                      list(step.keep), [int(t) for t in step.targets], step.final)
+                held[0].force(sum(a.nbytes for a in outputs.values()) * _ENCODE_COPIES[header.encoding])
             else:
-                with model.interpreter() as interp:
-                    outputs = interp.run(list(header.fetches), feeds)
+                outputs = model.run(list(header.fetches), feeds, held[0], header.encoding)
+            feeds = None  # copied into the plan: what they held is free
+            held[0].give(held[0].feed_bytes)
             seconds = time.perf_counter() - start
         except grpc.RpcError:  # the client went away mid-stream; nobody to answer
             return
         except (_Reject, Refused) as e:
             code, message = e.code, str(e)
-        except (wire.PayloadTooLarge, TooManyDevices) as e:
+        except (wire.PayloadTooLarge, TooManyDevices, OverBudget) as e:
             code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)
         except StaleStep as e:  # the device resumes from the step named (parsed by the client)
             code, message = grpc.StatusCode.FAILED_PRECONDITION, f"{e} [resume_from={e.resume_from}]"
@@ -107,9 +122,10 @@ class _Servicer(pb_grpc.EdgeflowServicer):
                      code.name, message[:1000])
         context.abort(code, message)
 
-    def _read(self, requests, identity=ANONYMOUS):
+    def _read(self, requests, context, held, identity=ANONYMOUS):
         """The model, header and {name: array} feeds of a Run stream, all checked (the model
-        and the step header against the caller's `identity`)."""
+        and the step header against the caller's `identity`); the feeds' bytes are reserved
+        (in a Reservation appended to `held`) as they arrive."""
         requests = iter(requests)
         first = next(requests, None)
         if first is None or first.WhichOneof("kind") != "header":
@@ -137,7 +153,12 @@ class _Servicer(pb_grpc.EdgeflowServicer):
         if header.encoding not in wire.ENCODINGS.values():
             raise _Reject(grpc.StatusCode.INVALID_ARGUMENT, f"encoding {header.encoding!r}: expected "
                                                             "'', 'fp16' or 'int8'")
-        tensors = wire.Assembler(self.max_request_bytes, model.check_feed, "feed")
+        left = context.time_remaining()
+        budget = self.budget
+        held.append(Reservation(budget, model.id, None if budget is None or left is None
+                                else max(0.0, min(budget.wait_s, left))))
+        held[0].add(_STREAM_BYTES, "a request")
+        tensors = _Reserving(self.max_request_bytes, model.check_feed, held[0])
         for message in requests:
             if message.WhichOneof("kind") != "chunk":
                 raise _Reject(grpc.StatusCode.INVALID_ARGUMENT,
@@ -158,6 +179,31 @@ class _Servicer(pb_grpc.EdgeflowServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"expected reply_bytes <= {wire.MAX_PING_BYTES}, got {request.reply_bytes}")
         return pb.PingReply(payload=_PING_BLOCK[:request.reply_bytes])
+
+
+# What gRPC and protobuf hold for one request while it streams, besides its tensors: a
+# chunk as received, parsed and copied, and a reply chunk as sliced, serialized and sent.
+_STREAM_BYTES = 8 * wire.CHUNK_BYTES
+_ENCODE_COPIES = {"": 1, "fp16": 2, "int8": 4}  # wire.encode's temporaries per output byte
+_DECODE_COPIES = {"": 1, "fp16": 1.5, "int8": 2.25}  # a feed's buffer and decoding, per decoded byte
+
+
+class _Reserving(wire.Assembler):
+    """An Assembler that reserves each feed's bytes (its buffer and its decoding) in a
+    Reservation before they are written."""
+
+    def __init__(self, max_bytes, expect, reservation):
+        super().__init__(max_bytes, expect, "feed")
+        self.reservation = reservation
+        reservation.feed_bytes = 0
+
+    def _start(self, chunk):
+        part = super()._start(chunk)
+        copies = 2 if part.dtype == dtypes.bool_ else _DECODE_COPIES[part.encoding]
+        nbytes = math.ceil(math.prod(part.shape) * part.dtype.itemsize * copies)
+        self.reservation.add(nbytes, f"feed {part.name!r}")
+        self.reservation.feed_bytes += nbytes
+        return part
 
 
 def _tensor_info(name, tensor):
@@ -270,14 +316,19 @@ class Server:
     (cert_pem, key_pem) bytes to serve TLS; `tls_client_ca`: PEM of the CA client
     certificates must be signed by (mutual TLS; the device id is the certificate's CN).
     `max_devices`: devices whose training state each trained model keeps.
-    `max_request_bytes` caps the tensor bytes of one Run request. `start()` binds and
-    returns the port (`port=0` picks a free one); use it as a context manager to stop it.
+    `max_request_bytes` caps the tensor bytes of one Run request. `memory_budget_bytes`
+    (default: half the machine's memory) bounds what the models keep and the requests in
+    flight use, `model_memory_bytes` what one model may (default: the whole budget); a
+    request that does not fit waits up to `memory_wait_s` seconds, then gets
+    RESOURCE_EXHAUSTED (see budget.py). `start()` binds and returns the port (`port=0`
+    picks a free one); use it as a context manager to stop it.
     """
 
     def __init__(self, model_dir=None, host="127.0.0.1", port=0, token=None, tls=None, max_workers=8,
                  models=None, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, state_dir=None,
                  checkpoint_every=1, parameter_server=None, threads=None,
-                 tls_client_ca=None, max_devices=DEFAULT_MAX_DEVICES):
+                 tls_client_ca=None, max_devices=DEFAULT_MAX_DEVICES, memory_budget_bytes=None,
+                 model_memory_bytes=None, memory_wait_s=DEFAULT_WAIT_S):
         if model_dir is None and not models and parameter_server is None:
             raise EdgeflowError("Server: give a model_dir, models={id: path or bytes} or a parameter_server")
         if tls is not None and (len(tls) != 2 or not all(tls)):
@@ -294,6 +345,9 @@ class Server:
         self.threads = threads or max(1, (os.cpu_count() or 1) // max_workers)
         self._blas = None
         self.models = load_models(model_dir, models)
+        self.budget = MemoryBudget(memory_budget_bytes or default_bytes(), model_memory_bytes, memory_wait_s)
+        for model in self.models.values():
+            model.use_budget(self.budget)
         self.host, self.port, self.token, self.tls = host, port, token, tls
         self.max_workers, self.max_request_bytes = max_workers, max_request_bytes
         self.state_dir, self.checkpoint_every = state_dir, checkpoint_every
@@ -315,7 +369,7 @@ class Server:
                              interceptors=[_Guard(self.auth)])
         pb_grpc.add_EdgeflowServicer_to_server(
             _Servicer(self.models, self.max_request_bytes, self.state_dir, self.checkpoint_every,
-                      self.auth, self.max_devices), server)
+                      self.auth, self.max_devices, self.budget), server)
         try:  # process-wide, while serving: per-request limits would race between threads
             from threadpoolctl import threadpool_limits
             self._blas = threadpool_limits(self.threads)
@@ -388,6 +442,23 @@ def _trainable(path):
         return False  # load_models logs and skips it
 
 
+def _mib(mb):
+    return None if mb is None else int(mb * (1 << 20))
+
+
+def _return_freed_memory():
+    """Have glibc's malloc map every block of 1 MiB or more on its own, so that freeing it
+    returns it to the system (by default the threshold grows to 32 MiB as blocks are freed,
+    and freed heap memory stays in the process: RSS would keep what a past request used),
+    and keep two heaps, not eight per core."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-8, 2)  # M_ARENA_MAX: worker threads share heaps, not one each to keep freed memory in
+    except (OSError, AttributeError):
+        pass  # not glibc: its allocator decides
+
+
 def serve(args):
     """`edgeflow serve`: host the models in args.model_dir until SIGTERM or SIGINT."""
     if not logging.getLogger().handlers:
@@ -399,6 +470,11 @@ def serve(args):
     if not args.max_request_mb > 0 or not args.grace >= 0:
         raise EdgeflowError(f"expected --max-request-mb > 0 and --grace >= 0, got {args.max_request_mb} "
                             f"and {args.grace}")
+    budget_mb, model_mb = getattr(args, "memory_budget_mb", None), getattr(args, "model_memory_mb", None)
+    wait_s = getattr(args, "memory_wait", DEFAULT_WAIT_S)
+    if any(v is not None and not v > 0 for v in (budget_mb, model_mb)) or not wait_s >= 0:
+        raise EdgeflowError(f"expected --memory-budget-mb and --model-memory-mb > 0 and --memory-wait >= 0, "
+                            f"got {budget_mb}, {model_mb} and {wait_s}")
     if bool(args.tls_cert) != bool(args.tls_key):
         raise EdgeflowError("--tls-cert and --tls-key go together")
     tls = (_read_file(args.tls_cert, "--tls-cert"), _read_file(args.tls_key, "--tls-key")) \
@@ -425,7 +501,12 @@ def serve(args):
                     max_workers=args.max_workers, max_request_bytes=int(args.max_request_mb * (1 << 20)),
                     state_dir=args.state_dir, checkpoint_every=args.checkpoint_every,
                     parameter_server=parameter_server, threads=getattr(args, "threads", None),
-                    tls_client_ca=client_ca, max_devices=getattr(args, "max_devices", None) or DEFAULT_MAX_DEVICES)
+                    tls_client_ca=client_ca, max_devices=getattr(args, "max_devices", None) or DEFAULT_MAX_DEVICES,
+                    memory_budget_bytes=_mib(budget_mb), model_memory_bytes=_mib(model_mb),
+                    memory_wait_s=wait_s)
+    _return_freed_memory()
+    _log.info("memory budget %d MiB (%s per model)", server.budget.limit >> 20,
+              f"{server.budget.model_limit >> 20} MiB" if model_mb else "all of it")
     for model in server.models.values():
         _log.info("model %r: sha256 %s, %d bytes, from %s", model.id, model.sha256, model.file_bytes,
                   model.source)

@@ -10,10 +10,28 @@ factory asks `scratch(shape, dtype)` while its plan binds it.
 import bisect
 import contextlib
 import contextvars
+import mmap
 
 import numpy as np
 
 ALIGNMENT = 64
+_MAPPED_MIN = 1 << 20  # blocks this large get their own mapping, whose pages `release` returns
+
+
+def new_block(nbytes):
+    """An uninitialised uint8 array of `nbytes`: a private anonymous mapping from 1 MiB on
+    (where madvise exists), so that `release` can give its pages back without unmapping it."""
+    if nbytes < _MAPPED_MIN or not hasattr(mmap, "MADV_DONTNEED"):
+        return np.empty(nbytes, np.uint8)
+    return np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE), np.uint8)
+
+
+def release(array):
+    """Give the pages of a `new_block` back to the system (its contents become zeros, its views
+    stay valid: the next write maps fresh pages); a no-op for a small block."""
+    base = array.base.obj if isinstance(array.base, memoryview) else array.base
+    if isinstance(base, mmap.mmap):
+        base.madvise(mmap.MADV_DONTNEED)
 
 
 def aligned(n):
@@ -91,8 +109,13 @@ class Arena:
 
     def __init__(self, nbytes):
         self.nbytes = nbytes
-        self._block = np.empty(nbytes + ALIGNMENT, np.uint8)
+        self._block = new_block(nbytes + ALIGNMENT)
         self._base = -self._block.ctypes.data % ALIGNMENT
+
+    def release(self):
+        """Return the arena's pages until the next run writes them (its values are lost:
+        a plan's caller copies inputs in before every run)."""
+        release(self._block)
 
     def view(self, offset, shape, dtype):
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
@@ -121,6 +144,12 @@ class Workspace:
         """Bytes reserved (the blocks' sizes); the pages the steps write are what they use."""
         return sum(b.nbytes - ALIGNMENT for b in self.blocks)
 
+    def release(self):
+        """Return the blocks' pages until a step writes them again (scratch holds anything
+        between runs)."""
+        for b in self.blocks:
+            release(b)
+
     @contextlib.contextmanager
     def step(self):
         """Binding one step: `scratch` draws from this workspace, from offset 0."""
@@ -140,7 +169,7 @@ class Workspace:
             # this step took from the old one stays there, and overlaps nothing it takes now.
             start, end = 0, aligned(size)
             last = self.blocks[-1].nbytes - ALIGNMENT if self.blocks else 0
-            self.blocks.append(np.empty(max(end, 2 * last) + ALIGNMENT, np.uint8))
+            self.blocks.append(new_block(max(end, 2 * last) + ALIGNMENT))
         block = self.blocks[-1]
         self._cursor = end
         base = -block.ctypes.data % ALIGNMENT + start

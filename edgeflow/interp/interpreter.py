@@ -190,11 +190,14 @@ class Interpreter:
             raise InvalidInputError(f"the model has no tensor {name!r}")
         return self._names[name]
 
-    def run(self, fetches, feeds, targets=()):
+    def run(self, fetches, feeds, targets=(), reserve=None):
         """{name: value} of the tensors `fetches`, computed from `feeds` ({tensor name:
         array}), which may be intermediate tensors: only the ops between them run, as in a
         TensorFlow Session; `targets` (operator indices, such as variable writes) run too.
-        Serves split inference and training, where each side runs part of a graph."""
+        Serves split inference and training, where each side runs part of a graph.
+        `reserve(plan, outputs)`, if given, is a context manager entered once the plan is
+        known and before anything runs (a server reserves its memory there; it may raise),
+        around the run and the copies of the outputs (`outputs`: their tensor indices)."""
         values = {}
         for name, v in feeds.items():
             i = self.tensor_index(name)
@@ -226,10 +229,11 @@ class Interpreter:
         if staged and known and routes not in self._value_routes:
             self._value_routes.add(routes)  # one plan per value beats a staged plan
             plan = self.plan_for(list(values), outs, shapes, targets, known=known)
-        for i, v in values.items():
-            np.copyto(plan.arrays[i], v)
-        self.run_plan(plan)
-        return {n: np.array(plan.arrays[i]) for n, i in zip(fetches, outs)}
+        with reserve(plan, outs) if reserve is not None else contextlib.nullcontext():
+            for i, v in values.items():
+                np.copyto(plan.arrays[i], v)
+            self.run_plan(plan)
+            return {n: np.array(plan.arrays[i]) for n, i in zip(fetches, outs)}
 
     # -- TFLite's tensor-level API (the subgraph's own inputs and outputs) ------------
     def _details(self, index, shape):
@@ -354,6 +358,24 @@ class SignatureRunner:
         self._interp.run_plan(plan)
         self.last_plan = plan
         return {n: plan.arrays[i].copy() for n, i in sig.outputs.items()}
+
+
+def working_bytes(plan):
+    """The bytes a run of `plan` writes in its arena and its kernels' scratch (a staged plan:
+    the part before its boundary; the rest is planned when it runs)."""
+    plan = getattr(plan, "before", plan)
+    return plan.arena.nbytes + plan.workspace.nbytes
+
+
+def release(plan):
+    """Give back the pages of `plan`'s arena and scratch (and of its staged rests') until
+    it runs again: a cached plan then holds no per-run buffers."""
+    for part in (plan.before, *plan._rests.values()) if isinstance(plan, StagedPlan) else (plan,):
+        if isinstance(part, StagedPlan):
+            release(part)
+        else:
+            part.arena.release()
+            part.workspace.release()
 
 
 def _update_ops(model):
