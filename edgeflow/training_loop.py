@@ -14,6 +14,7 @@ from .atomic import write_text
 from .errors import InvalidInputError
 
 STATE = "state.json"
+_MAX_AGAIN = 5  # a split step the server keeps losing between its rounds fails after this
 
 
 def batches(data, batch_size, seed, epoch):
@@ -66,7 +67,10 @@ def fit(interpreter, data, epochs=1, batch_size=32, seed=0, checkpoint_dir=None,
     steps, and when the server asks to resume from an earlier step (it restarted from an
     older checkpoint: `RemoteError.resume_from`), the device restores its own checkpoint
     of that step and trains on from there; checkpoint every K steps on both sides
-    (`--checkpoint-every` here and on `edgeflow serve`) so that one exists.
+    (`--checkpoint-every` here and on `edgeflow serve`) so that one exists. When the
+    server lost a step between its rounds (it restarted after round 1 of a U-shaped step:
+    `resume_from` is the step itself), the device puts back the variables it had before
+    the step (its own writes may have run between the rounds) and runs the step again.
     """
     from .errors import RemoteError
     runner = interpreter.get_signature_runner("train")
@@ -75,6 +79,8 @@ def fit(interpreter, data, epochs=1, batch_size=32, seed=0, checkpoint_dir=None,
     per_epoch = -(-n // batch_size)
     # A split training package's delegate numbers its steps: the global steps here.
     cloud = next((d for d in interpreter.delegates if getattr(d, "rounds", None)), None)
+    rounds = len(cloud.rounds) if cloud is not None else 0
+    again = 0  # times in a row the current step was run again from its first round
     global_step = 0
     if checkpoint_dir:
         os.makedirs(checkpoint_dir, exist_ok=True)
@@ -92,12 +98,20 @@ def fit(interpreter, data, epochs=1, batch_size=32, seed=0, checkpoint_dir=None,
         epoch, step = divmod(global_step, per_epoch)
         if cloud is not None:
             cloud.step_id = global_step
+        before = interpreter.variables() if rounds > 1 else None  # device writes run between rounds
         try:
             outputs = runner(**batch_at(data, batch_size, seed, epoch, step))
         except RemoteError as e:
             resume = getattr(e, "resume_from", None)
-            if cloud is None or resume is None or resume == global_step:
+            if cloud is None or resume is None:
                 raise
+            if resume == global_step:  # the server lost this step's earlier rounds: run it again
+                again += 1
+                if again > _MAX_AGAIN:
+                    raise RemoteError(f"{e}; step {global_step} was run again {_MAX_AGAIN} times") from None
+                if before is not None:
+                    interpreter.set_variables(before)
+                continue
             saved = _load_state(checkpoint_dir) if checkpoint_dir else None
             if saved is None or saved["global_step"] != resume:
                 raise RemoteError(f"{e}; the device has no checkpoint of step {resume} to resume "
@@ -105,7 +119,7 @@ def fit(interpreter, data, epochs=1, batch_size=32, seed=0, checkpoint_dir=None,
             global_step = _restore(interpreter, checkpoint_dir)
             history = [(g, loss) for g, loss in history if g <= global_step]
             continue
-        global_step += 1
+        global_step, again = global_step + 1, 0
         loss = float(np.asarray(outputs.get("loss", np.nan)).mean())
         history.append((global_step, loss))
         if on_step:

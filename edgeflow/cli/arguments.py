@@ -69,19 +69,45 @@ def add_cloud_args(p):
     p.add_argument("--cloud", metavar="HOST:PORT",
                    help="a device package from `edgeflow split`: run (or train) its cloud part on "
                         "this server")
-    p.add_argument("--token-file", metavar="FILE", help="with --cloud: the server's bearer token")
+    p.add_argument("--token-file", metavar="FILE",
+                   help="with --cloud: the server's bearer token (the file's first line: TOKEN, or "
+                        "TOKEN DEVICE_ID for a per-device token, whose device id is then the default)")
     p.add_argument("--root-cert", metavar="PEM", help="with --cloud: use TLS, trusting this certificate")
+    p.add_argument("--tls-client-cert", metavar="PEM",
+                   help="with --root-cert: this device's certificate, for a server that requires client "
+                        "certificates (with --tls-client-key; its CN is the device id)")
+    p.add_argument("--tls-client-key", metavar="PEM", help="the client certificate's private key")
 
 
 def cloud(args):
-    """{"cloud", "token", "root_cert"} from --cloud, --token-file, --root-cert ({} without --cloud)."""
+    """{"cloud", "token", "root_cert", "client_cert", "client_key", "device_id"} from --cloud,
+    --token-file, --root-cert, --tls-client-cert, --tls-client-key ({} without --cloud);
+    "device_id" is the one a per-device token's line names (else None)."""
+    client_cert, client_key = getattr(args, "tls_client_cert", None), getattr(args, "tls_client_key", None)
     if not args.cloud:
-        if args.token_file or args.root_cert:
-            raise EdgeflowError("--token-file and --root-cert need --cloud HOST:PORT")
+        if args.token_file or args.root_cert or client_cert or client_key:
+            raise EdgeflowError("--token-file, --root-cert and --tls-client-cert/--tls-client-key need "
+                                "--cloud HOST:PORT")
         return {}
-    token = _read_file(args.token_file, "rt").strip() if args.token_file else None
+    if bool(client_cert) != bool(client_key) or (client_cert and not args.root_cert):
+        raise EdgeflowError("--tls-client-cert and --tls-client-key go together, with --root-cert")
+    token = device_id = None
+    if args.token_file:
+        token, device_id = token_line(_read_file(args.token_file, "rt"), args.token_file)
     root = _read_file(args.root_cert, "rb") if args.root_cert else None
-    return {"cloud": args.cloud, "token": token, "root_cert": root}
+    return {"cloud": args.cloud, "token": token, "root_cert": root, "device_id": device_id,
+            "client_cert": _read_file(client_cert, "rb") if client_cert else None,
+            "client_key": _read_file(client_key, "rb") if client_key else None}
+
+
+def token_line(text, where):
+    """(token, device id or None) of a client's token file: its first line that is not a
+    comment, `TOKEN` or `TOKEN DEVICE_ID ...` (a line of the server's per-device file)."""
+    for line in text.splitlines():
+        fields = line.split()
+        if fields and not fields[0].startswith("#"):
+            return fields[0], (fields[1] if len(fields) > 1 and not fields[1].startswith("#") else None)
+    raise EdgeflowError(f"--token-file {where!r} holds no token")
 
 
 def cloud_delegates(args, device_id=None):
@@ -91,7 +117,8 @@ def cloud_delegates(args, device_id=None):
         return []
     from ..cloud import CloudDelegate
     return [CloudDelegate(found["cloud"], token=found["token"], root_cert=found["root_cert"],
-                          device_id=device_id)]
+                          device_id=device_id or found["device_id"], client_cert=found["client_cert"],
+                          client_key=found["client_key"])]
 
 
 def _read_file(path, mode):

@@ -15,16 +15,33 @@ def add_parser(verbs):
     p.add_argument("--port", type=non_negative, default=50051, help="port (default 50051; 0 picks one)")
     p.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate (with --tls-key)")
     p.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    p.add_argument("--tls-client-ca", metavar="PEM",
+                   help="with --tls-cert: require client certificates signed by this CA (mutual TLS); "
+                        "a device's id is its certificate's common name (CN)")
     p.add_argument("--token-file", metavar="FILE",
-                   help="require 'authorization: Bearer <token>' with the token in this file")
+                   help="require 'authorization: Bearer <token>': the file holds one shared token, or "
+                        "one line per device, 'TOKEN DEVICE_ID [MODEL,...]' (the models it may use; "
+                        "default all), '#' starting a comment")
     p.add_argument("--max-request-mb", type=float, default=256,
                    help="largest tensor payload of one request, in MiB (default 256)")
+    p.add_argument("--memory-budget-mb", type=float, metavar="MB",
+                   help="memory the hosted models and the requests in flight may use together, in MiB "
+                        "(default: half the machine's or the container's memory); a request that would "
+                        "pass it waits, then gets RESOURCE_EXHAUSTED")
+    p.add_argument("--model-memory-mb", type=float, metavar="MB",
+                   help="memory one model may use, in MiB (default: the whole --memory-budget-mb)")
+    p.add_argument("--memory-wait", type=float, default=10.0, metavar="S",
+                   help="seconds a request waits for memory before RESOURCE_EXHAUSTED (default 10)")
     p.add_argument("--max-workers", type=positive, default=8, help="requests run at once (default 8)")
     p.add_argument("--threads", type=positive,
                    help="BLAS threads per request (default: the cores / --max-workers, at least 1)")
     p.add_argument("--state-dir", metavar="DIR",
                    help="training state: checkpoints of the models devices train here (split "
                         "training), resumed from on restart")
+    p.add_argument("--max-devices", type=positive, metavar="N",
+                   help="devices whose training state each model keeps: split training (default 256; a "
+                        "new one beyond them replaces one idle for an hour, or is refused with "
+                        "RESOURCE_EXHAUSTED) and the parameter server (default 4096; a new one is refused)")
     p.add_argument("--checkpoint-every", type=positive, default=1, metavar="K",
                    help="with --state-dir: checkpoint after every K-th training step (default 1)")
     p.add_argument("--parameter-server", choices=["sync", "async", "fedavg"], metavar="MODE",

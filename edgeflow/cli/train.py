@@ -77,7 +77,7 @@ def _train_with_parameter_server(args, data):
                             "edgeflow serve --parameter-server MODE)")
     cloud = arguments.cloud(args)
     model_id = args.model_id or os.path.splitext(os.path.basename(args.model))[0]
-    device_id = args.device_id or f"device-{os.getpid()}"
+    device_id = args.device_id or cloud["device_id"] or f"device-{os.getpid()}"
     n = len(next(iter(data.values()))) if data else 0
     total = args.epochs if args.mode == "fedavg" else args.epochs * -(-n // args.batch_size)
     bar = progress(total, f"training ({args.mode})")
@@ -90,7 +90,8 @@ def _train_with_parameter_server(args, data):
         options.update(rounds=args.epochs, local_epochs=args.local_epochs)
     else:
         options.update(epochs=args.epochs)
-    with ParameterClient(args.cloud, token=cloud["token"], root_cert=cloud["root_cert"]) as client:
+    with ParameterClient(args.cloud, token=cloud["token"], root_cert=cloud["root_cert"],
+                         client_cert=cloud["client_cert"], client_key=cloud["client_key"]) as client:
         history = train(args.model, data, client, model_id, device_id, args.mode, **options)
     bar.close()
     if history:

@@ -79,20 +79,27 @@ class Client:
 
     `token`: sent as 'authorization: Bearer <token>'. `root_cert`: PEM of the
     certificate (or CA) the server's TLS certificate must chain to; without it the
-    channel is plaintext. `timeout`: the default deadline of every call, in seconds.
+    channel is plaintext. `client_cert`, `client_key`: PEM of this device's certificate
+    and its private key, for a server that requires client certificates (mutual TLS; the
+    server takes the device id from the certificate's CN). `timeout`: the default deadline of every call, in seconds.
     `max_reply_bytes` caps the tensor bytes one reply may carry. Thread-safe: one client
     serves many threads.
     """
 
-    def __init__(self, target, token=None, root_cert=None, timeout=30.0, max_reply_bytes=1 << 30):
+    def __init__(self, target, token=None, root_cert=None, timeout=30.0, max_reply_bytes=1 << 30,
+                 client_cert=None, client_key=None):
         if token is not None and not (token and token.isascii() and token.isprintable() and " " not in token):
             raise InvalidInputError("Client: expected a token of printable ASCII without spaces")
         if not timeout or timeout <= 0:
             raise InvalidInputError(f"Client: expected a timeout > 0 seconds, got {timeout}")
         self.target, self.timeout, self.max_reply_bytes = target, timeout, max_reply_bytes
+        if (client_cert is None) != (client_key is None) or (client_cert is not None and root_cert is None):
+            raise InvalidInputError("Client: client_cert and client_key go together, and with root_cert (TLS)")
         if root_cert is not None:
-            pem = root_cert.encode() if isinstance(root_cert, str) else bytes(root_cert)
-            self._channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(pem), wire.CHANNEL_OPTIONS)
+            pem, cert, key = (None if v is None else v.encode() if isinstance(v, str) else bytes(v)
+                              for v in (root_cert, client_cert, client_key))
+            credentials = grpc.ssl_channel_credentials(pem, private_key=key, certificate_chain=cert)
+            self._channel = grpc.secure_channel(target, credentials, wire.CHANNEL_OPTIONS)
         else:
             self._channel = grpc.insecure_channel(target, wire.CHANNEL_OPTIONS)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()

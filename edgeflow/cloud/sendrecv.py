@@ -39,7 +39,8 @@ class _Exchange:
 class CloudDelegate(Delegate):
     """Runs a device package's send/recv ops through a cloud `Client` (edgeflow.cloud.client).
 
-    `cloud`: "host:port" (with `token`, `root_cert` for TLS, `timeout` per call) or a
+    `cloud`: "host:port" (with `token`, `root_cert` for TLS, `client_cert` and `client_key`
+    for a server that requires client certificates, `timeout` per call) or a
     Client. What the split chose -- the cloud package's `model_id` and `sha256`, the
     split `signature` and its `local_signature` fallback, `compression`, a training
     package's `rounds` -- comes from the package's "edgeflow.split" metadata unless given
@@ -49,17 +50,20 @@ class CloudDelegate(Delegate):
     identified by (device_id, step_id, round): a round that fails because the server is
     unreachable or slow is retried, with backoff, for up to `retry_s` seconds, and the
     server answers a retry without running it again. `step_id` counts up after each step;
-    a trainer sets it to its global step. `device_id` defaults to a random one.
+    a trainer sets it to its global step. `device_id` defaults to a random one; with a
+    per-device token or a client certificate, give the credential's device id (a server
+    refuses a step under any other: PERMISSION_DENIED).
     """
 
     name = "cloud"
 
     def __init__(self, cloud, token=None, root_cert=None, timeout=None, device_id=None, *,
                  model_id=None, sha256=None, signature=None, local_signature=None, compression=None,
-                 rounds=None):
+                 rounds=None, client_cert=None, client_key=None):
         if isinstance(cloud, str):
             from .client import Client
-            cloud = Client(cloud, token=token, root_cert=root_cert, **({"timeout": timeout} if timeout else {}))
+            cloud = Client(cloud, token=token, root_cert=root_cert, client_cert=client_cert, client_key=client_key,
+                           **({"timeout": timeout} if timeout else {}))
         self.client, self.timeout = cloud, timeout
         self.target = getattr(cloud, "target", "the cloud")
         self._given = {"cloud_model_id": model_id, "cloud_sha256": sha256, "signature": signature,

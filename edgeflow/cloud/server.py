@@ -5,12 +5,21 @@ process (a device can run one on loopback); `serve(args)` is the command. Every 
 is checked before anything runs, and a bad one gets a status saying what was expected:
 INVALID_ARGUMENT (a tensor's name, dtype, shape or bytes; malformed chunks; fetches),
 NOT_FOUND (model id), FAILED_PRECONDITION (package hash), RESOURCE_EXHAUSTED (request
-bytes over the cap), UNAUTHENTICATED (token); anything unexpected is logged and answered
-INTERNAL. The server keeps serving after each. gRPC's standard health service
-(grpc.health.v1) answers without a token.
+bytes over the cap, more memory than the budget leaves (see budget.py), too many training
+devices), UNAUTHENTICATED (token, client certificate),
+PERMISSION_DENIED (a model the caller's token may not use, a step under another device's
+id); anything unexpected is logged and answered INTERNAL. A message that is not even a
+protobuf of the method's type gets INVALID_ARGUMENT. Refusals are logged at most once per
+kind every few seconds (with a count of those left out). The server keeps serving after
+each. gRPC's standard health service (grpc.health.v1) answers without a token.
+
+Identities (edgeflow.cloud.identity): a caller is who its credential says (a per-device
+token, or a client certificate's CN), never what its request claims; a training step
+runs under the caller's device id, and only on a trainable package.
 """
-import hmac
+import ctypes
 import logging
+import math
 import os
 import pathlib
 import signal
@@ -26,15 +35,19 @@ from ..errors import EdgeflowError, GraphError, InvalidInputError
 from . import edgeflow_pb2 as pb
 from . import edgeflow_pb2_grpc as pb_grpc
 from . import wire
+from .identity import ANONYMOUS, Authenticator, Refused, RateLimitedLog, Tokens, is_loopback
+from .budget import DEFAULT_WAIT_S, MemoryBudget, OverBudget, Reservation, default_bytes
 from .models import load_models
-from .steps import StaleStep
+from .steps import StaleStep, TooManyDevices
 
 DEFAULT_PORT = 50051
 DEFAULT_MAX_REQUEST_BYTES = 256 << 20
 SERVICE = pb.DESCRIPTOR.services_by_name["Edgeflow"].full_name  # "edgeflow.v1.Edgeflow"
 _HEALTH_PREFIX = "/grpc.health.v1.Health/"
 _PING_BLOCK = os.urandom(wire.MAX_PING_BYTES)  # incompressible ping replies
+DEFAULT_MAX_DEVICES = 256  # devices whose training state one model keeps (StepHost.max_devices)
 _log = logging.getLogger("edgeflow.cloud")
+_bad_log = RateLimitedLog(_log)  # refused and failed requests: one line per kind per interval
 
 
 class _Reject(Exception):
@@ -46,40 +59,55 @@ class _Reject(Exception):
 
 
 class _Servicer(pb_grpc.EdgeflowServicer):
-    def __init__(self, models, max_request_bytes, state_dir=None, checkpoint_every=1):
+    def __init__(self, models, max_request_bytes, state_dir=None, checkpoint_every=1, auth=None,
+                 max_devices=DEFAULT_MAX_DEVICES, budget=None):
         self.models = models
         self.max_request_bytes = max_request_bytes
         self.state_dir, self.checkpoint_every = state_dir, checkpoint_every
+        self.auth, self.max_devices = auth or Authenticator(), max_devices
+        self.budget = budget  # a MemoryBudget: what requests reserve before they allocate
 
     def Run(self, requests, context):
+        held = []  # the request's memory Reservation, once its model is known
+        try:
+            yield from self._run(requests, context, held)
+        finally:
+            for reservation in held:
+                reservation.close()
+
+    def _run(self, requests, context, held):
         request_id = ""
         try:
-            model, header, feeds = self._read(requests)
+            identity = self.auth.identify(context)
+            model, header, feeds = self._read(requests, context, held, identity)
             request_id = header.request_id
             if not context.is_active():  # cancelled or past its deadline while uploading
                 return
             start = time.perf_counter()
             if header.HasField("step"):  # a round of a split training step
                 step = header.step
-                host = model.step_host(self.state_dir, self.checkpoint_every)
-                outputs = host.round(step.device_id, step.step_id, step.round, feeds, list(header.fetches),
+                host = model.step_host(self.state_dir, self.checkpoint_every, max_devices=self.max_devices)
+                outputs = host.round(identity.device_for(step.device_id), step.step_id, step.round, feeds, list(header.fetches),
                                      list(step.keep), [int(t) for t in step.targets], step.final)
+                held[0].force(sum(a.nbytes for a in outputs.values()) * _ENCODE_COPIES[header.encoding])
             else:
-                with model.interpreter() as interp:
-                    outputs = interp.run(list(header.fetches), feeds)
+                outputs = model.run(list(header.fetches), feeds, held[0], header.encoding)
+            feeds = None  # copied into the plan: what they held is free
+            held[0].give(held[0].feed_bytes)
             seconds = time.perf_counter() - start
         except grpc.RpcError:  # the client went away mid-stream; nobody to answer
             return
-        except _Reject as e:
+        except (_Reject, Refused) as e:
             code, message = e.code, str(e)
-        except wire.PayloadTooLarge as e:
+        except (wire.PayloadTooLarge, TooManyDevices, OverBudget) as e:
             code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)
         except StaleStep as e:  # the device resumes from the step named (parsed by the client)
             code, message = grpc.StatusCode.FAILED_PRECONDITION, f"{e} [resume_from={e.resume_from}]"
         except (InvalidInputError, GraphError) as e:
             code, message = grpc.StatusCode.INVALID_ARGUMENT, str(e)
         except Exception as e:  # a bug or a kernel failure: log it, answer, keep serving
-            _log.exception("Run %s failed", request_id or "(no request id)")
+            _bad_log.log(("Run failed", type(e).__name__), logging.ERROR, "Run %s failed",
+                         request_id or "(no request id)", exc_info=True)
             code, message = grpc.StatusCode.INTERNAL, f"internal error ({type(e).__name__}: {e}); " \
                                                       "the server logged it"
         else:
@@ -90,11 +118,14 @@ class _Servicer(pb_grpc.EdgeflowServicer):
                 for chunk in wire.chunks(name, outputs[name], encoding=header.encoding):
                     yield pb.RunReply(chunk=chunk)
             return
-        _log.info("Run %s: %s: %s", request_id or "(no request id)", code.name, message)
+        _bad_log.log(("Run", code.name), logging.INFO, "Run %s: %s: %s", request_id[:64] or "(no request id)",
+                     code.name, message[:1000])
         context.abort(code, message)
 
-    def _read(self, requests):
-        """The model, header and {name: array} feeds of a Run stream, all checked."""
+    def _read(self, requests, context, held, identity=ANONYMOUS):
+        """The model, header and {name: array} feeds of a Run stream, all checked (the model
+        and the step header against the caller's `identity`); the feeds' bytes are reserved
+        (in a Reservation appended to `held`) as they arrive."""
         requests = iter(requests)
         first = next(requests, None)
         if first is None or first.WhichOneof("kind") != "header":
@@ -104,17 +135,30 @@ class _Servicer(pb_grpc.EdgeflowServicer):
         header = first.header
         model = self.models.get(header.model_id)
         if model is None:
-            raise _Reject(grpc.StatusCode.NOT_FOUND, f"no model {header.model_id!r}; this server hosts "
-                                                     f"{sorted(self.models)}")
+            raise _Reject(grpc.StatusCode.NOT_FOUND, f"no model {header.model_id[:200]!r}; this server hosts "
+                                                     f"{sorted(m for m in self.models if identity.may_use(m))}")
+        identity.check_model(model.id)
         if header.model_sha256 and header.model_sha256.lower() != model.sha256:
             raise _Reject(grpc.StatusCode.FAILED_PRECONDITION,
                           f"model {model.id!r}: expected package sha256 {header.model_sha256}, "
                           f"this server hosts sha256 {model.sha256}")
         model.check_fetches(list(header.fetches), allow_none=header.HasField("step"))
+        if header.HasField("step"):
+            if not model.trainable:
+                raise _Reject(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"model {model.id!r} is not a trainable split package (no 'train' signature "
+                              "that updates variables): a Run on it may not carry a training step")
+            identity.device_for(header.step.device_id)  # before the upload: the caller's id, valid
+            model.check_targets([int(t) for t in header.step.targets])
         if header.encoding not in wire.ENCODINGS.values():
             raise _Reject(grpc.StatusCode.INVALID_ARGUMENT, f"encoding {header.encoding!r}: expected "
                                                             "'', 'fp16' or 'int8'")
-        tensors = wire.Assembler(self.max_request_bytes, model.check_feed, "feed")
+        left = context.time_remaining()
+        budget = self.budget
+        held.append(Reservation(budget, model.id, None if budget is None or left is None
+                                else max(0.0, min(budget.wait_s, left))))
+        held[0].add(_STREAM_BYTES, "a request")
+        tensors = _Reserving(self.max_request_bytes, model.check_feed, held[0])
         for message in requests:
             if message.WhichOneof("kind") != "chunk":
                 raise _Reject(grpc.StatusCode.INVALID_ARGUMENT,
@@ -124,13 +168,42 @@ class _Servicer(pb_grpc.EdgeflowServicer):
         return model, header, tensors.finish()
 
     def ListModels(self, request, context):
-        return pb.ListModelsReply(models=[_model_info(m) for m in self.models.values()])
+        try:
+            identity = self.auth.identify(context)
+        except Refused as e:
+            context.abort(e.code, str(e))
+        return pb.ListModelsReply(models=[_model_info(m) for m in self.models.values() if identity.may_use(m.id)])
 
     def Ping(self, request, context):
         if request.reply_bytes > wire.MAX_PING_BYTES:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"expected reply_bytes <= {wire.MAX_PING_BYTES}, got {request.reply_bytes}")
         return pb.PingReply(payload=_PING_BLOCK[:request.reply_bytes])
+
+
+# What gRPC and protobuf hold for one request while it streams, besides its tensors: a
+# chunk as received, parsed and copied, and a reply chunk as sliced, serialized and sent.
+_STREAM_BYTES = 8 * wire.CHUNK_BYTES
+_ENCODE_COPIES = {"": 1, "fp16": 2, "int8": 4}  # wire.encode's temporaries per output byte
+_DECODE_COPIES = {"": 1, "fp16": 1.5, "int8": 2.25}  # a feed's buffer and decoding, per decoded byte
+
+
+class _Reserving(wire.Assembler):
+    """An Assembler that reserves each feed's bytes (its buffer and its decoding) in a
+    Reservation before they are written."""
+
+    def __init__(self, max_bytes, expect, reservation):
+        super().__init__(max_bytes, expect, "feed")
+        self.reservation = reservation
+        reservation.feed_bytes = 0
+
+    def _start(self, chunk):
+        part = super()._start(chunk)
+        copies = 2 if part.dtype == dtypes.bool_ else _DECODE_COPIES[part.encoding]
+        nbytes = math.ceil(math.prod(part.shape) * part.dtype.itemsize * copies)
+        self.reservation.add(nbytes, f"feed {part.name!r}")
+        self.reservation.feed_bytes += nbytes
+        return part
 
 
 def _tensor_info(name, tensor):
@@ -146,35 +219,90 @@ def _model_info(model):
                     for key, ins, outs in model.signatures()])
 
 
-class _TokenCheck(grpc.ServerInterceptor):
-    """Refuses calls without 'authorization: Bearer <token>' (UNAUTHENTICATED); health
-    checks stay open, so that load balancers and `wait_ready` need no token."""
+class _Undecodable:
+    """What a request message that is not a protobuf of its method's type decodes to."""
 
-    def __init__(self, token):
-        self._expected = f"Bearer {token}".encode()
+    def __init__(self, error):
+        self.error = error
+
+
+def _tolerant(deserializer, method):
+    """`deserializer`, returning an _Undecodable instead of raising (which grpc logs as an
+    ERROR with a traceback for every bad message, and answers INTERNAL)."""
+    if deserializer is None:
+        return None
+
+    def deserialize(data):
+        try:
+            return deserializer(data)
+        except Exception as e:  # protobuf's DecodeError, or worse
+            _bad_log.log(("undecodable", method), logging.INFO, "%s: a request message is not a valid "
+                         "protobuf (%s: %s); answered INVALID_ARGUMENT", method, type(e).__name__, e)
+            return _Undecodable(e)
+    return deserialize
+
+
+def _undecodable(method, error):
+    return f"{method}: expected a protobuf message of the method's request type, got bytes that do not " \
+           f"parse ({type(error).__name__})"
+
+
+class _Guard(grpc.ServerInterceptor):
+    """Every call but health checks: refuses one without a valid token (UNAUTHENTICATED,
+    when the server has tokens), and answers INVALID_ARGUMENT to request messages that do
+    not parse, logging them rate-limited. Health checks stay open, so that load balancers
+    and `wait_ready` need no token. (The servicers take the caller's identity from the
+    call's context: Authenticator.identify.)"""
+
+    def __init__(self, auth):
+        self.auth = auth
 
     def intercept_service(self, continuation, details):
         handler = continuation(details)
         if handler is None or details.method.startswith(_HEALTH_PREFIX):
             return handler
-        got = next((v for k, v in details.invocation_metadata or () if k == "authorization"), None)
-        if got is not None and hmac.compare_digest(str(got).encode(), self._expected):
-            return handler
-        reason = ("wrong token in 'authorization: Bearer <token>'" if got is not None else
-                  "expected the metadata 'authorization: Bearer <token>'")
-        return _rejecting(handler, grpc.StatusCode.UNAUTHENTICATED, reason)
+        method = details.method
+        try:
+            self.auth.check_token(details.invocation_metadata)
+        except Refused as e:
+            _bad_log.log(("refused", e.code.name), logging.INFO, "%s: %s: %s", method, e.code.name, e)
+            return _rejecting(handler, e.code, str(e), method)
+        kind = handler.request_streaming, handler.response_streaming
+        behavior = {(False, False): handler.unary_unary, (False, True): handler.unary_stream,
+                    (True, False): handler.stream_unary, (True, True): handler.stream_stream}[kind]
+        if handler.request_streaming:
+            def guarded(requests, context):
+                return behavior(_checked(requests, method), context)
+        else:
+            def guarded(request, context):
+                if isinstance(request, _Undecodable):
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, _undecodable(method, request.error))
+                return behavior(request, context)
+        return _MAKE[kind](guarded, request_deserializer=_tolerant(handler.request_deserializer, method),
+                           response_serializer=handler.response_serializer)
 
 
-def _rejecting(handler, code, message):
+def _checked(requests, method):
+    """The messages of a request stream; InvalidInputError (INVALID_ARGUMENT) at one that
+    did not parse."""
+    for request in requests:
+        if isinstance(request, _Undecodable):
+            raise InvalidInputError(_undecodable(method, request.error))
+        yield request
+
+
+_MAKE = {(False, False): grpc.unary_unary_rpc_method_handler,
+         (False, True): grpc.unary_stream_rpc_method_handler,
+         (True, False): grpc.stream_unary_rpc_method_handler,
+         (True, True): grpc.stream_stream_rpc_method_handler}
+
+
+def _rejecting(handler, code, message, method=""):
     """A handler of the same kind as `handler` that aborts every call with `code`."""
     def reject(request, context):
         context.abort(code, message)
-    make = {(False, False): grpc.unary_unary_rpc_method_handler,
-            (False, True): grpc.unary_stream_rpc_method_handler,
-            (True, False): grpc.stream_unary_rpc_method_handler,
-            (True, True): grpc.stream_stream_rpc_method_handler}
-    return make[handler.request_streaming, handler.response_streaming](
-        reject, request_deserializer=handler.request_deserializer,
+    return _MAKE[handler.request_streaming, handler.response_streaming](
+        reject, request_deserializer=_tolerant(handler.request_deserializer, method),
         response_serializer=handler.response_serializer)
 
 
@@ -183,25 +311,43 @@ class Server:
 
     `model_dir`: every `*.efl` in it (a bad file is logged and skipped); `models`:
     {id: path or package bytes} hosted as well (a bad one raises). `token`: callers must
-    send 'authorization: Bearer <token>'. `tls`: (cert_pem, key_pem) bytes to serve TLS.
-    `max_request_bytes` caps the tensor bytes of one Run request. `start()` binds and
-    returns the port (`port=0` picks a free one); use it as a context manager to stop it.
+    send 'authorization: Bearer <token>': one shared token (a str), or a
+    identity.Tokens (per-device tokens: `Tokens.parse(token file text)`). `tls`:
+    (cert_pem, key_pem) bytes to serve TLS; `tls_client_ca`: PEM of the CA client
+    certificates must be signed by (mutual TLS; the device id is the certificate's CN).
+    `max_devices`: devices whose training state each trained model keeps.
+    `max_request_bytes` caps the tensor bytes of one Run request. `memory_budget_bytes`
+    (default: half the machine's memory) bounds what the models keep and the requests in
+    flight use, `model_memory_bytes` what one model may (default: the whole budget); a
+    request that does not fit waits up to `memory_wait_s` seconds, then gets
+    RESOURCE_EXHAUSTED (see budget.py). `start()` binds and returns the port (`port=0`
+    picks a free one); use it as a context manager to stop it.
     """
 
     def __init__(self, model_dir=None, host="127.0.0.1", port=0, token=None, tls=None, max_workers=8,
                  models=None, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, state_dir=None,
-                 checkpoint_every=1, parameter_server=None, threads=None):
+                 checkpoint_every=1, parameter_server=None, threads=None,
+                 tls_client_ca=None, max_devices=DEFAULT_MAX_DEVICES, memory_budget_bytes=None,
+                 model_memory_bytes=None, memory_wait_s=DEFAULT_WAIT_S):
         if model_dir is None and not models and parameter_server is None:
             raise EdgeflowError("Server: give a model_dir, models={id: path or bytes} or a parameter_server")
         if tls is not None and (len(tls) != 2 or not all(tls)):
             raise EdgeflowError("Server: tls expects (certificate PEM, private key PEM)")
         if token is not None and not token:
             raise EdgeflowError("Server: the token is empty")
+        if tls_client_ca is not None and tls is None:
+            raise EdgeflowError("Server: tls_client_ca (client certificates) needs tls=(cert, key)")
+        tokens = None if token is None else token if isinstance(token, Tokens) else Tokens(shared=token)
+        self.auth = Authenticator(tokens, client_certificates=tls_client_ca is not None)
+        self.tls_client_ca, self.max_devices = tls_client_ca, max_devices
         # Requests run `max_workers` at a time: BLAS gets a share of the cores per request,
         # not all of them each (oversubscribed, 32 devices saw 3 s p99 instead of 1 s).
         self.threads = threads or max(1, (os.cpu_count() or 1) // max_workers)
         self._blas = None
         self.models = load_models(model_dir, models)
+        self.budget = MemoryBudget(memory_budget_bytes or default_bytes(), model_memory_bytes, memory_wait_s)
+        for model in self.models.values():
+            model.use_budget(self.budget)
         self.host, self.port, self.token, self.tls = host, port, token, tls
         self.max_workers, self.max_request_bytes = max_workers, max_request_bytes
         self.state_dir, self.checkpoint_every = state_dir, checkpoint_every
@@ -220,9 +366,10 @@ class Server:
             raise EdgeflowError(f"the server on {self.address} is already started")
         server = grpc.server(futures.ThreadPoolExecutor(self.max_workers, thread_name_prefix="edgeflow-rpc"),
                              options=wire.CHANNEL_OPTIONS + [("grpc.so_reuseport", 0)],
-                             interceptors=[_TokenCheck(self.token)] if self.token else [])
+                             interceptors=[_Guard(self.auth)])
         pb_grpc.add_EdgeflowServicer_to_server(
-            _Servicer(self.models, self.max_request_bytes, self.state_dir, self.checkpoint_every), server)
+            _Servicer(self.models, self.max_request_bytes, self.state_dir, self.checkpoint_every,
+                      self.auth, self.max_devices, self.budget), server)
         try:  # process-wide, while serving: per-request limits would race between threads
             from threadpoolctl import threadpool_limits
             self._blas = threadpool_limits(self.threads)
@@ -231,11 +378,14 @@ class Server:
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         if self.parameter_server is not None:
-            self.parameter_server.add_to_server(server, self._health)
+            self.parameter_server.add_to_server(server, self._health, self.auth)
         try:
             if self.tls:
                 cert, key = (v.encode() if isinstance(v, str) else bytes(v) for v in self.tls)
-                port = server.add_secure_port(self.address, grpc.ssl_server_credentials([(key, cert)]))
+                ca = self.tls_client_ca
+                ca = ca.encode() if isinstance(ca, str) else None if ca is None else bytes(ca)
+                port = server.add_secure_port(self.address, grpc.ssl_server_credentials(
+                    [(key, cert)], root_certificates=ca, require_client_auth=ca is not None))
             else:
                 port = server.add_insecure_port(self.address)
         except RuntimeError as e:  # grpc's "Failed to bind to address ..."
@@ -243,6 +393,10 @@ class Server:
             raise EdgeflowError(f"cannot listen on {self.address}: {e}") from None
         server.start()
         self.port, self._server = port, server
+        if self.token and not self.tls and not is_loopback(self.host):
+            _log.warning("tokens are required but sent in plaintext: %s is not a loopback address and "
+                         "there is no TLS (give --tls-cert and --tls-key); anyone on the path can read "
+                         "them", self.host)
         for service in ("", SERVICE):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         return port
@@ -288,22 +442,47 @@ def _trainable(path):
         return False  # load_models logs and skips it
 
 
+def _mib(mb):
+    return None if mb is None else int(mb * (1 << 20))
+
+
+def _return_freed_memory():
+    """Have glibc's malloc map every block of 1 MiB or more on its own, so that freeing it
+    returns it to the system (by default the threshold grows to 32 MiB as blocks are freed,
+    and freed heap memory stays in the process: RSS would keep what a past request used),
+    and keep two heaps, not eight per core."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-8, 2)  # M_ARENA_MAX: worker threads share heaps, not one each to keep freed memory in
+    except (OSError, AttributeError):
+        pass  # not glibc: its allocator decides
+
+
 def serve(args):
     """`edgeflow serve`: host the models in args.model_dir until SIGTERM or SIGINT."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     token = None
     if args.token_file:
-        token = _read_file(args.token_file, "--token-file").decode("utf-8", "replace").strip()
-        if not token:
-            raise EdgeflowError(f"--token-file {args.token_file!r} is empty")
+        text = _read_file(args.token_file, "--token-file").decode("utf-8", "replace")
+        token = Tokens.parse(text, f"--token-file {args.token_file!r}")  # one shared token, or per device
     if not args.max_request_mb > 0 or not args.grace >= 0:
         raise EdgeflowError(f"expected --max-request-mb > 0 and --grace >= 0, got {args.max_request_mb} "
                             f"and {args.grace}")
+    budget_mb, model_mb = getattr(args, "memory_budget_mb", None), getattr(args, "model_memory_mb", None)
+    wait_s = getattr(args, "memory_wait", DEFAULT_WAIT_S)
+    if any(v is not None and not v > 0 for v in (budget_mb, model_mb)) or not wait_s >= 0:
+        raise EdgeflowError(f"expected --memory-budget-mb and --model-memory-mb > 0 and --memory-wait >= 0, "
+                            f"got {budget_mb}, {model_mb} and {wait_s}")
     if bool(args.tls_cert) != bool(args.tls_key):
         raise EdgeflowError("--tls-cert and --tls-key go together")
     tls = (_read_file(args.tls_cert, "--tls-cert"), _read_file(args.tls_key, "--tls-key")) \
         if args.tls_cert else None
+    client_ca = getattr(args, "tls_client_ca", None)
+    if client_ca and not tls:
+        raise EdgeflowError("--tls-client-ca needs --tls-cert and --tls-key")
+    client_ca = _read_file(client_ca, "--tls-client-ca") if client_ca else None
     parameter_server = None
     if getattr(args, "parameter_server", None):
         from .ps.service import ParameterService
@@ -315,19 +494,26 @@ def serve(args):
         parameter_server = ParameterService(
             trainable, mode=args.parameter_server, replicas=args.replicas,
             checkpoint_dir=os.path.join(args.state_dir, "ps") if args.state_dir else None,
-            checkpoint_every=args.checkpoint_every)
+            checkpoint_every=args.checkpoint_every, max_devices=getattr(args, "max_devices", None) or 4096)
         _log.info("parameter server (%s, %d replicas) for %s", args.parameter_server, args.replicas,
                   sorted(trainable))
     server = Server(args.model_dir, host=args.host, port=args.port, token=token, tls=tls,
                     max_workers=args.max_workers, max_request_bytes=int(args.max_request_mb * (1 << 20)),
                     state_dir=args.state_dir, checkpoint_every=args.checkpoint_every,
-                    parameter_server=parameter_server, threads=getattr(args, "threads", None))
+                    parameter_server=parameter_server, threads=getattr(args, "threads", None),
+                    tls_client_ca=client_ca, max_devices=getattr(args, "max_devices", None) or DEFAULT_MAX_DEVICES,
+                    memory_budget_bytes=_mib(budget_mb), model_memory_bytes=_mib(model_mb),
+                    memory_wait_s=wait_s)
+    _return_freed_memory()
+    _log.info("memory budget %d MiB (%s per model)", server.budget.limit >> 20,
+              f"{server.budget.model_limit >> 20} MiB" if model_mb else "all of it")
     for model in server.models.values():
         _log.info("model %r: sha256 %s, %d bytes, from %s", model.id, model.sha256, model.file_bytes,
                   model.source)
     server.start()
-    _log.info("serving %d models on %s%s%s", len(server.models), server.address,
-              " with TLS" if tls else "", ", token required" if token else "")
+    _log.info("serving %d models on %s%s%s%s", len(server.models), server.address,
+              " with TLS" if tls else "", ", client certificates required" if client_ca else "",
+              "" if token is None else ", per-device tokens required" if token.per_device else ", token required")
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.set())

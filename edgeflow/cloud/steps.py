@@ -18,11 +18,24 @@ CRC-checked npz: temp file, fsync, rename) before the reply goes out; a new host
 from it. A device that is ahead of a restarted server is told the step to resume from
 (`StaleStep.resume_from`): it restores its own checkpoint of that step (it checkpoints on
 the same steps) and trains on from there, so no step is lost or applied twice.
+
+Devices: a device id is the caller's (the server takes it from the credential; see
+edgeflow.cloud.identity) and at most identity.MAX_DEVICE_ID characters. A host keeps at
+most `max_devices` devices' records (last finished step, last replies): a new device
+beyond them takes the place of the one idle longest, if that one has been idle for
+`device_idle_s` (it is forgotten: were it to come back and retry a step it finished, the
+step would run again), else it is refused with TooManyDevices (RESOURCE_EXHAUSTED), so
+neither memory nor the checkpoint grows with made-up ids.
+
+State folders: `state_folder(state_dir, model_id)` names a model's folder by a sanitised
+id (plus a hash of the id when sanitising changed it), never by the id itself.
 """
 import collections
+import hashlib
 import json
 import logging
 import os
+import re
 import threading
 import time
 import zipfile
@@ -30,7 +43,8 @@ import zipfile
 import numpy as np
 
 from ..atomic import atomic_file
-from ..errors import FormatError, InvalidInputError
+from ..errors import EdgeflowError, FormatError, InvalidInputError
+from .identity import check_device_id
 
 _log = logging.getLogger("edgeflow.cloud")
 CHECKPOINT = "steps.npz"
@@ -44,9 +58,32 @@ class StaleStep(InvalidInputError):
         self.resume_from = resume_from
 
 
+class TooManyDevices(EdgeflowError):
+    """A new device when the host already keeps `max_devices` devices, none idle long enough
+    to forget (the server answers RESOURCE_EXHAUSTED)."""
+
+
+def state_name(model_id, max_chars=64):
+    """A file name for `model_id` that stays in its folder: its characters outside
+    [A-Za-z0-9_.-] replaced by '_', no leading '.', at most `max_chars`, and if that changed
+    anything, 12 hex digits of the id's SHA-256 appended (distinct ids, distinct names)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", model_id)[:max_chars]
+    if safe.startswith("."):
+        safe = "_" + safe[1:]
+    if safe != model_id:
+        safe += "-" + hashlib.sha256(model_id.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return safe
+
+
+def state_folder(state_dir, model_id):
+    """The folder under `state_dir` of a model's training state (see state_name)."""
+    return os.path.join(state_dir, state_name(model_id))
+
+
 class StepHost:
     def __init__(self, interpreter, state_dir=None, checkpoint_every=1, max_steps=64,
-                 max_bytes=512 << 20, timeout_s=300.0, name="model"):
+                 max_bytes=512 << 20, timeout_s=300.0, name="model", max_devices=256,
+                 device_idle_s=3600.0, legacy_state_dir=None):
         if checkpoint_every < 1:
             raise InvalidInputError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
         self.interp, self.name = interpreter, name
@@ -56,20 +93,27 @@ class StepHost:
         self.pending = {}  # (device, step) -> {"tensors": {name: array}, "round": last round, "at": time}
         self.replies = {}  # device -> (step, {round: reply})
         self.finished = {}  # device -> last finished step
+        self.max_devices, self.device_idle_s = max_devices, device_idle_s
+        self.seen = {}  # device -> when its last round came (time.time(): survives restarts)
         self.updates = 0  # steps whose writes ran (what a test counts)
         self.received = collections.deque(maxlen=1024)  # the tensors recent rounds carried (names)
         if state_dir:
             os.makedirs(state_dir, exist_ok=True)
             if os.path.exists(self._path()):
                 self._restore()
+            elif legacy_state_dir and os.path.exists(os.path.join(legacy_state_dir, CHECKPOINT)):
+                # The layout before state folders were sanitised: read it once; the next
+                # checkpoint goes to the new folder.
+                self._restore(os.path.join(legacy_state_dir, CHECKPOINT))
 
     # -- a round -----------------------------------------------------------------------
     def round(self, device, step, round_no, feeds, fetches, keep=(), targets=(), final=False):
         """{name: array} of `fetches`; StaleStep when the round must not run."""
-        if not device or round_no < 1:
-            raise InvalidInputError(f"a training step needs a device id and a round >= 1, got "
-                                    f"{device!r} and round {round_no}")
+        check_device_id(device)
+        if round_no < 1:
+            raise InvalidInputError(f"a training step needs a round >= 1, got round {round_no}")
         with self.lock:
+            self._admit(device)
             self.received.append(sorted(feeds))
             last_step, done = self.replies.get(device, (None, {}))
             if last_step == step and round_no in done:
@@ -105,6 +149,28 @@ class StepHost:
                 self._checkpoint()
             return reply
 
+    def _admit(self, device):
+        """Note that `device` is active; make room for it if it is new (TooManyDevices
+        when no device has been idle for device_idle_s)."""
+        now = time.time()
+        if device not in self.seen and len(self.seen) >= self.max_devices:
+            oldest = min(self.seen, key=self.seen.get)
+            if now - self.seen[oldest] < self.device_idle_s:
+                raise TooManyDevices(f"{self.name}: this server keeps the training state of at most "
+                                     f"{self.max_devices} devices, and none has been idle for "
+                                     f"{self.device_idle_s:g} s; try again later")
+            _log.info("%s: forgot device %r (idle for %.0f s) to make room", self.name, oldest,
+                      now - self.seen[oldest])
+            self._forget(oldest)
+        self.seen[device] = now
+
+    def _forget(self, device):
+        self.seen.pop(device, None)
+        self.replies.pop(device, None)
+        self.finished.pop(device, None)
+        for key in [k for k in self.pending if k[0] == device]:
+            del self.pending[key]
+
     def _expire(self):
         """Drop steps idle past timeout_s, then the oldest beyond max_steps or max_bytes."""
         now = time.monotonic()
@@ -135,30 +201,35 @@ class StepHost:
         for device, (step, rounds) in self.replies.items():
             if self.finished.get(device) == step and rounds:
                 last = max(rounds)
-                finals[device] = [step, last, sorted(rounds[last])]
-                arrays.update((f"reply/{device}/{n}", a) for n, a in rounds[last].items())
-        meta = {"finished": self.finished, "finals": finals, "updates": self.updates}
+                k = len(finals)  # members are numbered: a device id never names a member
+                finals[device] = [step, last, sorted(rounds[last]), k]
+                arrays.update((f"reply/{k}/{n}", a) for n, a in rounds[last].items())
+        meta = {"finished": self.finished, "finals": finals, "updates": self.updates, "seen": self.seen}
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
         with atomic_file(self._path()) as f:
             np.savez(f, **arrays)
 
-    def _restore(self):
+    def _restore(self, path=None):
+        path = path or self._path()
         expected = self.interp.variables()
         try:
-            with np.load(self._path(), allow_pickle=False) as z:
+            with np.load(path, allow_pickle=False) as z:
                 data = {k: z[k] for k in z.files}  # reading checks every member's CRC-32
             meta = json.loads(bytes(data.pop("meta")).decode())
         except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as e:
-            raise FormatError(f"{self._path()}: not a readable step checkpoint ({e})") from None
+            raise FormatError(f"{path}: not a readable step checkpoint ({e})") from None
         values = {k[4:]: v for k, v in data.items() if k.startswith("var/")}
         for name, value in expected.items():
             got = values.get(name)
             if got is None or got.shape != value.shape or got.dtype != value.dtype:
-                raise FormatError(f"{self._path()}: variable {name!r} is missing or is not "
+                raise FormatError(f"{path}: variable {name!r} is missing or is not "
                                   f"{value.dtype}{list(value.shape)}: the checkpoint is of another model")
         self.interp.get_signature_runner("restore")(**{n: values[n] for n in expected})
         self.finished = {d: int(s) for d, s in meta["finished"].items()}
         self.updates = int(meta.get("updates", 0))
-        for device, (step, round_no, names) in meta["finals"].items():
-            self.replies[device] = (step, {round_no: {n: data[f"reply/{device}/{n}"] for n in names}})
-        _log.info("%s: resumed from %s (%d steps applied)", self.name, self._path(), self.updates)
+        for device, (step, round_no, names, *k) in meta["finals"].items():
+            member = k[0] if k else device  # checkpoints before numbered members: by device id
+            self.replies[device] = (step, {round_no: {n: data[f"reply/{member}/{n}"] for n in names}})
+        now = time.time()  # checkpoints before `seen`: every device as if active now
+        self.seen = {d: float(meta.get("seen", {}).get(d, now)) for d in set(self.finished) | set(self.replies)}
+        _log.info("%s: resumed from %s (%d steps applied)", self.name, path, self.updates)

@@ -3,6 +3,7 @@
     roles = metadata.roles(model)        # Roles or None: "edgeflow.roles"
     info = metadata.split(model)         # dict or None: "edgeflow.split"
     name = metadata.model_id(model)      # str or None: "edgeflow.model_id"
+    extra = metadata.fetchable(model)    # set of names, or None: "edgeflow.fetchable"
     model.metadata.update(metadata.roles_entry(grad, update, gradients))
 
 One strictness everywhere: a malformed entry raises FormatError naming the key and what
@@ -17,6 +18,7 @@ from ..errors import FormatError
 ROLES = "edgeflow.roles"
 SPLIT = "edgeflow.split"
 MODEL_ID = "edgeflow.model_id"
+FETCHABLE = "edgeflow.fetchable"
 
 _ENCODINGS = ("none", "fp16", "int8")
 _KINDS = ("infer", "train")
@@ -155,6 +157,29 @@ def model_id_entry(name):
     return {MODEL_ID: name.encode("utf-8")}
 
 
+def fetchable(model):
+    """The tensors a server may also give out besides the package's outputs and cut tensors
+    ("edgeflow.fetchable": {"tensors": [names of subgraph 0's tensors, or "*" for all]}),
+    as a set of names (None if the package opts in to nothing more)."""
+    expected = 'a JSON object {"tensors": ["*" or names of subgraph 0\'s tensors]}'
+    data = _json(model, FETCHABLE, expected)
+    if data is None:
+        return None
+    names = data.get("tensors")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        _fail(FETCHABLE, expected, f"got {names!r:.60}")
+    known = {t.name for t in model.subgraphs[0].tensors} if model.subgraphs else set()
+    unknown = [n for n in names if n != "*" and n not in known]
+    if unknown:
+        _fail(FETCHABLE, expected, f"no tensor {unknown[0][:40]!r}")
+    return set(names)
+
+
+def fetchable_entry(names):
+    """{FETCHABLE: bytes} letting a server give out the tensors `names` ("*": every one)."""
+    return {FETCHABLE: json.dumps({"tensors": sorted(names)}).encode()}
+
+
 def without(metadata, *keys):
     """A copy of a metadata dict less `keys` (entries a derived package must not inherit)."""
     return {k: v for k, v in metadata.items() if k not in keys}
@@ -165,3 +190,4 @@ def check(model):
     roles(model)
     split(model)
     model_id(model)
+    fetchable(model)

@@ -15,6 +15,7 @@ import bisect
 import contextlib
 import contextvars
 import math
+import mmap
 import os
 
 import numpy as np
@@ -56,6 +57,25 @@ class TooLarge(InvalidInputError):
     def __init__(self, message, nbytes):
         super().__init__(message)
         self.nbytes = nbytes
+
+
+_MAPPED_MIN = 1 << 20  # blocks this large get their own mapping, whose pages `release` returns
+
+
+def new_block(nbytes):
+    """An uninitialised uint8 array of `nbytes`: a private anonymous mapping from 1 MiB on
+    (where madvise exists), so that `release` can give its pages back without unmapping it."""
+    if nbytes < _MAPPED_MIN or not hasattr(mmap, "MADV_DONTNEED"):
+        return np.empty(nbytes, np.uint8)
+    return np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE), np.uint8)
+
+
+def release(array):
+    """Give the pages of a `new_block` back to the system (its contents become zeros, its views
+    stay valid: the next write maps fresh pages); a no-op for a small block."""
+    base = array.base.obj if isinstance(array.base, memoryview) else array.base
+    if isinstance(base, mmap.mmap):
+        base.madvise(mmap.MADV_DONTNEED)
 
 
 def aligned(n):
@@ -133,8 +153,13 @@ class Arena:
 
     def __init__(self, nbytes):
         self.nbytes = nbytes
-        self._block = np.empty(nbytes + ALIGNMENT, np.uint8)
+        self._block = new_block(nbytes + ALIGNMENT)
         self._base = -self._block.ctypes.data % ALIGNMENT
+
+    def release(self):
+        """Return the arena's pages until the next run writes them (its values are lost:
+        a plan's caller copies inputs in before every run)."""
+        release(self._block)
 
     def view(self, offset, shape, dtype):
         size = nbytes(shape, dtype)
@@ -165,6 +190,12 @@ class Workspace:
         """Bytes reserved (the blocks' sizes); the pages the steps write are what they use."""
         return sum(b.nbytes - ALIGNMENT for b in self.blocks)
 
+    def release(self):
+        """Return the blocks' pages until a step writes them again (scratch holds anything
+        between runs)."""
+        for b in self.blocks:
+            release(b)
+
     @contextlib.contextmanager
     def step(self):
         """Binding one step: `scratch` draws from this workspace, from offset 0."""
@@ -184,7 +215,7 @@ class Workspace:
             # this step took from the old one stays there, and overlaps nothing it takes now.
             start, end = 0, aligned(size)
             last = self.blocks[-1].nbytes - ALIGNMENT if self.blocks else 0
-            self.blocks.append(np.empty(max(end, 2 * last) + ALIGNMENT, np.uint8))
+            self.blocks.append(new_block(max(end, 2 * last) + ALIGNMENT))
         block = self.blocks[-1]
         self._cursor = end
         base = -block.ctypes.data % ALIGNMENT + start

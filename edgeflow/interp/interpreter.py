@@ -71,6 +71,7 @@ class Interpreter:
                               for i in self._io[0]}
         self._plan = None
         self._names = None
+        self._produced = None  # the tensors some op writes (run() checks fetches against them)
         self._update_ops = _update_ops(self.model)
         self._value_routes = set()  # (feeds, fetches) whose plans need small int feeds' values
         self.profiler = None
@@ -141,9 +142,22 @@ class Interpreter:
         from . import checkpoint
         tensors = self._subgraph.tensors
         expected = {tensors[i].name: (a.dtype, a.shape) for i, a in self._variables.items()}
-        values = checkpoint.read(path, expected)
-        for i, a in self._variables.items():
-            np.copyto(a, values[tensors[i].name])
+        self.set_variables(checkpoint.read(path, expected))
+
+    def set_variables(self, values):
+        """Set the variables named in `values` ({name: array}, as `variables()` gives);
+        InvalidInputError, changing nothing, if one is unknown or of another dtype or shape."""
+        tensors = self._subgraph.tensors
+        index = {tensors[i].name: i for i in self._variables}
+        for name, value in values.items():
+            a = self._variables.get(index.get(name))
+            value = np.asarray(value)
+            if a is None or value.dtype != a.dtype or value.shape != a.shape:
+                raise InvalidInputError(f"variable {name!r}: expected " + (
+                    f"{a.dtype}{list(a.shape)}, got {value.dtype}{list(value.shape)}" if a is not None
+                    else f"one of the model's variables {sorted(index)[:10]}"))
+        for name, value in values.items():
+            np.copyto(self._variables[index[name]], value)
 
     def export(self, path):
         """Write a new `.efl` model whose variables start at their current values."""
@@ -185,16 +199,24 @@ class Interpreter:
             raise InvalidInputError(f"the model has no tensor {name!r}")
         return self._names[name]
 
-    def run(self, fetches, feeds, targets=()):
+    def run(self, fetches, feeds, targets=(), reserve=None):
         """{name: value} of the tensors `fetches`, computed from `feeds` ({tensor name:
         array}), which may be intermediate tensors: only the ops between them run, as in a
         TensorFlow Session; `targets` (operator indices, such as variable writes) run too.
-        Serves split inference and training, where each side runs part of a graph."""
+        Serves split inference and training, where each side runs part of a graph.
+        `reserve(plan, outputs)`, if given, is a context manager entered once the plan is
+        known and before anything runs (a server reserves its memory there; it may raise),
+        around the run and the copies of the outputs (`outputs`: their tensor indices)."""
         values = {}
         for name, v in feeds.items():
             i = self.tensor_index(name)
             values[i] = as_input(self._subgraph.tensors[i], v, f"feed {name!r}")
         outs = [self.tensor_index(n) for n in fetches]
+        if self._produced is None:
+            self._produced = {t for op in self._subgraph.operators for t in op.outputs}
+        for name, i in zip(fetches, outs):
+            if i not in values and i not in self._produced and i not in self._constants and i not in self._variables:
+                raise InvalidInputError(f"fetch {name!r} is an input of the model that no feed gives")
         shapes = {i: v.shape for i, v in values.items()}
         # A fed small integer tensor may be a shape computed upstream (Shape -> Gather ->
         # Concat), as when the other side of a split sends it: then plan for its value.
@@ -216,10 +238,11 @@ class Interpreter:
         if staged and known and routes not in self._value_routes:
             self._value_routes.add(routes)  # one plan per value beats a staged plan
             plan = self.plan_for(list(values), outs, shapes, targets, known=known)
-        for i, v in values.items():
-            np.copyto(plan.arrays[i], v)
-        self.run_plan(plan)
-        return {n: np.array(plan.arrays[i]) for n, i in zip(fetches, outs)}
+        with reserve(plan, outs) if reserve is not None else contextlib.nullcontext():
+            for i, v in values.items():
+                np.copyto(plan.arrays[i], v)
+            self.run_plan(plan)
+            return {n: np.array(plan.arrays[i]) for n, i in zip(fetches, outs)}
 
     # -- TFLite's tensor-level API (the subgraph's own inputs and outputs) ------------
     def _details(self, index, shape):
@@ -344,6 +367,24 @@ class SignatureRunner:
         self._interp.run_plan(plan)
         self.last_plan = plan
         return {n: plan.arrays[i].copy() for n, i in sig.outputs.items()}
+
+
+def working_bytes(plan):
+    """The bytes a run of `plan` writes in its arena and its kernels' scratch (a staged plan:
+    the part before its boundary; the rest is planned when it runs)."""
+    plan = getattr(plan, "before", plan)
+    return plan.arena.nbytes + plan.workspace.nbytes
+
+
+def release(plan):
+    """Give back the pages of `plan`'s arena and scratch (and of its staged rests') until
+    it runs again: a cached plan then holds no per-run buffers."""
+    for part in (plan.before, *plan._rests.values()) if isinstance(plan, StagedPlan) else (plan,):
+        if isinstance(part, StagedPlan):
+            release(part)
+        else:
+            part.arena.release()
+            part.workspace.release()
 
 
 def _update_ops(model):

@@ -42,6 +42,10 @@ class PlanCache:
     def values(self):
         return self._plans.values()
 
+    def pop_oldest(self):
+        """Drop the least recently used plan and return it (None if there is none)."""
+        return self._plans.popitem(last=False)[1] if self._plans else None
+
 
 def make_plan(subgraph, inputs, outputs, shapes, constants, variables, folded, preserve_all=False,
               targets=(), delegates=(), known=None, update_ops=frozenset(), program=None, max_bytes=None):

@@ -273,10 +273,12 @@ def device_package(model, cut, cloud_id, cloud_sha256, probe_shapes=None, extra_
 
 
 def cloud_package(model, model_id):
-    """The server's package: the whole model, under `model_id`."""
-    new = ModelDef(list(model.subgraphs), list(model.signatures),
-                   {**model.metadata, **metadata.model_id_entry(model_id)}, model.description)
-    return new
+    """The server's package: the whole model, under `model_id`; its variables may be
+    fetched (the device gathers the jointly trained model from both sides)."""
+    variables = [t.name for t in model.subgraphs[0].tensors if t.is_variable]
+    return ModelDef(list(model.subgraphs), list(model.signatures),
+                    {**model.metadata, **metadata.model_id_entry(model_id), **metadata.fetchable_entry(variables)},
+                    model.description)
 
 
 def write_pair(model, device_forward_ops, out_dir, *, model_id, signature="train", labels="cloud",

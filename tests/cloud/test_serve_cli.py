@@ -76,8 +76,11 @@ def test_serve_in_its_own_process(model_dir, certificate, tmp_path):
     (["--model-dir", "{tmp}", "--tls-cert", "{tmp}/c.pem"], "--tls-cert and --tls-key go together"),
     (["--model-dir", "{tmp}", "--token-file", "{tmp}/none"], "--token-file: cannot read"),
     (["--model-dir", "{tmp}", "--max-request-mb", "0"], "expected --max-request-mb > 0"),
+    (["--model-dir", "{tmp}", "--tls-client-ca", "{tmp}/ca.pem"], "--tls-client-ca needs --tls-cert"),
+    (["--model-dir", "{tmp}", "--token-file", "{tmp}/tokens.txt"], "tokens.txt', line 3: expected 'TOKEN DEVICE_ID"),
 ])
 def test_bad_arguments_exit_2_with_the_reason(tmp_path, args, reason):
+    (tmp_path / "tokens.txt").write_text("# per-device tokens\ntok-1 phone-1 m\ntok-2\n")
     r = subprocess.run(edgeflow("serve", *[a.format(tmp=tmp_path) for a in args]), capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2, r.stderr
@@ -87,5 +90,6 @@ def test_bad_arguments_exit_2_with_the_reason(tmp_path, args, reason):
 def test_serve_help():
     r = subprocess.run(edgeflow("serve", "--help"), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("usage: edgeflow serve")
-    for flag in ("--model-dir", "--host", "--port", "--tls-cert", "--tls-key", "--token-file"):
+    for flag in ("--model-dir", "--host", "--port", "--tls-cert", "--tls-key", "--token-file", "--tls-client-ca",
+                 "--max-devices"):
         assert flag in r.stdout

@@ -10,7 +10,7 @@ import pytest
 
 from edgeflow.errors import InvalidInputError, RemoteError
 
-from .conftest import reference
+from .conftest import TABLE, build_model, reference
 
 import grpc
 from edgeflow.cloud import Client, Server, wire
@@ -96,6 +96,11 @@ BAD_RUNS = {
     "fetch twice": (dict(fetches=["y", "y"]), "INVALID_ARGUMENT", "asked for twice"),
     "no fetches": (dict(fetches=[]), "INVALID_ARGUMENT", "expected at least one fetch"),
     "feed missing": (dict(feeds={"idx": np.zeros(1, np.int32)}), "INVALID_ARGUMENT", "which no input feeds"),
+    "fetch a weight": (dict(fetches=["y", "w"]), "INVALID_ARGUMENT",
+                       "fetch 'w': model 'm' does not give out this tensor .*a weight"),
+    "fetch a table": (dict(fetches=["table"]), "INVALID_ARGUMENT", "fetch 'table': .*does not give out"),
+    "feed a weight": (dict(feeds={"x": np.ones((2, 4), np.float32), "w": np.zeros((4, 3), np.float32)}),
+                      "INVALID_ARGUMENT", "feed 'w': tensor 'w' of model 'm' is a weight"),
     "index out of range": (dict(feeds={"idx": np.array([7], np.int32)}, fetches=["picked"]), "INVALID_ARGUMENT",
                            r"gather: an index is out of range \[-5, 5\)"),
 }
@@ -111,6 +116,17 @@ def test_bad_requests_get_their_status_and_the_server_keeps_serving(client, case
     assert e.value.code == code
     assert e.value.code in str(e.value)
     assert_serves(client)
+
+
+def test_a_package_may_opt_in_to_give_out_a_weight(tmp_path):
+    from edgeflow.format import metadata, writer
+    model = build_model()
+    model.metadata = metadata.fetchable_entry(["table"])
+    writer.write(model, tmp_path / "open.efl")
+    with Server(tmp_path) as server, Client(server.address, timeout=30) as client:
+        np.testing.assert_array_equal(client.run("open", {}, ["table"])["table"], TABLE)
+        with pytest.raises(RemoteError, match="fetch 'w': .*does not give out"):
+            client.run("open", {"x": x_of(1)}, ["w"])
 
 
 def test_an_unexpected_failure_is_internal_logged_and_the_server_keeps_serving(model_dir, caplog):

@@ -87,7 +87,9 @@ def test_two_processes_equal_one(name, packages, server):
             want, got = whole(**feeds), runner(**feeds)
             assert set(got) == set(want)
             for key in want:
-                np.testing.assert_array_equal(got[key], want[key], err_msg=f"{name} {label} {key}")
+                # The server runs its part with its own BLAS thread count (cores / workers):
+                # sums split another way may differ in the last bits.
+                np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6, err_msg=f"{name} {label} {key}")
         assert cloud.calls == 2 and runner.fallbacks == 0
 
 

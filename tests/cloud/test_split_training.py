@@ -160,6 +160,41 @@ def test_a_retried_round_is_applied_once(tmp_path):
         assert host.updates == 1
 
 
+def test_a_trainable_cloud_package_gives_out_its_variables_not_their_updates(tmp_path):
+    out, _ = split(tmp_path, "cloud")
+    sub = reader.load(out / "cloud.efl").subgraphs[0]
+    kernel = next(t for t in sub.tensors if t.name == "logits/kernel")
+    updates = [sub.tensors[op.inputs[1]].name for op in sub.operators if op.opcode in ("assign", "assign_sub")]
+    data, _ = digits()
+    batch = training_loop.batch_at(data, 32, 0, 0, 0)
+    with Server(models={"cnn-cloud": out / "cloud.efl"}) as server, Client(server.address) as client:
+        np.testing.assert_array_equal(client.run("cnn-cloud", {}, ["logits/kernel"])["logits/kernel"], kernel.data)
+        assert client.run("cnn-cloud", batch, ["pool1_1"])["pool1_1"].shape[0] == 32  # a cut tensor
+        for name in updates:  # the optimizer's new values and restore's stay on the server
+            with pytest.raises(RemoteError, match=f"fetch '{name}': .*does not give out") as info:
+                client.run("cnn-cloud", batch, [name])
+            assert info.value.code == "INVALID_ARGUMENT"
+
+
+def test_a_round_runs_only_the_train_signatures_writes(tmp_path):
+    out, cut = split(tmp_path, "cloud")
+    sub = reader.load(out / "cloud.efl").subgraphs[0]
+    restore = [i for i, op in enumerate(sub.operators)
+               if op.opcode == "assign" and sub.tensors[op.inputs[1]].name.startswith("restore/")]
+    data, _ = digits()
+    device = ef.Interpreter(out / "device.efl")
+    feeds = device.run(cut.names(cut.rounds[0]["uploads"]), training_loop.batch_at(data, 32, 0, 0, 0))
+    plan = cut.plan_json()[0]
+    step = {"device_id": "d", "step_id": 0, "round": 1, "keep": plan["keep"], "targets": restore[:2],
+            "final": True}
+    with Server(models={"cnn-cloud": out / "cloud.efl"}) as server, Client(server.address) as client:
+        with pytest.raises(RemoteError, match=r"step targets \[\d+, \d+\]: .*only its train signature's") as info:
+            client.run("cnn-cloud", feeds, plan["downloads"], step=step)
+        assert info.value.code == "INVALID_ARGUMENT"
+        client.run("cnn-cloud", feeds, plan["downloads"], step={**step, "targets": plan["targets"]})
+        assert server.models["cnn-cloud"].steps.updates == 1
+
+
 @pytest.mark.slow
 def test_server_killed_and_restarted_loses_no_step(tmp_path):
     out, _ = split(tmp_path, "cloud")
@@ -193,6 +228,68 @@ def test_server_killed_and_restarted_loses_no_step(tmp_path):
         cloud = {k[4:]: z[k] for k in z.files if k.startswith("var/")}
     assert meta["updates"] == 40 and meta["finished"] == {"k": 39}  # every step once
     # The same parameters, and so the same accuracy, as training without a failure.
+    local = ef.Interpreter(tmp_path / "m.efl")
+    training_loop.fit(local, data, epochs=2, batch_size=32, seed=0)
+    want = local.variables()
+    got = {**device.variables(), **{k: v for k, v in cloud.items() if not k.startswith("conv1")}}
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.slow
+def test_u_shaped_training_survives_ten_server_kills(tmp_path):
+    """SIGKILL the server 10 times: 5 right after a step's first round (the server loses the
+    round the device already has), 5 at a random moment; training ends where it would have."""
+    out, cut = split(tmp_path, "device")
+    assert len(cut.rounds) == 2
+    data, _ = digits()
+    data = {k: v[:640] for k, v in data.items()}  # 20 steps per epoch
+    port, state = free_port(), tmp_path / "state"
+    servers = [serve(tmp_path / "served", port, state, 2)]
+    rng = np.random.default_rng(7)
+    between = set(rng.choice(np.arange(2, 38), 5, replace=False).tolist())  # steps whose round 1 is lost
+    randomly = set(rng.choice(sorted(set(range(2, 38)) - between), 5, replace=False).tolist())
+    kills = []
+
+    def kill(reason):
+        kills.append(reason)
+        servers[-1].send_signal(signal.SIGKILL)
+        servers[-1].wait(timeout=30)
+        threading.Thread(target=lambda: servers.append(serve(tmp_path / "served", port, state, 2)),
+                         daemon=True).start()
+
+    delegate = CloudDelegate(f"127.0.0.1:{port}", device_id="u")
+    run = delegate.client.run
+
+    def run_then_kill(*args, step=None, **kwargs):
+        reply = run(*args, step=step, **kwargs)
+        if step and step["round"] == 1 and step["step_id"] in between:
+            between.discard(step["step_id"])
+            kill(f"after round 1 of step {step['step_id']}")
+        return reply
+    delegate.client.run = run_then_kill
+
+    def at_random(epoch, step, loss):
+        if step in randomly:
+            randomly.discard(step)
+            timer = threading.Timer(rng.uniform(0, 0.02), kill, [f"at random after step {step}"])
+            timer.start()
+            timer.join()  # before the next on_step, so that kills do not overlap
+    try:
+        device = ef.Interpreter(out / "device.efl", delegates=[delegate])
+        history = training_loop.fit(device, data, epochs=2, batch_size=32, seed=0,
+                                    checkpoint_dir=tmp_path / "device-ckpt", checkpoint_every=2,
+                                    on_step=at_random)
+        assert len(kills) == 10 and [g for g, _ in history] == list(range(1, 41))
+    finally:
+        for s in servers:
+            if s.poll() is None:
+                s.send_signal(signal.SIGTERM)
+                s.wait(timeout=30)
+    with np.load(state / "cnn-device" / "steps.npz") as z:
+        meta = json.loads(bytes(z["meta"]).decode())
+        cloud = {k[4:]: z[k] for k in z.files if k.startswith("var/")}
+    assert meta["updates"] == 40 and meta["finished"] == {"u": 39}  # every step once
     local = ef.Interpreter(tmp_path / "m.efl")
     training_loop.fit(local, data, epochs=2, batch_size=32, seed=0)
     want = local.variables()

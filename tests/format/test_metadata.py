@@ -32,11 +32,12 @@ def unchecked(monkeypatch):
 def test_entries_read_back_typed():
     entries = {**metadata.roles_entry({4: 1, 5: -1 - 6}, {6: 1}, {1: 9}),
                **metadata.split_entry({**SPLIT, "kind": "train", "rounds": [ROUND]}),
-               **metadata.model_id_entry("mlp-v1")}
+               **metadata.model_id_entry("mlp-v1"), **metadata.fetchable_entry(["*"])}
     loaded = reader.load(writer.to_bytes(model_with(entries)))
     assert metadata.roles(loaded) == metadata.Roles(grad={4: 1, 5: -7}, update={6: 1}, gradients={1: 9})
     assert metadata.split(loaded) == {**SPLIT, "kind": "train", "rounds": [ROUND]}
     assert metadata.model_id(loaded) == "mlp-v1"
+    assert metadata.fetchable(loaded) == {"*"}
     # the bytes are JSON that other tools can read: string keys, sorted
     assert json.loads(bytes(loaded.metadata[metadata.ROLES])) == {
         "grad": {"4": 1, "5": -7}, "update": {"6": 1}, "gradients": {"1": 9}}
@@ -44,7 +45,8 @@ def test_entries_read_back_typed():
 
 def test_absent_entries_are_none():
     loaded = reader.load(writer.to_bytes(model_with({})))
-    assert (metadata.roles(loaded), metadata.split(loaded), metadata.model_id(loaded)) == (None, None, None)
+    assert (metadata.roles(loaded), metadata.split(loaded), metadata.model_id(loaded),
+            metadata.fetchable(loaded)) == (None, None, None, None)
     assert metadata.roles_entry({}, {}, {}) == {}
 
 
@@ -77,6 +79,9 @@ MALFORMED = {
     "split round target a name": (metadata.SPLIT, _split(kind="train", rounds=[{**ROUND, "targets": ["x"]}]),
                                   '"rounds": a list'),
     "model id not UTF-8": (metadata.MODEL_ID, b"\xc3\x28", "UTF-8 text"),
+    "fetchable a list": (metadata.FETCHABLE, b'["x"]', "got a JSON list"),
+    "fetchable names not strings": (metadata.FETCHABLE, b'{"tensors": [1]}', "got \\[1\\]"),
+    "fetchable unknown tensor": (metadata.FETCHABLE, b'{"tensors": ["nope"]}', "no tensor 'nope'"),
 }
 
 

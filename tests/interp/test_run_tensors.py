@@ -36,6 +36,8 @@ def test_unknown_names_and_missing_feeds(interp):
         interp.run(["nope"], {"x": np.zeros((1, 4), np.float32)})
     with pytest.raises(InvalidInputError, match="which no input feeds"):
         interp.run(["z"], {})
+    with pytest.raises(InvalidInputError, match="fetch 'x' is an input of the model that no feed gives"):
+        interp.run(["x"], {})
     with pytest.raises(InvalidInputError, match="expected shape"):
         interp.run(["z"], {"x": np.zeros((1, 5), np.float32)})
 

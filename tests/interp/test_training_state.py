@@ -183,3 +183,18 @@ def test_variables_persist_and_reads_see_old_values_within_a_step(tmp_path):
         out = runner()
         np.testing.assert_array_equal(out["v"], np.array([1.0, 2.0]) * 2 ** (k + 1))
         np.testing.assert_array_equal(out["doubled"], np.array([1.0, 2.0]) * 2 ** (k + 1))
+
+
+def test_set_variables_checks_every_value_before_setting_any(tmp_path):
+    w0, b0 = _linear_model(tmp_path / "m.efl")
+    interp = ef.Interpreter(tmp_path / "m.efl")
+    from edgeflow.errors import InvalidInputError
+    for bad, message in (({"W": np.ones((3, 2)), "b": np.ones(3)}, r"'b': expected float64\[2\], got float64\[3\]"),
+                         ({"W": np.ones((3, 2)), "b": np.ones(2, np.float32)}, "got float32"),
+                         ({"W": np.ones((3, 2)), "V": np.ones(2)}, "'V': expected one of the model's variables")):
+        with pytest.raises(InvalidInputError, match=message):
+            interp.set_variables(bad)
+        np.testing.assert_array_equal(interp.variables()["W"], w0)  # the good one was not set either
+    interp.set_variables({"b": np.full(2, 3.0)})
+    np.testing.assert_array_equal(interp.variables()["b"], np.full(2, 3.0))
+    np.testing.assert_array_equal(interp.variables()["W"], w0)

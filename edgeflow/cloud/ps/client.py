@@ -51,7 +51,7 @@ _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 class ParameterClient(Client):
     """Pulls and pushes to a parameter server at `target` ("host:port"); the rest as Client
-    (token, TLS, `timeout` per call, `wait_ready`, `status`).
+    (token, TLS and client certificates, `timeout` per call, `wait_ready`, `status`).
 
     A call that fails with UNAVAILABLE or DEADLINE_EXCEEDED is sent again, unchanged (the
     same device and step ids, so the server never applies it twice), after an exponential
@@ -61,9 +61,9 @@ class ParameterClient(Client):
     """
 
     def __init__(self, target, token=None, root_cert=None, timeout=30.0, retry_for=60.0,
-                 backoff=(0.05, 2.0), max_reply_bytes=1 << 30):
+                 backoff=(0.05, 2.0), max_reply_bytes=1 << 30, client_cert=None, client_key=None):
         super().__init__(target, token=token, root_cert=root_cert, timeout=timeout,
-                         max_reply_bytes=max_reply_bytes)
+                         max_reply_bytes=max_reply_bytes, client_cert=client_cert, client_key=client_key)
         if not retry_for >= 0 or not 0 < backoff[0] <= backoff[1]:
             raise InvalidInputError(f"ParameterClient: expected retry_for >= 0 and 0 < backoff[0] <= "
                                     f"backoff[1], got {retry_for} and {backoff}")

@@ -3,6 +3,11 @@ each request and answers it from the models' HostedParameters (edgeflow.cloud.ps
 
 Serve it with `Server(parameter_server=ParameterService(...))`, or
 `edgeflow serve --model-dir DIR --parameter-server sync|async|fedavg`.
+
+A push counts under the caller's identity (edgeflow.cloud.identity): with per-device tokens
+or client certificates, the device id is the credential's (a push naming another gets
+PERMISSION_DENIED), so one client fills one replica slot of a sync step, not all of them;
+with one shared token (or none) the device ids pushes name are trusted as sent.
 """
 import logging
 import os
@@ -17,6 +22,8 @@ from ...errors import EdgeflowError, GraphError, InvalidInputError
 from .. import ps_pb2 as pb
 from .. import ps_pb2_grpc as pb_grpc
 from .. import wire
+from ..identity import ANONYMOUS, Authenticator, Refused, RateLimitedLog
+from ..steps import TooManyDevices
 from .state import HostedParameters, Settings
 
 SERVICE = pb.DESCRIPTOR.services_by_name["ParameterServer"].full_name  # "edgeflow.ps.v1.ParameterServer"
@@ -24,8 +31,8 @@ PB_MODES = {"sync": pb.MODE_SYNC, "async": pb.MODE_ASYNC, "fedavg": pb.MODE_FEDA
 MODE_NAMES = {v: k for k, v in PB_MODES.items()}
 MAX_WAIT_S = 30.0  # the longest a Pull waits for the version to change
 DEFAULT_MAX_REQUEST_BYTES = 256 << 20
-_MAX_DEVICE_ID = 128
 _log = logging.getLogger("edgeflow.cloud.ps")
+_bad_log = RateLimitedLog(_log)
 
 
 class _Reject(Exception):
@@ -42,14 +49,19 @@ class ParameterService(pb_grpc.ParameterServerServicer):
     placed in the cloud) or "all" (every trainable one). `checkpoint_dir`: resume from and
     checkpoint to it every `checkpoint_every` applied updates and on `checkpoint()`.
     `max_staleness` (async): drop gradients computed more than this many versions ago.
+    `max_devices`: devices each model keeps the last step of (a new one beyond them:
+    RESOURCE_EXHAUSTED).
     """
 
     def __init__(self, models, mode="async", replicas=1, variables="cloud", checkpoint_dir=None,
-                 checkpoint_every=100, max_staleness=None, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES):
-        self.settings = Settings(mode, replicas, variables, checkpoint_dir, checkpoint_every, max_staleness)
+                 checkpoint_every=100, max_staleness=None, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES,
+                 max_devices=4096):
+        self.settings = Settings(mode, replicas, variables, checkpoint_dir, checkpoint_every, max_staleness,
+                                 max_devices=max_devices)
         if not models:
             raise InvalidInputError("ParameterService: give models={id: path or package bytes}")
         self.max_request_bytes = max_request_bytes
+        self.auth = Authenticator()  # who calls: the Server's, once added to one
         if checkpoint_dir:
             os.makedirs(checkpoint_dir, exist_ok=True)
         self.models = {}
@@ -64,8 +76,11 @@ class ParameterService(pb_grpc.ParameterServerServicer):
                                         f"({e.strerror})") from None
             self.models[model_id] = HostedParameters(model_id, data, where, self.settings)
 
-    def add_to_server(self, server, health=None):
-        """Register on a grpc.Server (before it starts); mark the service SERVING on `health`."""
+    def add_to_server(self, server, health=None, auth=None):
+        """Register on a grpc.Server (before it starts); mark the service SERVING on `health`.
+        `auth`: the server's identity.Authenticator (callers' identities)."""
+        if auth is not None:
+            self.auth = auth
         pb_grpc.add_ParameterServerServicer_to_server(self, server)
         if health is not None:
             from grpc_health.v1 import health_pb2
@@ -78,13 +93,13 @@ class ParameterService(pb_grpc.ParameterServerServicer):
 
     def stats(self, model_id):
         """The model's status as a dict (what Status answers)."""
-        return self._model(model_id, "").status()
+        return self._model(model_id, "", ANONYMOUS).status()
 
     # -- RPCs ------------------------------------------------------------------------
     def Status(self, request, context):
         try:
-            hosted = self._model(request.model_id, "")
-        except _Reject as e:
+            hosted = self._model(request.model_id, "", self.auth.identify(context))
+        except (_Reject, Refused) as e:
             context.abort(e.code, str(e))
         with hosted.cond:
             return pb.StatusReply(
@@ -101,7 +116,8 @@ class ParameterService(pb_grpc.ParameterServerServicer):
 
     def Pull(self, request, context):
         try:
-            hosted = self._model(request.model_id, request.model_sha256)
+            identity = self.auth.identify(context)
+            hosted = self._model(request.model_id, request.model_sha256, identity)
             names = list(request.names) or hosted.names
             hosted.check_names(names, "pull")
             if len(set(names)) != len(names):
@@ -111,8 +127,8 @@ class ParameterService(pb_grpc.ParameterServerServicer):
             if not 0 <= request.wait_seconds <= MAX_WAIT_S:
                 raise InvalidInputError(f"pull: expected 0 <= wait_seconds <= {MAX_WAIT_S}, "
                                         f"got {request.wait_seconds}")
-            _check_device(request.device_id, required=False)
-        except (_Reject, InvalidInputError) as e:
+            device = identity.device_for(request.device_id, required=False)
+        except (_Reject, Refused, InvalidInputError) as e:
             self._abort(context, "Pull", e)
         with hosted.cond:
             deadline = time.monotonic() + request.wait_seconds
@@ -128,7 +144,7 @@ class ParameterService(pb_grpc.ParameterServerServicer):
             changed = not (request.wait_seconds > 0 and unchanged())
             header = pb.PullHeader(version=hosted.version, incarnation=self.settings.incarnation,
                                    mode=PB_MODES[hosted.mode], replicas=hosted.replicas,
-                                   last_step_id=hosted.last_step(request.device_id), changed=changed)
+                                   last_step_id=hosted.last_step(device), changed=changed)
             values = hosted.values(names) if changed else {}
         yield pb.PullReply(header=header)
         for name in names if changed else ():
@@ -150,7 +166,8 @@ class ParameterService(pb_grpc.ParameterServerServicer):
                                         + ("nothing" if first is None else
                                            f"a {first.WhichOneof('kind') or 'empty'} message"))
             header = first.header
-            hosted = self._model(header.model_id, header.model_sha256)
+            identity = self.auth.identify(context)
+            hosted = self._model(header.model_id, header.model_sha256, identity)
             if method == "Push":
                 mode = MODE_NAMES.get(header.mode, "unspecified")
                 step_id, version = header.step_id, header.version
@@ -169,7 +186,7 @@ class ParameterService(pb_grpc.ParameterServerServicer):
                                   f"model {hosted.id!r} trains in {hosted.mode} mode; PushModel is for "
                                   "FedAvg, push gradients with Push")
                 step_id = version = header.round_id
-            _check_device(header.device_id, required=True)
+            device = identity.device_for(header.device_id, required=True)  # the caller's own
             if step_id < 0:
                 raise InvalidInputError(f"{method}: expected a step id >= 0, got {step_id}")
             if header.sample_count < 1:
@@ -188,7 +205,7 @@ class ParameterService(pb_grpc.ParameterServerServicer):
             bad = [n for n, a in arrays.items() if not np.all(np.isfinite(a))]
             if bad:
                 raise InvalidInputError(f"{method}: {bad} hold NaN or infinite values; expected finite ones")
-            reply = hosted.push(header.device_id, int(step_id), int(version), int(header.sample_count), arrays)
+            reply = hosted.push(device, int(step_id), int(version), int(header.sample_count), arrays)
         except grpc.RpcError:  # the client went away mid-stream
             return pb.PushReply()
         except Exception as e:
@@ -196,11 +213,12 @@ class ParameterService(pb_grpc.ParameterServerServicer):
         return pb.PushReply(**reply)
 
     # -- helpers ---------------------------------------------------------------------
-    def _model(self, model_id, sha256):
+    def _model(self, model_id, sha256, identity):
         hosted = self.models.get(model_id)
         if hosted is None:
-            raise _Reject(grpc.StatusCode.NOT_FOUND, f"no trained model {model_id!r}; this parameter server "
-                                                     f"trains {sorted(self.models)}")
+            raise _Reject(grpc.StatusCode.NOT_FOUND, f"no trained model {model_id[:200]!r}; this parameter "
+                                                     f"server trains {sorted(m for m in self.models if identity.may_use(m))}")
+        identity.check_model(model_id)
         if sha256 and sha256.lower() != hosted.sha256:
             raise _Reject(grpc.StatusCode.FAILED_PRECONDITION,
                           f"model {model_id!r}: expected package sha256 {sha256}, this server trains "
@@ -208,23 +226,16 @@ class ParameterService(pb_grpc.ParameterServerServicer):
         return hosted
 
     def _abort(self, context, method, e):
-        if isinstance(e, _Reject):
+        if isinstance(e, (_Reject, Refused)):
             code, message = e.code, str(e)
-        elif isinstance(e, wire.PayloadTooLarge):
+        elif isinstance(e, (wire.PayloadTooLarge, TooManyDevices)):
             code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)
         elif isinstance(e, (InvalidInputError, GraphError)):
             code, message = grpc.StatusCode.INVALID_ARGUMENT, str(e)
         else:  # a bug: log it, answer, keep serving
-            _log.exception("%s failed", method)
+            _bad_log.log(("failed", method, type(e).__name__), logging.ERROR, "%s failed", method, exc_info=True)
             code, message = grpc.StatusCode.INTERNAL, (f"internal error ({type(e).__name__}: {e}); "
                                                        "the server logged it")
-        _log.info("%s: %s: %s", method, code.name, message)
+        _bad_log.log((method, code.name), logging.INFO, "%s: %s: %s", method, code.name, message)
         context.abort(code, message)
 
-
-def _check_device(device_id, required):
-    if required and not device_id:
-        raise InvalidInputError("expected a device id (a non-empty string naming the device)")
-    if len(device_id) > _MAX_DEVICE_ID or not device_id.isprintable():
-        raise InvalidInputError(f"expected a device id of at most {_MAX_DEVICE_ID} printable characters, "
-                                f"got {device_id[:40]!r}...")

@@ -18,6 +18,7 @@ import numpy as np
 
 from ... import dtypes
 from ...errors import EdgeflowError, FormatError, InvalidInputError
+from ..steps import TooManyDevices
 from ...interp import Interpreter
 from ...interp import checkpoint as ckpt
 from .roles import TrainingRoles
@@ -38,8 +39,9 @@ def package_sha256(data):
 class Settings:
     """How a parameter server trains: `mode` ("sync", "async", "fedavg"), `replicas`
     (devices per step or round), `variables` ("cloud" or "all"), `checkpoint_dir` and
-    `checkpoint_every` (applied updates), `max_staleness` (async), and the `incarnation`
-    that tells devices the server restarted."""
+    `checkpoint_every` (applied updates), `max_staleness` (async), the `incarnation`
+    that tells devices the server restarted, and `max_devices`, the devices whose last
+    step a model remembers (a new one beyond them is refused: TooManyDevices)."""
     mode: str = "async"
     replicas: int = 1
     variables: str = "cloud"
@@ -47,6 +49,7 @@ class Settings:
     checkpoint_every: int = 100
     max_staleness: int = None
     incarnation: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:16])
+    max_devices: int = 4096
 
     def __post_init__(self):
         checks = (
@@ -55,6 +58,7 @@ class Settings:
             ("variables", self.variables in ("cloud", "all"), "'cloud' or 'all'"),
             ("checkpoint_every", isinstance(self.checkpoint_every, int) and self.checkpoint_every >= 1,
              "an int >= 1"),
+            ("max_devices", isinstance(self.max_devices, int) and self.max_devices >= 1, "an int >= 1"),
             ("max_staleness", self.max_staleness is None or (isinstance(self.max_staleness, int)
                                                              and self.max_staleness >= 0),
              "None or an int >= 0"))
@@ -136,6 +140,10 @@ class HostedParameters:
         with self.cond:
             incarnation = self.settings.incarnation
             record = self.devices.get(device)
+            if record is None and len(self.devices) >= self.settings.max_devices:
+                # The table is what makes pushes exactly-once: a device in it is never forgotten.
+                raise TooManyDevices(f"model {self.id!r}: this parameter server keeps the steps of at "
+                                     f"most {self.settings.max_devices} devices")
             last = record["last"] if record else -1
             if step_id <= last:
                 self.duplicates += 1
