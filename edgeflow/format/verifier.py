@@ -250,6 +250,65 @@ def verify(buf, file_size=None):
     return _check_model(walker.table(root, ROOT), end, file_size)
 
 
+MAX_DIM = 2**31 - 1  # TFLite's tensor details give shapes as int32
+
+
+def check_runnable(model, max_tensor_bytes):
+    """FormatError unless a verified `model` is one the interpreter can run: it has a
+    subgraph; every dimension fits int32 and no declared tensor the interpreter would
+    allocate (its dynamic dims at 1, a quantized constant as the float32 it becomes; not
+    the constants it maps from the file) needs more than `max_tensor_bytes`;
+    signatures run subgraph 0, feed no constant, and each output is produced by an op,
+    fed, or a constant or variable; so are the inputs and outputs of the subgraphs that
+    ops run (and of subgraph 0 when there is no signature)."""
+    if not model.subgraphs:
+        raise FormatError("the model has no subgraph: nothing to run")
+    for k, sg in enumerate(model.subgraphs):
+        where = _label("subgraph", k, sg.name)
+        for i, t in enumerate(sg.tensors):
+            here = f"{where}: {_label('tensor', i, t.name)}"
+            if any(d > MAX_DIM for d in t.shape):
+                _fail(here, f"dimension {max(t.shape)} of shape {t.shape} exceeds {MAX_DIM}, the "
+                            "largest the interpreter's tensor details (int32) hold")
+            constant = t.data is not None and not t.is_variable
+            if constant and t.quantization is None:
+                continue  # mapped from the file, not allocated
+            dtype = dtypes.float32 if constant else t.dtype  # quantized: dequantized when planned
+            size = prod(max(d, 1) for d in t.shape) * dtype.itemsize
+            if size > max_tensor_bytes:
+                _fail(here, f"shape {t.shape} of {dtype} needs {size} bytes, more than "
+                            f"max_tensor_bytes={max_tensor_bytes} allows")
+        if k:
+            _check_io(where, sg, [(sg.tensors[t].name, t) for t in sg.inputs],
+                      [(sg.tensors[t].name, t) for t in sg.outputs])
+    main = model.subgraphs[0]
+    for k, sig in enumerate(model.signatures):
+        where = _label("signature", k, sig.key)
+        if sig.subgraph != 0:
+            _fail(where, f"runs subgraph {sig.subgraph}; the interpreter runs signatures of subgraph 0 "
+                         "(other subgraphs are run by ops)")
+        _check_io(where, main, sig.inputs.items(), sig.outputs.items())
+    if not model.signatures:
+        _check_io(_label("subgraph", 0, main.name), main, [(main.tensors[t].name, t) for t in main.inputs],
+                  [(main.tensors[t].name, t) for t in main.outputs])
+
+
+def _check_io(where, sg, inputs, outputs):
+    """Inputs are not constants; each output is made by an op, fed, or held (constant, variable)."""
+    fed = set()
+    for name, t in inputs:
+        tensor = sg.tensors[t]
+        if tensor.data is not None and not tensor.is_variable:
+            _fail(where, f"input {name[:40]!r} is {_label('tensor', t, tensor.name)}, a constant: "
+                         "it cannot be fed")
+        fed.add(t)
+    produced = {t for op in sg.operators for t in op.outputs}
+    for name, t in outputs:
+        if t not in produced and t not in fed and sg.tensors[t].data is None:
+            _fail(where, f"output {name[:40]!r} is {_label('tensor', t, sg.tensors[t].name)}, which no "
+                         "operator produces, no input feeds and no constant holds")
+
+
 def _byte_view(buf):
     try:
         view = memoryview(buf)
@@ -319,7 +378,7 @@ def _check_control(subgraphs, buffer_of):
             names = ops.get(op.opcode).subgraphs
             here = f"{_label('subgraph', k, sg.name)}: operator {i} {op.opcode!r}"
             for name in names:
-                if not op.attrs[name] < len(subgraphs):
+                if not 0 <= op.attrs[name] < len(subgraphs):
                     _fail(here, f"attribute {name!r} names subgraph {op.attrs[name]}, but the model "
                                 f"has {len(subgraphs)}")
                 calls[k].add(op.attrs[name])
@@ -407,6 +466,10 @@ def _subgraph(index, raw, opdefs, buffers):
         if written:
             _fail(f"{where}: operator {k} {op.opcode!r}", f"outputs variable {written[0]}; variables "
                                                            "change only through assign ops")
+        held = [t for t in op.outputs if buffer_of[t] >= 0]
+        if held:
+            _fail(f"{where}: operator {k} {op.opcode!r}", f"outputs {_label('tensor', held[0], tensors[held[0]].name)},"
+                                                           " a constant (its value is in the file)")
     _check_dataflow(where, tensors, operators, inputs)
     return SubGraphDef(raw["name"], tensors, operators, inputs, outputs), buffer_of
 

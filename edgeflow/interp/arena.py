@@ -6,15 +6,59 @@ get disjoint byte ranges; the others may share. Offsets are 64-byte aligned.
 Kernels' own scratch memory (im2col columns, wide results) lives in a Workspace: the steps
 of a plan run one at a time, so every step's scratch can share the same bytes. A kernel
 factory asks `scratch(shape, dtype)` while its plan binds it.
+
+Sizes are Python integers (no int64 product wraps) and bounded: a plan checks every
+tensor, the arena and each scratch array against its interpreter's `max_tensor_bytes`
+(`bounded`), before anything of that size is allocated.
 """
 import bisect
 import contextlib
 import contextvars
+import math
 import mmap
+import os
 
 import numpy as np
 
+from ..errors import InvalidInputError
+
 ALIGNMENT = 64
+MAX_TENSOR_BYTES = 4 * 2**30  # the default bound, unless the machine has less memory
+
+
+def default_max_tensor_bytes():
+    """The default bound on one allocation (a tensor, a plan's arena, a scratch array):
+    4 GiB, or the machine's physical memory if it has less (more can never succeed)."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return MAX_TENSOR_BYTES
+    return min(MAX_TENSOR_BYTES, memory) if memory > 0 else MAX_TENSOR_BYTES
+
+
+def nbytes(shape, dtype):
+    """Bytes of an array of `shape` (a tuple, or an int as numpy takes) and `dtype`,
+    exactly (Python integers)."""
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else shape
+    return math.prod(int(d) for d in dims) * np.dtype(dtype).itemsize
+
+
+def size_text(n):
+    """`n` bytes, readably."""
+    for unit, scale in (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"
+
+
+class TooLarge(InvalidInputError):
+    """A scratch array larger than the bound in force (`bounded`); a plan names the op."""
+
+    def __init__(self, message, nbytes):
+        super().__init__(message)
+        self.nbytes = nbytes
+
+
 _MAPPED_MIN = 1 << 20  # blocks this large get their own mapping, whose pages `release` returns
 
 
@@ -118,9 +162,11 @@ class Arena:
         release(self._block)
 
     def view(self, offset, shape, dtype):
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        size = nbytes(shape, dtype)
         start = self._base + offset
-        return self._block[start:start + nbytes].view(dtype).reshape(shape)
+        if start + size > self._block.nbytes:
+            raise AssertionError(f"a view of {size} bytes at {offset} runs past an arena of {self.nbytes}")
+        return self._block[start:start + size].view(dtype).reshape(shape)
 
 
 class Workspace:
@@ -162,7 +208,7 @@ class Workspace:
 
     def take(self, shape, dtype):
         dtype = np.dtype(dtype)
-        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        size = nbytes(shape, dtype)
         start, end = self._cursor, self._cursor + aligned(size)
         if not self.blocks or end > self.blocks[-1].nbytes - ALIGNMENT:
             # A new block, at least twice the last (pages never written cost nothing): what
@@ -177,11 +223,27 @@ class Workspace:
 
 
 _ACTIVE = contextvars.ContextVar("edgeflow_workspace", default=None)
+_BOUND = contextvars.ContextVar("edgeflow_max_bytes", default=None)
+
+
+@contextlib.contextmanager
+def bounded(max_bytes):
+    """While inside: `scratch` refuses (TooLarge) arrays of more than `max_bytes`."""
+    token = _BOUND.set(max_bytes)
+    try:
+        yield
+    finally:
+        _BOUND.reset(token)
 
 
 def scratch(shape, dtype):
     """An uninitialised array for a kernel step's own use while it runs (see Workspace):
-    from the plan's shared workspace while a plan binds the kernel, else a new array."""
+    from the plan's shared workspace while a plan binds the kernel, else a new array.
+    TooLarge past the bound in force (`bounded`)."""
+    limit, size = _BOUND.get(), nbytes(shape, dtype)
+    if limit is not None and size > limit:
+        raise TooLarge(f"scratch {np.dtype(dtype)}{list(shape)} needs {size_text(size)}, more than "
+                       f"max_tensor_bytes={limit}", size)
     workspace = _ACTIVE.get()
     if workspace is None:
         return np.empty(shape, dtype)

@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import InvalidInputError
 from ..ops.control import IF, WHILE
 from ..ops.registry import TensorSpec
+from .arena import default_max_tensor_bytes, size_text
 from .plan import ShapeDependsOnValues
 from .staged import PlanCache, StagedPlan, make_plan
 
@@ -34,8 +35,9 @@ def truth(value, opcode="if"):
 class Program:
     """The subgraphs of `model`, planned on demand for the shapes they meet."""
 
-    def __init__(self, model, delegates=()):
+    def __init__(self, model, delegates=(), max_bytes=None):
         self.model, self.delegates = model, list(delegates)
+        self.max_bytes = default_max_tensor_bytes() if max_bytes is None else max_bytes
         self._constants, self._folded, self._plans = {}, {}, {}
         self.iterations = {}  # loop body subgraph -> iterations its last run took
 
@@ -52,7 +54,7 @@ class Program:
     def _make(self, k, shapes):
         sub = self.model.subgraphs[k]
         return make_plan(sub, sub.inputs, sub.outputs, dict(zip(sub.inputs, shapes)), self._constants[k],
-                         {}, self._folded[k], delegates=self.delegates, program=self)
+                         {}, self._folded[k], delegates=self.delegates, program=self, max_bytes=self.max_bytes)
 
     def plans(self):
         """Every cached plan of every subgraph (for memory accounting)."""
@@ -183,6 +185,7 @@ class _Loop:
         self.keep = [k for k in range(len(program.model.subgraphs[op.attrs["body"]].outputs) - len(op.inputs))
                      if k not in skip]  # the stacks to make
         self.limit = op.attrs["maximum_iterations"]
+        self.max_bytes = program.max_bytes
         body = self.body.sub
         self.n = len(op.inputs)
         # Loop variables the body passes through unchanged (captured values: weights) are
@@ -193,7 +196,7 @@ class _Loop:
         n, limit, cond, body, keep = self.n, self.limit, self.cond, self.body, self.keep
         changing = [i for i in range(n) if i not in self.same]
         extra = len(body.sub.outputs) - n
-        values, stacks, iterations = list(values), [], 0
+        values, stacks, iterations, stacked = list(values), [], 0, 0
         kept = ()
         while limit < 0 or iterations < limit:
             flag = cond(values, kept)[0]
@@ -205,6 +208,11 @@ class _Loop:
                 values[i] = outs[i].copy()  # the plan's arrays are overwritten next time
             if keep:
                 stacks.append([outs[n + k].copy() for k in keep])
+                stacked += sum(a.nbytes for a in stacks[-1])
+                if 2 * stacked > self.max_bytes:  # the parts, then the stacks made of them
+                    raise InvalidInputError(
+                        f"while: after {iterations + 1} iterations its stacked outputs need "
+                        f"{size_text(2 * stacked)}, more than max_tensor_bytes={self.max_bytes} allows")
             iterations += 1
         self.body.program.iterations[self.body.k] = iterations
         if not extra:

@@ -6,9 +6,10 @@ import numpy as np
 
 from .. import dtypes, ops
 from ..errors import EdgeflowError, InvalidInputError, UnsupportedOpError
-from ..format import metadata, reader
+from ..format import metadata, reader, verifier
 from ..ops.dims import fmt
 from . import threads
+from .arena import default_max_tensor_bytes
 from .control import Program
 from .kernels import KERNELS
 from .plan import ShapeDependsOnValues
@@ -35,11 +36,19 @@ class Interpreter:
     1 keeps everything on one thread. `preserve_all_tensors` keeps every intermediate readable with `get_tensor` (no arena
     reuse), for debugging. A device package made by `edgeflow split` runs with an
     `edgeflow.cloud.CloudDelegate("host:port", token=...)` among its delegates.
+    `max_tensor_bytes` bounds every allocation a plan makes (each tensor, folded
+    constant, scratch array, and a plan's whole arena), checked before allocating: by
+    default 4 GiB, or the machine's physical memory if less. A model whose file fixes a
+    larger size raises FormatError (when loaded, where the declared shapes say so);
+    inputs that make one raise InvalidInputError. Either names the op and the tensor.
     """
 
-    def __init__(self, model, delegates=(), num_threads=None, preserve_all_tensors=False):
+    def __init__(self, model, delegates=(), num_threads=None, preserve_all_tensors=False,
+                 max_tensor_bytes=None):
         self.delegates = list(delegates)
+        self.max_tensor_bytes = default_max_tensor_bytes() if max_tensor_bytes is None else int(max_tensor_bytes)
         self.model = reader.load(model)
+        verifier.check_runnable(self.model, self.max_tensor_bytes)
         for delegate in self.delegates:
             delegate.prepare(self)
         self._subgraph = self.model.subgraphs[0]
@@ -51,7 +60,7 @@ class Interpreter:
         self._folded = {}  # values computed from constants while preparing, shared by plans
         self._signatures = {s.key: s for s in self.model.signatures}
         self._plans = PlanCache(_PLAN_CACHE_SIZE)
-        self._program = Program(self.model, self.delegates)  # subgraphs that ops run (if, while)
+        self._program = Program(self.model, self.delegates, self.max_tensor_bytes)  # subgraphs that ops run (if, while)
         self._preserve_all = preserve_all_tensors
         # The tensor-level API (set_tensor, invoke, ...) serves the first signature, as
         # TFLite's serves the primary subgraph.
@@ -99,7 +108,7 @@ class Interpreter:
     def _planned(self, inputs, outputs, shapes, targets, known):
         plan = make_plan(self._subgraph, inputs, outputs, shapes, self._constants, self._variables,
                          self._folded, self._preserve_all, targets, self.delegates, known, self._update_ops,
-                         self._program)
+                         self._program, self.max_tensor_bytes)
         if self.delegates:
             _log.info("%s", plan.placement_summary())
         return plan
@@ -387,7 +396,7 @@ def _update_ops(model):
 def check_shape(tensor, shape, what):
     declared = tensor.shape
     if len(shape) != len(declared) or any(d not in (-1, s) for d, s in zip(declared, shape)) \
-            or any(s < 0 for s in shape):
+            or any(not 0 <= s <= verifier.MAX_DIM for s in shape):
         raise InvalidInputError(f"{what}: expected shape {fmt(tuple(None if d == -1 else d for d in declared))}"
                                 f" (? is any size), got {tuple(shape)}")
 

@@ -11,10 +11,11 @@ from dataclasses import replace
 import numpy as np
 
 from .. import ops
-from ..errors import EdgeflowError, FormatError, GraphError, InvalidInputError
+from ..errors import FormatError, InvalidInputError, UnsupportedOpError
 from ..ops.registry import TensorSpec
 from ..ops.dims import fmt
-from .arena import Arena, Workspace, lower_bound, place
+from .arena import (Arena, TooLarge, Workspace, bounded, default_max_tensor_bytes, lower_bound, nbytes,
+                    place, size_text)
 from .kernels import KERNELS, evaluate
 
 
@@ -81,6 +82,10 @@ def _check_declared(index, declared, spec, opcode):
                           f"{fmt(declared.shape)} but op {opcode} makes {spec.dtype}{fmt(spec.shape)}")
 
 
+def _nothing():
+    pass
+
+
 class Plan:
     """Arrays and bound kernel calls for one signature at one set of input shapes.
 
@@ -88,15 +93,24 @@ class Plan:
     interpreter's cache of values computed from constants alone (quantized weights
     dequantized, ops on constants), shared by all its plans. Ops whose operands are all
     known while preparing (constants, shapes) run here, once, and not when invoked.
+
+    Every size is checked before it is allocated: each input, each op's outputs (folded
+    values included), each scratch array and the arena must hold at most `max_bytes`
+    (default: arena.default_max_tensor_bytes()). Past it: FormatError when the file fixes
+    the sizes (every input declared with static dims, no fed values assumed), else
+    InvalidInputError; the message names the op and the tensor.
     """
 
     def __init__(self, subgraph, inputs, outputs, input_shapes, constants, variables, folded,
                  preserve_all=False, targets=(), delegates=(), known=None, update_ops=frozenset(),
-                 program=None):
+                 program=None, max_bytes=None):
         # Its own list of operators: an op whose attributes come from operands is replaced
         # by the op with those values as attributes (see _infer).
         subgraph = replace(subgraph, operators=list(subgraph.operators))
         self.subgraph, self.inputs, self.outputs = subgraph, list(inputs), list(outputs)
+        self.max_bytes = default_max_tensor_bytes() if max_bytes is None else max_bytes
+        # Sizes fixed by the file: no dimension or value comes from what is fed.
+        self.fixed = not known and all(-1 not in subgraph.tensors[t].shape for t in inputs)
         self.update_ops = update_ops  # indices of ops that compute optimizer updates
         self.program = program  # the model's subgraphs, for ops that run them (interp/control.py)
         fed = set(inputs)  # may be intermediates: what produces them then does not run
@@ -119,6 +133,8 @@ class Plan:
         tensors = self.subgraph.tensors
         specs = {t: TensorSpec(tuple(shape), tensors[t].dtype, known.get(t))
                  for t, shape in input_shapes.items()}
+        for t, spec in specs.items():
+            self._bound(f"input {tensors[t].name[:40]!r}", spec)
         # A fed value the plan assumes is held outside the arena, so that kernels bound now
         # read it (the caller copies the same value in before each run).
         self.arrays.update((t, np.array(v, tensors[t].dtype).reshape(input_shapes[t])) for t, v in known.items())
@@ -127,6 +143,8 @@ class Plan:
         for t, data in constants.items():
             if tensors[t].quantization is not None:
                 if t not in folded:
+                    self._refuse(f"constant {tensors[t].name[:40]!r}", "its float32 values",
+                                 nbytes(tensors[t].shape, np.float32))
                     folded[t] = dequantize(tensors[t])
                 data = folded[t]
             specs[t] = TensorSpec(data.shape, data.dtype, data)
@@ -150,13 +168,15 @@ class Plan:
                 outs = self.program.specs(i, op, ins, self.unread[i])
                 for t, spec in zip(op.outputs, outs):
                     _check_declared(t, tensors[t], spec, op.opcode)
+                    self._bound(f"op {i} ({op.opcode}) output {tensors[t].name[:40]!r}", spec)
                 self.order.append(i)
                 specs.update(zip(op.outputs, outs))
                 continue
             try:
                 outs = opdef.infer_specs(ins, op.attrs)
-            except GraphError as e:
-                raise InvalidInputError(f"op {i} ({op.opcode}) rejects these inputs: {e}") from None
+            except (ValueError, ArithmeticError) as e:  # GraphError, or numbers no shape has (NaN, inf)
+                raise (FormatError if self.fixed else InvalidInputError)(
+                    f"op {i} ({op.opcode}) rejects these inputs: {e}") from None
             own = len(ins) - opdef.operand_inputs(len(ins))
             unknown = [tensors[t].name for t in op.inputs[own:] if specs[t].value is None]
             if unknown:
@@ -172,10 +192,11 @@ class Plan:
                         f"op {i} ({op.opcode}): the shape of {tensors[t].name!r} depends on input "
                         f"values, not only on input shapes", op=i)
                 _check_declared(t, tensors[t], spec, op.opcode)
+                self._bound(f"op {i} ({op.opcode}) output {tensors[t].name[:40]!r}", spec)
             if not (opdef.stateful or opdef.random or opdef.remote) and (all(s.value is not None for s in ins)
                                                          or all(s.value is not None for s in outs)):
                 is_static = all(t in static for t in read)
-                values = self._fold(i, op, ins, outs, folded if is_static else {})
+                values = self._fold(i, op, ins, outs, folded if is_static else {}, is_static)
                 outs = [TensorSpec(s.shape, s.dtype, v) for s, v in zip(outs, values)]
                 self.arrays.update(zip(op.outputs, values))
                 if is_static:
@@ -186,12 +207,31 @@ class Plan:
         self.values = {t: s.value for t, s in specs.items() if s.value is not None}
         return specs
 
-    @staticmethod
-    def _fold(i, op, ins, outs, cache):
+    def _bound(self, what, spec):
+        """FormatError or InvalidInputError (see the class) if `spec` needs more than max_bytes."""
+        if None not in spec.shape:
+            self._refuse(what, f"{spec.dtype}{list(spec.shape)}", nbytes(spec.shape, spec.dtype))
+
+    def _refuse(self, what, thing, size):
+        if size > self.max_bytes:
+            kind, why = (FormatError, "the file fixes this size") if self.fixed else \
+                (InvalidInputError, "for these inputs")
+            raise kind(f"{what}: {thing} needs {size_text(size)}, more than max_tensor_bytes="
+                       f"{self.max_bytes} allows ({why})")
+
+    def _fold(self, i, op, ins, outs, cache, is_static):
         """The output values of op `i`, computed now (or taken from `cache`)."""
         if all(t in cache for t in op.outputs):
             return [cache[t] for t in op.outputs]
-        values = evaluate(op.opcode, op.attrs, [s.value for s in ins], outs)
+        try:
+            with bounded(self.max_bytes):
+                values = evaluate(op.opcode, op.attrs, [s.value for s in ins], outs)
+        except TooLarge as e:
+            self._refuse(f"op {i} ({op.opcode})", "scratch", e.nbytes)
+            raise
+        except (IndexError, ValueError, ArithmeticError) as e:  # a kernel refusing these values
+            raise (FormatError if is_static else InvalidInputError)(
+                f"op {i} ({op.opcode}) fails on the values it is given: {e}") from None
         for t, v in zip(op.outputs, values):
             v.setflags(write=False)
             cache[t] = v
@@ -220,10 +260,10 @@ class Plan:
         if preserve_all:
             life = {t: [0, end] for t in life}
         owned = [t for t in life if t not in self.arrays]
-        requests = [(int(np.prod(specs[t].shape, dtype=np.int64)) * specs[t].dtype.itemsize,
-                     *life[t]) for t in owned]
-        offsets, nbytes = place(requests)
-        self.arena = Arena(nbytes)
+        requests = [(nbytes(specs[t].shape, specs[t].dtype), *life[t]) for t in owned]
+        offsets, total = place(requests)
+        self._refuse("the plan's arena", f"{len(owned)} tensors", total)
+        self.arena = Arena(total)
         self.requests, self.offsets = requests, dict(zip(owned, offsets))
         self.lower_bound = lower_bound(requests)
         for t, offset in self.offsets.items():
@@ -243,19 +283,29 @@ class Plan:
             op = self.subgraph.operators[i]
             if ops.get(op.opcode).view:
                 continue
-            if ops.get(op.opcode).remote:
-                raise EdgeflowError(
+            if ops.get(op.opcode).remote:  # a valid file this interpreter cannot run alone
+                raise UnsupportedOpError(
                     f"op {i} ({op.opcode} {op.attrs.get('key')!r}) exchanges tensors with the cloud: "
                     "create the Interpreter with delegates=[edgeflow.cloud.CloudDelegate('host:port')] "
                     "(or run a signature that "
-                    "runs on the device alone, such as 'infer_local')")
+                    "runs on the device alone, such as 'infer_local')", [(op.opcode, "needs a cloud delegate")])
             ins = [self.arrays[t] for t in op.inputs]
             outs = [self.arrays[t] for t in op.outputs]
             if ops.get(op.opcode).subgraphs:
                 steps.append(self.program.bind(op, ins, outs, self.unread.get(i, ())))
+            elif outs and not any(a.size for a in outs) and not ops.get(op.opcode).stateful:
+                steps.append(_nothing)  # no element to write (an empty batch): no kernel to bind
             else:
-                with self.workspace.step():
-                    steps.append(KERNELS[op.opcode](ins, outs, op.attrs))
+                try:
+                    with self.workspace.step(), bounded(self.max_bytes):
+                        steps.append(KERNELS[op.opcode](ins, outs, op.attrs))
+                except TooLarge as e:
+                    self._refuse(f"op {i} ({op.opcode})", "scratch", e.nbytes)
+                    raise
+                except (ValueError, IndexError, ArithmeticError) as e:  # a kernel refusing these shapes
+                    raise (FormatError if self.fixed else InvalidInputError)(
+                        f"op {i} ({op.opcode}) cannot run on inputs "
+                        f"{', '.join(f'{a.dtype}{list(a.shape)}' for a in ins)}: {e}") from None
             step_ops.append(i)
         return steps, step_ops
 

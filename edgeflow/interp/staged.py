@@ -14,8 +14,9 @@ import numpy as np
 from .. import ops
 from ..errors import GraphError, InvalidInputError
 from ..ops.registry import TensorSpec
+from .arena import bounded, nbytes, size_text
 from .kernels import evaluate
-from .plan import Plan, ShapeDependsOnValues, needed_operators
+from .plan import Plan, ShapeDependsOnValues, _check_declared, needed_operators
 
 _REST_CACHE_SIZE = 8
 SHAPE_LIKE_MAX = 16  # elements: a small integer tensor may set later shapes; plan for its value
@@ -47,10 +48,10 @@ class PlanCache:
 
 
 def make_plan(subgraph, inputs, outputs, shapes, constants, variables, folded, preserve_all=False,
-              targets=(), delegates=(), known=None, update_ops=frozenset(), program=None):
+              targets=(), delegates=(), known=None, update_ops=frozenset(), program=None, max_bytes=None):
     """A Plan, or a StagedPlan where some shape depends on values (same arguments as Plan)."""
     args = (subgraph, inputs, outputs, shapes, constants, variables, folded, preserve_all,
-            targets, delegates, known, update_ops, program)
+            targets, delegates, known, update_ops, program, max_bytes)
     try:
         return Plan(*args)
     except ShapeDependsOnValues as e:
@@ -65,7 +66,7 @@ class StagedPlan:
 
     def __init__(self, boundary, subgraph, inputs, outputs, shapes, constants, variables, folded,
                  preserve_all=False, targets=(), delegates=(), known=None, update_ops=frozenset(),
-                 program=None):
+                 program=None, max_bytes=None):
         self.subgraph, self.inputs, self.outputs = subgraph, list(inputs), list(outputs)
         self.boundary = boundary
         self._common = (constants, variables, folded, preserve_all, tuple(targets), delegates)
@@ -89,7 +90,8 @@ class StagedPlan:
         self._carried = sorted(t for t in made & later if t not in constants and t not in variables)
         needed = sorted(set(self._carried) | {t for t in here.inputs if t in made})
         self.before = Plan(subgraph, inputs, needed, shapes, constants, variables, folded,
-                           preserve_all, (), delegates, known, update_ops, program)
+                           preserve_all, (), delegates, known, update_ops, program, max_bytes)
+        self.max_bytes = self.before.max_bytes
         self._known_before = {t: v for t, v in self.before.values.items() if t in self._carried}
         self._rests = PlanCache(_REST_CACHE_SIZE)
         self.rest = None  # the plan the last run used for the rest
@@ -103,11 +105,23 @@ class StagedPlan:
         try:
             if ops.get(op.opcode).subgraphs:
                 with np.errstate(all="ignore"):
-                    return self.program.run(op, [s.value for s in ins])
+                    values = self.program.run(op, [s.value for s in ins])
+                for t, v in zip(op.outputs, values):
+                    if v is not None:
+                        _check_declared(t, self.subgraph.tensors[t], TensorSpec(v.shape, v.dtype), op.opcode)
+                return values
             outs = ops.get(op.opcode).infer_specs(ins, op.attrs)
-            with np.errstate(all="ignore"):
+            for t, spec in zip(op.outputs, outs):  # sized by values: checked before allocating
+                _check_declared(t, self.subgraph.tensors[t], spec, op.opcode)
+                size = nbytes(spec.shape, spec.dtype)
+                if size > self.max_bytes:
+                    raise InvalidInputError(
+                        f"op {self.boundary} ({op.opcode}) output {self.subgraph.tensors[t].name[:40]!r}: "
+                        f"{spec.dtype}{list(spec.shape)} needs {size_text(size)}, more than "
+                        f"max_tensor_bytes={self.max_bytes} allows (for these input values)")
+            with np.errstate(all="ignore"), bounded(self.max_bytes):
                 return evaluate(op.opcode, op.attrs, [s.value for s in ins], outs)
-        except (GraphError, IndexError, ValueError) as e:
+        except (GraphError, IndexError, ValueError, ArithmeticError) as e:
             raise InvalidInputError(f"op {self.boundary} ({op.opcode}) rejects the values it got: {e}") from None
 
     def _rest_for(self, feeds):
@@ -121,7 +135,8 @@ class StagedPlan:
         constants, variables, folded, preserve_all, targets, delegates = self._common
         return self._rests.get(key, lambda: make_plan(
             self.subgraph, list(feeds), self.outputs, {t: a.shape for t, a in feeds.items()}, constants,
-            variables, folded, preserve_all, targets, delegates, known, self._update_ops, self.program))
+            variables, folded, preserve_all, targets, delegates, known, self._update_ops, self.program,
+            self.max_bytes))
 
     def _enter_rest(self, values):
         """The rest's plan for the boundary op's output `values`, with its inputs copied in."""

@@ -62,8 +62,8 @@ def resize_axes(op, attrs, shape):
             raise GraphError(f"{op}: {name} must have 2 (the last two axes) or {rank} entries, got {given}")
     if rank < len(scales or sizes) or rank < 1:
         raise GraphError(f"{op}: x of rank {rank} has fewer axes than scales or sizes")
-    if scales and min(scales) <= 0:
-        raise GraphError(f"{op}: scales must be positive, got {scales}")
+    if scales and not all(0 < s < float("inf") for s in scales):  # NaN fails too
+        raise GraphError(f"{op}: scales must be positive and finite, got {scales}")
     if sizes and min(sizes) < 1:
         raise GraphError(f"{op}: sizes must be positive, got {sizes}")
     roi = attrs["roi"]

@@ -55,6 +55,21 @@ def test_a_branch_that_leads_back_or_nowhere(unchecked, target, message):
         reader.load(unchecked(model))
 
 
+def test_a_negative_subgraph_index():
+    # main: KeyError from the verifier (found by tests/interp/test_fuzz_interpreter.py)
+    from .patch import Patcher
+    data = writer.to_bytes(_model())
+    p = Patcher(data)
+    model = reader.load(data)
+    k, i = next((k, i) for k, sg in enumerate(model.subgraphs) for i, op in enumerate(sg.operators)
+                if op.opcode == "if")
+    op = p.model.Subgraphs(k).Operators(i)
+    attr = next(op.Attrs(j) for j in range(op.AttrsLength()) if op.Attrs(j).Name() == b"then_branch")
+    p.set(attr, "Attr", "i", "q", -3)
+    with pytest.raises(FormatError, match=r"attribute 'then_branch' names subgraph -3, but the model has 5"):
+        reader.load(p.bytes())
+
+
 def test_a_while_body_that_runs_itself(unchecked):
     model = _model()
     _op(model, 0, "while").attrs["cond"] = 0

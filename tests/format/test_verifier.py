@@ -64,6 +64,9 @@ SG = r"subgraph 0 'mlp': "
 Q = QuantizationDef
 # rule: (how to break it, the message expected)
 GRAPH_RULES = {
+    "op output not a constant": (  # main: accepted, then a read-only array written (fuzzer)
+        _op(1, outputs=[6]),
+        SG + r"operator 1 'add': outputs tensor 6 'w1', a constant \(its value is in the file\)"),
     "op input in range": (
         _op(1, inputs=[3, 40]),
         SG + r"operator 1 'add': inputs: tensor 40 out of range \(subgraph has 12 tensors\)"),

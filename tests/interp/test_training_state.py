@@ -96,6 +96,65 @@ def test_torn_or_mismatched_checkpoint_changes_nothing(tmp_path):
         np.testing.assert_array_equal(interp.variables()[name], value)
 
 
+def _central_directory(data):
+    """Offsets of the zip archive's central directory entries (signature PK\\1\\2)."""
+    at, out = data.find(b"PK\x01\x02"), []
+    while at >= 0:
+        out.append(at)
+        at = data.find(b"PK\x01\x02", at + 4)
+    return out
+
+
+def test_a_flipped_compression_byte_is_a_format_error(tmp_path):
+    # main: NotImplementedError ("That compression method is not supported")
+    _linear_model(tmp_path / "m.efl")
+    interp = ef.Interpreter(tmp_path / "m.efl")
+    interp.save_checkpoint(tmp_path / "good.npz")
+    data = bytearray((tmp_path / "good.npz").read_bytes())
+    for entry in _central_directory(bytes(data)):
+        data[entry + 10] ^= 0x63  # the compression method: 99 (AES), which zipfile does not read
+    (tmp_path / "bad.npz").write_bytes(bytes(data))
+    with pytest.raises(FormatError, match="compression method 99"):
+        interp.restore_checkpoint(tmp_path / "bad.npz")
+
+
+def test_a_hostile_array_header_allocates_nothing(tmp_path):
+    # main: MemoryError (32 TiB)
+    import io
+    import zipfile
+    _linear_model(tmp_path / "m.efl")
+    interp = ef.Interpreter(tmp_path / "m.efl")
+    with zipfile.ZipFile(tmp_path / "big.npz", "w") as z:
+        for name, shape in (("W", (2**22, 2**20)), ("b", (2,))):
+            f = io.BytesIO()
+            np.lib.format.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": False, "shape": shape})
+            z.writestr(name + ".npy", f.getvalue() + bytes(16))
+    with pytest.raises(FormatError, match=r"'W' is float64\[4194304, 1048576\] in the checkpoint"):
+        interp.restore_checkpoint(tmp_path / "big.npz")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_damaged_checkpoints_raise_only_format_errors(tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    _linear_model(tmp_path / "m.efl")
+    interp = ef.Interpreter(tmp_path / "m.efl")
+    interp.save_checkpoint(tmp_path / "good.npz")
+    data = (tmp_path / "good.npz").read_bytes()
+    before = interp.variables()
+    for _ in range(150):
+        damaged = bytearray(data)
+        for at in rng.integers(0, len(data), rng.integers(1, 4)):
+            damaged[at] ^= int(rng.integers(1, 256))
+        (tmp_path / "bad.npz").write_bytes(bytes(damaged))
+        try:
+            interp.restore_checkpoint(tmp_path / "bad.npz")
+        except FormatError:
+            continue
+        after = interp.variables()  # a flip the format cannot see (e.g. an unused field)
+        for name, value in before.items():
+            np.testing.assert_array_equal(after[name], value)
+
+
 def test_export_bakes_in_trained_values(tmp_path):
     _linear_model(tmp_path / "m.efl")
     interp = ef.Interpreter(tmp_path / "m.efl")

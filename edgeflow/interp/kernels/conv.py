@@ -260,9 +260,10 @@ def _conv_transpose(ins, outs, attrs):
     full_shape = tuple(max(s * (i - 1) + (k - 1) * dl + 1, b + o) for i, k, s, dl, b, o in
                        zip(sizes, kernel_shape, strides, dilations, begin, out_shape))
     direct = full_shape == out_shape and not any(begin)
-    full = out if direct else np.empty((n, m) + full_shape, out.dtype)
+    # Scratch (bounded, shared): run() rewrites both whole (the matmul, then fill(0)).
+    full = out if direct else scratch((n, m) + full_shape, out.dtype)
     crop = full[(Ellipsis,) + tuple(slice(b, b + o) for b, o in zip(begin, out_shape))]
-    cols = np.empty((n, group, (m // group) * math.prod(kernel_shape), math.prod(sizes)), x.dtype)
+    cols = scratch((n, group, (m // group) * math.prod(kernel_shape), math.prod(sizes)), x.dtype)
     ws = np.swapaxes(reshaped(w, (group, c // group, -1)), 1, 2)
     xs = reshaped(x, (n, group, c // group, -1))
     tap_cols = cols.reshape((n, m) + kernel_shape + sizes)

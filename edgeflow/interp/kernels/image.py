@@ -1,9 +1,11 @@
 """Kernels of edgeflow/ops/image.py. Index tables are built at prepare time; runs only gather."""
+import math
 from functools import partial
 
 import numpy as np
 
 from ...ops.image import col2im_geometry, resize_axes
+from ..arena import scratch
 from . import kernel
 from .conv import reshaped, sequence
 
@@ -382,7 +384,7 @@ def _col2im(ins, outs, attrs):
                                                        indexing="ij")])  # (r, K)
     places = [np.ravel_multi_index(tuple(starts + offsets[:, k:k + 1]), padded) for k in range(offsets.shape[1])]
     n, c = out.shape[:2]
-    canvas = np.zeros((n, c, int(np.prod(padded))), out.dtype)
+    canvas = scratch((n, c, math.prod(padded)), out.dtype)  # bounded; run() zeroes it
     cols = x.reshape(n, c, len(places), -1)
     inside = canvas.reshape((n, c) + tuple(padded))[(slice(None),) * 2 + tuple(
         slice(pads[i], pads[i] + image[i]) for i in range(r))]
