@@ -379,3 +379,25 @@ def test_a_malformed_reply_is_a_remote_error(case):
             assert e.value.code == "INTERNAL"
     finally:
         fake.stop(None)
+
+
+def test_an_empty_batch_gets_an_empty_result_or_invalid_argument(tmp_path):
+    """A batch of 0 through a conv net gives empty logits (the ops with empty outputs run
+    nothing); a reshape that cannot infer its -1 from no elements is INVALID_ARGUMENT, not INTERNAL."""
+    import edgeflow as ef
+    from .test_split_training import build
+    build(tmp_path / "cnn.efl")
+    g = ef.Graph()
+    with g.as_default():
+        x = ef.placeholder(ef.float32, [None, 6], name="x")
+        y = ef.reshape(x, [-1, 2, 3], name="y")
+        z = ef.reshape(x, [2, 0, -1], name="z")  # no size of -1 makes 0 elements unambiguous
+    ef.save(g, tmp_path / "shapes.efl", signatures={"infer": ({"x": x}, {"y": y, "z": z})})
+    with Server(tmp_path) as server, Client(server.address, timeout=30) as client:
+        out = client.run("cnn", {"image": np.zeros((0, 1, 8, 8), np.float32)}, ["logits/bias_add"])
+        assert out["logits/bias_add"].shape == (0, 10) and out["logits/bias_add"].dtype == np.float32
+        assert client.run("shapes", {"x": np.zeros((0, 6), np.float32)}, ["y"])["y"].shape == (0, 2, 3)
+        with pytest.raises(RemoteError, match="cannot reshape") as info:
+            client.run("shapes", {"x": np.zeros((0, 6), np.float32)}, ["z"])
+        assert info.value.code == "INVALID_ARGUMENT"
+        assert client.run("shapes", {"x": np.ones((1, 6), np.float32)}, ["y"])["y"].shape == (1, 2, 3)
