@@ -129,8 +129,9 @@ def _quantity(text, units, default, what):
 # The fixed cost of one Run call beyond the RTT, for plans made before anything is
 # measured (a device measures its own: edgeflow.cloud.LinkStats.overhead_s). Issue 17
 # measured an empty RPC from a device with 20% of a core at the RTT + 2-3 ms; on this
-# project's 2-core test machine a small Run over loopback takes 3.4 ms besides its compute
-# against a 0.7 ms best empty Ping (median of 200, edgeflow serve in another process).
+# project's shared 2-core test machine, with `edgeflow serve` in another process over
+# loopback, Client.measure_overhead gives 1.9-2.2 ms beyond a 0.54-0.62 ms best empty
+# Ping, and a split's small Run calls took a median 3.4 ms besides their compute.
 DEFAULT_OVERHEAD_S = 0.003
 
 # Uplinks are DADS's (Hu et al., "Dynamic Adaptive DNN Surgery for Inference Acceleration
