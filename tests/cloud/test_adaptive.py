@@ -253,3 +253,28 @@ def test_moves_only_when_the_margin_is_beaten(mlp, tmp_path):
     [move] = runner.moves
     assert move["link"].startswith("gain 0.12") and not move["moved_back"]
     assert move["predicted_after_s"] == pytest.approx(0.88 * move["predicted_before_s"], rel=1e-3)
+
+
+def test_link_stats_overhead():
+    """A Run call's time less the server's compute, its bytes at the measured throughput
+    and the best RTT; the median of recent calls."""
+    from collections import deque
+
+    from edgeflow.cloud.client import LinkStats
+    stats = LinkStats(rtts=deque([0.012, 0.010]), calls_s=deque([(0.015, 0, 0), (0.020, 1000, 0), (0.5, 100_000, 0)]))
+    assert stats.overhead_s == pytest.approx(0.0075)  # the 100 kB call waits for a throughput: 5 and 10 ms
+    stats.up.append((1_000_000, 1.0))  # 1 MB/s: the calls pay 0, 1 and 100 ms of upload
+    assert stats.overhead_s == pytest.approx(0.009)  # median of 5, 9 and 390 ms
+    assert LinkStats(calls_s=deque([(0.015, 0, 0)])).overhead_s is None  # no RTT yet
+    assert LinkStats(rtts=deque([0.02]), calls_s=deque([(0.015, 0, 0)])).overhead_s == 0.0
+
+
+def test_the_client_measures_the_per_call_overhead(mlp, tmp_path):
+    from edgeflow.cloud import Client
+    result = split_file(mlp, tmp_path, link="4g")
+    with Server(models={result.model_id: result.paths["cloud"]}) as server, Client(server.address) as client:
+        stats = client.measure(nbytes=1 << 16, model_id=result.model_id, sha256=result.cloud_sha256)
+        assert stats.overhead_s is not None and stats.overhead_s >= 0 and len(stats.calls_s) == 3
+        assert Link.measured(stats, "3g").overhead_s == stats.overhead_s
+        info = metadata.split(reader.load(result.paths["device"]))
+        assert info["link"]["overhead_s"] == 0.003 and Replanner(info).planned_link.overhead_s == 0.003
