@@ -28,7 +28,6 @@ from ..format import metadata
 from ..interp import Interpreter
 from ..interp.delegate import Delegate
 from ..interp.interpreter import SignatureRunner
-from ..splitter.planner import worth
 
 _log = logging.getLogger("edgeflow")
 UNREACHABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
@@ -212,8 +211,9 @@ class SplitRunner:
     cut's interpreter; the first call after it is ready swaps it in. Each move is logged
     with its predicted seconds and the median measured call time over the `every` calls
     before and after it (`moves`, one dict per move); when the calls after it are slower
-    than before by the replanner's margins (latency objective), the runner moves back and
-    the replanner bars that cut until the link changes.
+    than before by more than the replanner's margins (`margin` x before and
+    `min_gain_s`; latency objective), the runner moves back and the replanner bars that
+    cut until the link changes.
     """
 
     def __init__(self, interp, cloud, split_runner, local_runner, retry_s=30.0, adapt=None):
@@ -351,7 +351,7 @@ class SplitRunner:
         after = statistics.median(watch["after"])
         planner = self.replanner
         slower = (planner.objective == "latency" and before is not None
-                  and worth(before, after, planner.margin, planner.min_gain_s))
+                  and after - before > max(planner.margin * before, planner.min_gain_s))
         self.moves.append({"device_ops": len(move.device_ops), "was": len(watch["previous"][3]),
                            "link": move.link.describe(), "predicted_before_s": move.predicted_before_s,
                            "predicted_after_s": move.predicted_after_s, "measured_before_s": before,
