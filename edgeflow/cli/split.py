@@ -78,9 +78,10 @@ def cmd_split(args):
 
 
 def _link(args):
-    """The link spec: --link (default 4g) with --up, --down, --rtt overriding its figures."""
+    """The link spec: --link (default 4g) with --up, --down, --rtt, --overhead overriding its figures."""
     overrides = [f"{k}={v}" for k, v in (("up", args.up), ("down", args.down), ("rtt", args.rtt),
                                          ("overhead", args.overhead)) if v]
-    if overrides:
-        return ",".join(([args.link] if args.link else []) + overrides)
+    if overrides:  # over --link, else over 4g unless --up gives the figures
+        base = args.link or (None if args.up else "4g")
+        return ",".join(([base] if base else []) + overrides)
     return args.link or "4g"

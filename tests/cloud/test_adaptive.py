@@ -278,3 +278,15 @@ def test_the_client_measures_the_per_call_overhead(mlp, tmp_path):
         assert Link.measured(stats, "3g").overhead_s == stats.overhead_s
         info = metadata.split(reader.load(result.paths["device"]))
         assert info["link"]["overhead_s"] == 0.003 and Replanner(info).planned_link.overhead_s == 0.003
+
+
+def test_the_command_line_records_and_overrides_the_choice(mlp, tmp_path):
+    from edgeflow.cli import build_parser, main
+    from edgeflow.cli.arguments import cloud_delegates
+    cut = "/net/net.0/Gemm_output_0"
+    for flags, adapt in (([], False), (["--adapt"], True)):
+        main(["split", str(mlp), "-o", str(tmp_path / str(adapt)), "--cut", cut, "--overhead", "2ms", *flags])
+        info = metadata.split(reader.load(tmp_path / str(adapt) / "device.efl"))
+        assert (info["forced_cut"], info["adapt"], info["link"]["overhead_s"]) == ([cut], adapt, 0.002)
+    args = build_parser().parse_args(["bench", str(mlp), "--cloud", "localhost:1", "--adapt"])
+    assert cloud_delegates(args)[0].adapt is True
