@@ -92,10 +92,17 @@ class TrainingCut:
             for t in sub.operators[i].inputs:
                 if sub.tensors[t].is_variable:
                     readers.setdefault(t, set()).add(side[i])
-        both = [sub.tensors[v].name for v, s in readers.items() if len(s) > 1]
+        both = {sub.tensors[v].name: v for v, s in readers.items() if len(s) > 1}
         if both:
-            raise PlacementError(f"variables {both} are read by forward ops on both sides; a "
-                                 "variable lives on one side (move the cut or pin the ops)")
+            from .profiles import op_name
+            name, v = next(iter(both.items()))
+            by_side = {s_: [op_name(sub, i) for i in forward if v in sub.operators[i].inputs and side[i] == s_]
+                       for s_ in ("device", "cloud")}
+            raise PlacementError(f"variables {sorted(both)} are read by forward ops on both sides ({name!r}: "
+                                 f"{by_side['device']} on the device, {by_side['cloud']} on the cloud); a "
+                                 "variable lives on one side: put those ops on one side (edgeflow split "
+                                 "plans so without --cut), or, for an ONNX model converted with "
+                                 "--tie-shared-weights, convert without it")
         self.variable_side = {v: next(iter(s)) for v, s in readers.items()}
         for i in self.ops:
             if i in side:

@@ -491,3 +491,46 @@ def test_the_issues_commands_give_the_locally_trained_accuracy(tmp_path):
     exported = ef.Interpreter(tmp_path / "trained.efl").get_signature_runner("infer")(x=test["x"])["logits"]
     np.testing.assert_allclose(exported, want, rtol=1e-5, atol=1e-5)
     assert float((exported.argmax(1) == test["label"]).mean()) == float((want.argmax(1) == test["label"]).mean())
+
+
+# -- issue 17, finding 5: an exporter's deduplicated biases split-train ---------------------
+def test_an_onnx_model_with_deduplicated_biases_split_trains_as_it_trains_locally(tmp_path):
+    """fc1 and fc2 read one deduplicated zero bias (as torch's exporters write them): with
+    the converter's default (a variable per reading), a cut between them split-trains equal
+    to local training (main: "variables ... are read by forward ops on both sides")."""
+    from edgeflow.converters import onnx as onnx_converter
+    from edgeflow.splitter.package import split_file
+    from conversion.test_trainable import deduplicated_mlp  # tests/ is on sys.path (its conftest)
+    onnx_converter.convert(deduplicated_mlp(), tmp_path / "m.efl", trainable=True, optimizer="adam:0.01")
+    data, test = mlp_digits()
+    data = {"x": data["x"], "labels": data["label"]}
+    result = split_file(tmp_path / "m.efl", tmp_path / "out", cut=["r1"], train=True,
+                        input_shapes={"x": (32, 64), "labels": (32,)})
+    local = ef.Interpreter(tmp_path / "m.efl")
+    with Server(models={result.model_id: result.paths["cloud"]}) as server:
+        device = ef.Interpreter(result.paths["device"], delegates=[CloudDelegate(server.address, device_id="dd")])
+        runners = local.get_signature_runner("train"), device.get_signature_runner("train")
+        for step in range(10):
+            batch = training_loop.batch_at(data, 32, 0, 0, step)
+            losses = [float(r(**batch)["loss"]) for r in runners]
+            assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+        got = device.get_signature_runner("infer")(x=test["x"])["logits"]
+    np.testing.assert_allclose(got, local.get_signature_runner("infer")(x=test["x"])["logits"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_shared_variable_is_a_constraint_of_the_cut(tmp_path):
+    """Tied (--tie-shared-weights), fc1 and fc2 read one variable: the planner keeps them on
+    one side; a forced cut between them says which variable, which ops, and what to do."""
+    from edgeflow.converters import onnx as onnx_converter
+    from edgeflow.errors import PlacementError
+    from edgeflow.splitter.package import split_file
+    from conversion.test_trainable import deduplicated_mlp  # tests/ is on sys.path (its conftest)
+    onnx_converter.convert(deduplicated_mlp(), tmp_path / "m.efl", trainable=True, tie_shared=True)
+    shapes = {"x": (32, 64), "labels": (32,)}
+    with pytest.raises(PlacementError, match=r"splits variable 'zero_bias'.*--cut h2: all on the device.*--cut h1/matmul: all on the cloud.*leave out --cut"):
+        split_file(tmp_path / "m.efl", tmp_path / "forced", cut=["r1"], train=True, input_shapes=shapes)
+    for link in ("3g", "4g", "wifi"):
+        planned = split_file(tmp_path / "m.efl", tmp_path / link.replace("/", "_"), link=link, train=True,
+                             input_shapes=shapes, server_speed=50.0)
+        sides = {name: side for name, side in planned.placement.side.items() if name in ("h1", "h2")}
+        assert len(sides) == 2 and len(set(sides.values())) == 1, planned.placement.side
