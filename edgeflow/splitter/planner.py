@@ -275,16 +275,19 @@ class _Network:
 
 
 # -- planning -----------------------------------------------------------------------------
-def plan(cost_graph, link, objective="latency", memory_budget=None):
+def plan(cost_graph, link, objective="latency", memory_budget=None, together=()):
     """The best Placement of `cost_graph`'s ops over `link` (a Link or a spec for
-    Link.parse) under `objective` ("latency" or "device-time"), honouring pins and, if
-    given, a device `memory_budget` in bytes (see the module docstring: exact without a
-    budget, a Lagrangian heuristic with one). PlacementError if the pins contradict each
-    other or even the smallest device side exceeds the budget."""
+    Link.parse) under `objective` ("latency" or "device-time"), honouring pins, groups
+    of ops (op positions) that must run on one side (`together`: split training's ops
+    that read one variable, see `_keep_together`) and, if given, a device
+    `memory_budget` in bytes (see the module docstring: exact without a budget, a
+    Lagrangian heuristic with one). PlacementError if the pins contradict each other
+    or even the smallest device side exceeds the budget."""
     link = Link.parse(link)
     _check_objective(objective)
-    floor = _cloud_only(cost_graph)
+    floor = _together_closure(cost_graph, _cloud_only(cost_graph), together)
     network = _Network(cost_graph, link, objective)
+    _keep_together(network, together)
     everything = [True] * len(cost_graph.ops)
     may_stay = not any(op.pinned == "cloud" for op in cost_graph.ops)
     best = network.solve()
@@ -324,6 +327,33 @@ def plan(cost_graph, link, objective="latency", memory_budget=None):
                 lo = mid
     chosen = _cheapest(cost_graph, link, objective, candidates)
     return _placement(cost_graph, link, objective, chosen, floor, exact=False)
+
+
+def _keep_together(network, together):
+    """Each group's ops on one side: infinite edges both ways between consecutive members
+    (a cut separating two of them would cost infinity). The cut stays exact."""
+    pairs = [(a + 2, b + 2) for group in together for a, b in zip(group, group[1:])]
+    if pairs:
+        network.inf_rows = np.concatenate([network.inf_rows, [a for a, b in pairs], [b for a, b in pairs]])
+        network.inf_cols = np.concatenate([network.inf_cols, [b for a, b in pairs], [a for a, b in pairs]])
+
+
+def _together_closure(cost_graph, dev, together):
+    """`dev` grown until no group of `together` straddles the sides (a group with an op on
+    the device goes there whole, with what it needs). PlacementError if a cloud-pinned
+    op would have to run on the device."""
+    dev = list(dev)
+    while True:
+        grown = [k for group in together if any(dev[k] for k in group) for k in group if not dev[k]]
+        if not grown:
+            break
+        more = _closure(cost_graph, grown)
+        dev = [a or b for a, b in zip(dev, more)]
+    clash = [op.name for op in cost_graph.ops if dev[op.index] and op.pinned == "cloud"]
+    if clash:
+        raise PlacementError(f"op(s) {clash} are pinned to the cloud but share a variable with ops that "
+                             "must run on the device")
+    return dev
 
 
 def _cheapest(cost_graph, link, objective, candidates):
