@@ -34,6 +34,7 @@ layers, d 256, sequence 128).
 """
 import argparse
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -195,8 +196,8 @@ def run_link(link_name, preps, args, work):
         for prep in preps:
             if prep.profiles is None:
                 log(f"[{link_name}] profiling {prep.name} (device: {args.quota:.0%} quota, period "
-                    f"{args.cpu_period_us} us)")
-                profile_model(L, prep, args.cpu_period_us, args.quota)
+                    f"{args.period_us} us)")
+                profile_model(L, prep, args.period_us, args.quota)
         serve_dir = work / f"serve-{link_name}"
         shutil.rmtree(serve_dir, ignore_errors=True)
         serve_dir.mkdir()
@@ -263,7 +264,7 @@ def measure(L, prep, link, link_name, plan, args, work):
         f"predicted {placement.predicted['split'] * 1e3:.1f} ms")
     t = time.monotonic()
     p = L.run_in("device", [sys.executable, str(HERE / "split_driver.py"), str(spec_path)],
-                 cpu_quota=args.quota, cpu_period_us=args.cpu_period_us, env=blas_env(),
+                 cpu_quota=args.quota, cpu_period_us=args.period_us, env=blas_env(),
                  stdout=subprocess.PIPE, stderr=None, stdin=subprocess.DEVNULL)
     try:
         out, _ = p.communicate(timeout=args.driver_timeout)
@@ -470,14 +471,15 @@ def main(argv=None):
             log(f"  {m}: {len(preps[-1].order)} ops -> {len(preps[-1].order) + 1} cuts")
         results = []
         for quota in quotas:  # each device class profiled once, then every link
-            args.quota = quota
+            # The kernel's smallest quota is 1 ms: a 5% device needs a 20 ms period.
+            args.quota, args.period_us = quota, max(args.cpu_period_us, math.ceil(1000 / quota))
             for prep in preps:
                 prep.profiles = None
             for link_name in links:
                 results += run_link(link_name, preps, args, work)
         rtt = " + real RTT (delay relay)" if args.rtt == "real" else ", RTT added to the measured calls"
         header = (f"bench_split: {', '.join(models)} on {', '.join(links)}; device = {', '.join(f'{q:.0%}' for q in quotas)} of one core "
-                  f"(cgroup quota, CFS period {args.cpu_period_us / 1000:g} ms, 1 BLAS thread); server = edgeflow "
+                  f"(cgroup quota, CFS period {args.cpu_period_us / 1000:g} ms or the 1 ms quota's, 1 BLAS thread); server = edgeflow "
                   f"serve, 1 BLAS thread, no quota, on the same 2-core host; link = tc tbf on a veth pair{rtt}; "
                   f"{args.runs} timed runs per cut after {args.warmup} warm-up, prune factor {args.prune_factor:g}; "
                   f"{time.monotonic() - t0:.0f} s")
