@@ -121,9 +121,11 @@ BUILDERS = {"resnet18": lambda: _vision("resnet18"), "mobilenet_v2": lambda: _vi
 
 
 def default_cache():
+    """$EDGEFLOW_BENCH_CACHE, else ~/.cache/edgeflow-bench/<torch version> (torch needed then)."""
+    if os.environ.get("EDGEFLOW_BENCH_CACHE"):
+        return pathlib.Path(os.environ["EDGEFLOW_BENCH_CACHE"])
     import torch
-    return pathlib.Path(os.environ.get("EDGEFLOW_BENCH_CACHE")
-                        or pathlib.Path.home() / ".cache" / "edgeflow-bench" / torch.__version__)
+    return pathlib.Path.home() / ".cache" / "edgeflow-bench" / torch.__version__
 
 
 def real_model(name, cache):

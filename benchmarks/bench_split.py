@@ -2,31 +2,39 @@
 every cut measured, against device-only and against cloud-only.
 
     sudo .venv/bin/python benchmarks/bench_split.py [--links 3g,4g,wifi] [--models encoder,mobilenetv2]
-        [--runs 7] [--warmup 2] [--rtt real|analytic] [--per-cut] [--json OUT.json]
+        [--quotas 0.05,0.2] [--cuts all|narrow] [--runs 7] [--warmup 2] [--rtt real|analytic]
+        [--per-cut] [--json OUT.json]
     .venv/bin/python benchmarks/bench_split.py --report OUT.json [--per-cut]   # re-print
 
 Per link profile of edgeflow.splitter.LINKS, a lab of benchmarks/netlab (root): device and
 cloud namespaces joined by a tbf-shaped veth pair, the profile's RTT as real packet delay
 (`--rtt analytic`: none, the RTT added to every measured call). The device is a process
-under a CPU quota of 20% of one core (10 ms CFS period, `--cpu-period-us`), one BLAS
-thread; the cloud is `edgeflow serve`, one BLAS thread, hosting every cut's cloud package.
-Per model, once: `edgeflow profile` on both sides, so the planner plans from measured op
-times. Then per link: the planner's FIXED cut (split_file, device_graph="cut") and every
-prefix cut of the `infer` op order (partition.write_pair; prefix 0 is cloud-only, the whole
-order device-only), timed by benchmarks/split_driver.py in the device namespace:
-`--runs` runs per cut after `--warmup`, round-robin over the cuts, each after 20 ms idle,
-outputs checked against the unsplit model's. ~13-14 minutes with the defaults.
+under a CPU quota (`--quotas`, fractions of one core: 0.2 by default, 0.05 for a slower
+phone class; 10 ms CFS period, `--cpu-period-us`), one BLAS thread; the cloud is
+`edgeflow serve`, one BLAS thread, hosting every cut's cloud package. Per model and quota,
+once: `edgeflow profile` on both sides, so the planner plans from measured op times. Then
+per link: the planner's FIXED cut (split_file, device_graph="cut") and every prefix cut of
+the `infer` op order (`--cuts all`; partition.write_pair; prefix 0 is cloud-only, the whole
+order device-only) or those after which one tensor crosses (`--cuts narrow`, the layer
+boundaries of Neurosurgeon's and DADS's search; the default with a real-size model), timed
+by benchmarks/split_driver.py in the device namespace: `--runs` runs per cut after
+`--warmup`, round-robin over the cuts, each after 20 ms idle, outputs checked against the
+unsplit model's. ~13-14 minutes with the defaults.
 
-Printed per model and link: the planner's cut, its predicted and measured latency
+Printed per model, quota and link: the planner's cut, its predicted and measured latency
 (medians), the best measured cut, planner/best (goal <= 1.05), device-only and
 cloud-only and the planner's speed-ups over them; then the cost model's predictions
-against the measurements. Models: `encoder`, a DADS-style encoder (48 KB image -> 8 KB)
-and a heavy head (8 convs of 256 channels at 16x16); `mobilenetv2` and `resnet` of
+against the measurements. Small models: `encoder`, a DADS-style encoder (48 KB image ->
+8 KB) and a heavy head (8 convs of 256 channels at 16x16); `mobilenetv2` and `resnet` of
 tests/data/onnx (64x64). Requests under ~2 ms of CPU fit in one quota slice and run at
 full speed, which is why MobileNetV2's device-only time measures well under its profile.
+Real-size models (the ONNX files benchmarks/bench_models.py exports with the `zoo` extra
+and caches, `--cache`): `resnet18` and `mobilenet_v2` at 224x224, `bert_encoder` (4
+layers, d 256, sequence 128).
 """
 import argparse
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -42,12 +50,16 @@ import netlab
 from harness import edgeflow_cmd, log, median, ms, blas_env
 
 HERE = pathlib.Path(__file__).resolve().parent
-SHAPE = (1, 3, 64, 64)
-ALL_MODELS = ("encoder", "mobilenetv2", "resnet")
+SHAPE = (1, 3, 64, 64)  # the small models' input
+SMALL_MODELS = ("encoder", "mobilenetv2", "resnet")
+# Real-size models (Neurosurgeon's and DADS's kind), exported by bench_models.py and cached
+# outside the checkout: 224x224 images, a 4-layer BERT-like encoder at sequence 128.
+REAL_MODELS = ("resnet18", "mobilenet_v2", "bert_encoder")
+ALL_MODELS = SMALL_MODELS + REAL_MODELS
 DEFAULT_MODELS = ("encoder", "mobilenetv2")
 LINK_NAMES = ("3g", "4g", "wifi")
 PORT = 50051
-QUOTA = 0.2
+QUOTAS = (0.2,)  # of one core: the device's CPU (--quotas)
 GOAL = 1.05
 
 
@@ -72,29 +84,46 @@ def build_encoder_head(path, channels=256, layers=8, encoder_channels=8):
     ef.save(g, path, signatures={"infer": ({"image": image}, {"probs": probs})})
 
 
-def make_model(name, path):
-    """Write model `name` to `path`; (input name, output name)."""
+def make_model(name, path, cache=None):
+    """Write model `name` to `path`; (input name, output name, input shape)."""
     if name == "encoder":
         build_encoder_head(path)
-        return "image", "probs"
+        return "image", "probs", SHAPE
+    if name in REAL_MODELS:
+        import bench_models
+        from edgeflow.converters import onnx as onnx_converter
+        onnx_path, inputs = bench_models.real_model(name, cache or bench_models.default_cache())
+        onnx_converter.convert(onnx_path, path)
+        (input_name, example), = inputs.items()
+        import edgeflow as ef
+        outputs = ef.Interpreter(str(path)).get_signature_runner("infer").get_output_details()
+        return input_name, next(iter(outputs)), tuple(example.shape)
     harness.convert_onnx(name, path)
-    return "image", "logits"
+    return "image", "logits", SHAPE
+
+
+def narrow_prefixes(model, order):
+    """The prefixes k of the op order after which one tensor alone crosses to the rest (a
+    layer boundary: between residual blocks, not inside one), with 0 (cloud-only); the
+    cuts that Neurosurgeon's and DADS's layer-level search considers."""
+    from edgeflow.splitter import partition
+    return [0] + [k for k in range(1, len(order)) if len(partition.Cut(model, set(order[:k])).uploads) == 1]
 
 
 # -- preparing a model ------------------------------------------------------------------
 class Prepared:
     """A model, its reference input/output and its prefix-cut packages (link-independent)."""
 
-    def __init__(self, name, work):
+    def __init__(self, name, work, cuts="all", cache=None):
         from edgeflow.format import reader
         from edgeflow.splitter import partition
         import edgeflow as ef
         self.name, self.dir = name, work / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / f"{name}.efl"
-        self.input_name, self.output_name = make_model(name, self.path)
-        self.shapes = {self.input_name: SHAPE}
-        x = np.random.default_rng(7).standard_normal(SHAPE).astype(np.float32)
+        self.input_name, self.output_name, self.shape = make_model(name, self.path, cache)
+        self.shapes = {self.input_name: self.shape}
+        x = np.random.default_rng(7).standard_normal(self.shape).astype(np.float32)
         ref = ef.Interpreter(str(self.path)).get_signature_runner("infer")(**{self.input_name: x})
         self.x_path, self.ref_path = self.dir / "x.npy", self.dir / "ref.npy"
         np.save(self.x_path, x)
@@ -102,7 +131,8 @@ class Prepared:
         self.model = reader.load(str(self.path))
         self.order = partition.Cut(self.model, set()).ops  # operator indices, execution order
         self.cuts = []  # prefix k: {"k", "name", "device", "cloud", "model_id"}
-        for k in range(len(self.order)):  # k == len(order) is device-only: the model itself
+        prefixes = range(len(self.order)) if cuts == "all" else narrow_prefixes(self.model, self.order)
+        for k in prefixes:  # k == len(order) is device-only: the model itself
             d = self.dir / f"p{k:03d}"
             d.mkdir(exist_ok=True)
             mid = f"{name}-p{k:03d}"
@@ -129,14 +159,14 @@ class Prepared:
         return {op.name: "device" if op.operator in dev else "cloud" for op in self.cost_graph.ops}
 
 
-def profile_model(L, prep, period_us, runs=20):
+def profile_model(L, prep, period_us, quota, runs=20):
     """Device profile under the quota in the device namespace, server profile in the cloud one."""
-    dev_p, srv_p = prep.dir / "device_profile.json", prep.dir / "server_profile.json"
-    shape = f"{prep.input_name}=" + ",".join(map(str, SHAPE))
+    dev_p, srv_p = prep.dir / f"device_profile_{quota:g}.json", prep.dir / "server_profile.json"
+    shape = f"{prep.input_name}=" + ",".join(map(str, prep.shape))
     base = edgeflow_cmd() + ["profile", str(prep.path), "--input-shape", shape, "--runs", str(runs)]
     t = time.monotonic()
-    out = L.run_checked("device", base + ["-o", str(dev_p), "--name", "device (20% of a core)"], 600,
-                      f"device profile of {prep.name}", cpu_quota=QUOTA, cpu_period_us=period_us,
+    out = L.run_checked("device", base + ["-o", str(dev_p), "--name", f"device ({quota:.0%} of a core)"], 1800,
+                      f"device profile of {prep.name}", cpu_quota=quota, cpu_period_us=period_us,
                       env=blas_env())
     log(f"  {out.strip()}  [{time.monotonic() - t:.0f} s]")
     out = L.run_checked("cloud", base + ["-o", str(srv_p), "--name", "server (1 core)"], 300,
@@ -147,9 +177,9 @@ def profile_model(L, prep, period_us, runs=20):
 
 
 # -- one link ---------------------------------------------------------------------------
-def plan_for_link(prep, link_name):
+def plan_for_link(prep, link_name, quota):
     from edgeflow.splitter.package import split_file
-    out = prep.dir / f"plan-{link_name}"
+    out = prep.dir / f"plan-{link_name}-{quota:g}"
     res = split_file(str(prep.path), str(out), link=link_name, device_profile=prep.profiles[0],
                      server_profile=prep.profiles[1], input_shapes=prep.shapes, device_graph="cut",
                      cloud_graph="cut", model_id=f"{prep.name}-{link_name}-planner")
@@ -165,15 +195,15 @@ def run_link(link_name, preps, args, work):
         log(f"[{link_name}] lab: {L.describe()}")
         for prep in preps:
             if prep.profiles is None:
-                log(f"[{link_name}] profiling {prep.name} (device: {QUOTA:.0%} quota, period "
-                    f"{args.cpu_period_us} us)")
-                profile_model(L, prep, args.cpu_period_us)
+                log(f"[{link_name}] profiling {prep.name} (device: {args.quota:.0%} quota, period "
+                    f"{args.period_us} us)")
+                profile_model(L, prep, args.period_us, args.quota)
         serve_dir = work / f"serve-{link_name}"
         shutil.rmtree(serve_dir, ignore_errors=True)
         serve_dir.mkdir()
         plans = {}
         for prep in preps:
-            res = plan_for_link(prep, link_name)
+            res = plan_for_link(prep, link_name, args.quota)
             plans[prep.name] = res
             for c in prep.cuts:
                 os.symlink(c["cloud"], serve_dir / f"{c['model_id']}.efl")
@@ -194,7 +224,7 @@ def run_link(link_name, preps, args, work):
         log(f"[{link_name}] tbf: up {qd['up'].get('bytes', 0):,} B sent, {qd['up'].get('dropped', 0)} dropped; "
             f"down {qd['down'].get('bytes', 0):,} B, {qd['down'].get('dropped', 0)} dropped")
     for r in results:
-        r["rtt_mode"], r["rtt_s"], r["prune_factor"] = args.rtt, link.rtt_s, args.prune_factor
+        r["rtt_mode"], r["rtt_s"], r["prune_factor"], r["quota"] = args.rtt, link.rtt_s, args.prune_factor, args.quota
     return results
 
 
@@ -234,7 +264,7 @@ def measure(L, prep, link, link_name, plan, args, work):
         f"predicted {placement.predicted['split'] * 1e3:.1f} ms")
     t = time.monotonic()
     p = L.run_in("device", [sys.executable, str(HERE / "split_driver.py"), str(spec_path)],
-                 cpu_quota=QUOTA, cpu_period_us=args.cpu_period_us, env=blas_env(),
+                 cpu_quota=args.quota, cpu_period_us=args.period_us, env=blas_env(),
                  stdout=subprocess.PIPE, stderr=None, stdin=subprocess.DEVNULL)
     try:
         out, _ = p.communicate(timeout=args.driver_timeout)
@@ -293,6 +323,11 @@ def measure(L, prep, link, link_name, plan, args, work):
 
 
 # -- printing ---------------------------------------------------------------------------
+def tag(r):
+    """A result's model and the device's CPU quota: "resnet18 @ 20%"."""
+    return f"{r['model']} @ {r.get('quota', 0.2):.0%}"
+
+
 def kb(b):
     return f"{b / 1024:.1f} KB"
 
@@ -311,7 +346,7 @@ def print_report(results, per_cut=False, header=""):
     print()
     print(f"Planner's split vs every cut, measured (median ms; goal plan/best <= {GOAL}); x dev, x cloud = "
           "speed-up of the planner's split over device-only, cloud-only")
-    head = (f"{'model':<11} {'link':<4}  {'planner cut (ops on device, last, up)':<38} {'pred':>6} {'meas':>6}  "
+    head = (f"{'model @ device':<17} {'link':<4}  {'planner cut (ops on device, last, up)':<38} {'pred':>6} {'meas':>6}  "
             f"{'best measured cut':<38} {'best':>6} {'plan/best':>9}  {'dev-only':>8} {'cloud-only':>10} "
             f"{'x dev':>6} {'x cloud':>7}")
     print(head)
@@ -324,13 +359,13 @@ def print_report(results, per_cut=False, header=""):
         p, b, d, c = r["planner"], r["best"], r["device_only"], r["cloud_only"]
         ratio = p["measured_s"] / b["measured_s"]
         bdesc = "(the planner's cut)" if b is p or b["name"] == "planner" else desc(b)
-        print(f"{r['model']:<11} {r['link']:<4}  {desc(p):<38} {ms(p['predicted_s']):>6} {ms(p['measured_s']):>6}  "
+        print(f"{tag(r):<17} {r['link']:<4}  {desc(p):<38} {ms(p['predicted_s']):>6} {ms(p['measured_s']):>6}  "
               f"{bdesc:<38} {ms(b['measured_s']):>6} {ratio:>8.3f}{' ' if ratio <= GOAL else '!'}  "
               f"{ms(d['measured_s']):>8} {ms(c['measured_s']):>10} {d['measured_s'] / p['measured_s']:>5.2f}x "
               f"{c['measured_s'] / p['measured_s']:>6.2f}x")
     print()
     print("Cost model, predicted / measured (median ms), and how the measurement went")
-    head = (f"{'model':<11} {'link':<4}  {'device-only':>15} {'cloud-only':>15} {'planner':>15}  {'rank':>6}  "
+    head = (f"{'model @ device':<17} {'link':<4}  {'device-only':>15} {'cloud-only':>15} {'planner':>15}  {'rank':>6}  "
             f"{'cuts (once)':>11}  {'twice':>13}  {'cloud-only call/server':>22}  {'empty RPC/RTT':>13}")
     print(head)
     print("-" * len(head))
@@ -340,7 +375,7 @@ def print_report(results, per_cut=False, header=""):
         rank = sum(1 for v in allm if v < p["measured_s"]) + 1
         twin = p.get("twin_s")
         twice = f"{ms(twin[0])}/{ms(twin[1])}" if twin else "-"
-        print(f"{r['model']:<11} {r['link']:<4}  {ms(d['predicted_s']):>7}/{ms(d['measured_s']):<7} "
+        print(f"{tag(r):<17} {r['link']:<4}  {ms(d['predicted_s']):>7}/{ms(d['measured_s']):<7} "
               f"{ms(c['predicted_s']):>7}/{ms(c['measured_s']):<7} {ms(p['predicted_s']):>7}/{ms(p['measured_s']):<7}  "
               f"{rank:>2}/{len(allm):<3}  {len(r['cuts']):>5} ({r.get('pruned', 0):>2})  {twice:>13}  "
               f"{ms(c['call_s']):>10}/{ms(c['server_s']):<11}  {ms(r.get('ping_s')):>6}/{ms(r.get('rtt_s')):<6}")
@@ -378,6 +413,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--links", default=",".join(LINK_NAMES), help="link profiles (default 3g,4g,wifi)")
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"of {','.join(ALL_MODELS)}")
+    ap.add_argument("--quotas", default=",".join(f"{q:g}" for q in QUOTAS),
+                    help="the device's CPU, fractions of one core, comma-separated (default 0.2; "
+                         "0.05,0.2 for two phone classes)")
+    ap.add_argument("--cuts", choices=("all", "narrow"), default=None,
+                    help="all: every prefix of the op order; narrow: the prefixes after which one tensor "
+                         "crosses (layer boundaries; the default with a real-size model)")
+    ap.add_argument("--cache", help="folder of bench_models.py's exported ONNX files (default "
+                                    "$EDGEFLOW_BENCH_CACHE or ~/.cache/edgeflow-bench/<torch version>)")
     ap.add_argument("--runs", type=int, default=7, help="timed runs per cut (default 7)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed runs per cut first (default 2)")
     ap.add_argument("--cpu-period-us", type=int, default=10000,
@@ -410,6 +453,13 @@ def main(argv=None):
             ap.error(f"unknown link {k!r}; known: {sorted(LINKS)}")
     if args.runs < 1 or args.warmup < 1:
         ap.error("--runs and --warmup must be >= 1")
+    try:
+        quotas = [float(q) for q in args.quotas.split(",") if q.strip()]
+    except ValueError:
+        ap.error(f"--quotas: expected fractions of a core such as 0.05,0.2, got {args.quotas!r}")
+    if not quotas or not all(0 < q <= 1 for q in quotas):
+        ap.error(f"--quotas: expected fractions in (0, 1], got {args.quotas!r}")
+    cuts = args.cuts or ("narrow" if any(m in REAL_MODELS for m in models) else "all")
     t0 = time.monotonic()
     work = pathlib.Path(args.keep) if args.keep else pathlib.Path(tempfile.mkdtemp(prefix="bench_split-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -417,14 +467,19 @@ def main(argv=None):
         preps = []
         for m in models:
             log(f"preparing {m}: model, reference output, every prefix cut's package pair")
-            preps.append(Prepared(m, work))
+            preps.append(Prepared(m, work, cuts, args.cache))
             log(f"  {m}: {len(preps[-1].order)} ops -> {len(preps[-1].order) + 1} cuts")
         results = []
-        for link_name in links:
-            results += run_link(link_name, preps, args, work)
+        for quota in quotas:  # each device class profiled once, then every link
+            # The kernel's smallest quota is 1 ms: a 5% device needs a 20 ms period.
+            args.quota, args.period_us = quota, max(args.cpu_period_us, math.ceil(1000 / quota))
+            for prep in preps:
+                prep.profiles = None
+            for link_name in links:
+                results += run_link(link_name, preps, args, work)
         rtt = " + real RTT (delay relay)" if args.rtt == "real" else ", RTT added to the measured calls"
-        header = (f"bench_split: {', '.join(models)} on {', '.join(links)}; device = {QUOTA:.0%} of one core "
-                  f"(cgroup quota, CFS period {args.cpu_period_us / 1000:g} ms, 1 BLAS thread); server = edgeflow "
+        header = (f"bench_split: {', '.join(models)} on {', '.join(links)}; device = {', '.join(f'{q:.0%}' for q in quotas)} of one core "
+                  f"(cgroup quota, CFS period {args.cpu_period_us / 1000:g} ms or the 1 ms quota's, 1 BLAS thread); server = edgeflow "
                   f"serve, 1 BLAS thread, no quota, on the same 2-core host; link = tc tbf on a veth pair{rtt}; "
                   f"{args.runs} timed runs per cut after {args.warmup} warm-up, prune factor {args.prune_factor:g}; "
                   f"{time.monotonic() - t0:.0f} s")

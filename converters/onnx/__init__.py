@@ -158,7 +158,7 @@ def to_graph(model, show_progress=False, variables=()):
 
 
 def convert(src, dst=None, quantize=None, optimize=True, progress=False, trainable=False,
-            loss="cross_entropy", optimizer="sgd:0.01", freeze=()):
+            loss="cross_entropy", optimizer="sgd:0.01", freeze=(), tie_shared=False):
     """Convert an ONNX model (path or ModelProto) to edgeflow; write it to `dst` if given.
 
     quantize: None, "fp16" (weights stored as float16) or "int8" (weights stored int8,
@@ -171,9 +171,19 @@ def convert(src, dst=None, quantize=None, optimize=True, progress=False, trainab
     labels, or "mse") applies to the first graph output against a new `labels` input, and
     `optimizer` ("sgd:LR", "momentum:LR", "adam:LR", "adamw:LR", "adagrad:LR",
     "rmsprop:LR") updates the variables.
+
+    An initializer read by several nodes (each reading is a "parameter slot": a weight or
+    bias input of a Gemm, Conv, MatMul, Add...) becomes one variable per slot, each
+    starting at the initializer's value: exporters deduplicate equal initializers (torch's
+    do: the zero biases of several nn.Linear layers become one), and the original modules
+    trained them apart. The first slot keeps the initializer's name, the others are named
+    `NAME@NODE`; the Conversion's `notes` list them. `tie_shared` keeps them one shared
+    variable instead: True for every such initializer, or an iterable of their names (a
+    transformer's tied embeddings are genuinely one parameter). Initializers also read
+    inside subgraphs (If, Loop, Scan bodies) stay shared.
     """
     if trainable:
-        return _convert_trainable(src, dst, quantize, progress, loss, optimizer, freeze)
+        return _convert_trainable(src, dst, quantize, progress, loss, optimizer, freeze, tie_shared)
     from edgeflow.graph import optimize as passes
 
     check_quantize(quantize)
@@ -209,7 +219,85 @@ def make_optimizer(spec):
     return cls(lr, 0.9) if name == "momentum" else cls(lr)
 
 
-def _convert_trainable(src, dst, quantize, progress, loss, optimizer, freeze):
+def untie_shared(proto, trainable, tie_shared=False):
+    """(model, {initializer: [names of its copies]}): `proto` (not changed) with each
+    initializer in `trainable` that several main-graph node inputs read given one copy
+    per reading, except those `tie_shared` names (True: all of them); see `convert`. An
+    Identity of such an initializer (torch's TorchScript exporter writes `2.bias =
+    Identity(0.bias)` for a deduplicated parameter) is a reading too: it becomes a copy
+    under its output's name."""
+    import onnx
+    from onnx import numpy_helper
+    nodes = list(proto.graph.node)
+    outputs = {o.name for o in proto.graph.output}
+    root = {}  # Identity output -> the trainable initializer it aliases
+    for node in nodes:
+        if node.op_type == "Identity" and node.output[0] not in outputs:
+            source = node.input[0]
+            if source in trainable or source in root:
+                root[node.output[0]] = root.get(source, source)
+    readings, in_subgraphs = {}, set()
+
+    def subgraph_reads(node):
+        for attr in node.attribute:
+            for g in list(attr.graphs) + ([attr.g] if attr.HasField("g") else []):
+                for inner in g.node:
+                    in_subgraphs.update(root.get(n, n) for n in inner.input)
+                    subgraph_reads(inner)
+    for k, node in enumerate(nodes):
+        subgraph_reads(node)
+        if node.op_type == "Identity" and node.output[0] in root:
+            readings.setdefault(root[node.output[0]], []).append((k, None))  # an alias: one reading
+            continue
+        for j, name in enumerate(node.input):
+            if name in trainable:
+                readings.setdefault(name, []).append((k, j))
+    shared = {n: r for n, r in readings.items() if len(r) > 1}
+    if tie_shared is True:
+        return proto, {}
+    tie = set(tie_shared or ())
+    unknown = sorted(tie - set(shared))
+    if unknown:
+        raise ConversionError(f"tie_shared: {unknown} are not initializers that several nodes read "
+                              f"(those are {sorted(shared)[:10]})")
+    untie = {n: r for n, r in shared.items() if n not in tie and n not in in_subgraphs}
+    if not untie:
+        return proto, {}
+    model = onnx.ModelProto()
+    model.CopyFrom(proto)
+    taken = {i.name for i in model.graph.initializer} | {v for n in model.graph.node for v in
+                                                        (*n.input, *n.output)}
+    inits = {i.name: i for i in model.graph.initializer}
+    copies, dropped = {}, set()
+    for name, found in untie.items():
+        value = numpy_helper.to_array(inits[name])
+        # The first direct reading keeps the initializer (or, with none, the first alias).
+        keep = next((r for r in found if r[1] is not None), found[0])
+        for k, j in found:
+            if (k, j) == keep:
+                continue
+            node = model.graph.node[k]
+            if j is None:  # an Identity alias becomes an initializer of its own, its name
+                copy = node.output[0]
+                dropped.add(k)
+            else:
+                base = copy = f"{name}@{node.name or node.op_type + str(k)}"
+                n = 1
+                while copy in taken:
+                    n += 1
+                    copy = f"{base}:{n}"
+                taken.add(copy)
+                node.input[j] = copy
+            model.graph.initializer.append(numpy_helper.from_array(value, copy))
+            copies.setdefault(name, []).append(copy)
+    # Each Identity alias that became an initializer is dropped.
+    kept = [n for k, n in enumerate(model.graph.node) if k not in dropped]
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    return model, copies
+
+
+def _convert_trainable(src, dst, quantize, progress, loss, optimizer, freeze, tie_shared=False):
     import numpy as np
     import edgeflow as ef
     from onnx import numpy_helper
@@ -229,6 +317,8 @@ def _convert_trainable(src, dst, quantize, progress, loss, optimizer, freeze):
     trainable = {init.name for init in proto.graph.initializer
                  if init.name not in freeze and init.name not in ctx.values_read
                  and numpy_helper.to_array(init).dtype.kind == "f"}
+    proto, copies = untie_shared(proto, trainable, tie_shared)
+    trainable |= {c for names in copies.values() for c in names}
     graph, inputs, outputs, _ = to_graph(proto, progress, variables=trainable)
     fuse_swish(graph, {"infer": (inputs, outputs)})  # before the gradients: they differentiate swish
     first_name, first = next(iter(outputs.items()))
@@ -244,5 +334,10 @@ def _convert_trainable(src, dst, quantize, progress, loss, optimizer, freeze):
     signatures = {"infer": (inputs, outputs),
                   "train": ({**inputs, "labels": labels}, {"loss": objective}, [train_op])}
     signatures = fold_constants(graph, signatures)
-    return _package(graph, signatures, f"trainable, converted from ONNX (loss {loss}, optimizer "
-                    f"{optimizer}, {len(trainable)} variables)", proto, dst, quantize)
+    result = _package(graph, signatures, f"trainable, converted from ONNX (loss {loss}, optimizer "
+                      f"{optimizer}, {len(trainable)} variables)", proto, dst, quantize)
+    for name, names in copies.items():
+        result.notes.append(f"initializer {name!r} is read by {len(names) + 1} nodes: {len(names) + 1} "
+                            f"variables ({name!r}, {', '.join(map(repr, names))}); --tie-shared-weights "
+                            f"{name} keeps one")
+    return result

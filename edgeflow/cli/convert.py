@@ -28,6 +28,10 @@ def add_parser(verbs):
                         "learning rate (default sgd:0.01)")
     p.add_argument("--freeze", nargs="+", default=[], metavar="NAME",
                    help="with --trainable: initializers to keep constant")
+    p.add_argument("--tie-shared-weights", nargs="*", metavar="NAME",
+                   help="with --trainable: an initializer that several nodes read (exporters "
+                        "deduplicate equal ones, e.g. zero biases) becomes one variable per reading "
+                        "unless named here (alone: all of them), e.g. a transformer's tied embeddings")
     p.set_defaults(fn=cmd_convert)
 
 
@@ -43,15 +47,20 @@ def cmd_convert(args):
     except ImportError as e:
         raise EdgeflowError(f"edgeflow convert needs the 'convert' extra: pip install 'edgeflow[convert]' ({e})")
     out = args.output or os.path.splitext(args.model)[0] + ".efl"
+    if args.tie_shared_weights is not None and not args.trainable:
+        raise EdgeflowError("--tie-shared-weights goes with --trainable (it says which initializers stay "
+                            "one shared variable)")
     if kind == ".tflite":
-        if args.trainable or args.freeze:
-            raise EdgeflowError("--trainable and --freeze take ONNX models; a .tflite file converts for inference")
+        if args.trainable or args.freeze or args.tie_shared_weights is not None:
+            raise EdgeflowError("--trainable, --freeze and --tie-shared-weights take ONNX models; a .tflite "
+                                "file converts for inference")
         result = converter.convert(args.model, out, quantize=args.quantize, optimize=args.optimize,
                                    progress=sys.stderr.isatty())
     else:
         result = converter.convert(args.model, out, quantize=args.quantize, optimize=args.optimize,
                                    progress=sys.stderr.isatty(), trainable=args.trainable,
-                                   loss=args.loss, optimizer=args.optimizer, freeze=args.freeze)
+                                   loss=args.loss, optimizer=args.optimizer, freeze=args.freeze,
+                                   tie_shared=True if args.tie_shared_weights == [] else args.tie_shared_weights)
     source = result.source_format
     print(f"converted {args.model} -> {out}")
     print(f"  {source + ' ops':12} {sum(result.source_ops.values()):5}  " + _counts(result.source_ops))
@@ -61,6 +70,8 @@ def cmd_convert(args):
         variables = sum(t.is_variable for t in result.model.subgraphs[0].tensors)
         print(f"  trainable    {variables} variables (with optimizer slots); signatures "
               + ", ".join(s.key for s in result.model.signatures))
+        for note in result.notes:
+            print(f"  note         {note}")
     elif len(result.model.signatures) > 1 or result.model.signatures[0].key != "infer":
         print("  signatures   " + ", ".join(s.key for s in result.model.signatures))
     ratio = result.efl_bytes / result.source_bytes if result.source_bytes else float("nan")

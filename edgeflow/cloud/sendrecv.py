@@ -57,6 +57,23 @@ class CloudDelegate(Delegate):
     a trainer sets it to its global step. `device_id` defaults to a random one; with a
     per-device token or a client certificate, give the credential's device id (a server
     refuses a step under any other: PERMISSION_DENIED).
+
+    The jointly trained model. After split training the server holds the trained values of
+    the cloud's variables (and their optimizer slots: the package's "cloud_variables"),
+    the device those of its own. So before the interpreter runs any other signature
+    (`infer`, `save`, `train_local`...) and before `Interpreter.export`, the delegate
+    pulls the cloud's variables into the interpreter (`pull_variables`: one call, fetched
+    uncompressed) when they are stale: never pulled yet, or split train steps ran since.
+    Inference then runs on the device alone with the jointly trained weights, equal to
+    the same model trained locally, and `export` (`edgeflow train -o`) writes the whole
+    model as if trained locally (`edgeflow.splitter.training.whole_model`: its `train`
+    signature is the whole step again; keep device.efl to go on training split).
+    Running `restore` makes the device's values current (no pull after it; the server
+    keeps its own). If the pull fails because the server is unreachable: after train
+    steps in this process, RemoteError (the device's copies are stale); before any, a
+    warning, and the device's own values are used (tried again after `retry_s`).
+    `Interpreter.variables()` and `save_checkpoint` give the device's values as they are
+    (call `interpreter.sync_variables()` first for the whole trained model).
     """
 
     name = "cloud"
@@ -78,6 +95,11 @@ class CloudDelegate(Delegate):
         self.calls = 0
         self._compiling = None  # (plan arrays, {round: _Exchange}) of the plan being compiled
         self._interpreter = None
+        self.cloud_variables = []  # the variables the server holds (a split training package)
+        self.pulls = 0
+        self._fresh = False  # the interpreter holds the server's current values of them
+        self._trained = False  # split train steps ran through this delegate
+        self._pull_after = 0.0  # an unreachable server is asked again after this (monotonic)
 
     def prepare(self, interpreter):
         if self._interpreter is not None:
@@ -97,10 +119,13 @@ class CloudDelegate(Delegate):
             self.rounds = info["rounds"]
             self.local_signature = None  # training never falls back: the server holds state
             self.device_id = self.device_id or uuid.uuid4().hex
+            self.cloud_variables = list(info.get("cloud_variables", []))
 
     def wrap_runner(self, interpreter, key, runner):
         if key != self.signature:
-            return runner
+            if self.rounds is None or not self.cloud_variables:
+                return runner
+            return _Restoring(self, runner) if key == "restore" else _Pulling(self, runner)
         local = self.local_signature
         fallback = interpreter.get_signature_runner(local) if local in interpreter.get_signature_list() else None
         return SplitRunner(interpreter, self, runner, fallback)
@@ -111,6 +136,45 @@ class CloudDelegate(Delegate):
         other = CloudDelegate(self.client, timeout=self.timeout, device_id=self.device_id)
         other.step_id, other.retry_s = self.step_id, self.retry_s
         return other
+
+    # -- the jointly trained model ---------------------------------------------------
+    def pull_variables(self):
+        """Fetch the cloud's variables (the package's "cloud_variables": the server's
+        current values, uncompressed) into the interpreter; {name: array}."""
+        values = self.client.run(self.model_id, {}, self.cloud_variables, sha256=self.sha256,
+                                 timeout=self.timeout)
+        self._interpreter.set_variables(values)
+        self._fresh, self.pulls = True, self.pulls + 1
+        return values
+
+    def sync_variables(self, interpreter):
+        """Pull the cloud's variables if they are stale (see the class docstring)."""
+        if self._fresh or not self.cloud_variables or self.rounds is None:
+            return
+        if not self._trained and time.monotonic() < self._pull_after:
+            return
+        try:
+            self.pull_variables()
+        except RemoteError as e:
+            if getattr(e, "code", None) not in UNREACHABLE:
+                raise
+            if self._trained:
+                error = RemoteError(f"the cloud at {self.target} holds the trained values of "
+                                  f"{len(self.cloud_variables)} variable(s) ({', '.join(self.cloud_variables[:4])}"
+                                  f"{' ...' if len(self.cloud_variables) > 4 else ''}) and cannot be reached "
+                                  f"({e}); the device's copies are stale: try again when it is back")
+                error.code = e.code
+                raise error from None
+            _log.warning("the cloud at %s is unreachable (%s): running with the device's own values of "
+                         "the cloud's variables", self.target, e)
+            self._pull_after = time.monotonic() + self.retry_s
+
+    def exported(self, model):
+        """A split training package exports as the whole model (its `train_local` as `train`)."""
+        if self.rounds is None:
+            return model
+        from ..splitter.training import whole_model
+        return whole_model(model)
 
     def unsupported(self, op, ins, outs):
         return None if op.opcode in ("send", "recv") else "runs on the device"
@@ -185,7 +249,31 @@ class CloudDelegate(Delegate):
                 pause = min(pause * 2, 5.0)
         if final:
             self.step_id += 1
+            self._fresh, self._trained = False, True  # the server's variables moved on
         return reply
+
+
+class _Pulling:
+    """A signature runner that first brings the cloud's variables up to date."""
+
+    def __init__(self, cloud, runner):
+        self._cloud, self._runner = cloud, runner
+
+    def __getattr__(self, name):
+        return getattr(self._runner, name)
+
+    def __call__(self, **inputs):
+        self._cloud.sync_variables(self._cloud._interpreter)
+        return self._runner(**inputs)
+
+
+class _Restoring(_Pulling):
+    """`restore`: the values it sets are the current ones (nothing to pull after it)."""
+
+    def __call__(self, **inputs):
+        out = self._runner(**inputs)
+        self._cloud._fresh = True
+        return out
 
 
 def connect(model, cloud, token=None, root_cert=None, timeout=None, device_id=None, delegates=(),

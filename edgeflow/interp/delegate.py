@@ -9,7 +9,9 @@ plan records why each one fell back.
 A delegate may also take part in the interpreter's life: `prepare` sees the model once,
 when the interpreter loads it (to read its metadata, or refuse it), and `wrap_runner` may
 wrap the runner of a signature (edgeflow.cloud.CloudDelegate falls back to a local
-signature while the server is unreachable).
+signature while the server is unreachable), `sync_variables` bring the variables up to
+date and `exported` shape the model `Interpreter.export` writes (CloudDelegate: the
+jointly trained model after split training).
 """
 import abc
 from dataclasses import dataclass, field
@@ -39,6 +41,17 @@ class Delegate(abc.ABC):
         """The runner `interpreter.get_signature_runner(key)` hands out: `runner` itself, or
         one wrapping it (with the same call and details)."""
         return runner
+
+    def sync_variables(self, interpreter):
+        """Bring `interpreter`'s variables up to date where this delegate's backend holds
+        newer values (CloudDelegate: the server's, after split training); called by
+        `Interpreter.sync_variables` and before `Interpreter.export`."""
+
+    def exported(self, model):
+        """The ModelDef `Interpreter.export` writes, given the interpreter's (its variables
+        at their current values): `model` itself, or one without what only this delegate
+        runs."""
+        return model
 
 
 @dataclass

@@ -159,16 +159,27 @@ class Interpreter:
         for name, value in values.items():
             np.copyto(self._variables[index[name]], value)
 
+    def sync_variables(self):
+        """Let each delegate bring the variables up to date where its backend holds newer
+        values (a CloudDelegate after split training pulls the server's)."""
+        for delegate in self.delegates:
+            delegate.sync_variables(self)
+
     def export(self, path):
-        """Write a new `.efl` model whose variables start at their current values."""
+        """Write a new `.efl` model whose variables start at their current values, after
+        `sync_variables`; each delegate may shape what is written (`Delegate.exported`: a
+        split training package exports as the whole model)."""
         import copy
         from ..format import writer
+        self.sync_variables()
         model = copy.copy(self.model)
         sub = copy.copy(self._subgraph)
         sub.tensors = [copy.copy(t) for t in sub.tensors]
         for i, a in self._variables.items():
             sub.tensors[i].data = np.array(a)
         model.subgraphs = [sub] + list(self.model.subgraphs[1:])
+        for delegate in self.delegates:
+            model = delegate.exported(model)
         writer.write(model, path)
 
     # -- signatures ----------------------------------------------------------------

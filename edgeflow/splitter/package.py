@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 
 from ..atomic import write_text
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, PlacementError
 from ..format import reader
 from . import partition, planner, report
 from .cost_graph import DEFAULT_SERVER_SPEED, CostGraph
@@ -73,6 +73,36 @@ def _training_costs(model, model_path, cost_graph, train_shapes, profiles, devic
     return CostGraph([replace(op, device_s=op.device_s + extra.get(op.operator, (0, 0))[0],
                               cloud_s=op.cloud_s + extra.get(op.operator, (0, 0))[1]) for op in cost_graph.ops],
                      list(cost_graph.tensors.values()), cost_graph.compression)
+
+
+def _shared_variables(model, cost_graph):
+    """{variable name: [op positions]} of the variables that several forward ops of the
+    cost graph read: for split training those ops run on one side (a variable lives
+    where its readers run), a constraint of the cut."""
+    variables = {t.name for t in model.subgraphs[0].tensors if t.is_variable}
+    readers = {}
+    for op in cost_graph.ops:
+        for name in op.params:
+            if name in variables:
+                readers.setdefault(name, []).append(op.index)
+    return {v: ops for v, ops in readers.items() if len(ops) > 1}
+
+
+def _check_shared(shared, placement, cost_graph, cut):
+    """PlacementError if the forced `cut` puts ops that read one variable on both sides."""
+    for variable, members in shared.items():
+        sides = {cost_graph.ops[k].name: placement.side[cost_graph.ops[k].name] for k in members}
+        if len(set(sides.values())) > 1:
+            device = [n for n, side in sides.items() if side == "device"]
+            cloud = [n for n, side in sides.items() if side == "cloud"]
+            raise PlacementError(
+                f"--cut {','.join(cut)} splits variable {variable!r}: ops {device} would read it on the "
+                f"device and {cloud} on the cloud, and a variable lives on one side. Cut after them "
+                f"(--cut {','.join(cost_graph.ops[members[-1]].outputs)}: all on the device) or before "
+                f"them (--cut {','.join(cost_graph.ops[members[0]].inputs)}: all on the cloud), "
+                "or leave out --cut to let the planner keep them together; if the model was converted "
+                "from ONNX with --tie-shared-weights and they are an exporter's deduplicated copies "
+                "(e.g. equal zero biases), convert without it to give each op its own variable")
 
 
 def _write_training(model, model_path, out_dir, placement, cost_graph, link, device_ops, model_id,
@@ -159,10 +189,13 @@ def split_file(model_path, out_dir, *, link="4g", objective="latency", device_pr
         trips = 2 if labels == "device" else 1
         plan_link = Link(1 / (1 / link.up_bps + 1 / link.down_bps), link.down_bps, link.rtt_s * trips,
                          f"{link.name} (a training step)", link.overhead_s * trips)
+    shared = _shared_variables(model, cost_graph) if train else {}
     if cut:
         placement = planner.forced(cost_graph, list(cut), plan_link, objective)
+        _check_shared(shared, placement, cost_graph, list(cut))
     else:
-        placement = planner.plan(cost_graph, plan_link, objective, memory_budget)
+        placement = planner.plan(cost_graph, plan_link, objective, memory_budget,
+                                 together=list(shared.values()))
     device_ops = set(placement.device_operators(cost_graph))
     if train:
         return _write_training(model, model_path, out_dir, placement, cost_graph, plan_link, device_ops,

@@ -299,22 +299,25 @@ class _Network:
 
 
 # -- planning -----------------------------------------------------------------------------
-def plan(cost_graph, link, objective="latency", memory_budget=None, margin=DEFAULT_MARGIN,
+def plan(cost_graph, link, objective="latency", memory_budget=None, together=(), margin=DEFAULT_MARGIN,
          min_gain_s=DEFAULT_MIN_GAIN_S):
     """The best Placement of `cost_graph`'s ops over `link` (a Link or a spec for
-    Link.parse) under `objective` ("latency" or "device-time"), honouring pins and, if
-    given, a device `memory_budget` in bytes (see the module docstring: exact without a
-    budget, a Lagrangian heuristic with one). A placement using the cloud must beat
-    device-only, and a cut with ops on both sides cloud-only too, by `margin` (relative)
-    and `min_gain_s` (seconds); see "Margins" in the module docstring. PlacementError if
-    the pins contradict each other or even the smallest device side exceeds the budget."""
+    Link.parse) under `objective` ("latency" or "device-time"), honouring pins, groups
+    of ops (op positions) that must run on one side (`together`: split training's ops
+    that read one variable, see `_keep_together`) and, if given, a device
+    `memory_budget` in bytes (see the module docstring: exact without a budget, a
+    Lagrangian heuristic with one). A placement using the cloud must beat device-only,
+    and a cut with ops on both sides cloud-only too, by `margin` (relative) and
+    `min_gain_s` (seconds); see "Margins" in the module docstring. PlacementError if the
+    pins contradict each other or even the smallest device side exceeds the budget."""
     link = Link.parse(link)
     _check_objective(objective)
     for what, v in (("margin", margin), ("min_gain_s", min_gain_s)):
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
             raise InvalidInputError(f"{what} must be a number >= 0, got {v!r}")
-    floor = _cloud_only(cost_graph)
+    floor = _together_closure(cost_graph, _cloud_only(cost_graph), together)
     network = _Network(cost_graph, link, objective)
+    _keep_together(network, together)
     everything = [True] * len(cost_graph.ops)
     may_stay = not any(op.pinned == "cloud" for op in cost_graph.ops)
     best = network.solve()  # optimal among placements using the cloud, when it uses it
@@ -361,6 +364,33 @@ def plan(cost_graph, link, objective="latency", memory_budget=None, margin=DEFAU
                 lo = mid
     chosen = choose(stay, [d for d in candidates if not all(d)] or [floor])
     return _placement(cost_graph, link, objective, chosen, floor, exact=False)
+
+
+def _keep_together(network, together):
+    """Each group's ops on one side: infinite edges both ways between consecutive members
+    (a cut separating two of them would cost infinity). The cut stays exact."""
+    pairs = [(a + 2, b + 2) for group in together for a, b in zip(group, group[1:])]
+    if pairs:
+        network.inf_rows = np.concatenate([network.inf_rows, [a for a, b in pairs], [b for a, b in pairs]])
+        network.inf_cols = np.concatenate([network.inf_cols, [b for a, b in pairs], [a for a, b in pairs]])
+
+
+def _together_closure(cost_graph, dev, together):
+    """`dev` grown until no group of `together` straddles the sides (a group with an op on
+    the device goes there whole, with what it needs). PlacementError if a cloud-pinned
+    op would have to run on the device."""
+    dev = list(dev)
+    while True:
+        grown = [k for group in together if any(dev[k] for k in group) for k in group if not dev[k]]
+        if not grown:
+            break
+        more = _closure(cost_graph, grown)
+        dev = [a or b for a, b in zip(dev, more)]
+    clash = [op.name for op in cost_graph.ops if dev[op.index] and op.pinned == "cloud"]
+    if clash:
+        raise PlacementError(f"op(s) {clash} are pinned to the cloud but share a variable with ops that "
+                             "must run on the device")
+    return dev
 
 
 def _cheapest(cost_graph, link, objective, candidates):

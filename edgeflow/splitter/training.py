@@ -92,10 +92,17 @@ class TrainingCut:
             for t in sub.operators[i].inputs:
                 if sub.tensors[t].is_variable:
                     readers.setdefault(t, set()).add(side[i])
-        both = [sub.tensors[v].name for v, s in readers.items() if len(s) > 1]
+        both = {sub.tensors[v].name: v for v, s in readers.items() if len(s) > 1}
         if both:
-            raise PlacementError(f"variables {both} are read by forward ops on both sides; a "
-                                 "variable lives on one side (move the cut or pin the ops)")
+            from .profiles import op_name
+            name, v = next(iter(both.items()))
+            by_side = {s_: [op_name(sub, i) for i in forward if v in sub.operators[i].inputs and side[i] == s_]
+                       for s_ in ("device", "cloud")}
+            raise PlacementError(f"variables {sorted(both)} are read by forward ops on both sides ({name!r}: "
+                                 f"{by_side['device']} on the device, {by_side['cloud']} on the cloud); a "
+                                 "variable lives on one side: put those ops on one side (edgeflow split "
+                                 "plans so without --cut), or, for an ONNX model converted with "
+                                 "--tie-shared-weights, convert without it")
         self.variable_side = {v: next(iter(s)) for v, s in readers.items()}
         for i in self.ops:
             if i in side:
@@ -292,3 +299,31 @@ def write_pair(model, device_forward_ops, out_dir, *, model_id, signature="train
     sha = partition.file_sha256(cloud_path)
     writer.write(device_package(model, cut, model_id, sha, probe_shapes), os.path.join(out_dir, "device.efl"))
     return cut
+
+
+def whole_model(device_model):
+    """The model a split training device package was made from, with the device package's
+    current variable values: the split `train` signature, its send/recv ops and their
+    tensors dropped, `train_local` named `train` again, the split metadata removed. What
+    `Interpreter.export` of a split training package writes (through its CloudDelegate)
+    once the cloud's variables are pulled: the jointly trained model, as if trained
+    locally."""
+    info = metadata.split(device_model) or {}
+    if info.get("kind") != "train" or "original_tensors" not in info:
+        return device_model
+    sub = device_model.subgraphs[0]
+    n_tensors = info["original_tensors"]
+    n_ops = next((k for k, op in enumerate(sub.operators) if any(t >= n_tensors for t in op.outputs)),
+                 len(sub.operators))
+    key = info.get("signature", "train")
+    signatures = []
+    for s in device_model.signatures:
+        if s.key == key:
+            continue
+        if s.key == LOCAL_TRAIN:
+            s = SignatureDef(key, dict(s.inputs), dict(s.outputs), s.subgraph, list(s.targets))
+        signatures.append(s)
+    whole = SubGraphDef(sub.name, list(sub.tensors[:n_tensors]), list(sub.operators[:n_ops]),
+                        list(sub.inputs), list(sub.outputs))
+    return ModelDef([whole] + list(device_model.subgraphs[1:]), signatures,
+                    metadata.without(device_model.metadata, metadata.SPLIT), device_model.description)

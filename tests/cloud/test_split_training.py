@@ -377,3 +377,160 @@ def test_a_planned_split_sends_the_labels_not_their_one_hot(tmp_path):
     rounds = json.loads(pathlib.Path(planned.paths["plan"]).read_text())["rounds"]
     assert [r["uploads"] for r in rounds] == [by_hand.names(r["uploads"]) for r in by_hand.rounds]
     assert sorted(rounds[0]["uploads"]) == ["label", "pool1_1"]
+
+
+# -- issue 17, finding 1: after split training, the device gives the jointly trained model --
+def build_mlp(path):
+    g = ef.Graph()
+    with g.as_default():
+        ef.set_random_seed(0)
+        x = ef.placeholder(ef.float32, [None, 64], name="x")
+        label = ef.placeholder(ef.int64, [None], name="label")
+        h = ef.nn.relu(ef.layers.dense(x, 32, name="dense"), name="hidden")
+        logits = ef.layers.dense(h, 10, name="logits")
+        loss = ef.losses.softmax_cross_entropy(label, logits)
+        step = ef.train.Adam(0.01).minimize(loss)
+    ef.save(g, path, signatures={"train": ({"x": x, "label": label}, {"loss": loss}, [step]),
+                                 "infer": ({"x": x}, {"logits": logits})})
+
+
+def mlp_digits():
+    train, test = digits()
+    return ({"x": train["image"].reshape(-1, 64), "label": train["label"]},
+            {"x": test["image"].reshape(-1, 64), "label": test["label"]})
+
+
+def test_after_split_training_infer_save_and_export_give_the_jointly_trained_model(tmp_path):
+    """The issue's MLP (`split --train --labels cloud --cut hidden`): trained through the
+    device package, its `infer`, `save` and `export` equal the model trained locally on
+    the same batches (on main, `infer` ran with the cloud part's untrained weights)."""
+    from edgeflow.splitter.package import split_file
+    build_mlp(tmp_path / "m.efl")
+    data, test = mlp_digits()
+    result = split_file(tmp_path / "m.efl", tmp_path / "out", cut=["hidden"], train=True, labels="cloud",
+                        input_shapes={"x": (32, 64), "label": (32,)})
+    local = ef.Interpreter(tmp_path / "m.efl")
+    training_loop.fit(local, data, epochs=2, batch_size=32, seed=0)
+    want = local.get_signature_runner("infer")(x=test["x"])["logits"]
+    with Server(models={result.model_id: result.paths["cloud"]}) as server:
+        cloud = CloudDelegate(server.address, device_id="joint")
+        device = ef.Interpreter(result.paths["device"], delegates=[cloud])
+        untrained = device.get_signature_runner("infer")(x=test["x"])["logits"]  # pulls: the initial values
+        training_loop.fit(device, data, epochs=2, batch_size=32, seed=0)
+        infer = device.get_signature_runner("infer")
+        got = infer(x=test["x"])["logits"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert not np.allclose(untrained, want, atol=1e-2)
+        assert cloud.cloud_variables and all(n.startswith("logits") for n in cloud.cloud_variables)
+        pulls = cloud.pulls
+        infer(x=test["x"])  # up to date: no second pull
+        assert cloud.pulls == pulls
+        saved = device.get_signature_runner("save")()
+        for name, value in local.get_signature_runner("save")().items():
+            np.testing.assert_allclose(saved[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+        device.export(tmp_path / "trained.efl")
+    exported = ef.Interpreter(tmp_path / "trained.efl")  # no server: the whole trained model
+    assert sorted(exported.get_signature_list()) == sorted(local.get_signature_list())
+    np.testing.assert_allclose(exported.get_signature_runner("infer")(x=test["x"])["logits"], want,
+                               rtol=1e-5, atol=1e-5)
+    batch = training_loop.batch_at(data, 32, 0, 5, 0)  # and it trains on, as the local model does
+    np.testing.assert_allclose(exported.get_signature_runner("train")(**batch)["loss"],
+                               local.get_signature_runner("train")(**batch)["loss"], rtol=1e-5)
+    accuracy = float((got.argmax(1) == test["label"]).mean())
+    assert accuracy == float((want.argmax(1) == test["label"]).mean()) > 0.8
+
+
+def test_a_device_that_trained_refuses_stale_weights_when_the_server_is_gone(tmp_path):
+    from edgeflow.splitter.package import split_file
+    build_mlp(tmp_path / "m.efl")
+    data, test = mlp_digits()
+    result = split_file(tmp_path / "m.efl", tmp_path / "out", cut=["hidden"], train=True,
+                        input_shapes={"x": (32, 64), "label": (32,)})
+    with Server(models={result.model_id: result.paths["cloud"]}) as server:
+        address = server.address
+        device = ef.Interpreter(result.paths["device"], delegates=[CloudDelegate(address, device_id="gone")])
+        device.get_signature_runner("train")(**training_loop.batch_at(data, 32, 0, 0, 0))
+    with pytest.raises(RemoteError, match="holds the trained values"):
+        device.get_signature_runner("infer")(x=test["x"])
+    # A device that never trained here runs on its own values while the server is away.
+    fresh = ef.Interpreter(result.paths["device"], delegates=[CloudDelegate(address, device_id="new")])
+    want = ef.Interpreter(tmp_path / "m.efl").get_signature_runner("infer")(x=test["x"])["logits"]
+    np.testing.assert_array_equal(fresh.get_signature_runner("infer")(x=test["x"])["logits"], want)
+
+
+@pytest.mark.slow
+def test_the_issues_commands_give_the_locally_trained_accuracy(tmp_path):
+    """`edgeflow split --train --labels cloud --cut hidden`, `edgeflow serve`, `edgeflow
+    train --cloud ... -o`, then `infer` on the exported file: the locally trained model's
+    logits and test accuracy (main wrote the cloud part's untrained weights: 0.56 against
+    0.83)."""
+    build_mlp(tmp_path / "m.efl")
+    data, test = mlp_digits()
+    np.savez(tmp_path / "d.npz", **data)
+    cli = [sys.executable, "-m", "edgeflow.cli"]
+    r = subprocess.run(cli + ["split", str(tmp_path / "m.efl"), "--train", "--labels", "cloud", "--cut", "hidden",
+                              "-o", str(tmp_path / "out"), "--model-id", "mlp"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "served").mkdir()
+    (tmp_path / "served" / "mlp.efl").write_bytes((tmp_path / "out" / "cloud.efl").read_bytes())
+    local = ef.Interpreter(tmp_path / "m.efl")
+    training_loop.fit(local, data, epochs=2, batch_size=32, seed=0)
+    want = local.get_signature_runner("infer")(x=test["x"])["logits"]
+    port = free_port()
+    server = serve(tmp_path / "served", port, tmp_path / "state", 50)
+    try:
+        r = subprocess.run(cli + ["train", str(tmp_path / "out" / "device.efl"), "--cloud", f"127.0.0.1:{port}",
+                                  "--data", str(tmp_path / "d.npz"), "--epochs", "2", "--device-id", "cli",
+                                  "-o", str(tmp_path / "trained.efl")], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+    # The device's part was trained in that process: the exported file has both parts.
+    exported = ef.Interpreter(tmp_path / "trained.efl").get_signature_runner("infer")(x=test["x"])["logits"]
+    np.testing.assert_allclose(exported, want, rtol=1e-5, atol=1e-5)
+    assert float((exported.argmax(1) == test["label"]).mean()) == float((want.argmax(1) == test["label"]).mean())
+
+
+# -- issue 17, finding 5: an exporter's deduplicated biases split-train ---------------------
+def test_an_onnx_model_with_deduplicated_biases_split_trains_as_it_trains_locally(tmp_path):
+    """fc1 and fc2 read one deduplicated zero bias (as torch's exporters write them): with
+    the converter's default (a variable per reading), a cut between them split-trains equal
+    to local training (main: "variables ... are read by forward ops on both sides")."""
+    from edgeflow.converters import onnx as onnx_converter
+    from edgeflow.splitter.package import split_file
+    from conversion.test_trainable import deduplicated_mlp  # tests/ is on sys.path (its conftest)
+    onnx_converter.convert(deduplicated_mlp(), tmp_path / "m.efl", trainable=True, optimizer="adam:0.01")
+    data, test = mlp_digits()
+    data = {"x": data["x"], "labels": data["label"]}
+    result = split_file(tmp_path / "m.efl", tmp_path / "out", cut=["r1"], train=True,
+                        input_shapes={"x": (32, 64), "labels": (32,)})
+    local = ef.Interpreter(tmp_path / "m.efl")
+    with Server(models={result.model_id: result.paths["cloud"]}) as server:
+        device = ef.Interpreter(result.paths["device"], delegates=[CloudDelegate(server.address, device_id="dd")])
+        runners = local.get_signature_runner("train"), device.get_signature_runner("train")
+        for step in range(10):
+            batch = training_loop.batch_at(data, 32, 0, 0, step)
+            losses = [float(r(**batch)["loss"]) for r in runners]
+            assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+        got = device.get_signature_runner("infer")(x=test["x"])["logits"]
+    np.testing.assert_allclose(got, local.get_signature_runner("infer")(x=test["x"])["logits"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_shared_variable_is_a_constraint_of_the_cut(tmp_path):
+    """Tied (--tie-shared-weights), fc1 and fc2 read one variable: the planner keeps them on
+    one side; a forced cut between them says which variable, which ops, and what to do."""
+    from edgeflow.converters import onnx as onnx_converter
+    from edgeflow.errors import PlacementError
+    from edgeflow.splitter.package import split_file
+    from conversion.test_trainable import deduplicated_mlp  # tests/ is on sys.path (its conftest)
+    onnx_converter.convert(deduplicated_mlp(), tmp_path / "m.efl", trainable=True, tie_shared=True)
+    shapes = {"x": (32, 64), "labels": (32,)}
+    with pytest.raises(PlacementError, match=r"splits variable 'zero_bias'.*--cut h2: all on the device.*--cut h1/matmul: all on the cloud.*leave out --cut"):
+        split_file(tmp_path / "m.efl", tmp_path / "forced", cut=["r1"], train=True, input_shapes=shapes)
+    for link in ("3g", "4g", "wifi"):
+        planned = split_file(tmp_path / "m.efl", tmp_path / link.replace("/", "_"), link=link, train=True,
+                             input_shapes=shapes, server_speed=50.0)
+        sides = {name: side for name, side in planned.placement.side.items() if name in ("h1", "h2")}
+        assert len(sides) == 2 and len(set(sides.values())) == 1, planned.placement.side
