@@ -174,8 +174,9 @@ def training_link(link, mode):
     cut tensor pays its upload and its gradient's download (up and down in series), and
     U-shaped steps take two round trips."""
     from edgeflow.splitter import Link
-    return Link(1 / (1 / link.up_bps + 1 / link.down_bps), link.down_bps,
-                link.rtt_s * (2 if mode == "device" else 1), f"{link.name} (a training step)")
+    trips = 2 if mode == "device" else 1
+    return Link(1 / (1 / link.up_bps + 1 / link.down_bps), link.down_bps, link.rtt_s * trips,
+                f"{link.name} (a training step)", link.overhead_s * trips)
 
 
 def plan_cuts(prep, link_name, profiles):

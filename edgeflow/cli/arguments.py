@@ -77,6 +77,9 @@ def add_cloud_args(p):
                    help="with --root-cert: this device's certificate, for a server that requires client "
                         "certificates (with --tls-client-key; its CN is the device id)")
     p.add_argument("--tls-client-key", metavar="PEM", help="the client certificate's private key")
+    p.add_argument("--adapt", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --cloud: let the device move the split's cut from the link it measures "
+                        "(default: as the package says; `edgeflow split --cut` packages keep their cut)")
 
 
 def cloud(args):
@@ -116,9 +119,11 @@ def cloud_delegates(args, device_id=None):
     if not found:
         return []
     from ..cloud import CloudDelegate
-    return [CloudDelegate(found["cloud"], token=found["token"], root_cert=found["root_cert"],
-                          device_id=device_id or found["device_id"], client_cert=found["client_cert"],
-                          client_key=found["client_key"])]
+    delegate = CloudDelegate(found["cloud"], token=found["token"], root_cert=found["root_cert"],
+                             device_id=device_id or found["device_id"], client_cert=found["client_cert"],
+                             client_key=found["client_key"])
+    delegate.adapt = getattr(args, "adapt", None)  # read by SplitRunner
+    return [delegate]
 
 
 def _read_file(path, mode):

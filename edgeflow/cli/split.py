@@ -1,4 +1,6 @@
 """`edgeflow split`: plan a model's split between the device and a server; write both packages."""
+import argparse
+
 from .arguments import parse_shapes
 
 
@@ -15,6 +17,8 @@ def add_parser(verbs):
     p.add_argument("--up", metavar="MBPS", help="uplink bandwidth (overrides --link's)")
     p.add_argument("--down", metavar="MBPS", help="downlink bandwidth (overrides --link's)")
     p.add_argument("--rtt", metavar="SECONDS", help="round-trip time, e.g. 0.05 or 50ms (overrides --link's)")
+    p.add_argument("--overhead", metavar="SECONDS",
+                   help="fixed cost of a call beyond the RTT, e.g. 3ms (overrides --link's; default 3 ms)")
     p.add_argument("--objective", choices=["latency", "device-time"], default="latency",
                    help="minimize end-to-end latency (default) or the device's busy time")
     p.add_argument("--device-profile", metavar="P", help="op times measured on the device (`edgeflow profile`)")
@@ -23,7 +27,11 @@ def add_parser(verbs):
                    help="without a device profile: the device's speed relative to this machine (default 1)")
     p.add_argument("--server-speed", type=float, default=10.0,
                    help="without a server profile: the server's speed relative to this machine (default 10)")
-    p.add_argument("--cut", metavar="TENSOR,...", help="cut at these tensors instead of planning")
+    p.add_argument("--cut", metavar="TENSOR,...", help="cut at these tensors instead of planning; "
+                                                        "the device keeps this cut unless --adapt")
+    p.add_argument("--adapt", action=argparse.BooleanOptionalAction, default=None,
+                   help="let the device move the cut at run time from the link it measures (default: "
+                        "yes, unless --cut; needs both graphs full)")
     p.add_argument("--compression", choices=["none", "fp16", "int8"], default="none",
                    help="how float32 tensors travel on the link (default none)")
     p.add_argument("--memory-budget", type=float, metavar="MB",
@@ -58,7 +66,7 @@ def cmd_split(args):
                         device_graph=args.device_graph, cloud_graph=args.cloud_graph,
                         model_id=args.model_id, signature=args.signature or "infer",
                         device_speed=args.device_speed, server_speed=args.server_speed,
-                        train=args.train, labels=args.labels)
+                        train=args.train, labels=args.labels, adapt=args.adapt)
     print(result.table)
     print()
     for key in ("device", "cloud", "plan", "svg"):
@@ -70,8 +78,10 @@ def cmd_split(args):
 
 
 def _link(args):
-    """The link spec: --link (default 4g) with --up, --down, --rtt overriding its figures."""
-    overrides = [f"{k}={v}" for k, v in (("up", args.up), ("down", args.down), ("rtt", args.rtt)) if v]
-    if overrides:
-        return ",".join(([args.link] if args.link else []) + overrides)
+    """The link spec: --link (default 4g) with --up, --down, --rtt, --overhead overriding its figures."""
+    overrides = [f"{k}={v}" for k, v in (("up", args.up), ("down", args.down), ("rtt", args.rtt),
+                                         ("overhead", args.overhead)) if v]
+    if overrides:  # over --link, else over 4g unless --up gives the figures
+        base = args.link or (None if args.up else "4g")
+        return ",".join(([base] if base else []) + overrides)
     return args.link or "4g"

@@ -12,13 +12,16 @@ device runtime reads to re-plan the split.
 """
 import collections
 import dataclasses
+import math
 import re
+import statistics
 import threading
 import time
 import uuid
 from typing import Optional
 
 import grpc
+import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ..errors import InvalidInputError, RemoteError
@@ -27,6 +30,7 @@ from . import edgeflow_pb2_grpc as pb_grpc
 from . import wire
 
 MIN_SAMPLE_BYTES = 64 << 10  # smaller transfers measure latency, not throughput
+SMALL_CALL_BYTES = 4 << 10  # a call moving less each way times the per-call overhead alone
 _SAMPLES = 8  # throughput is over this many recent transfers each way
 
 
@@ -43,7 +47,9 @@ class LinkStats:
     seconds) of recent transfers of at least MIN_SAMPLE_BYTES: Ping payloads (their
     round trip less the best recent empty one) and Run tensors (upload: from the call's
     start until gRPC has sent the last chunk; download: from the reply header until the
-    last chunk). Estimates, good enough to plan a split on.
+    last chunk). `calls_s` holds (seconds, up bytes, down bytes) of recent Run calls, their
+    seconds less the server's compute: what `overhead_s` is read from. Estimates, good
+    enough to plan a split on.
     """
 
     rtts: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=_SAMPLES))
@@ -54,6 +60,7 @@ class LinkStats:
     bytes_received: int = 0
     last_call_s: Optional[float] = None  # the last Run's wall time ...
     last_compute_s: Optional[float] = None  # ... and the part the server spent computing
+    calls_s: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=_SAMPLES))
 
     @property
     def rtt_s(self):
@@ -64,6 +71,24 @@ class LinkStats:
     def min_rtt_s(self):
         """The best recent round trip: the latency, with the least queueing in it."""
         return min(self.rtts) if self.rtts else None
+
+    @property
+    def overhead_s(self):
+        """The fixed cost of a Run call beyond the round trip (the RPC stack, serializing,
+        the server's dispatch): the median over recent Run calls of their time less the
+        server's compute, their bytes at the measured throughput and the best RTT (>= 0).
+        A call whose bytes one way are SMALL_CALL_BYTES or more counts only once that
+        way's throughput is measured. None before a Run and an empty ping."""
+        rtt = self.min_rtt_s
+        if rtt is None:
+            return None
+        up, down = self.up_bytes_per_s, self.down_bytes_per_s
+        values = []
+        for seconds, sent, received in self.calls_s:
+            if (sent >= SMALL_CALL_BYTES and not up) or (received >= SMALL_CALL_BYTES and not down):
+                continue
+            values.append(seconds - (sent / up if up else 0.0) - (received / down if down else 0.0) - rtt)
+        return max(0.0, statistics.median(values)) if values else None
 
     @property
     def up_bytes_per_s(self):
@@ -153,6 +178,7 @@ class Client:
             link.bytes_sent += up
             link.bytes_received += down
             link.last_call_s, link.last_compute_s = end - start, header.compute_seconds
+            link.calls_s.append((max(0.0, end - start - header.compute_seconds), up, down))
             if up >= MIN_SAMPLE_BYTES and "at" in sent:
                 link.up.append((up, sent["at"] - start))
             if down >= MIN_SAMPLE_BYTES:
@@ -244,14 +270,37 @@ class Client:
                     link.down.append((reply_bytes, moving))
         return seconds
 
-    def measure(self, nbytes=1 << 20, timeout=None):
+    def measure(self, nbytes=1 << 20, timeout=None, model_id=None, sha256=None, echo=None):
         """Measure the link now: three empty pings, then `nbytes` up and `nbytes` down;
-        the updated `link`."""
+        with `model_id` (a model the server hosts), also the per-call overhead
+        (`measure_overhead`). The updated `link`."""
         for _ in range(3):
             self.ping(timeout=timeout)
         self.ping(payload_bytes=nbytes, timeout=timeout)
         self.ping(reply_bytes=nbytes, timeout=timeout)
+        if model_id is not None:
+            self.measure_overhead(model_id, sha256, echo, timeout=timeout)
         return self.link
+
+    def measure_overhead(self, model_id, sha256=None, echo=None, calls=3, timeout=None):
+        """Time `calls` Run calls that compute nothing -- each feeds one tensor and fetches
+        it back -- so that `link.overhead_s` has samples (with the empty pings' RTT: ping
+        first). `echo`: (tensor name, array) to send; by default the smallest input of the
+        model's signatures, dynamic dimensions 1. The measured overhead in seconds, or None."""
+        if echo is None:
+            from .. import dtypes
+            hosted = self.list_models(timeout).get(model_id, {"signatures": {}})
+            shapes = {t["tensor"]: ([max(d, 1) for d in t["shape"]], t["dtype"])
+                      for sig in hosted["signatures"].values() for t in sig["inputs"].values()}
+            if not shapes:
+                raise InvalidInputError(f"measure_overhead: the server at {self.target} hosts no "
+                                        f"model {model_id!r} with an input to send; pass echo=(name, array)")
+            name = min(shapes, key=lambda n: math.prod(shapes[n][0]))
+            echo = (name, np.zeros(shapes[name][0], dtypes.as_dtype(shapes[name][1])))
+        name, array = echo
+        for _ in range(calls):
+            self.run(model_id, {name: array}, [name], sha256=sha256, timeout=timeout)
+        return self.link.overhead_s
 
     @property
     def link(self):
@@ -260,7 +309,8 @@ class Client:
             link = self._link
             return dataclasses.replace(link, rtts=collections.deque(link.rtts, _SAMPLES),
                                        up=collections.deque(link.up, _SAMPLES),
-                                       down=collections.deque(link.down, _SAMPLES))
+                                       down=collections.deque(link.down, _SAMPLES),
+                                       calls_s=collections.deque(link.calls_s, _SAMPLES))
 
     def health(self, service="", timeout=None):
         """The server's health status name ("SERVING", "NOT_SERVING", ...) for `service`

@@ -12,9 +12,13 @@ and SHA-256, so a device package paired with another cloud package is refused.
 `SplitRunner` serves the split signature: when the server cannot be reached and the
 package also holds the whole graph (`infer_local`), it runs on the device alone and says
 so once (then tries the cloud again after `retry_s`); when the cloud package hosts the
-whole graph too, it re-chooses the cut from the link it measures (see edgeflow.splitter.adaptive).
+whole graph too, it re-chooses the cut from the link it measures, in the background and
+never over a cut forced with `--cut` unless asked (`adapt`; see edgeflow.splitter.adaptive).
 """
+import collections
 import logging
+import statistics
+import threading
 import time
 
 import numpy as np
@@ -273,19 +277,34 @@ class _Restoring(_Pulling):
 
 
 def connect(model, cloud, token=None, root_cert=None, timeout=None, device_id=None, delegates=(),
-            **interpreter_options):
+            adapt=None, **interpreter_options):
     """An Interpreter of the device package `model` whose send/recv ops reach `cloud`
-    ("host:port" or a Client) through a CloudDelegate, ahead of `delegates`."""
+    ("host:port" or a Client) through a CloudDelegate, ahead of `delegates`. `adapt`:
+    whether the split signature may move its cut at run time (see SplitRunner)."""
     delegate = CloudDelegate(cloud, token, root_cert, timeout, device_id)
+    delegate.adapt = adapt  # read by SplitRunner
     return Interpreter(model, delegates=[delegate, *delegates], **interpreter_options)
 
 
 class SplitRunner:
     """Calls the split signature, falling back to `infer_local` while the cloud is
     unreachable, and re-choosing the cut from the measured link when both packages hold
-    the whole graph (`adapt`, edgeflow.splitter.adaptive)."""
+    the whole graph (edgeflow.splitter.adaptive).
 
-    def __init__(self, interp, cloud, split_runner, local_runner, retry_s=30.0, adapt=True):
+    `adapt`: True lets the cut move, False keeps it; None (the default) takes the
+    delegate's `adapt` attribute (`connect(..., adapt=...)`), else the package's choice:
+    `edgeflow split` lets the cut move unless it was forced with `--cut` (and no
+    `--adapt`). Re-planning never runs on the call path: every `replanner.every` calls a
+    background thread measures the link, plans, and builds (and plans ahead) the new
+    cut's interpreter; the first call after it is ready swaps it in. Each move is logged
+    with its predicted seconds and the median measured call time over the `every` calls
+    before and after it (`moves`, one dict per move); when the calls after it are slower
+    than before by more than the replanner's margins (`margin` x before and
+    `min_gain_s`; latency objective), the runner moves back and the replanner bars that
+    cut until the link changes.
+    """
+
+    def __init__(self, interp, cloud, split_runner, local_runner, retry_s=30.0, adapt=None):
         self._interp, self._split, self._local = interp, split_runner, local_runner
         self.cloud, self.retry_s = cloud, retry_s  # the CloudDelegate of the current cut
         self._local_until = 0.0
@@ -293,11 +312,19 @@ class SplitRunner:
         self._warned = False
         self.interpreter = interp  # the one running the current cut
         self.replanner = None
-        if adapt:
-            info = metadata.split(interp.model)
-            if info and info.get("adaptive") and "cost_graph" in info and local_runner is not None:
-                from ..splitter.adaptive import Replanner
-                self.replanner = Replanner(info)
+        self.moves = []
+        self._clock = time.perf_counter
+        self._thread = self._ready = self._watch = None
+        info = metadata.split(interp.model) or {}
+        if adapt is None:
+            adapt = getattr(cloud, "adapt", None)
+        if adapt is None:
+            adapt = info.get("adapt", not info.get("forced_cut"))
+        self.adapt = bool(adapt)
+        if self.adapt and info.get("adaptive") and "cost_graph" in info and local_runner is not None:
+            from ..splitter.adaptive import Replanner
+            self.replanner = Replanner(info)
+            self._times = collections.deque(maxlen=self.replanner.every)  # the current cut's calls
 
     @property
     def key(self):
@@ -307,6 +334,18 @@ class SplitRunner:
     def last_plan(self):
         return self._split.last_plan
 
+    @property
+    def replanning(self):
+        """True while a re-plan runs in the background."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def join(self, timeout=None):
+        """Wait for a background re-plan to finish (tests, tools; calls never wait)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
     def get_input_details(self):
         return self._split.get_input_details()
 
@@ -314,8 +353,11 @@ class SplitRunner:
         return self._split.get_output_details()
 
     def __call__(self, **inputs):
+        if self._ready is not None:
+            self._adopt()
         if self._local is not None and time.monotonic() < self._local_until:
             return self._run_local(inputs)
+        start = self._clock()
         try:
             out = self._split(**inputs)
         except RemoteError as e:
@@ -327,33 +369,95 @@ class SplitRunner:
                 self._warned = True
             self._local_until = time.monotonic() + self.retry_s
             return self._run_local(inputs)
-        if self.replanner is not None and self.replanner.due():
-            self._replan()
+        if self.replanner is not None:
+            self._after(self._clock() - start, inputs)
         return out
 
-    def _replan(self):
-        """Plan again for the measured link; move the cut if another is clearly faster."""
+    # -- re-planning, off the call path ---------------------------------------------------
+    def _after(self, seconds, inputs):
+        if self._watch is not None:  # measuring a move: no re-plan until it is judged
+            self._watch["after"].append(seconds)
+            if len(self._watch["after"]) >= self.replanner.every:
+                self._judge()
+            return
+        self._times.append(seconds)
+        if self.replanner.due() and self._thread is None and self._ready is None:
+            shapes = {name: np.shape(value) for name, value in inputs.items()}
+            self._thread = threading.Thread(target=self._replan, args=(shapes,), daemon=True,
+                                            name="edgeflow-replan")
+            self._thread.start()
+
+    def _replan(self, shapes):
+        """In the background: measure, plan, and build the new cut's interpreter."""
         from ..format import writer
-        current, cloud = self.interpreter, self.cloud
         try:
-            link = self.replanner.measure(cloud.client)
+            link = self.replanner.measure(self.cloud.client)
+            move = self.replanner.propose(link)
+            if move is None:
+                return
+            model = self.replanner.recut(self._interp.model, move)
+            others = [d for d in self.interpreter.delegates if d is not self.cloud]
+            cloud = self.cloud.rebound()
+            interp = Interpreter(writer.to_bytes(model), delegates=[cloud, *others],
+                                 num_threads=self.interpreter.num_threads)
+            sig = interp._signatures[self.cloud.signature]
+            runner = SignatureRunner(interp, sig)
+            try:  # plan ahead for the last call's shapes: the first call after the swap runs at once
+                interp.plan_for(list(sig.inputs.values()), list(sig.outputs.values()),
+                                {sig.inputs[n]: shape for n, shape in shapes.items() if n in sig.inputs},
+                                sig.targets)
+            except EdgeflowError as e:
+                _log.info("planning the new cut ahead failed (%s): its first call plans it", e)
+            self._ready = (move, interp, runner, cloud)
         except RemoteError as e:
             _log.info("re-planning skipped: measuring the link failed (%s)", e)
-            return
-        proposed = self.replanner.propose(link)
-        if proposed is None:
-            return
-        before = len(self.replanner.current)
-        model = self.replanner.recut(current.model, proposed)
-        others = [d for d in current.delegates if d is not cloud]
-        self.cloud = cloud.rebound()
-        interp = Interpreter(writer.to_bytes(model), delegates=[self.cloud, *others],
-                             num_threads=current.num_threads)
-        self._split = SignatureRunner(interp, interp._signatures[cloud.signature])
-        self.interpreter = interp
-        _log.info("re-planned the split for the measured link (%s): %d ops on the device, was %d",
-                  link.describe(), len(proposed), before)
+        except Exception as e:  # a bug or a bad package: keep the cut, say why
+            _log.warning("re-planning failed, keeping the cut: %s: %s", type(e).__name__, e)
+        finally:
+            self._thread = None
+
+    def _adopt(self):
+        """Between calls: swap in the cut a background re-plan made."""
+        move, interp, runner, cloud = self._ready
+        self._ready = None
+        before = statistics.median(self._times) if self._times else None
+        previous = (self.interpreter, self._split, self.cloud, self.replanner.current)
+        self.interpreter, self._split, self.cloud = interp, runner, cloud
+        self._watch = {"move": move, "previous": previous, "before": before, "after": []}
+        self._times.clear()
+        self.replanner.adopt(move)
+        _log.info("re-planned the split for the measured link (%s): %d ops on the device, was %d; "
+                  "predicted %.3f ms, was %.3f ms; measured %s before (median of %d calls)",
+                  move.link.describe(), len(move.device_ops), len(previous[3]),
+                  move.predicted_after_s * 1e3, move.predicted_before_s * 1e3, _ms(before),
+                  self.replanner.every)
+
+    def _judge(self):
+        """After `every` calls on a new cut: log what it measured; move back if slower."""
+        watch, self._watch = self._watch, None
+        move, before = watch["move"], watch["before"]
+        after = statistics.median(watch["after"])
+        planner = self.replanner
+        slower = (planner.objective == "latency" and before is not None
+                  and after - before > max(planner.margin * before, planner.min_gain_s))
+        self.moves.append({"device_ops": len(move.device_ops), "was": len(watch["previous"][3]),
+                           "link": move.link.describe(), "predicted_before_s": move.predicted_before_s,
+                           "predicted_after_s": move.predicted_after_s, "measured_before_s": before,
+                           "measured_after_s": after, "moved_back": slower})
+        _log.info("the moved cut (%d ops on the device, was %d): measured %s per call, was %s "
+                  "(predicted %.3f ms, was %.3f ms)%s", len(move.device_ops), len(watch["previous"][3]),
+                  _ms(after), _ms(before), move.predicted_after_s * 1e3, move.predicted_before_s * 1e3,
+                  ": slower than predicted, moving back" if slower else "")
+        if slower:
+            self.interpreter, self._split, self.cloud, device_ops = watch["previous"]
+            planner.reject(move, device_ops)
+        else:
+            self._times.extend(watch["after"])
 
     def _run_local(self, inputs):
         self.fallbacks += 1
         return self._local(**inputs)
+
+
+def _ms(seconds):
+    return "?" if seconds is None else f"{seconds * 1e3:.3f} ms"

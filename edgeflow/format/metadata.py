@@ -112,7 +112,10 @@ def split(model):
             ("compression", lambda v: v in _ENCODINGS, f"one of {list(_ENCODINGS)}"),
             ("kind", lambda v: v in _KINDS, f"one of {list(_KINDS)}"),
             ("original_tensors", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-             "an integer >= 0")):
+             "an integer >= 0"),
+            ("adapt", lambda v: isinstance(v, bool), "true or false"),
+            ("forced_cut", lambda v: v is None or (isinstance(v, list) and all(isinstance(n, str) for n in v)),
+             "null or a list of tensor names")):
         if field in info and not ok(info[field]):
             _fail(SPLIT, f'"{field}": {what}', f"got {info[field]!r:.60}")
         if field not in info and field in ("role", "cloud_model_id", "cloud_sha256", "signature"):

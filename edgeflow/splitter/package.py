@@ -155,7 +155,7 @@ def split_file(model_path, out_dir, *, link="4g", objective="latency", device_pr
                server_profile=None, cut=None, input_shapes=None, compression="none",
                memory_budget=None, device_graph="full", cloud_graph="full", model_id=None,
                signature="infer", device_speed=1.0, server_speed=DEFAULT_SERVER_SPEED, pins=None,
-               train=False, labels="cloud"):
+               train=False, labels="cloud", adapt=None):
     """Plan and write OUT_DIR/{device.efl, cloud.efl, plan.json, plan.svg}; a SplitResult.
 
     `train`: split the model's `train` signature for split learning (edgeflow.splitter.training),
@@ -168,6 +168,8 @@ def split_file(model_path, out_dir, *, link="4g", objective="latency", device_pr
     `device_profile`/`server_profile`: Profile objects or paths to profile JSON. `cut`:
     tensor names to cut at instead of planning. `device_graph`/`cloud_graph`: "full" keeps
     the whole graph in that package too (fallback and re-planning), "cut" only its part.
+    `adapt`: whether the device may move the cut at run time (both graphs "full"); by
+    default it may unless the cut was forced with `cut` (the package records both).
     """
     link = Link.parse(link)
     profiles = [Profile.load(p) if isinstance(p, (str, os.PathLike)) else p
@@ -184,8 +186,9 @@ def split_file(model_path, out_dir, *, link="4g", objective="latency", device_pr
     if train:
         cost_graph = _training_costs(model, model_path, cost_graph, train_shapes, profiles,
                                      device_speed, server_speed)
-        plan_link = Link(1 / (1 / link.up_bps + 1 / link.down_bps), link.down_bps,
-                         link.rtt_s * (2 if labels == "device" else 1), f"{link.name} (a training step)")
+        trips = 2 if labels == "device" else 1
+        plan_link = Link(1 / (1 / link.up_bps + 1 / link.down_bps), link.down_bps, link.rtt_s * trips,
+                         f"{link.name} (a training step)", link.overhead_s * trips)
     shared = _shared_variables(model, cost_graph) if train else {}
     if cut:
         placement = planner.forced(cost_graph, list(cut), plan_link, objective)
@@ -203,8 +206,10 @@ def split_file(model_path, out_dir, *, link="4g", objective="latency", device_pr
         raise InvalidInputError(f"model id must be a non-empty word, got {model_id!r}")
     adaptive = device_graph == "full" and cloud_graph == "full"
     extra = {"compression": compression, "objective": objective, "cloud_graph": cloud_graph,
-             "link": {"up_bps": link.up_bps, "down_bps": link.down_bps, "rtt_s": link.rtt_s},
-             "adaptive": adaptive,
+             "link": {"up_bps": link.up_bps, "down_bps": link.down_bps, "rtt_s": link.rtt_s,
+                      "overhead_s": link.overhead_s},
+             "adaptive": adaptive, "forced_cut": list(cut) if cut else None,
+             "adapt": adaptive and (not cut if adapt is None else bool(adapt)),
              "original_tensors": len(model.subgraphs[0].tensors),
              "source_sha256": partition.file_sha256(model_path)}
     if adaptive:

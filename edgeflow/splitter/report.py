@@ -15,7 +15,7 @@ def to_json(placement, cost_graph, link):
         "objective": placement.objective,
         "exact": placement.exact,
         "link": {"name": link.name, "up_bps": link.up_bps, "down_bps": link.down_bps,
-                 "rtt_s": link.rtt_s},
+                 "rtt_s": link.rtt_s, "overhead_s": link.overhead_s},
         "compression": cost_graph.compression,
         "predicted_s": dict(placement.predicted),
         "breakdown": dict(placement.breakdown),
@@ -59,7 +59,8 @@ def table(placement, cost_graph, link):
         lines.append("nothing crosses the link")
     lines += ["", f"device {_ms(parts['device_s'])} ms + cloud {_ms(parts['cloud_s'])} ms + up "
               f"{_ms(parts['up_s'])} ms ({parts['up_bytes']} B) + down {_ms(parts['down_s'])} ms "
-              f"({parts['down_bytes']} B) + RTT {_ms(parts['rtt_s'])} ms; device memory "
+              f"({parts['down_bytes']} B) + RTT {_ms(parts['rtt_s'])} ms + call overhead "
+              f"{_ms(parts['overhead_s'])} ms; device memory "
               f"{placement.device_memory} B", ""]
     rows = [["split", _ms(p["split"]), "1.00x"]]
     pinned_up = any(op.pinned == "cloud" for op in cost_graph.ops)

@@ -49,9 +49,13 @@ def random_graph(rng, n, pin_rate=0.0, param_rate=0.0, compression="none"):
     return CostGraph(ops, tensors, compression)
 
 
-def random_link(rng):
-    return Link(float(rng.uniform(0.5e6, 50e6)), float(rng.uniform(1e6, 100e6)),
+def random_link(rng, overhead=False):
+    """A random Link; with `overhead`, a per-call overhead of 0 or 0.5-5 ms."""
+    link = Link(float(rng.uniform(0.5e6, 50e6)), float(rng.uniform(1e6, 100e6)),
                 float(rng.choice([0.0, rng.uniform(0.001, 0.2)])))
+    if overhead:
+        link = Link(link.up_bps, link.down_bps, link.rtt_s, "", float(rng.choice([0.0, rng.uniform(5e-4, 5e-3)])))
+    return link
 
 
 def raw_wire_bytes(t, compression):
@@ -93,11 +97,45 @@ def brute_force(cg, link, objective):
         if t.is_output and t.name in producer:
             down += ~on_device * (raw_wire_bytes(t, cg.compression) * 8 / link.down_bps)
     uses_cloud = ~A.all(axis=1)
-    if objective == "latency":
-        total = device + cloud + up + down + uses_cloud * link.rtt_s
-    else:
-        total = device + up + down
+    if objective == "latency":  # a round trip: the RTT and the per-call overhead, once
+        total = device + cloud + up + down + uses_cloud * (link.rtt_s + link.overhead_s)
+    else:  # the device's busy time: the per-call overhead is its own RPC work
+        total = device + up + down + uses_cloud * link.overhead_s
     return A, valid, total
+
+
+def margin_choice(A, valid, total, margin, min_gain_s):
+    """The row the margin rule picks, from brute force's arrays: device-only (all bits,
+    when valid), cloud-only (the smallest valid device side: valid sets are closed under
+    intersection, so it is unique) or the best valid cut with ops on both sides; a
+    placement using the cloud must gain more than `margin` * and `min_gain_s` over
+    device-only, a two-sided cut the same over cloud-only too. Also returns how close
+    any comparison came to its threshold (seconds), to skip ties."""
+    rows = np.flatnonzero(valid)
+    full = len(A) - 1
+    floor = int(rows[np.argmin(A[rows].sum(axis=1))])
+    device_only = full if valid[full] else None
+    others = [r for r in rows if r not in (full, floor)]
+    split = min(others, key=lambda r: total[r]) if others else None
+    closest = [np.inf]
+
+    def beats(new, old):
+        threshold = max(margin * total[old], min_gain_s)
+        gain = total[old] - total[new]
+        closest[0] = min(closest[0], abs(gain - threshold))
+        return gain > threshold
+
+    if device_only is None:
+        base = floor
+    elif floor == full or not beats(floor, full):
+        base = full
+    else:
+        base = floor
+    choice = base
+    if split is not None and (device_only is None or beats(split, full)) and \
+            (floor == full or beats(split, floor)):
+        choice = split
+    return choice, closest[0]
 
 
 def simulated_memory(cg, dev):

@@ -28,6 +28,24 @@ def test_links():
     stats = SimpleNamespace(up_bytes_per_s=250_000.0, down_bytes_per_s=None, min_rtt_s=0.042)
     link = Link.measured(stats, "4g")
     assert (link.up_bps, link.down_bps, link.rtt_s) == (2e6, LINKS["4g"].down_bps, 0.042)
+    assert link.overhead_s == LINKS["4g"].overhead_s  # not measured: the profile's
+
+
+def test_the_per_call_overhead():
+    assert LINKS["4g"].overhead_s == 0.003 and Link(1e6, 1e6, 0.01).overhead_s == 0.0
+    link = Link.parse("up=2,rtt=30ms,overhead=2.5ms")
+    assert (link.rtt_s, link.overhead_s) == (pytest.approx(0.03), pytest.approx(0.0025))
+    assert Link.parse("up=2").overhead_s == 0.003  # a spec gets the default ...
+    assert Link.parse("4g,overhead=0").overhead_s == 0.0  # ... unless it says otherwise
+    assert link.round_trip_s == pytest.approx(0.0325)
+    assert "+ 2.5 ms per call" in link.describe()
+    for bad in ("up=1,overhead=-1ms", "up=1,overhead=fast", "up=1,overhead=1,overhead=2"):
+        with pytest.raises(InvalidInputError):
+            Link.parse(bad)
+    with pytest.raises(InvalidInputError, match="overhead_s"):
+        Link(1, 1, 0, "", float("nan"))
+    stats = SimpleNamespace(up_bytes_per_s=None, down_bytes_per_s=None, min_rtt_s=0.01, overhead_s=0.004)
+    assert Link.measured(stats, "4g").overhead_s == 0.004
 
 
 def test_wire_bytes():

@@ -1,11 +1,13 @@
 """The planner against brute force over every assignment of small random DAGs."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from edgeflow.errors import GraphError, InvalidInputError, PlacementError
-from edgeflow.splitter import CostGraph, CostOp, CostTensor, Link, cost, forced, plan
+from edgeflow.splitter import LINKS, CostGraph, CostOp, CostTensor, Link, cost, forced, plan
 
-from .dags import brute_force, random_graph, random_link, simulated_memory
+from .dags import brute_force, margin_choice, random_graph, random_link, simulated_memory
 
 TOL = 1e-7  # the cut rounds capacities to 2**-30 of their sum
 
@@ -14,25 +16,27 @@ def _sides(bits, cg):
     return {op.name: "device" if b else "cloud" for op, b in zip(cg.ops, bits)}
 
 
-def _case(seed, max_ops=10, **kw):
+def _case(seed, max_ops=10, overhead=False, **kw):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, max_ops + 1))
-    return random_graph(rng, n, **kw), random_link(rng)
+    return random_graph(rng, n, **kw), random_link(rng, overhead)
 
 
 @pytest.mark.parametrize("objective", ["latency", "device-time"])
 @pytest.mark.parametrize("compression", ["none", "fp16", "int8"])
 def test_cut_is_the_brute_force_optimum(objective, compression):
+    """With no margins, the plan is the optimum (the per-call overhead included)."""
     unique = 0
     for seed in range(40):
-        cg, link = _case(seed, max_ops=12, compression=compression, pin_rate=0.2 if seed % 2 else 0.0)
+        cg, link = _case(seed, max_ops=12, overhead=True, compression=compression,
+                         pin_rate=0.2 if seed % 2 else 0.0)
         A, valid, total = brute_force(cg, link, objective)
         if not valid.any():  # contradictory pins
             with pytest.raises(PlacementError):
                 plan(cg, link, objective)
             continue
         best = total[valid].min()
-        p = plan(cg, link, objective)
+        p = plan(cg, link, objective, margin=0, min_gain_s=0)
         bits = [p.side[op.name] == "device" for op in cg.ops]
         row = int(sum(1 << k for k, b in enumerate(bits) if b))
         assert valid[row], "the plan breaks a pin or sends a tensor back down"
@@ -102,10 +106,13 @@ def test_a_hand_computed_chain():
     assert busy.side == {"a0": "device", "a1": "cloud", "a2": "cloud"}
     assert busy.predicted["split"] == pytest.approx(0.010 + 0.001 + 0.00004)
     # int8 on the wire, both ways: a0 is 250 + 4 bytes, x 10000 + 4, the output a2 10 + 4.
-    small = plan(cg.with_compression("int8"), link)
+    small = plan(cg.with_compression("int8"), link, margin=0, min_gain_s=0)
     assert small.cut_tensors == [("a0", 254)] and small.download_tensors == [("a2", 14)]
     assert small.predicted["split"] == pytest.approx(0.010 + 0.000254 + 0.002 + 0.000014 + 0.005)
     assert small.predicted["cloud_only"] == pytest.approx(0.010004 + 0.003 + 0.000014 + 0.005)
+    # With the default margins that cut (17.27 ms) is not worth it against sending x
+    # (18.02 ms): 0.75 ms is less than 10% and 1 ms. Cloud-only it is.
+    assert set(plan(cg.with_compression("int8"), link).side.values()) == {"cloud"}
 
 
 def test_a_tensor_is_sent_once_however_many_cloud_ops_read_it():
@@ -162,7 +169,7 @@ def test_memory_budget_brute_force():
         budget = int(rng.uniform(memory[valid].min(), memory[valid].max() + 1))
         within = valid & (memory <= budget)
         best = total[within].min()
-        p = plan(cg, link, objective, memory_budget=budget)
+        p = plan(cg, link, objective, memory_budget=budget, margin=0, min_gain_s=0)
         bits = [p.side[op.name] == "device" for op in cg.ops]
         row = int(sum(1 << k for k, b in enumerate(bits) if b))
         assert within[row], (seed, p.device_memory, budget)
@@ -220,3 +227,75 @@ def test_cost_graph_rejects_malformed_graphs():
         CostGraph([CostOp("y", "op", ["x"], ["y"], 0, 0, pinned="server")], [x, y])
     with pytest.raises(InvalidInputError, match="compression"):
         CostGraph([], [x], compression="zip")
+
+
+@pytest.mark.parametrize("objective", ["latency", "device-time"])
+@pytest.mark.parametrize("margin, min_gain_s", [(0.10, 0.001), (0.3, 0.0), (0.0, 0.01)])
+def test_margins_against_brute_force(objective, margin, min_gain_s):
+    """The plan is what the margin rule picks among device-only, cloud-only and the best
+    two-sided cut, all costed by brute force with the per-call overhead (tests/splitter/dags.py)."""
+    checked = chosen = refused = 0
+    for seed in range(100):
+        cg, link = _case(500 + seed, max_ops=10, overhead=True, pin_rate=0.2 if seed % 3 == 0 else 0.0)
+        if seed % 2:  # big inputs, small activations: two-sided cuts pay
+            cg = CostGraph(cg.ops, [replace(t, shape=(t.shape[0] * (20 if t.producer is None else 1),))
+                                    for t in cg.tensors.values()])
+        A, valid, total = brute_force(cg, link, objective)
+        if not valid.any():
+            continue
+        want, closest = margin_choice(A, valid, total, margin, min_gain_s)
+        if closest < 1e-9:  # on the threshold: the cut's rounding may go either way
+            continue
+        p = plan(cg, link, objective, margin=margin, min_gain_s=min_gain_s)
+        row = int(sum(1 << k for k, op in enumerate(cg.ops) if p.side[op.name] == "device"))
+        assert valid[row]
+        assert total[row] == pytest.approx(total[want], rel=1e-7, abs=1e-12), seed
+        assert p.predicted["split"] == pytest.approx(total[row], rel=1e-9, abs=1e-15)
+        checked += 1
+        two_sided = valid & (A.sum(axis=1) > 0) & (A.sum(axis=1) < A.sum(axis=1).max())
+        two_sided[np.argmin(np.where(valid, A.sum(axis=1), len(cg.ops) + 1))] = False  # cloud-only
+        chosen += bool(two_sided[want])
+        refused += bool(not two_sided[want] and two_sided.any() and total[two_sided].min() < total[want])
+    assert checked >= 80 and chosen >= 2 and refused >= 2  # the rule both splits and refuses
+
+
+def test_a_cut_not_worth_its_round_trip_is_not_made():
+    """Issue 17: with --objective device-time the planner put only the last op on the
+    cloud to save a few microseconds of device time, paying a round trip. The round trip's
+    overhead is device time too, and a split must beat device-only by the margins."""
+    # x (400 kB) -> a0 (4 ms on the device) -> a1 (30 us), both 40 B.
+    cg = _chain([100_000, 10, 10], [0.004, 0.00003], [0.0004, 0.000003])
+    bare = Link(100e6, 100e6, 0.02, "no overhead")  # sending a0 3.2 us, a1 back 3.2 us
+    with_overhead = Link(100e6, 100e6, 0.02, "3 ms per call", 0.003)
+    # What the issue saw: a1 on the cloud saves 30 - 6.4 us of device time.
+    was = plan(cg, bare, "device-time", margin=0, min_gain_s=0)
+    assert was.side == {"a0": "device", "a1": "cloud"}
+    assert was.predicted["device_only"] - was.predicted["split"] == pytest.approx(30e-6 - 6.4e-6)
+    for link, margin, min_gain_s in ((with_overhead, 0, 0), (bare, 0.1, 0.001), (with_overhead, 0.1, 0.001)):
+        p = plan(cg, link, "device-time", margin=margin, min_gain_s=min_gain_s)
+        assert set(p.side.values()) == {"device"} and p.cut_tensors == [], (link, margin)
+    assert set(plan(cg, bare, "device-time").side.values()) == {"device"}  # the defaults
+    # The overhead is a round trip's cost in every objective, charged once.
+    p = forced(cg, ["a0"], with_overhead, "device-time")
+    assert p.breakdown["overhead_s"] == 0.003
+    assert p.predicted["split"] == pytest.approx(0.004 + 6.4e-6 + 0.003)
+    p = forced(cg, ["a0"], with_overhead, "latency")
+    assert p.predicted["split"] == pytest.approx(0.004 + 6.4e-6 + 0.000003 + 0.02 + 0.003)
+    assert p.predicted["device_only"] == pytest.approx(0.00403)
+
+
+def test_the_issue_split_of_resnet_is_no_longer_made(tmp_path):
+    """Issue 17's case end to end: the test ResNet on a device at 1/5 of this machine over
+    4G, --objective device-time. Without the overhead and the margins the planner sent only
+    the final Add (the logits) to the cloud, to save 0.03 ms of a 9.6 ms device time."""
+    import pathlib
+
+    from edgeflow.converters import onnx as onnx_converter
+    from edgeflow.splitter.package import split_file
+    onnx_converter.convert(pathlib.Path(__file__).parents[1] / "data" / "onnx" / "resnet.onnx", tmp_path / "r.efl")
+    result = split_file(tmp_path / "r.efl", tmp_path / "out", link="4g", objective="device-time",
+                        device_speed=0.2)
+    assert set(result.placement.side.values()) == {"device"}
+    bare = plan(result.cost_graph, Link(5.85e6, 20e6, 0.06), "device-time", margin=0, min_gain_s=0)
+    assert bare.cloud_ops == ["logits"]  # what main chose
+    assert bare.predicted["device_only"] - bare.predicted["split"] < 1e-4

@@ -26,7 +26,7 @@ def case():
            CostOp("e", "tanh", ["a"], ["e"], 0.0001, 0.0001)]
     cg = CostGraph(ops, t)
     link = Link(8e6, 16e6, 0.01, "test")
-    return cg, link, plan(cg, link)
+    return cg, link, plan(cg, link, margin=0, min_gain_s=0)
 
 
 def test_the_case_splits_as_expected(case):
@@ -40,7 +40,7 @@ def test_json(case):
     doc = json.loads(json.dumps(report.to_json(p, cg, link)))
     assert set(doc) == {"objective", "exact", "link", "compression", "predicted_s", "breakdown",
                         "device_memory_bytes", "ops", "upload", "download"}
-    assert doc["link"] == {"name": "test", "up_bps": 8e6, "down_bps": 16e6, "rtt_s": 0.01}
+    assert doc["link"] == {"name": "test", "up_bps": 8e6, "down_bps": 16e6, "rtt_s": 0.01, "overhead_s": 0.0}
     assert {o["name"]: o["side"] for o in doc["ops"]} == p.side
     assert doc["ops"][0] == {"name": "a", "opcode": "conv", "side": "device", "pinned": "device",
                              "device_s": 0.002, "cloud_s": 0.0002, "param_bytes": 4096, "flops": 0}
