@@ -1,4 +1,6 @@
 """`edgeflow split`: plan a model's split between the device and a server; write both packages."""
+import os
+
 from .arguments import parse_shapes
 
 
@@ -66,8 +68,10 @@ def cmd_split(args):
     then = (f"train with `edgeflow train {result.paths['device']} --cloud HOST:PORT --data D.npz`"
             if args.train else f"run with `edgeflow run {result.paths['device']} --cloud HOST:PORT`")
     sha = result.cloud_sha256
+    folder = os.path.dirname(result.paths["cloud"]) or "."
     print(f"cloud model id {result.model_id} (sha256 {sha[:16]}...): serve it with "
-          f"`edgeflow serve --model-dir DIR` holding cloud.efl; {then}")
+          f"`edgeflow serve --model-dir {folder}` (it skips device.efl) or from any folder holding "
+          f"cloud.efl; {then}")
     if result.cut_independent:
         print("cloud.efl is the whole model under this id: the same file for every cut and link of "
               "this model, so a server hosting it serves every split of it")
