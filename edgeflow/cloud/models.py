@@ -255,9 +255,9 @@ class HostedModel:
 def exposed(model):
     """(feedable, fetchable): the names of subgraph 0's tensors a request may feed and fetch.
 
-    A request feeds a signature's inputs or the tensors computed from them (the cut
-    tensors of any split), and fetches those and the signatures' outputs. Weights never
-    cross (constants, variables, and the optimizer's updates of them, which hold the new
+    A request feeds a signature's inputs or the tensors ops compute (the cut tensors of
+    any split), and fetches the tensors computed from the inputs and the signatures'
+    outputs. Weights never cross (constants, variables, and the optimizer's updates of them, which hold the new
     values; nor `save`'s outputs and `restore`'s inputs), unless the package opts in with "edgeflow.fetchable"."""
     sub = model.subgraphs[0]
     roles = metadata.roles(model)
@@ -279,8 +279,12 @@ def exposed(model):
                     computed.add(o)
                     todo.append(o)
     names = [t.name for t in sub.tensors]
-    feedable = {names[i] for i in computed}
-    fetchable = feedable | {names[i] for s in ours if s.key != "save" for i in s.outputs.values()}
+    # What ops compute from weights alone (a transposed weight, say) may be fed too, never
+    # fetched: a split whose device computes one sends it (the cloud package is the whole
+    # model, with no signature per cut to name it an input).
+    derived = {o for k, op in enumerate(sub.operators) if k not in updates for o in op.outputs} - weights
+    feedable = {names[i] for i in computed | derived}
+    fetchable = {names[i] for i in computed} | {names[i] for s in ours if s.key != "save" for i in s.outputs.values()}
     extra = metadata.fetchable(model) or set()
     fetchable |= set(names) if "*" in extra else extra
     return feedable, fetchable

@@ -18,7 +18,7 @@ import edgeflow as ef
 from edgeflow.cloud import Client, CloudDelegate, Server
 from edgeflow.errors import EdgeflowError, RemoteError
 from edgeflow.format import metadata, reader
-from edgeflow.splitter import training
+from edgeflow.splitter import partition, training
 from edgeflow.splitter.package import split_file
 
 
@@ -52,10 +52,10 @@ def sha(path):
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 
-def run_device(path, address):
+def run_device(path, address, x=X):
     cloud = CloudDelegate(address, timeout=30)
     runner = ef.Interpreter(path, delegates=[cloud]).get_signature_runner("infer")
-    got = runner(x=X)["y"]
+    got = runner(x=x)["y"]
     assert cloud.calls == 1 and runner.fallbacks == 0  # it ran split, not alone
     return got
 
@@ -186,3 +186,27 @@ def test_training_cloud_packages_do_not_depend_on_the_cut(tmp_path):
     cloud = reader.load(tmp_path / "0" / "cloud.efl")
     assert metadata.role(cloud) == "cloud" and metadata.model_id(cloud) == "t"
     assert metadata.role(reader.load(tmp_path / "1" / "device.efl")) == "device"
+
+
+def test_a_weight_the_device_transforms_crosses_to_the_cut_independent_package(tmp_path):
+    """A device op computing from weights alone (here a transposed weight that a cloud op
+    reads too) sends its output: the whole-model cloud package, with no signature of the
+    cut to name it an input, takes it as a feed, and still never gives it out."""
+    w = np.arange(12, dtype=np.float32).reshape(3, 4) / 7
+    g = ef.Graph()
+    with g.as_default():
+        x = ef.placeholder(ef.float32, [None, 3], name="x")
+        wt = ef.transpose(ef.constant(w, name="w"), name="wt")
+        y = ef.matmul(ef.matmul(x, ef.transpose(wt, name="wtt"), name="h"), wt, name="y")
+    ef.save(g, tmp_path / "m.efl", signatures={"infer": ({"x": x}, {"y": y})})
+    model = reader.load(tmp_path / "m.efl")
+    sub = model.subgraphs[0]
+    device = {i for i, op in enumerate(sub.operators) if sub.tensors[op.outputs[0]].name in ("wt", "wtt", "h")}
+    cut, digest = partition.write_pair(model, device, tmp_path, model_id="m")
+    assert cut.names(cut.uploads) == ["h", "wt"]
+    with Server(models={"m": tmp_path / "cloud.efl"}) as server:
+        np.testing.assert_allclose(run_device(tmp_path / "device.efl", server.address, X[:, :3]), X[:, :3] @ w @ w.T,
+                                   rtol=1e-5)
+        with Client(server.address, timeout=30) as client:
+            with pytest.raises(RemoteError, match="does not give out"):
+                client.run("m", {"x": X[:, :3]}, ["wt"], sha256=digest)
