@@ -257,8 +257,9 @@ def exposed(model):
 
     A request feeds a signature's inputs or the tensors ops compute (the cut tensors of
     any split), and fetches the tensors computed from the inputs and the signatures'
-    outputs. Weights never cross (constants, variables, and the optimizer's updates of them, which hold the new
-    values; nor `save`'s outputs and `restore`'s inputs), unless the package opts in with "edgeflow.fetchable"."""
+    outputs. Weights never cross (constants, variables, and the optimizer's updates of
+    them, which hold the new values; nor `save`'s outputs and `restore`'s inputs), unless
+    the package opts in with "edgeflow.fetchable"."""
     sub = model.subgraphs[0]
     roles = metadata.roles(model)
     updates = set(roles.update) if roles else set()
@@ -284,7 +285,8 @@ def exposed(model):
     # model, with no signature per cut to name it an input).
     derived = {o for k, op in enumerate(sub.operators) if k not in updates for o in op.outputs} - weights
     feedable = {names[i] for i in computed | derived}
-    fetchable = {names[i] for i in computed} | {names[i] for s in ours if s.key != "save" for i in s.outputs.values()}
+    fetchable = {names[i] for i in computed} | \
+        {names[i] for s in ours if s.key != "save" for i in s.outputs.values()}
     extra = metadata.fetchable(model) or set()
     fetchable |= set(names) if "*" in extra else extra
     return feedable, fetchable
