@@ -8,8 +8,12 @@ def add_parser(verbs):
                          description="Serve every .efl in a directory over gRPC (service "
                                      "edgeflow.v1.Edgeflow, plus grpc.health.v1) until SIGTERM "
                                      "or Ctrl-C; devices run the rest of their graphs here.")
-    p.add_argument("--model-dir", required=True, help="a directory of .efl packages (id: metadata "
-                                                       "'edgeflow.model_id', else the file name)")
+    p.add_argument("--model-dir", required=True,
+                   help="a directory of .efl packages: cloud packages and plain models (id: metadata "
+                        "'edgeflow.model_id', else the file name); device packages are skipped. Files "
+                        "of one id with different bytes are versions of that model, served side by "
+                        "side: a device gets the version its package names (its sha256), a request "
+                        "naming none the newest file (by modification time)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; "
                                                         "0.0.0.0 for every interface)")
     p.add_argument("--port", type=non_negative, default=50051, help="port (default 50051; 0 picks one)")

@@ -1,5 +1,6 @@
 """`edgeflow split`: plan a model's split between the device and a server; write both packages."""
 import argparse
+import os
 
 from .arguments import parse_shapes
 
@@ -73,8 +74,24 @@ def cmd_split(args):
         print(f"wrote {result.paths[key]}")
     then = (f"train with `edgeflow train {result.paths['device']} --cloud HOST:PORT --data D.npz`"
             if args.train else f"run with `edgeflow run {result.paths['device']} --cloud HOST:PORT`")
-    print(f"cloud model id {result.model_id} (sha256 {result.cloud_sha256[:16]}...): serve it with "
-          f"`edgeflow serve --model-dir DIR` holding cloud.efl; {then}")
+    sha = result.cloud_sha256
+    folder = os.path.dirname(result.paths["cloud"]) or "."
+    print(f"cloud model id {result.model_id} (sha256 {sha[:16]}...): serve it with "
+          f"`edgeflow serve --model-dir {folder}` (it skips device.efl) or from any folder holding "
+          f"cloud.efl; {then}")
+    if result.cut_independent:
+        print("cloud.efl is the whole model under this id: the same file for every cut and link of "
+              "this model, so a server hosting it serves every split of it")
+    else:
+        print("cloud.efl holds only this cut's cloud ops (--cloud-graph cut): another cut makes another "
+              "file, a version the server hosts beside this one")
+    previous = result.previous_cloud_sha256
+    if previous is not None:
+        print(f"cloud.efl sha256 unchanged ({sha[:16]}...): servers already hosting it serve this split"
+              if previous == sha else
+              f"cloud.efl sha256 changed ({previous[:16]}... -> {sha[:16]}...): host the new file beside "
+              f"the old one (a version of model {result.model_id}) while devices split against the old "
+              "one are in use")
 
 
 def _link(args):

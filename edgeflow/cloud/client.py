@@ -225,7 +225,10 @@ class Client:
 
     def list_models(self, timeout=None):
         """{model id: {"sha256", "file_bytes", "description", "signatures": {key: {"inputs":
-        {name: {"tensor", "dtype", "shape"}}, "outputs": {...}}}}} of the hosted models."""
+        {name: {"tensor", "dtype", "shape"}}, "outputs": {...}}}, "versions": [...]}} of the
+        hosted models: the top-level fields are the id's default version's (the one a
+        request without a sha256 gets, its newest); "versions" lists every version hosted
+        (dicts of the same fields but "versions"), oldest first, the default last."""
         timeout = self._deadline(timeout)
         try:
             reply = self._stub.ListModels(pb.ListModelsRequest(), timeout=timeout, metadata=self._metadata)
@@ -234,10 +237,13 @@ class Client:
 
         def tensors(infos):
             return {t.name: {"tensor": t.tensor, "dtype": t.dtype, "shape": tuple(t.shape)} for t in infos}
-        return {m.id: {"sha256": m.sha256, "file_bytes": m.file_bytes, "description": m.description,
-                       "signatures": {s.key: {"inputs": tensors(s.inputs), "outputs": tensors(s.outputs)}
-                                      for s in m.signatures}}
-                for m in reply.models}
+        versions = {}
+        for m in reply.models:  # each id's versions oldest first (the server's order)
+            versions.setdefault(m.id, []).append(
+                {"sha256": m.sha256, "file_bytes": m.file_bytes, "description": m.description,
+                 "signatures": {s.key: {"inputs": tensors(s.inputs), "outputs": tensors(s.outputs)}
+                                for s in m.signatures}})
+        return {model_id: {**found[-1], "versions": found} for model_id, found in versions.items()}
 
     def ping(self, payload_bytes=0, reply_bytes=0, timeout=None):
         """Send `payload_bytes` and have `reply_bytes` sent back; the round trip in seconds.

@@ -11,6 +11,7 @@ each cached interpreter is charged what it keeps (see budget.py); a cached plan'
 and scratch pages are given back after each run, and the least recently used plans are
 dropped when what they keep no longer fits.
 """
+import collections.abc
 import contextlib
 import hashlib
 import logging
@@ -51,6 +52,8 @@ class HostedModel:
         first = Interpreter(data)  # verifies the package and that every op has a kernel
         self.model = first.model
         self.id = model_id or _model_id(self.model, default_id)
+        self.role = metadata.role(self.model)  # "cloud", "device" or None (a plain model)
+        self.sole_version = True  # the only version of its id the server hosts (HostedModels sets it)
         if not self.id:
             raise EdgeflowError(f"{source}: the package has no {metadata.MODEL_ID!r} metadata; give its id")
         self._tensors = {t.name: t for t in self.model.subgraphs[0].tensors}
@@ -67,21 +70,29 @@ class HostedModel:
         self._steps_lock = threading.Lock()
 
     def step_host(self, state_dir=None, checkpoint_every=1, **limits):
-        """The StepHost running split training steps on this model's one trained copy of
+        """The StepHost running split training steps on this version's one trained copy of
         its variables (made on first use, with StepHost's `limits`; resumes from its folder
-        under `state_dir` if it holds a checkpoint). The folder is named by a sanitised id
-        (steps.state_folder), never by the id itself; a checkpoint in the folder of the
-        old layout (`state_dir`/<id>, if that is inside `state_dir`) is read once."""
+        under `state_dir` if it holds a checkpoint). Each version of a model id trains on
+        its own: its folder is named by the sanitised id and a prefix of the package's
+        SHA-256 (steps.state_folder), never by the id itself. A checkpoint of an older
+        layout (one folder per id: `state_dir`/<sanitised id>, or `state_dir`/<id> if that
+        is inside `state_dir`) is read once, and only while the id has this one version:
+        it does not say which version it trained."""
         with self._steps_lock:
             if self.steps is None:
                 from .steps import StepHost, state_folder
                 folder = legacy = None
                 if state_dir:
-                    folder = state_folder(state_dir, self.id)
-                    legacy = os.path.join(state_dir, self.id)
+                    folder = state_folder(state_dir, self.id, self.sha256)
                     root = os.path.realpath(state_dir)
-                    if os.path.dirname(os.path.realpath(legacy)) != root or legacy == folder:
-                        legacy = None  # an id that left the folder: never read from there
+                    candidates = [state_folder(state_dir, self.id), os.path.join(state_dir, self.id)]
+                    legacy = next((c for c in candidates if os.path.dirname(os.path.realpath(c)) == root
+                                   and os.path.exists(os.path.join(c, "steps.npz"))), None)
+                    if legacy and not self.sole_version:
+                        _log.warning("%s: not resuming from %s: it holds the training state of one version "
+                                     "of model %r, and the server hosts several (host that version alone "
+                                     "once to move it to its own folder)", self.id, legacy, self.id)
+                        legacy = None
                 self.steps = StepHost(Interpreter(self._data), folder, checkpoint_every, name=self.id,
                                       legacy_state_dir=legacy, **limits)
             return self.steps
@@ -244,10 +255,11 @@ class HostedModel:
 def exposed(model):
     """(feedable, fetchable): the names of subgraph 0's tensors a request may feed and fetch.
 
-    A request feeds a signature's inputs or the tensors computed from them (the cut
-    tensors of any split), and fetches those and the signatures' outputs. Weights never
-    cross (constants, variables, and the optimizer's updates of them, which hold the new
-    values; nor `save`'s outputs and `restore`'s inputs), unless the package opts in with "edgeflow.fetchable"."""
+    A request feeds a signature's inputs or the tensors ops compute (the cut tensors of
+    any split), and fetches the tensors computed from the inputs and the signatures'
+    outputs. Weights never cross (constants, variables, and the optimizer's updates of
+    them, which hold the new values; nor `save`'s outputs and `restore`'s inputs), unless
+    the package opts in with "edgeflow.fetchable"."""
     sub = model.subgraphs[0]
     roles = metadata.roles(model)
     updates = set(roles.update) if roles else set()
@@ -268,8 +280,13 @@ def exposed(model):
                     computed.add(o)
                     todo.append(o)
     names = [t.name for t in sub.tensors]
-    feedable = {names[i] for i in computed}
-    fetchable = feedable | {names[i] for s in ours if s.key != "save" for i in s.outputs.values()}
+    # What ops compute from weights alone (a transposed weight, say) may be fed too, never
+    # fetched: a split whose device computes one sends it (the cloud package is the whole
+    # model, with no signature per cut to name it an input).
+    derived = {o for k, op in enumerate(sub.operators) if k not in updates for o in op.outputs} - weights
+    feedable = {names[i] for i in computed | derived}
+    fetchable = {names[i] for i in computed} | \
+        {names[i] for s in ours if s.key != "save" for i in s.outputs.values()}
     extra = metadata.fetchable(model) or set()
     fetchable |= set(names) if "*" in extra else extra
     return feedable, fetchable
@@ -336,27 +353,107 @@ def load(source, model_id=None):
     return HostedModel(reader.map_file(path), str(path), model_id, path.stem)  # one mapping, shared
 
 
+class HostedModels(collections.abc.Mapping):
+    """The models a server hosts, each id with one or more versions (HostedModel), keyed
+    by their packages' SHA-256, side by side: a device package names the SHA-256 of the
+    cloud package it was split against and is served by that version, so a new version
+    rolls out while devices split against the old one keep working. As a mapping it is
+    {id: the id's newest version}; the newest is the one loaded last (`load_models`
+    loads a directory's files oldest modification time first)."""
+
+    def __init__(self):
+        self._versions = {}  # id -> [HostedModel], oldest first
+
+    def add(self, model):
+        """Host `model` as its id's newest version; False (nothing added) if a version of
+        that id with the same SHA-256 is hosted already (the same package)."""
+        versions = self._versions.setdefault(model.id, [])
+        if any(v.sha256 == model.sha256 for v in versions):
+            return False
+        versions.append(model)
+        for v in versions:
+            v.sole_version = len(versions) == 1
+        return True
+
+    def versions(self, model_id):
+        """The versions of `model_id`, oldest first ([] if none)."""
+        return list(self._versions.get(model_id, ()))
+
+    def version(self, model_id, sha256=None):
+        """The version of `model_id` whose package has SHA-256 `sha256` (hex, any case), or
+        the newest without one; None if the id or that version is not hosted."""
+        versions = self._versions.get(model_id)
+        if not versions:
+            return None
+        if not sha256:
+            return versions[-1]
+        return next((v for v in versions if v.sha256 == sha256.lower()), None)
+
+    def all(self):
+        """Every hosted version of every id (each id's oldest first)."""
+        return [v for versions in self._versions.values() for v in versions]
+
+    def __getitem__(self, model_id):
+        versions = self._versions.get(model_id)
+        if not versions:
+            raise KeyError(model_id)
+        return versions[-1]
+
+    def __iter__(self):
+        return iter(self._versions)
+
+    def __len__(self):
+        return len(self._versions)
+
+
+def _by_age(path):
+    try:
+        return path.stat().st_mtime, path.name
+    except OSError:
+        return 0.0, path.name  # load() reports it
+
+
 def load_models(model_dir=None, models=None):
-    """{id: HostedModel}: every `*.efl` in `model_dir` (a bad file is logged and skipped,
-    as is a second file with an id already taken), plus `models` ({id: path or bytes},
-    whose errors raise)."""
-    hosted = {}
+    """A HostedModels: every `*.efl` in `model_dir` that is not a device package (those
+    are skipped, as are bad files, with a log line saying why), loaded oldest modification
+    time first, so that a model id's newest file is its default version; then `models`
+    ({id: path or bytes, or a list of them, oldest first}; their errors raise). Files with
+    the same id and different bytes are versions of one model; the same bytes twice (two
+    splits of a model give one cloud package) are hosted once."""
+    hosted = HostedModels()
     if model_dir is not None:
         directory = pathlib.Path(model_dir)
         if not directory.is_dir():
             raise EdgeflowError(f"--model-dir {str(directory)!r}: expected a directory of .efl files")
-        for path in sorted(directory.glob("*.efl")):
+        for path in sorted(directory.glob("*.efl"), key=_by_age):
             try:
                 model = load(path)
             except (EdgeflowError, OSError) as e:
                 _log.error("skipping %s: %s", path, e)
                 continue
-            if model.id in hosted:
-                _log.error("skipping %s: model id %r is taken by %s", path, model.id, hosted[model.id].source)
+            if model.role == "device":
+                info = metadata.split(model.model) or {}
+                _log.info("skipping %s: a device package (role 'device'): devices run it; the server hosts "
+                          "its cloud package (model id %r, sha256 %s...)", path, info.get("cloud_model_id"),
+                          str(info.get("cloud_sha256"))[:16])
                 continue
-            hosted[model.id] = model
-    for model_id, source in (models or {}).items():
-        if model_id in hosted:
-            raise EdgeflowError(f"model id {model_id!r} is given twice ({hosted[model_id].source})")
-        hosted[model_id] = load(source, model_id)
+            _add(hosted, model)
+    for model_id, sources in (models or {}).items():
+        for source in sources if isinstance(sources, (list, tuple)) else [sources]:
+            model = load(source, model_id)
+            if model.role == "device":
+                raise EdgeflowError(f"model {model_id!r} ({model.source}): a device package (role 'device') "
+                                    "is run by devices; host its cloud package")
+            _add(hosted, model)
     return hosted
+
+
+def _add(hosted, model):
+    first = hosted.versions(model.id)
+    if not hosted.add(model):
+        same = next(v for v in first if v.sha256 == model.sha256)
+        _log.info("%s: the same package as %s (model %r, sha256 %s...): hosted once", model.source,
+                  same.source, model.id, model.sha256[:16])
+    elif first:
+        _log.info("%s: model %r version sha256 %s... hosted beside %d older version(s); requests "
+                  "without a sha256 get it", model.source, model.id, model.sha256[:16], len(first))

@@ -13,6 +13,11 @@ protobuf of the method's type gets INVALID_ARGUMENT. Refusals are logged at most
 kind every few seconds (with a count of those left out). The server keeps serving after
 each. gRPC's standard health service (grpc.health.v1) answers without a token.
 
+Versions (edgeflow.cloud.models.HostedModels): a model id may have several versions, one
+per package SHA-256; a request naming a sha256 runs on that version (FAILED_PRECONDITION
+if none has it), one without on the newest. ListModels lists every version, each id's
+oldest first: the last of an id is its default.
+
 Identities (edgeflow.cloud.identity): a caller is who its credential says (a per-device
 token, or a client certificate's CN), never what its request claims; a training step
 runs under the caller's device id, and only on a trainable package.
@@ -133,15 +138,17 @@ class _Servicer(pb_grpc.EdgeflowServicer):
                           "expected a Run stream to start with a RunHeader (model_id, fetches), got "
                           + ("nothing" if first is None else f"a {first.WhichOneof('kind') or 'empty'} message"))
         header = first.header
-        model = self.models.get(header.model_id)
-        if model is None:
+        versions = self.models.versions(header.model_id)
+        if not versions:
             raise _Reject(grpc.StatusCode.NOT_FOUND, f"no model {header.model_id[:200]!r}; this server hosts "
                                                      f"{sorted(m for m in self.models if identity.may_use(m))}")
-        identity.check_model(model.id)
-        if header.model_sha256 and header.model_sha256.lower() != model.sha256:
+        identity.check_model(header.model_id)
+        model = self.models.version(header.model_id, header.model_sha256)
+        if model is None:
             raise _Reject(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"model {model.id!r}: expected package sha256 {header.model_sha256}, "
-                          f"this server hosts sha256 {model.sha256}")
+                          f"model {header.model_id!r}: expected package sha256 {header.model_sha256[:64]}, "
+                          f"this server hosts sha256 {', '.join(v.sha256 for v in versions)} (serve the "
+                          "cloud package this device package was split against beside them)")
         model.check_fetches(list(header.fetches), allow_none=header.HasField("step"))
         if header.HasField("step"):
             if not model.trainable:
@@ -172,7 +179,7 @@ class _Servicer(pb_grpc.EdgeflowServicer):
             identity = self.auth.identify(context)
         except Refused as e:
             context.abort(e.code, str(e))
-        return pb.ListModelsReply(models=[_model_info(m) for m in self.models.values() if identity.may_use(m.id)])
+        return pb.ListModelsReply(models=[_model_info(m) for m in self.models.all() if identity.may_use(m.id)])
 
     def Ping(self, request, context):
         if request.reply_bytes > wire.MAX_PING_BYTES:
@@ -309,8 +316,11 @@ def _rejecting(handler, code, message, method=""):
 class Server:
     """Hosts cloud packages over gRPC.
 
-    `model_dir`: every `*.efl` in it (a bad file is logged and skipped); `models`:
-    {id: path or package bytes} hosted as well (a bad one raises). `token`: callers must
+    `model_dir`: every `*.efl` in it but device packages (a bad file is logged and
+    skipped; files with one id and different bytes are versions of that model, the newest
+    file by modification time its default); `models`: {id: path or package bytes, or a
+    list of them, oldest version first} hosted as well (a bad one raises). `models` on the
+    server is a models.HostedModels. `token`: callers must
     send 'authorization: Bearer <token>': one shared token (a str), or a
     identity.Tokens (per-device tokens: `Tokens.parse(token file text)`). `tls`:
     (cert_pem, key_pem) bytes to serve TLS; `tls_client_ca`: PEM of the CA client
@@ -346,7 +356,7 @@ class Server:
         self._blas = None
         self.models = load_models(model_dir, models)
         self.budget = MemoryBudget(memory_budget_bytes or default_bytes(), model_memory_bytes, memory_wait_s)
-        for model in self.models.values():
+        for model in self.models.all():
             model.use_budget(self.budget)
         self.host, self.port, self.token, self.tls = host, port, token, tls
         self.max_workers, self.max_request_bytes = max_workers, max_request_bytes
@@ -412,7 +422,7 @@ class Server:
         if self._blas is not None:
             self._blas.restore_original_limits()
             self._blas = None
-        for model in self.models.values():  # training state: checkpoint, to resume from
+        for model in self.models.all():  # training state: checkpoint, to resume from
             if model.steps is not None:
                 model.steps.close()
         if self.parameter_server is not None:  # its variables, slots and devices' steps
@@ -435,9 +445,10 @@ def _read_file(path, what):
 
 
 def _trainable(path):
-    from ..format import reader
+    from ..format import metadata, reader
     try:
-        return any(s.key == "train" for s in reader.load(path).signatures)
+        model = reader.load(path)
+        return metadata.role(model) != "device" and any(s.key == "train" for s in model.signatures)
     except EdgeflowError:
         return False  # load_models logs and skips it
 
@@ -507,9 +518,10 @@ def serve(args):
     _return_freed_memory()
     _log.info("memory budget %d MiB (%s per model)", server.budget.limit >> 20,
               f"{server.budget.model_limit >> 20} MiB" if model_mb else "all of it")
-    for model in server.models.values():
-        _log.info("model %r: sha256 %s, %d bytes, from %s", model.id, model.sha256, model.file_bytes,
-                  model.source)
+    for model in server.models.all():
+        default = len(server.models.versions(model.id)) > 1 and server.models[model.id] is model
+        _log.info("model %r: sha256 %s%s, %d bytes, from %s", model.id, model.sha256,
+                  " (the default version)" if default else "", model.file_bytes, model.source)
     server.start()
     _log.info("serving %d models on %s%s%s%s", len(server.models), server.address,
               " with TLS" if tls else "", ", client certificates required" if client_ca else "",

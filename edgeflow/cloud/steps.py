@@ -27,8 +27,9 @@ beyond them takes the place of the one idle longest, if that one has been idle f
 step would run again), else it is refused with TooManyDevices (RESOURCE_EXHAUSTED), so
 neither memory nor the checkpoint grows with made-up ids.
 
-State folders: `state_folder(state_dir, model_id)` names a model's folder by a sanitised
-id (plus a hash of the id when sanitising changed it), never by the id itself.
+State folders: `state_folder(state_dir, model_id, sha256)` names a model version's folder
+by a sanitised id (plus a hash of the id when sanitising changed it), never by the id
+itself, and in it a folder per version (16 hex digits of its package's SHA-256).
 """
 import collections
 import hashlib
@@ -75,9 +76,15 @@ def state_name(model_id, max_chars=64):
     return safe
 
 
-def state_folder(state_dir, model_id):
-    """The folder under `state_dir` of a model's training state (see state_name)."""
-    return os.path.join(state_dir, state_name(model_id))
+def state_folder(state_dir, model_id, sha256=None):
+    """The folder under `state_dir` of a model's training state (see state_name); with the
+    SHA-256 of a version's package, that version's folder inside it (16 hex digits)."""
+    folder = os.path.join(state_dir, state_name(model_id))
+    if sha256 is None:
+        return folder
+    if not re.fullmatch(r"[0-9a-fA-F]{16,64}", sha256):
+        raise InvalidInputError(f"expected a package's SHA-256 in hex, got {sha256[:80]!r}")
+    return os.path.join(folder, sha256[:16].lower())
 
 
 class StepHost:

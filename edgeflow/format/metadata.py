@@ -4,6 +4,7 @@
     info = metadata.split(model)         # dict or None: "edgeflow.split"
     name = metadata.model_id(model)      # str or None: "edgeflow.model_id"
     extra = metadata.fetchable(model)    # set of names, or None: "edgeflow.fetchable"
+    role = metadata.role(model)          # "cloud", "device" or None: "edgeflow.role"
     model.metadata.update(metadata.roles_entry(grad, update, gradients))
 
 One strictness everywhere: a malformed entry raises FormatError naming the key and what
@@ -13,12 +14,14 @@ at load, before anything reads it.
 import json
 from typing import NamedTuple
 
-from ..errors import FormatError
+from ..errors import FormatError, InvalidInputError
 
 ROLES = "edgeflow.roles"
 SPLIT = "edgeflow.split"
 MODEL_ID = "edgeflow.model_id"
 FETCHABLE = "edgeflow.fetchable"
+ROLE = "edgeflow.role"
+ROLES_OF_PACKAGES = ("cloud", "device")
 
 _ENCODINGS = ("none", "fp16", "int8")
 _KINDS = ("infer", "train")
@@ -183,6 +186,29 @@ def fetchable_entry(names):
     return {FETCHABLE: json.dumps({"tensors": sorted(names)}).encode()}
 
 
+def role(model):
+    """What a package of a split is for: "cloud" (a server hosts it), "device" (a device
+    runs it), or None (a plain model). "edgeflow.role" (UTF-8) says it; a device package
+    written before that entry existed says it in "edgeflow.split", which wins over an
+    "edgeflow.role" the package inherited from the model it was split from."""
+    raw = model.metadata.get(ROLE)
+    info = split(model)
+    try:
+        value = None if raw is None else bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        value = ""
+    if raw is not None and value not in ROLES_OF_PACKAGES:
+        _fail(ROLE, f"one of {list(ROLES_OF_PACKAGES)}", f"got {bytes(raw)[:40]!r}")
+    return "device" if info is not None else value
+
+
+def role_entry(name):
+    """{ROLE: bytes} saying the package is for the "cloud" or the "device"."""
+    if name not in ROLES_OF_PACKAGES:
+        raise InvalidInputError(f"role must be one of {ROLES_OF_PACKAGES}, got {name!r}")
+    return {ROLE: name.encode("utf-8")}
+
+
 def without(metadata, *keys):
     """A copy of a metadata dict less `keys` (entries a derived package must not inherit)."""
     return {k: v for k, v in metadata.items() if k not in keys}
@@ -194,3 +220,4 @@ def check(model):
     split(model)
     model_id(model)
     fetchable(model)
+    role(model)

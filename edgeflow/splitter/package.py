@@ -7,7 +7,9 @@ The cost graph is built from the model (with measured profiles where given), the
 placement planned (or forced at `cut` tensors), and the model cut into a device package
 and a cloud package (edgeflow.splitter.partition). The device package carries the cost graph
 and the link it was planned for, so that a device can re-plan from the link it measures
-when both packages hold the whole graph (the defaults).
+when both packages hold the whole graph (the defaults). The cloud package (by default the
+whole model under its id) is the same file for every cut and link: one server, hosting
+it once, serves every split of the model.
 """
 import json
 import os
@@ -30,6 +32,8 @@ class SplitResult:
     model_id: str
     cloud_sha256: str
     paths: dict  # "device", "cloud", "plan", "svg" -> path
+    cut_independent: bool = True  # cloud.efl is the whole model: the same file for every cut and link
+    previous_cloud_sha256: str = None  # of the cloud.efl this split replaced in its folder, if any
 
     @property
     def table(self):
@@ -111,17 +115,28 @@ def _write_training(model, model_path, out_dir, placement, cost_graph, link, dev
     os.makedirs(out_dir, exist_ok=True)
     model_id = model_id or default_model_id(model_path)
     device_ops = _with_the_loss(model, device_ops, {op.operator for op in cost_graph.ops})
+    previous = _previous_cloud(out_dir)
     cut = training.write_pair(model, device_ops, out_dir, model_id=model_id, labels=labels,
                               probe_shapes=input_shapes)
     sha = partition.file_sha256(os.path.join(out_dir, "cloud.efl"))
     paths = {k: os.path.join(out_dir, f) for k, f in
              (("device", "device.efl"), ("cloud", "cloud.efl"), ("plan", "plan.json"), ("svg", "plan.svg"))}
     plan_json = report.to_json(placement, cost_graph, link)
-    plan_json.update({"model_id": model_id, "cloud_sha256": sha, "train": True, "labels": labels,
+    plan_json.update({"model_id": model_id, "cloud_sha256": sha, "cloud_cut_independent": True,
+                      "train": True, "labels": labels,
                       "rounds": cut.plan_json(), "source": os.fspath(model_path)})
     write_text(paths["plan"], json.dumps(plan_json, indent=1) + "\n")
     write_text(paths["svg"], report.svg(placement, cost_graph, link))
-    return SplitResult(placement, cost_graph, link, model_id, sha, paths)
+    return SplitResult(placement, cost_graph, link, model_id, sha, paths, True, previous)
+
+
+def _previous_cloud(out_dir):
+    """The SHA-256 of OUT_DIR/cloud.efl before a split overwrites it, or None."""
+    path = os.path.join(out_dir, "cloud.efl")
+    try:
+        return partition.file_sha256(path) if os.path.isfile(path) else None
+    except OSError:
+        return None
 
 
 def _with_the_loss(model, device_ops, planned):
@@ -214,6 +229,7 @@ def split_file(model_path, out_dir, *, link="4g", objective="latency", device_pr
              "source_sha256": partition.file_sha256(model_path)}
     if adaptive:
         extra["cost_graph"] = cost_graph.to_json()
+    previous = _previous_cloud(out_dir)
     cut_, sha = partition.write_pair(model, device_ops, out_dir, model_id=model_id, signature=signature,
                                      device_graph=device_graph, cloud_graph=cloud_graph,
                                      probe_shapes=input_shapes, extra_metadata=extra)
@@ -222,8 +238,9 @@ def split_file(model_path, out_dir, *, link="4g", objective="latency", device_pr
     plan_json = report.to_json(placement, cost_graph, link)
     plan_json.update({"model_id": model_id, "cloud_sha256": sha, "device_graph": device_graph,
                       "cloud_graph": cloud_graph, "source": os.fspath(model_path),
-                      "device_sha256": partition.file_sha256(paths["device"])})
+                      "device_sha256": partition.file_sha256(paths["device"]),
+                      "cloud_cut_independent": cloud_graph == "full"})
     write_text(paths["plan"], json.dumps(plan_json, indent=1) + "\n")
     write_text(paths["svg"], report.svg(placement, cost_graph, link))
-    return SplitResult(placement, cost_graph, link, model_id, sha, paths)
+    return SplitResult(placement, cost_graph, link, model_id, sha, paths, cloud_graph == "full", previous)
 

@@ -9,9 +9,11 @@ The device package's `infer` signature runs the device part and exchanges the cu
 tensors through send/recv; with `device_graph="full"` it also keeps the whole graph as
 `infer_local` (the weights are shared, not copied), so that it can run alone when the
 cloud is unreachable and can be cut again at run time. The cloud package holds the
-cloud part (`cloud_graph="cut"`), or the whole graph (`"full"`, the default), so that the
-device can choose another cut without a new package: the server computes any tensors
-from any fed tensors (`Interpreter.run`).
+cloud part (`cloud_graph="cut"`), or the whole graph (`"full"`, the default): the model
+itself under its id, the same file whatever the cut and the link, so that one server
+serves every split of a model and the device can choose another cut without a new
+package: the server computes any tensors from any fed tensors (`Interpreter.run`).
+Each package says its role in metadata "edgeflow.role" ("cloud" or "device").
 
 The device package's metadata "edgeflow.split" names the cloud package it pairs with
 (model id and SHA-256 of its file), and the server refuses a mismatched pair.
@@ -71,34 +73,34 @@ class Cut:
 
 
 def cloud_package(model, cut, model_id, graph="full"):
-    """The ModelDef the server hosts: the whole model (graph="full") or only the cloud ops
-    with the uploaded tensors as inputs ("cut"); its signature `infer` maps the names of
-    what the device sends to the names of what it fetches."""
-    sub, names = cut.subgraph, {}
+    """The ModelDef the server hosts, with metadata "edgeflow.role" = "cloud".
+
+    graph="full" (the default): the whole model as it is, under `model_id`: its bytes
+    depend only on the model and the id, never on the cut or the link (`cut` may be
+    None), so every split and re-split of a model pairs with one cloud package, and the
+    server checks each request's feeds and fetches against the model itself (a request
+    feeds tensors computed from a signature's inputs and fetches those or the outputs:
+    edgeflow.cloud.models.exposed). graph="cut": only the cloud ops, with the uploaded
+    tensors as inputs and a signature `infer` mapping the names of what the device sends
+    to the names of what it fetches: smaller, but one package (one SHA-256) per cut."""
     if graph == "full":
         new = copy.copy(model)
-        new.metadata = dict(model.metadata)
-        inputs = {cut.subgraph.tensors[t].name: t for t in cut.uploads}
-        outputs = {cut.subgraph.tensors[t].name: t for t in cut.downloads}
-        sig_index = cut.signature.subgraph
-        new.signatures = list(model.signatures)
+        new.subgraphs, new.signatures = list(model.subgraphs), list(model.signatures)
+        inherited = model.metadata
     elif graph == "cut":
+        if cut is None:
+            raise PlacementError("a cloud package of graph 'cut' needs the cut")
         sub, _ = _extract(cut.subgraph, cut.cloud, as_inputs=cut.uploads)
         names = {t.name: i for i, t in enumerate(sub.tensors)}
         inputs = {cut.subgraph.tensors[t].name: names[cut.subgraph.tensors[t].name] for t in cut.uploads}
         outputs = {cut.subgraph.tensors[t].name: names[cut.subgraph.tensors[t].name] for t in cut.downloads}
-        new = ModelDef(subgraphs=[sub] + list(model.subgraphs[1:]), metadata={}, description=model.description)
-        sig_index = 0
-        new.signatures = []
+        new = ModelDef(subgraphs=[sub] + list(model.subgraphs[1:]), metadata={}, description=model.description,
+                       signatures=[SignatureDef("infer", inputs, outputs, 0)])
+        inherited = {}
     else:
         raise PlacementError(f"cloud graph must be 'full' or 'cut', got {graph!r}")
-    # The cut's own signature, first: it is what the device's requests are checked against.
-    new.signatures = [SignatureDef("infer", inputs, outputs, sig_index)] + \
-        [s for s in new.signatures if s.key != "infer" and graph == "full"]
-    if graph == "full":
-        new.signatures.append(SignatureDef(LOCAL_SIGNATURE, dict(cut.signature.inputs),
-                                           dict(cut.signature.outputs), cut.signature.subgraph))
-    new.metadata.update(metadata.model_id_entry(model_id))
+    new.metadata = {**metadata.without(inherited, metadata.SPLIT, metadata.ROLE, metadata.MODEL_ID),
+                    **metadata.model_id_entry(model_id), **metadata.role_entry("cloud")}
     return new
 
 
@@ -149,10 +151,11 @@ def device_package(model, cut, cloud_id, cloud_sha256, graph="full", probe_shape
         meta["original_tensors"] = len(sub.tensors)
     meta.update(extra_metadata or {})
     # A cut graph renumbers the ops: the original's training roles would name the wrong ones.
-    inherited = metadata.without(model.metadata, metadata.SPLIT, metadata.MODEL_ID,
+    inherited = metadata.without(model.metadata, metadata.SPLIT, metadata.MODEL_ID, metadata.ROLE,
                                  *((metadata.ROLES,) if graph == "cut" else ()))
     return ModelDef(subgraphs=[new_sub] + list(model.subgraphs[1:]), signatures=signatures,
-                    metadata={**inherited, **metadata.split_entry(meta)}, description=model.description)
+                    metadata={**inherited, **metadata.split_entry(meta), **metadata.role_entry("device")},
+                    description=model.description)
 
 
 def original_model(device_model):
@@ -170,7 +173,8 @@ def original_model(device_model):
                           list(sub.inputs), list(sub.outputs))
     return ModelDef([new_sub] + list(device_model.subgraphs[1:]), [SignatureDef(info["signature"], dict(local.inputs), dict(local.outputs),
                                              0, list(local.targets))],
-                    metadata.without(device_model.metadata, metadata.SPLIT), device_model.description)
+                    metadata.without(device_model.metadata, metadata.SPLIT, metadata.ROLE),
+                    device_model.description)
 
 
 def write_pair(model, device_ops, out_dir, *, model_id, signature="infer", device_graph="full",

@@ -280,11 +280,14 @@ def device_package(model, cut, cloud_id, cloud_sha256, probe_shapes=None, extra_
 
 
 def cloud_package(model, model_id):
-    """The server's package: the whole model, under `model_id`; its variables may be
-    fetched (the device gathers the jointly trained model from both sides)."""
+    """The server's package: the whole model, under `model_id`, role "cloud"; its variables
+    may be fetched (the device gathers the jointly trained model from both sides). It does
+    not depend on the cut: every split of a model pairs with the same file."""
     variables = [t.name for t in model.subgraphs[0].tensors if t.is_variable]
+    inherited = metadata.without(model.metadata, metadata.SPLIT, metadata.ROLE)
     return ModelDef(list(model.subgraphs), list(model.signatures),
-                    {**model.metadata, **metadata.model_id_entry(model_id), **metadata.fetchable_entry(variables)},
+                    {**inherited, **metadata.model_id_entry(model_id), **metadata.fetchable_entry(variables),
+                     **metadata.role_entry("cloud")},
                     model.description)
 
 

@@ -84,3 +84,37 @@ def test_split_plans_without_profiles_and_reports_errors(model):
         assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
     r = edgeflow("run", root / "m.efl", "--token-file", root / "p.json")
     assert r.returncode == 2 and "need --cloud" in r.stderr
+
+
+def test_resplitting_keeps_cloud_efl_and_serve_skips_the_device_package(model):
+    """Issue 17, finding 2: a re-split (another link, another cut) leaves cloud.efl as it
+    was, so the running server serves the new device package; `serve --model-dir out/`
+    hosts cloud.efl and skips device.efl (it was served as a model named "device")."""
+    root, x, want = model
+    out = root / "resplit"
+    r = edgeflow("split", root / "m.efl", "-o", out, "--cut", "h", "--link", "3g")
+    assert r.returncode == 0, r.stderr
+    assert "the same file for every cut and link" in r.stdout and "unchanged" not in r.stdout
+    before = (out / "cloud.efl").read_bytes()
+    server = subprocess.Popen([sys.executable, "-m", "edgeflow.cli", "serve", "--model-dir", out, "--port", "0"],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        for line in server.stderr:
+            seen.append(line)
+            match = re.search(r"serving (\d+) models? on [\d.]+:(\d+)", line)
+            if match:
+                break
+        assert match.group(1) == "1", "".join(seen)
+        assert any("skipping" in s and "device.efl: a device package" in s for s in seen), "".join(seen)
+        r = edgeflow("split", root / "m.efl", "-o", out, "--cut", "t", "--link", "wifi")
+        assert r.returncode == 0, r.stderr
+        assert "cloud.efl sha256 unchanged" in r.stdout
+        assert (out / "cloud.efl").read_bytes() == before
+        r = edgeflow("run", out / "device.efl", "--cloud", f"127.0.0.1:{match.group(2)}",
+                     "-i", f"x={root / 'x.npy'}", "-o", root / "resplit-got")
+        assert r.returncode == 0, r.stderr
+        np.testing.assert_allclose(np.load(root / "resplit-got" / "y.npy"), want, rtol=1e-5, atol=1e-5)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)

@@ -3,6 +3,7 @@ process runs the device packages; the results equal the unsplit model run in one
 bit for bit (fp32, no compression). Also: a device package refused by a server whose
 cloud package differs, and the device falling back to infer_local when the server goes.
 """
+import dataclasses
 import logging
 import pathlib
 import shutil
@@ -95,8 +96,13 @@ def test_two_processes_equal_one(name, packages, server):
 
 def test_a_mismatched_pair_is_refused(packages, server, tmp_path):
     pairs, originals, _ = packages
-    # Another split of the same model under the served id: a different cloud package.
+    # Another version of the model (other weights) under the served id: a cloud package
+    # this server does not host. (Another split of the same model pairs with the same
+    # cloud package: test_versions.py.)
     model = reader.load(originals["mlp"])
+    sub = model.subgraphs[0]
+    k = next(i for i, t in enumerate(sub.tensors) if t.data is not None and t.dtype == np.float32)
+    sub.tensors[k] = dataclasses.replace(sub.tensors[k], data=np.asarray(sub.tensors[k].data) * 2)
     partition.write_pair(model, set(partition.Cut(model, set()).ops[:1]), tmp_path,
                          model_id="mlp-middle")
     device = ef.Interpreter(tmp_path / "device.efl", delegates=[CloudDelegate(server[0])])

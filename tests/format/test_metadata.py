@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from edgeflow.errors import FormatError, GraphError
+from edgeflow.errors import FormatError, GraphError, InvalidInputError
 from edgeflow.format import metadata, reader, writer
 
 from .models import mlp_model
@@ -82,6 +82,8 @@ MALFORMED = {
     "fetchable a list": (metadata.FETCHABLE, b'["x"]', "got a JSON list"),
     "fetchable names not strings": (metadata.FETCHABLE, b'{"tensors": [1]}', "got \\[1\\]"),
     "fetchable unknown tensor": (metadata.FETCHABLE, b'{"tensors": ["nope"]}', "no tensor 'nope'"),
+    "role unknown": (metadata.ROLE, b"server", "one of \\['cloud', 'device'\\]"),
+    "role not UTF-8": (metadata.ROLE, b"\xff", "one of"),
 }
 
 
@@ -100,3 +102,18 @@ def test_a_malformed_entry_fails_at_load_naming_its_key(case, unchecked, monkeyp
 def test_other_entries_are_left_alone():
     loaded = reader.load(writer.to_bytes(model_with({"vendor.notes": b"\xff anything"})))
     assert bytes(loaded.metadata["vendor.notes"]) == b"\xff anything"
+
+
+def test_a_package_says_its_role():
+    """Issue 17, finding 2: "edgeflow.role"; a device package's "edgeflow.split" wins over
+    a role it inherited (a cloud package split again)."""
+    assert metadata.role(reader.load(writer.to_bytes(model_with({})))) is None
+    for role in ("cloud", "device"):
+        loaded = reader.load(writer.to_bytes(model_with(metadata.role_entry(role))))
+        assert metadata.role(loaded) == role
+    split = {**metadata.split_entry(SPLIT)}
+    assert metadata.role(reader.load(writer.to_bytes(model_with(split)))) == "device"
+    inherited = {**split, **metadata.role_entry("cloud")}
+    assert metadata.role(reader.load(writer.to_bytes(model_with(inherited)))) == "device"
+    with pytest.raises(InvalidInputError):
+        metadata.role_entry("server")
