@@ -44,7 +44,8 @@ def _numpy_sgd(inits, layers, batches, lr):
         grads = {}
         for k in reversed(range(len(layers))):
             w, b = layers[k]
-            grads[w], grads[b] = d.T @ acts[k], d.sum(0)
+            grads[w] = grads.get(w, 0) + d.T @ acts[k]  # a parameter read by several layers
+            grads[b] = grads.get(b, 0) + d.sum(0)  # gets the sum of their gradients
             d = d @ params[w]
             if k > 0:
                 d = d * (acts[k] > 0)
@@ -136,32 +137,6 @@ def deduplicated_mlp(seed=0):
 LAYERS = [("fc1.weight", "zero_bias"), ("fc2.weight", "zero_bias@/fc2/Gemm"), ("fc3.weight", "fc3.bias")]
 
 
-def _numpy_sgd_tied(inits, layers, batches, lr):
-    """As _numpy_sgd, a parameter read by several layers getting the sum of their gradients."""
-    params = {k: v.copy() for k, v in inits.items()}
-    for x, y in batches:
-        acts, h = [x], x
-        for k, (w, b) in enumerate(layers):
-            h = h @ params[w].T + params[b]
-            if k < len(layers) - 1:
-                h = np.maximum(h, 0)
-            acts.append(h)
-        p = np.exp(h - h.max(1, keepdims=True))
-        p /= p.sum(1, keepdims=True)
-        d = (p - np.eye(p.shape[1])[y]) / len(x)
-        grads = {}
-        for k in reversed(range(len(layers))):
-            w, b = layers[k]
-            grads[w] = grads.get(w, 0) + d.T @ acts[k]
-            grads[b] = grads.get(b, 0) + d.sum(0)
-            d = d @ params[w]
-            if k > 0:
-                d = d * (acts[k] > 0)
-        for name, grad in grads.items():
-            params[name] -= lr * grad
-    return params
-
-
 def _batches():
     rng = np.random.default_rng(1)
     return [(rng.standard_normal((8, 64)).astype(np.float32), rng.integers(0, 10, 8)) for _ in range(3)]
@@ -184,7 +159,7 @@ def test_deduplicated_initializers_train_as_the_original_module_unless_tied(tmp_
     layers = [(w, "zero_bias" if tie and b.startswith("zero_bias") else b) for w, b in LAYERS]
     if not tie:
         inits["zero_bias@/fc2/Gemm"] = inits["zero_bias"].copy()
-    expected = _numpy_sgd_tied(inits, layers, [(x.astype(np.float64), y) for x, y in _batches()], 0.1)
+    expected = _numpy_sgd(inits, layers, [(x.astype(np.float64), y) for x, y in _batches()], 0.1)
     state = interp.variables()
     for name in {n for pair in layers for n in pair}:
         np.testing.assert_allclose(state[name], expected[name], rtol=1e-4, atol=1e-5, err_msg=name)
