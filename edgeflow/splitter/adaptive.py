@@ -135,7 +135,8 @@ class Replanner:
         info = metadata.split(device_model)
         original = partition.original_model(device_model)
         operators = {op.name: op.operator for op in self.cost_graph.ops}
-        cut = partition.Cut(original, {operators[n] for n in move.device_ops}, info["signature"])
+        device_ops = partition.with_needs(original, [operators[n] for n in move.device_ops], info["signature"])
+        cut = partition.Cut(original, device_ops, info["signature"])
         keep = {k: v for k, v in info.items() if k not in ("uploads", "downloads", "device_ops",
                                                            "original_tensors")}
         return partition.device_package(original, cut, info["cloud_model_id"], info["cloud_sha256"],

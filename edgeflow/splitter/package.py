@@ -211,7 +211,7 @@ def split_file(model_path, out_dir, *, link="4g", objective="latency", device_pr
     else:
         placement = planner.plan(cost_graph, plan_link, objective, memory_budget,
                                  together=list(shared.values()))
-    device_ops = set(placement.device_operators(cost_graph))
+    device_ops = partition.with_needs(model, placement.device_operators(cost_graph), signature)
     if train:
         return _write_training(model, model_path, out_dir, placement, cost_graph, plan_link, device_ops,
                                model_id, labels, input_shapes)

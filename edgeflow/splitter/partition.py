@@ -177,6 +177,26 @@ def original_model(device_model):
                     device_model.description)
 
 
+def with_needs(model, device_ops, signature="infer"):
+    """`device_ops` (operator indices) and every op they need, transitively: the planner
+    places only the ops of its cost graph, which folds away shape computations (Shape ->
+    Gather -> Concat) whose values are known when planning; a device op reading one needs
+    it on the device too."""
+    sig = next((s for s in model.signatures if s.key == signature), None)
+    if sig is None:
+        raise PlacementError(f"the model has no signature {signature!r}")
+    sub = model.subgraphs[sig.subgraph]
+    producer = {t: i for i, op in enumerate(sub.operators) for t in op.outputs}
+    found, todo = set(device_ops), list(device_ops)
+    while todo:
+        for t in sub.operators[todo.pop()].inputs:
+            p = producer.get(t)
+            if p is not None and p not in found:
+                found.add(p)
+                todo.append(p)
+    return found
+
+
 def write_pair(model, device_ops, out_dir, *, model_id, signature="infer", device_graph="full",
                cloud_graph="full", probe_shapes=None, extra_metadata=None):
     """Write OUT_DIR/cloud.efl then OUT_DIR/device.efl (which names the cloud file's

@@ -178,3 +178,38 @@ def test_no_submodule_shadows_an_op_function():
         if info.name not in ("cli", "__main__"):
             importlib.import_module(f"edgeflow.{info.name}")
     assert callable(ef.split)
+
+
+def test_ops_the_planner_folds_away_go_with_the_device_ops_that_read_them(tmp_path):
+    """An exporter's shape arithmetic (Shape -> Gather -> Unsqueeze -> Concat -> Reshape) is
+    folded out of the cost graph; a plan that keeps the Reshape on the device (here: all of
+    it) must keep that arithmetic there too. It raised PlacementError before."""
+    import onnx
+    from onnx import TensorProto, helper
+    from edgeflow.splitter.package import split_file
+    w = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Shape", ["h"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]),
+             helper.make_node("Concat", ["n1", "minus_one"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["h", "shape"], ["flat"]),
+             helper.make_node("Relu", ["flat"], ["y"])]
+    inits = [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             onnx.numpy_helper.from_array(np.array([0], np.int64), "axes"),
+             onnx.numpy_helper.from_array(np.array([-1], np.int64), "minus_one")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 32])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    onnx_converter.convert(tmp_path / "m.onnx", tmp_path / "m.efl")
+    x = np.random.default_rng(1).standard_normal((2, 4, 8)).astype(np.float32)
+    for link, speed in (("3g", 1.0), ("wifi", 0.001)):  # device-only, then cloud-only
+        out = tmp_path / link
+        result = split_file(tmp_path / "m.efl", out, link=link, input_shapes={"x": (2, 4, 8)}, device_speed=speed)
+        want = np.maximum((x @ w).reshape(2, -1), 0)
+        if not result.placement.cloud_ops:
+            got = ef.Interpreter(out / "device.efl").get_signature_runner("infer_local")(x=x)["y"]
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        assert reader.load(out / "device.efl") is not None
