@@ -82,10 +82,6 @@ def _check_declared(index, declared, spec, opcode):
                           f"{fmt(declared.shape)} but op {opcode} makes {spec.dtype}{fmt(spec.shape)}")
 
 
-def _nothing():
-    pass
-
-
 class Plan:
     """Arrays and bound kernel calls for one signature at one set of input shapes.
 
@@ -294,7 +290,7 @@ class Plan:
             if ops.get(op.opcode).subgraphs:
                 steps.append(self.program.bind(op, ins, outs, self.unread.get(i, ())))
             elif outs and not any(a.size for a in outs) and not ops.get(op.opcode).stateful:
-                steps.append(_nothing)  # no element to write (an empty batch): no kernel to bind
+                continue  # no element to write (an empty batch): no kernel to bind, no step to run
             else:
                 try:
                     with self.workspace.step(), bounded(self.max_bytes):

@@ -59,17 +59,7 @@ def _feeds(interp, batch, seed=0):
 
 def _random_device_side(cut, rng):
     """A random valid device side: random ops, closed under the ops they depend on."""
-    sub = cut.subgraph
-    producer = {t: i for i in cut.ops for t in sub.operators[i].outputs}
-    side = {i for i in cut.ops if rng.random() < 0.4}
-    todo = list(side)
-    while todo:
-        for t in sub.operators[todo.pop()].inputs:
-            p = producer.get(t)
-            if p is not None and p not in side:
-                side.add(p)
-                todo.append(p)
-    return side
+    return partition.with_needs(cut.model, {i for i in cut.ops if rng.random() < 0.4}, cut.signature.key)
 
 
 @pytest.mark.parametrize("name", MODELS)
