@@ -40,6 +40,8 @@ def test_profile_split_serve_run(model):
     assert r.returncode == 0, r.stderr
     profile = json.loads((root / "p.json").read_text())
     assert set(profile["seconds"]) == {"matmul", "h", "t", "y"} and profile["runs"] == 3
+    assert sum(profile["seconds"].values()) == pytest.approx(profile["total"])  # scaled to runs
+    assert "ms per run" in r.stdout and "scaled x" in r.stdout
     out = root / "out"
     r = edgeflow("split", root / "m.efl", "-o", out, "--cut", "h", "--link", "wifi",
                  "--device-profile", root / "p.json", "--server-profile", root / "p.json")
