@@ -297,29 +297,44 @@ def measure(L, prep, link, link_name, plan, args, work):
     rows = [row(c["name"], prep.order[:c["k"]], prep.op_label(c["k"])) for c in prep.cuts]
     rows.append(row("device-only", prep.order, prep.op_label(n)))
     prow = row("planner", sorted(planner_ops, key=prep.order.index), "")
+    prow["device_only"] = not placement.cloud_ops
+    prow["predicted_split_s"] = placement.predicted["split"]
     same = [r["name"] for r, c in zip(rows, prep.cuts + [None]) if
             set(prep.order[:(c["k"] if c else n)]) == planner_ops]
-    prow["same_as"] = same[0] if same else None
-    prow["label"] = rows[[r["name"] for r in rows].index(same[0])]["label"] if same else "(not a prefix)"
-    prow["predicted_split_s"] = placement.predicted["split"]
-    # The planner's package and the prefix with the same device side are one cut measured
-    # twice (two package pairs, interleaved): its latency is the median of both sets of
-    # samples, and the two medians apart say how much noise there is.
+    result = {"model": prep.name, "link": link_name, "ops": n, "cuts": rows, "planner": prow,
+              "device_only": rows[-1], "cloud_only": rows[0],
+              "predicted": dict(placement.predicted), "ping_s": doc["ping_median_s"],
+              "pruned": sum(1 for r in rows if r["pruned"]), "best_anchor_s": doc["best_anchor_s"]}
+    settle(result, same[0] if same else None)
+    result["mismatches"] = [r["name"] for r in rows + [prow] if not r["max_abs_diff"] < 1e-4]
+    return result
+
+
+def settle(result, same=None):
+    """Find the prefix cut the planner's package equals (`same`, else device-only when the
+    planner keeps everything on the device: its device side then lacks only the shape ops
+    the cost graph folds away) and pool the two: one cut measured twice (two package pairs,
+    interleaved), its latency the median of both sets of samples, the two medians apart a
+    measure of the noise. Then the best distinct cut. Idempotent: `--report` re-settles
+    older result files."""
+    rows, prow = result["cuts"], result["planner"]
+    result["device_only"] = next(r for r in rows if r["name"] == "device-only")  # one object again
+    result["cloud_only"] = rows[0]  # after a JSON round trip
+    if prow.get("device_only", prow["cloud_calls"] == 0 and prow["up_bytes"] == 0):
+        same = "device-only"
+    same = same or prow.get("same_as")
+    prow["same_as"] = same
+    prow["label"] = next(r["label"] for r in rows if r["name"] == same) if same else "(not a prefix)"
     if same:
-        twin = next(r for r in rows if r["name"] == same[0])
-        prow["twin_s"] = (prow["measured_s"], twin["measured_s"])
+        twin = next(r for r in rows if r["name"] == same)
+        if "twin_s" not in prow:
+            prow["twin_s"] = (prow["measured_s"], twin["measured_s"])
         if not twin["pruned"]:
             pooled = median(prow["samples"] + twin["samples"])
             prow["measured_s"] = twin["measured_s"] = pooled
     distinct = rows + ([] if same else [prow])
     best = min(distinct, key=lambda r: r["measured_s"])
-    if same and best["name"] == same[0]:
-        best = prow
-    bad = [r["name"] for r in rows + [prow] if not r["max_abs_diff"] < 1e-4]
-    return {"model": prep.name, "link": link_name, "ops": n, "cuts": rows, "planner": prow, "best": best,
-            "device_only": rows[-1], "cloud_only": rows[0], "mismatches": bad,
-            "predicted": dict(placement.predicted), "ping_s": doc["ping_median_s"],
-            "pruned": sum(1 for r in rows if r["pruned"]), "best_anchor_s": doc["best_anchor_s"]}
+    result["best"] = prow if same and best["name"] == same else best
 
 
 # -- printing ---------------------------------------------------------------------------
@@ -440,6 +455,8 @@ def main(argv=None):
     if args.report:
         with open(args.report) as f:
             doc = json.load(f)
+        for r in doc["results"]:
+            settle(r)
         print_report(doc["results"], args.per_cut, doc.get("header", ""))
         return 0
     links = [s.strip() for s in args.links.split(",") if s.strip()]

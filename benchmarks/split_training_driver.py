@@ -6,8 +6,9 @@ namespace under a CPU quota (a slow device). It can be run by hand:
 
     python benchmarks/split_training_driver.py SPEC.json > RESULT.json
 
-SPEC (JSON): {"server": "HOST:PORT", "batches": "batches.npz" (arrays image [B, 32, 1, 8, 8]
-and label [B, 32]), "warmup": 3, "steps": 10, "timeout_s": 120, "iface": "efdev",
+SPEC (JSON): {"server": "HOST:PORT", "batches": "batches.npz" (one array per input of the
+`train` signature, batches stacked: image [B, 32, 1, 8, 8] and label [B, 32] for the
+digits), "warmup": 3, "steps": 10, "timeout_s": 120, "iface": "efdev",
 "cuts": [{"name": "cloud-p003", "device": "p003/device.efl"}, {"name": "device-only",
 "local": "m.efl"}, ...]}
 
@@ -80,8 +81,8 @@ def main(argv):
                 self.server_s += self._link.last_compute_s or 0.0
 
     with np.load(spec["batches"]) as z:
-        images, labels = z["image"], z["label"]
-    nb = len(images)
+        batches = {k: z[k] for k in z.files}
+    nb = len(next(iter(batches.values())))
     warmup, steps = int(spec.get("warmup", 3)), int(spec.get("steps", 10))
     timeout = float(spec.get("timeout_s", 120))
     iface = spec.get("iface", "efdev")
@@ -106,13 +107,12 @@ def main(argv):
         cut = cuts[name]
         k = cut["next"] % nb
         cut["next"] += 1
-        image, label = images[k], labels[k]
         link0 = client._link if client is not None else None
         before = (link0.bytes_sent, link0.bytes_received, link0.calls, client.call_s, client.server_s) \
             if client is not None else (0, 0, 0, 0.0, 0.0)
         rx0, tx0 = iface_bytes(iface)
         t = time.perf_counter()
-        out = cut["runner"](image=image, label=label)
+        out = cut["runner"](**{name: v[k] for name, v in batches.items()})
         dt = time.perf_counter() - t
         rx1, tx1 = iface_bytes(iface)
         after = (link0.bytes_sent, link0.bytes_received, link0.calls, client.call_s, client.server_s) \
