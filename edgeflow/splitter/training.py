@@ -1,7 +1,8 @@
 """Splitting a training step between the device and the cloud (split learning).
 
 Placement (issue: split training plan). Forward ops follow the cut; each backward op goes
-where its forward op runs, and each variable's update (its optimizer ops and slots) where
+where its forward op runs (but the sum of a cut tensor's gradient parts runs in the cloud,
+where the parts are made), and each variable's update (its optimizer ops and slots) where
 the variable lives, which is where the forward ops reading it run; so cloud-resident
 variables and their slots never reach the device. The graph records which forward op each
 backward op differentiates and which variable each update serves ("edgeflow.roles",
@@ -115,6 +116,15 @@ class TrainingCut:
                 side[i] = side[i] or "device"
             else:
                 side[i] = "device"
+        # A tensor the device sends that several cloud ops read gets a gradient part from
+        # each. Their sum (adds the gradient code files under the tensor's producer, so on
+        # the device) runs where the parts are made: the device receives one gradient per
+        # cut tensor, not one per reader (a residual block's input: half the download).
+        for i in self.ops:
+            op = sub.operators[i]
+            if side[i] == "device" and i in grad_of and op.opcode == "add" and op.inputs and all(
+                    side.get(producer.get(t)) == "cloud" for t in op.inputs):
+                side[i] = "cloud"
         self.side = side
         self._phases(producer)
 
