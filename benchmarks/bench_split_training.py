@@ -319,13 +319,27 @@ def run_link(link_name, prep, args, work, state):
         for d in (serve_dir, state_dir):
             shutil.rmtree(d, ignore_errors=True)
         serve_dir.mkdir()
-        for c in prep.cuts.values():
-            os.symlink(c["cloud"], serve_dir / f"{c['model_id']}.efl")
         batches = work / "batches.npz"
         if not batches.exists():
             np.savez(batches, **prep.full_batches())
         cuts = [{"name": "device-only", "local": str(prep.path)}]
-        cuts += [{"name": c["name"], "device": c["device"]} for c in prep.cuts.values()]
+        # A cut whose tensors alone take longer on this link than --prune-factor x the
+        # predicted device-only step cannot win: listed with that bound, not timed (raw
+        # data, p0, is always timed).
+        pruned = []
+        bound_s = args.prune_factor * plans[prep.modes[0]]["device_only_s"] if args.prune_factor else None
+        for (mode, k), c in prep.cuts.items():
+            up, down, trips = prep.round_bytes(mode, k, prep.wl.batch)
+            lower = trips * link.rtt_s + up * 8 / link.up_bps + down * 8 / link.down_bps
+            if bound_s is not None and k > 0 and lower > bound_s:
+                pruned.append({"name": c["name"], "k": k, "mode": mode, "lower_bound_s": lower,
+                               "up": up, "down": down})
+            else:
+                cuts.append({"name": c["name"], "device": c["device"]})
+                os.symlink(c["cloud"], serve_dir / f"{c['model_id']}.efl")  # the server hosts timed cuts only
+        if pruned:
+            log(f"[{link_name}] not timed (their tensors alone take over {args.prune_factor:g} x the predicted "
+                f"device-only step, {bound_s:.1f} s): {', '.join(p_['name'] for p_ in pruned)}")
         for mode in prep.modes:  # the planner's own packages: device-only ones run as local loops
             p = plans[mode]
             name = f"plan-{MODE_TAG[mode]}"
@@ -402,6 +416,7 @@ def run_link(link_name, prep, args, work, state):
                      "step_median_s": m.get("step_median_s"), "cpu_s": m.get("cpu_median_s")})
     sums = [sum(json.load(open(f))["seconds"].values()) for f in state["profiles"]]
     return {"link": link_name, "rtt_s": link.rtt_s, "profile_sums_s": sums, "up_mbps": link.up_bps / 1e6,
+            "pruned": pruned, "prune_factor": args.prune_factor,
             "batch": prep.wl.batch, "modes": list(prep.modes), "quota": QUOTA,
             "cpu_period_us": args.cpu_period_us,
             "down_mbps": link.down_bps / 1e6,
@@ -612,6 +627,10 @@ def print_timing(t, n_ops=8, free_step_s=None):
           + ("" if len(same) == len(splits) else ": MISMATCH " + ", ".join(
               f"{r['name']} {r['sent']}/{r['received']} vs {r['analytic_up']}/{r['analytic_down']}"
               for r in splits if r not in same)[:400]))
+    if t.get("pruned"):
+        print(f"  not timed: their tensors alone (RTT + bytes on the shaped link, a lower bound) take longer than "
+              f"{t['prune_factor']:g} x the predicted device-only step: "
+              + ", ".join(f"{p['name']} >= {ms(p['lower_bound_s'])} ms" for p in t["pruned"]))
     bs = min(splits, key=lambda r: r["median_s"])
     print(f"  best split (some work in the cloud): {bs['name']} {ms(bs['median_s'])} ms; its step time over "
           f"device-only's {bs['median_s'] / dev['median_s']:.2f}, over raw data's "
@@ -761,6 +780,9 @@ def main(argv=None):
     ap.add_argument("--devices", default="1,8,32", help="device counts of the bytes benchmark")
     ap.add_argument("--measure-devices", default="1,8,32",
                     help="device counts whose bytes are also measured (default all; '' for analytic only)")
+    ap.add_argument("--prune-factor", type=float,
+                    help="do not time a cut whose tensors alone take longer on the link than this x the "
+                         "predicted device-only step (default 0 = time every cut for digits, 1.5 for resnet18)")
     ap.add_argument("--driver-timeout", type=float, default=900)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--report", help="print the tables of a --json file and exit")
@@ -779,6 +801,8 @@ def main(argv=None):
         if k not in LINKS:
             ap.error(f"unknown link {k!r}; known: {sorted(LINKS)}")
     real = args.model != "digits"
+    if args.prune_factor is None:
+        args.prune_factor = 1.5 if real else 0.0
     if args.profile_runs is None:
         args.profile_runs = 3 if real else 300
     tags = {v: k for k, v in MODE_TAG.items()}
