@@ -381,13 +381,17 @@ def test_a_planned_split_sends_the_labels_not_their_one_hot(tmp_path):
 
 
 # -- issue 17, finding 1: after split training, the device gives the jointly trained model --
-def build_mlp(path):
+def build_mlp(path, residual=False):
+    """x -> dense -> relu "hidden" [-> hidden + relu(dense "block"(hidden)), a residual
+    block] -> dense logits; softmax cross-entropy, Adam."""
     g = ef.Graph()
     with g.as_default():
         ef.set_random_seed(0)
         x = ef.placeholder(ef.float32, [None, 64], name="x")
         label = ef.placeholder(ef.int64, [None], name="label")
         h = ef.nn.relu(ef.layers.dense(x, 32, name="dense"), name="hidden")
+        if residual:
+            h = ef.add(h, ef.nn.relu(ef.layers.dense(h, 32, name="block")), name="r")
         logits = ef.layers.dense(h, 10, name="logits")
         loss = ef.losses.softmax_cross_entropy(label, logits)
         step = ef.train.Adam(0.01).minimize(loss)
@@ -541,30 +545,19 @@ def test_a_cut_tensor_read_twice_in_the_cloud_downloads_one_gradient(tmp_path):
     """A residual block's input, sent up, read by the block's dense and by its skip add:
     the device gets its gradient once (main: the two parts, summed on the device, doubled
     the download), and training stays equal to local training."""
-    g = ef.Graph()
-    with g.as_default():
-        ef.set_random_seed(0)
-        x = ef.placeholder(ef.float32, [None, 64], name="x")
-        label = ef.placeholder(ef.int64, [None], name="label")
-        h = ef.nn.relu(ef.layers.dense(x, 32, name="stem"), name="h")
-        r = ef.add(h, ef.nn.relu(ef.layers.dense(h, 32, name="block")), name="r")
-        logits = ef.layers.dense(r, 10, name="logits")
-        loss = ef.losses.softmax_cross_entropy(label, logits)
-        step = ef.train.Adam(0.01).minimize(loss)
-    ef.save(g, tmp_path / "m.efl", signatures={"train": ({"x": x, "label": label}, {"loss": loss}, [step]),
-                                               "infer": ({"x": x}, {"logits": logits})})
+    build_mlp(tmp_path / "m.efl", residual=True)
     model = reader.load(tmp_path / "m.efl")
     sub = model.subgraphs[0]
     names = {sub.tensors[op.outputs[0]].name: i for i, op in enumerate(sub.operators) if op.outputs}
-    device_ops = {i for n, i in names.items() if n.startswith("stem")} | {names["h"]}
+    device_ops = {i for n, i in names.items() if n.startswith("dense")} | {names["hidden"]}
     (tmp_path / "out").mkdir()
     cut = training.write_pair(model, device_ops, tmp_path / "out", model_id="res", labels="cloud")
     (round_,) = cut.plan_json()
-    assert sorted(round_["uploads"]) == ["h", "label"]
+    assert sorted(round_["uploads"]) == ["hidden", "label"]
     train_sig = next(sg for sg in model.signatures if sg.key == "train")
     grads = [t for t in round_["downloads"] if t != sub.tensors[train_sig.outputs["loss"]].name]
     assert len(grads) == 1, round_["downloads"]
-    h_shape = sub.tensors[names["h"]].shape
+    h_shape = sub.tensors[names["hidden"]].shape
     data, _ = mlp_digits()
     local = ef.Interpreter(tmp_path / "m.efl")
     with Server(models={"res": str(tmp_path / "out" / "cloud.efl")}) as server:
@@ -574,8 +567,8 @@ def test_a_cut_tensor_read_twice_in_the_cloud_downloads_one_gradient(tmp_path):
             runners = local.get_signature_runner("train"), device.get_signature_runner("train")
             for step in range(10):
                 batch = training_loop.batch_at(data, 32, 0, 0, step)
-                sent = probe.link.bytes_received
+                before = probe.link.bytes_received
                 losses = [float(r(**batch)["loss"]) for r in runners]
                 assert losses[1] == pytest.approx(losses[0], rel=1e-5)
                 # down: one float32 gradient of h (batch x 32) and the loss
-                assert probe.link.bytes_received - sent == 32 * int(h_shape[-1]) * 4 + 4
+                assert probe.link.bytes_received - before == 32 * int(h_shape[-1]) * 4 + 4
