@@ -721,6 +721,11 @@ def print_bytes(b, names):
     print(f"  {'FedAvg first pull':<22}{cells}")
     print("  vs FA: the split's bytes (up + down) over FedAvg's per round (push + pull), same N.")
     # measured vs analytic
+    if not any(r["measured"] for r in b["split"].values()):
+        print("  split: analytic only (the timing benchmark checks each cut's bytes per step against its "
+              "measured tensor bytes); FedAvg: analytic (2 x the variables per device per round; measured equal "
+              "on the digits)")
+        return
     lines = []
     for n in devices:
         split_meas = [r for key, r in b["split"].items() if key.endswith(f"/{n}") and r["measured"] is not None]
@@ -742,6 +747,33 @@ def print_bytes(b, names):
         print(f"  MISMATCH measured vs analytic (name, N, measured (up, down, calls), analytic): {mism[:6]}")
 
 
+def print_fedavg_time(doc):
+    """Time per step against FedAvg, per link and N: split learning's measured step (the
+    planner's package) against FedAvg's, which is the device-only step measured plus its
+    round's model push and pull on the same link (analytic, RTT included) spread over the
+    round's steps (one local epoch of the device's share)."""
+    b = doc["bytes"]
+    params, batch, samples = b["params_bytes"], b.get("batch", BATCH), b.get("epoch_samples", TRAIN_SAMPLES)
+    print()
+    print(f"Time per step against FedAvg (batch {batch}, an epoch of {samples:,} samples split evenly among N "
+          f"devices, one FedAvg round per epoch; FedAvg's step = the device-only step measured + (push + pull of "
+          f"{params / 2 ** 20:.1f} MB + 2 RTT on the link) / the round's steps, analytic):")
+    head = f"  {'link':<5} {'split (planner) s':>17} {'device-only s':>13}" + "".join(
+        f" {'FedAvg N=' + str(n) + ' s':>16}" for n in b["devices"])
+    print(head)
+    print("  " + "-" * (len(head) - 2))
+    for t in doc.get("timing", []):
+        rows = {r["name"]: r for r in t["rows"]}
+        plan = rows.get("plan-cloud") or rows.get("plan-U")
+        dev = rows["device-only"]
+        exchange = params * 8 / (t["up_mbps"] * 1e6) + params * 8 / (t["down_mbps"] * 1e6) + 2 * t["rtt_s"]
+        cells = ""
+        for n in b["devices"]:
+            steps = max(1, -(-(samples // n) // batch))
+            cells += f" {(dev['median_s'] + exchange / steps):>16.2f}"
+        print(f"  {t['link']:<5} {plan['median_s']:>17.2f} {dev['median_s']:>13.2f}{cells}")
+
+
 def print_report(doc):
     print(doc.get("header", ""))
     if doc.get("free_step_s"):
@@ -751,6 +783,8 @@ def print_report(doc):
         print_timing(t, doc.get("n_ops", 8), doc.get("free_step_s"))
     if doc.get("bytes"):
         print_bytes(doc["bytes"], doc["cut_names"])
+        if doc.get("timing"):
+            print_fedavg_time(doc)
 
 
 def main(argv=None):
