@@ -685,7 +685,7 @@ def print_bytes(b, names):
     model, samples, batch = b.get("model", "digits"), b.get("epoch_samples", TRAIN_SAMPLES), b.get("batch", BATCH)
     unit, uname = (1024, "KB") if model == "digits" else (1024 ** 2, "MB")
 
-    def kb(x):  # noqa: F811 (this table's unit)
+    def size(x):  # in this table's unit
         return "-" if x is None else f"{x / unit:,.1f}"
     what = "digits samples" if model == "digits" else f"{model} images (analytic, from the tensors of each step)"
     print()
@@ -706,18 +706,18 @@ def print_bytes(b, names):
             r = b["split"][f"{name}/{n}"]
             if r["measured"] is not None and tuple(r["measured"][:2]) != (r["up"], r["down"]):
                 mism.append((name, n, r["measured"], (r["up"], r["down"])))
-            cells += f" {kb(r['up']) + '/' + kb(r['down']):>15} {(r['up'] + r['down']) / fa_total[n]:>6.1f}"
+            cells += f" {size(r['up']) + '/' + size(r['down']):>15} {(r['up'] + r['down']) / fa_total[n]:>6.1f}"
         label = "split " + name + (" (raw data)" if name == "cloud-p0" else "")
         print(f"  {label:<22}{cells}")
     cells = ""
     for n in devices:
         a = b["fedavg"][str(n)]["analytic"]
-        cells += f" {kb(a['round_push']) + '/' + kb(a['round_pull']):>15} {1.0:>6.1f}"
+        cells += f" {size(a['round_push']) + '/' + size(a['round_pull']):>15} {1.0:>6.1f}"
     print(f"  {'FedAvg (per round)':<22}{cells}")
     cells = ""
     for n in devices:
         a = b["fedavg"][str(n)]["analytic"]
-        cells += f" {'+' + kb(a['first_pull']) + ' once':>15} {'':>6}"
+        cells += f" {'+' + size(a['first_pull']) + ' once':>15} {'':>6}"
     print(f"  {'FedAvg first pull':<22}{cells}")
     print("  vs FA: the split's bytes (up + down) over FedAvg's per round (push + pull), same N.")
     # measured vs analytic

@@ -1,7 +1,7 @@
 """`edgeflow profile`, `edgeflow split`, `edgeflow serve` and `edgeflow run --cloud`, as a
 user runs them: profile, split, serve the cloud part, run the device part against it."""
+import contextlib
 import json
-import re
 import signal
 import subprocess
 import sys
@@ -10,11 +10,27 @@ import numpy as np
 import pytest
 
 import edgeflow as ef
+from cloud.test_serve_cli import Lines  # tests/ is on sys.path (its conftest)
 
 
 def edgeflow(*args):
     return subprocess.run([sys.executable, "-m", "edgeflow.cli", *map(str, args)],
                           capture_output=True, text=True, timeout=120)
+
+
+@contextlib.contextmanager
+def serving(model_dir):
+    """`edgeflow serve --model-dir model_dir` on a free port, until the block ends: yields
+    the match of its "serving N models on HOST:PORT" line (groups N, PORT) and its
+    stderr lines so far."""
+    server = subprocess.Popen([sys.executable, "-m", "edgeflow.cli", "serve", "--model-dir", str(model_dir),
+                               "--port", "0"], stderr=subprocess.PIPE, text=True)
+    try:
+        lines = Lines(server.stderr)
+        yield lines.wait_for(r"serving (\d+) models? on [\d.]+:(\d+)"), lines.seen
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
 
 
 
@@ -58,20 +74,11 @@ def test_profile_split_serve_run(model):
     served = root / "served"
     served.mkdir()
     (served / "cloud.efl").write_bytes((out / "cloud.efl").read_bytes())
-    server = subprocess.Popen([sys.executable, "-m", "edgeflow.cli", "serve", "--model-dir", served,
-                               "--port", "0"], stderr=subprocess.PIPE, text=True)
-    try:
-        for line in server.stderr:
-            match = re.search(r"serving \d+ models? on [\d.]+:(\d+)", line)
-            if match:
-                break
-        r = edgeflow("run", out / "device.efl", "--cloud", f"127.0.0.1:{match.group(1)}",
+    with serving(served) as (match, _):
+        r = edgeflow("run", out / "device.efl", "--cloud", f"127.0.0.1:{match.group(2)}",
                      "-i", f"x={root / 'x.npy'}", "-o", root / "got")
         assert r.returncode == 0, r.stderr
         np.testing.assert_allclose(np.load(root / "got" / "y.npy"), want, rtol=1e-5, atol=1e-5)
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=30)
 
 
 def test_split_plans_without_profiles_and_reports_errors(model):
@@ -98,15 +105,7 @@ def test_resplitting_keeps_cloud_efl_and_serve_skips_the_device_package(model):
     assert r.returncode == 0, r.stderr
     assert "the same file for every cut and link" in r.stdout and "unchanged" not in r.stdout
     before = (out / "cloud.efl").read_bytes()
-    server = subprocess.Popen([sys.executable, "-m", "edgeflow.cli", "serve", "--model-dir", out, "--port", "0"],
-                              stderr=subprocess.PIPE, text=True)
-    try:
-        seen = []
-        for line in server.stderr:
-            seen.append(line)
-            match = re.search(r"serving (\d+) models? on [\d.]+:(\d+)", line)
-            if match:
-                break
+    with serving(out) as (match, seen):
         assert match.group(1) == "1", "".join(seen)
         assert any("skipping" in s and "device.efl: a device package" in s for s in seen), "".join(seen)
         r = edgeflow("split", root / "m.efl", "-o", out, "--cut", "t", "--link", "wifi")
@@ -117,6 +116,3 @@ def test_resplitting_keeps_cloud_efl_and_serve_skips_the_device_package(model):
                      "-i", f"x={root / 'x.npy'}", "-o", root / "resplit-got")
         assert r.returncode == 0, r.stderr
         np.testing.assert_allclose(np.load(root / "resplit-got" / "y.npy"), want, rtol=1e-5, atol=1e-5)
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=30)
