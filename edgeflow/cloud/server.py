@@ -41,6 +41,8 @@ from . import edgeflow_pb2 as pb
 from . import edgeflow_pb2_grpc as pb_grpc
 from . import wire
 from .identity import ANONYMOUS, Authenticator, Refused, RateLimitedLog, Tokens, is_loopback
+from .backends import Local
+from .metrics import NO_METRICS
 from .budget import DEFAULT_WAIT_S, MemoryBudget, OverBudget, Reservation, default_bytes
 from .models import load_models
 from .steps import StaleStep, TooManyDevices
@@ -64,12 +66,11 @@ class _Reject(Exception):
 
 
 class _Servicer(pb_grpc.EdgeflowServicer):
-    def __init__(self, models, max_request_bytes, state_dir=None, checkpoint_every=1, auth=None,
-                 max_devices=DEFAULT_MAX_DEVICES, budget=None):
+    def __init__(self, models, max_request_bytes, backend, auth=None, budget=None):
         self.models = models
         self.max_request_bytes = max_request_bytes
-        self.state_dir, self.checkpoint_every = state_dir, checkpoint_every
-        self.auth, self.max_devices = auth or Authenticator(), max_devices
+        self.backend = backend  # where checked requests run (backends.py)
+        self.auth = auth or Authenticator()
         self.budget = budget  # a MemoryBudget: what requests reserve before they allocate
 
     def Run(self, requests, context):
@@ -90,13 +91,11 @@ class _Servicer(pb_grpc.EdgeflowServicer):
                 return
             start = time.perf_counter()
             if header.HasField("step"):  # a round of a split training step
-                step = header.step
-                host = model.step_host(self.state_dir, self.checkpoint_every, max_devices=self.max_devices)
-                outputs = host.round(identity.device_for(step.device_id), step.step_id, step.round, feeds, list(header.fetches),
-                                     list(step.keep), [int(t) for t in step.targets], step.final)
+                outputs = self.backend.round(model, identity.device_for(header.step.device_id), header.step,
+                                             feeds, list(header.fetches))
                 held[0].force(sum(a.nbytes for a in outputs.values()) * _ENCODE_COPIES[header.encoding])
             else:
-                outputs = model.run(list(header.fetches), feeds, held[0], header.encoding)
+                outputs = self.backend.run(model, list(header.fetches), feeds, held[0], header.encoding)
             feeds = None  # copied into the plan: what they held is free
             held[0].give(held[0].feed_bytes)
             seconds = time.perf_counter() - start
@@ -338,7 +337,8 @@ class Server:
                  models=None, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, state_dir=None,
                  checkpoint_every=1, parameter_server=None, threads=None,
                  tls_client_ca=None, max_devices=DEFAULT_MAX_DEVICES, memory_budget_bytes=None,
-                 model_memory_bytes=None, memory_wait_s=DEFAULT_WAIT_S):
+                 model_memory_bytes=None, memory_wait_s=DEFAULT_WAIT_S, batching=None, cache_entries=0,
+                 ray=None, metrics=None):
         if model_dir is None and not models and parameter_server is None:
             raise EdgeflowError("Server: give a model_dir, models={id: path or bytes} or a parameter_server")
         if tls is not None and (len(tls) != 2 or not all(tls)):
@@ -362,8 +362,26 @@ class Server:
         self.max_workers, self.max_request_bytes = max_workers, max_request_bytes
         self.state_dir, self.checkpoint_every = state_dir, checkpoint_every
         self.parameter_server = parameter_server  # an edgeflow.cloud.ParameterService, served too
+        self.metrics = metrics or NO_METRICS
+        self.backend = self._backend(batching, cache_entries, ray)
         self._server = None
         self._health = None
+
+    def _backend(self, batching, cache_entries, ray):
+        """Where requests run: this process or Ray's replicas, behind batching and the
+        prediction cache when asked for (backends.py)."""
+        if ray is not None:  # a replicas.RayBackend: it batches inside each replica
+            backend = ray
+            ray.attach(self.models, self.metrics, batching)
+        else:
+            backend = Local(self.models, self.state_dir, self.checkpoint_every, self.max_devices, self.metrics)
+            if batching:
+                from .batching import Batching
+                backend = Batching(backend, metrics=self.metrics, **batching)
+        if cache_entries:
+            from .cache import Cached
+            backend = Cached(backend, cache_entries, metrics=self.metrics)
+        return backend
 
     @property
     def address(self):
@@ -378,8 +396,7 @@ class Server:
                              options=wire.CHANNEL_OPTIONS + [("grpc.so_reuseport", 0)],
                              interceptors=[_Guard(self.auth)])
         pb_grpc.add_EdgeflowServicer_to_server(
-            _Servicer(self.models, self.max_request_bytes, self.state_dir, self.checkpoint_every,
-                      self.auth, self.max_devices, self.budget), server)
+            _Servicer(self.models, self.max_request_bytes, self.backend, self.auth, self.budget), server)
         try:  # process-wide, while serving: per-request limits would race between threads
             from threadpoolctl import threadpool_limits
             self._blas = threadpool_limits(self.threads)
@@ -422,9 +439,7 @@ class Server:
         if self._blas is not None:
             self._blas.restore_original_limits()
             self._blas = None
-        for model in self.models.all():  # training state: checkpoint, to resume from
-            if model.steps is not None:
-                model.steps.close()
+        self.backend.close()  # training state: checkpoint, to resume from
         if self.parameter_server is not None:  # its variables, slots and devices' steps
             self.parameter_server.checkpoint()
 
