@@ -69,6 +69,17 @@ class HostedModel:
         self.steps = None  # the StepHost, once a device trains this model
         self._steps_lock = threading.Lock()
 
+    @property
+    def package(self):
+        """The package's bytes (a read-only mapping of its file, or the bytes given)."""
+        return self._data
+
+    def declared_shape(self, name):
+        """The shape the package declares for tensor `name` (-1: a dimension known only
+        when it runs), or None if it has no such tensor."""
+        tensor = self._tensors.get(name)
+        return None if tensor is None else tuple(tensor.shape)
+
     def step_host(self, state_dir=None, checkpoint_every=1, **limits):
         """The StepHost running split training steps on this version's one trained copy of
         its variables (made on first use, with StepHost's `limits`; resumes from its folder
