@@ -16,7 +16,12 @@ A backend has `run(model, fetches, feeds, reservation, encoding) -> {name: array
 `round(model, device_id, step, feeds, fetches) -> {name: array}` (step: the request's
 TrainStep) and `close()`.
 """
+from ..errors import RemoteError
 from .metrics import NO_METRICS
+
+
+class Unavailable(RemoteError):
+    """No replica could run the request now (the server answers UNAVAILABLE: try again)."""
 
 
 class Local:

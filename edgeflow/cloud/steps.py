@@ -58,6 +58,9 @@ class StaleStep(InvalidInputError):
         super().__init__(message)
         self.resume_from = resume_from
 
+    def __reduce__(self):  # pickled across processes (a Ray trainer actor's answer)
+        return type(self), (str(self), self.resume_from)
+
 
 class TooManyDevices(EdgeflowError):
     """A new device when the host already keeps `max_devices` devices, none idle long enough
