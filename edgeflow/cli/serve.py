@@ -51,10 +51,55 @@ def add_parser(verbs):
     p.add_argument("--parameter-server", choices=["sync", "async", "fedavg"], metavar="MODE",
                    help="also serve the cloud variables of the trainable packages to devices that push "
                         "gradients: sync, async or fedavg (checkpoints in --state-dir)")
-    p.add_argument("--replicas", type=positive, default=1,
-                   help="with --parameter-server sync/fedavg: devices per step or round (default 1)")
+    p.add_argument("--aggregate", type=positive, metavar="N",
+                   help="with --parameter-server sync/fedavg: devices per step or round (default 1; "
+                        "--replicas N means the same without --ray)")
+    ray = p.add_argument_group("scale-out on Ray", "Run the models on a Ray cluster behind this front end "
+                               "(the same protocol, checks and statuses); start more front ends on other "
+                               "nodes with the same --ray ADDRESS and --model-dir: they share the replicas "
+                               "and the training state. Needs the 'ray' extra.")
+    ray.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                     help="run the models as Ray Serve replicas and keep each trainable model's state in "
+                          "a Ray actor: on the cluster at ADDRESS ('auto', HOST:PORT of `ray start --head`, "
+                          "ray://...), or without ADDRESS on a local Ray instance started here")
+    ray.add_argument("--replicas", type=positive, metavar="N",
+                     help="with --ray: replicas of each model (default 1)")
+    ray.add_argument("--autoscale", metavar="MIN:MAX",
+                     help="with --ray: scale each model's replicas between MIN and MAX on the requests "
+                          "each has in flight (--target-ongoing), instead of --replicas")
+    ray.add_argument("--target-ongoing", type=positive, default=4, metavar="N",
+                     help="with --autoscale: requests in flight per replica to scale at (default 4)")
+    ray.add_argument("--replica-cpus", type=float, default=1.0, metavar="C",
+                     help="with --ray: CPUs Ray reserves for each replica (default 1); it places replicas "
+                          "on the nodes by them")
+    batching = p.add_argument_group("batching and caching", "Run requests of many devices for one model "
+                                    "as one batch (Clipper's adaptive batching), and answer repeated "
+                                    "inputs from a cache of replies.")
+    batching.add_argument("--slo-ms", type=float, metavar="MS",
+                          help="turn adaptive batching on: requests for the same model, fetches and input "
+                               "shapes (past the batch axis) run as one batch, whose size (in rows) grows "
+                               "while a batch runs within MS milliseconds and shrinks by 10%% when one "
+                               "does not; a batch holds at most --max-workers requests")
+    batching.add_argument("--max-batch", type=int, metavar="N",
+                          help="with --slo-ms: the most rows of a batch (default 64)")
+    batching.add_argument("--batch-wait-ms", type=float, metavar="MS",
+                          help="with --slo-ms: how long a batch's first request waits for others before "
+                               "it runs partly full (default 2)")
+    batching.add_argument("--cache-entries", type=int, default=0, metavar="N",
+                          help="keep the replies of the last N distinct requests (model, fetches and "
+                               "input bytes) and answer a repeat from them without running it (default "
+                               "0: no cache)")
     p.add_argument("--grace", type=float, default=5.0,
                    help="seconds calls in flight get to finish on shutdown (default 5)")
+    p.add_argument("--metrics-port", type=non_negative, metavar="PORT",
+                   help="export Prometheus metrics (requests, latencies, bytes, batches, memory) over "
+                        "HTTP at /metrics on this port (0 picks one; the log says which); needs "
+                        "pip install 'edgeflow[metrics]'")
+    p.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address the metrics exporter listens on (default 127.0.0.1)")
+    p.add_argument("--log-format", choices=["text", "json"], default="text",
+                   help="log lines as text (default) or one JSON object per line; each line about a "
+                        "request carries its request id")
     p.set_defaults(fn=cmd_serve)
 
 

@@ -39,10 +39,10 @@ from .. import dtypes
 from ..errors import EdgeflowError, GraphError, InvalidInputError
 from . import edgeflow_pb2 as pb
 from . import edgeflow_pb2_grpc as pb_grpc
-from . import wire
-from .identity import ANONYMOUS, Authenticator, Refused, RateLimitedLog, Tokens, is_loopback
-from .backends import Local
-from .metrics import NO_METRICS
+from . import logs, wire
+from .identity import Authenticator, Refused, RateLimitedLog, Tokens, is_loopback
+from .backends import Local, Unavailable
+from .metrics import NO_METRICS, PrometheusMetrics
 from .budget import DEFAULT_WAIT_S, MemoryBudget, OverBudget, Reservation, default_bytes
 from .models import load_models
 from .steps import StaleStep, TooManyDevices
@@ -65,29 +65,58 @@ class _Reject(Exception):
         self.code = code
 
 
+class _Call:
+    """One call, as a context manager: its logs.Request is current while it runs, and when
+    it ends, whichever way, it is reported to `metrics` once: `status` as set where the
+    call is answered (`abort`, or "OK"); one left without was cancelled, or failed
+    unexpectedly (UNKNOWN, as gRPC answers it)."""
+
+    def __init__(self, metrics, method):
+        self.metrics, self.method, self.request = metrics, method, logs.Request()
+        self.status, self.bytes_in, self.bytes_out = None, 0, 0  # tensor bytes, as on the wire
+
+    def __enter__(self):
+        self._start, self._token = time.perf_counter(), logs.enter(self.request)
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        logs.leave(self._token)
+        status = self.status or ("CANCELLED" if kind in (None, GeneratorExit) else "UNKNOWN")
+        self.metrics.request(self.request.model or "", self.method, status, time.perf_counter() - self._start,
+                             self.bytes_in, self.bytes_out)
+
+    def abort(self, context, code, message):
+        self.status = code.name
+        context.abort(code, message)
+
+
 class _Servicer(pb_grpc.EdgeflowServicer):
-    def __init__(self, models, max_request_bytes, backend, auth=None, budget=None):
+    def __init__(self, models, max_request_bytes, backend, auth=None, budget=None, metrics=NO_METRICS):
         self.models = models
         self.max_request_bytes = max_request_bytes
         self.backend = backend  # where checked requests run (backends.py)
         self.auth = auth or Authenticator()
         self.budget = budget  # a MemoryBudget: what requests reserve before they allocate
+        self.metrics = metrics  # each call is reported: model, method, status, seconds, bytes
 
     def Run(self, requests, context):
         held = []  # the request's memory Reservation, once its model is known
-        try:
-            yield from self._run(requests, context, held)
-        finally:
-            for reservation in held:
-                reservation.close()
+        with _Call(self.metrics, "Run") as call:
+            try:
+                yield from self._run(requests, context, held, call)
+            finally:
+                for reservation in held:
+                    reservation.close()
 
-    def _run(self, requests, context, held):
+    def _run(self, requests, context, held, call):
         request_id = ""
         try:
             identity = self.auth.identify(context)
-            model, header, feeds = self._read(requests, context, held, identity)
+            model, header, feeds = self._read(requests, context, held, identity, call)
             request_id = header.request_id
             if not context.is_active():  # cancelled or past its deadline while uploading
+                left = context.time_remaining()
+                call.status = "DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED"
                 return
             start = time.perf_counter()
             if header.HasField("step"):  # a round of a split training step
@@ -103,6 +132,8 @@ class _Servicer(pb_grpc.EdgeflowServicer):
             return
         except (_Reject, Refused) as e:
             code, message = e.code, str(e)
+        except Unavailable as e:  # a replica died or none answered in time: the device retries
+            code, message = grpc.StatusCode.UNAVAILABLE, str(e)
         except (wire.PayloadTooLarge, TooManyDevices, OverBudget) as e:
             code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)
         except StaleStep as e:  # the device resumes from the step named (parsed by the client)
@@ -110,8 +141,8 @@ class _Servicer(pb_grpc.EdgeflowServicer):
         except (InvalidInputError, GraphError) as e:
             code, message = grpc.StatusCode.INVALID_ARGUMENT, str(e)
         except Exception as e:  # a bug or a kernel failure: log it, answer, keep serving
-            _bad_log.log(("Run failed", type(e).__name__), logging.ERROR, "Run %s failed",
-                         request_id or "(no request id)", exc_info=True)
+            _bad_log.log(("Run failed", type(e).__name__), logging.ERROR, "Run %s failed", call.request.id,
+                         exc_info=True)
             code, message = grpc.StatusCode.INTERNAL, f"internal error ({type(e).__name__}: {e}); " \
                                                       "the server logged it"
         else:
@@ -120,16 +151,19 @@ class _Servicer(pb_grpc.EdgeflowServicer):
                                                        compute_seconds=seconds))
             for name in header.fetches:
                 for chunk in wire.chunks(name, outputs[name], encoding=header.encoding):
+                    call.bytes_out += len(chunk.data)
                     yield pb.RunReply(chunk=chunk)
+            call.status = "OK"
             return
-        _bad_log.log(("Run", code.name), logging.INFO, "Run %s: %s: %s", request_id[:64] or "(no request id)",
-                     code.name, message[:1000])
-        context.abort(code, message)
+        _bad_log.log(("Run", code.name), logging.INFO, "Run %s: %s: %s", call.request.id, code.name,
+                     message[:1000])
+        call.abort(context, code, message)
 
-    def _read(self, requests, context, held, identity=ANONYMOUS):
+    def _read(self, requests, context, held, identity, call):
         """The model, header and {name: array} feeds of a Run stream, all checked (the model
         and the step header against the caller's `identity`); the feeds' bytes are reserved
-        (in a Reservation appended to `held`) as they arrive."""
+        (in a Reservation appended to `held`) as they arrive. `call` (a _Call) gets the
+        request id, the model and the bytes received."""
         requests = iter(requests)
         first = next(requests, None)
         if first is None or first.WhichOneof("kind") != "header":
@@ -137,10 +171,12 @@ class _Servicer(pb_grpc.EdgeflowServicer):
                           "expected a Run stream to start with a RunHeader (model_id, fetches), got "
                           + ("nothing" if first is None else f"a {first.WhichOneof('kind') or 'empty'} message"))
         header = first.header
+        call.request.id = header.request_id[:64] or call.request.id
         versions = self.models.versions(header.model_id)
         if not versions:
             raise _Reject(grpc.StatusCode.NOT_FOUND, f"no model {header.model_id[:200]!r}; this server hosts "
                                                      f"{sorted(m for m in self.models if identity.may_use(m))}")
+        call.request.model = header.model_id  # a hosted id: metrics label only those
         identity.check_model(header.model_id)
         model = self.models.version(header.model_id, header.model_sha256)
         if model is None:
@@ -170,21 +206,27 @@ class _Servicer(pb_grpc.EdgeflowServicer):
                 raise _Reject(grpc.StatusCode.INVALID_ARGUMENT,
                               "expected TensorChunk messages after the RunHeader, got "
                               f"a {message.WhichOneof('kind') or 'empty'} message")
+            call.bytes_in += len(message.chunk.data)
             tensors.add(message.chunk)
         return model, header, tensors.finish()
 
     def ListModels(self, request, context):
-        try:
-            identity = self.auth.identify(context)
-        except Refused as e:
-            context.abort(e.code, str(e))
-        return pb.ListModelsReply(models=[_model_info(m) for m in self.models.all() if identity.may_use(m.id)])
+        with _Call(self.metrics, "ListModels") as call:
+            try:
+                identity = self.auth.identify(context)
+            except Refused as e:
+                call.abort(context, e.code, str(e))
+            reply = pb.ListModelsReply(models=[_model_info(m) for m in self.models.all() if identity.may_use(m.id)])
+            call.status = "OK"
+            return reply
 
     def Ping(self, request, context):
-        if request.reply_bytes > wire.MAX_PING_BYTES:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"expected reply_bytes <= {wire.MAX_PING_BYTES}, got {request.reply_bytes}")
-        return pb.PingReply(payload=_PING_BLOCK[:request.reply_bytes])
+        with _Call(self.metrics, "Ping") as call:
+            if request.reply_bytes > wire.MAX_PING_BYTES:
+                call.abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                           f"expected reply_bytes <= {wire.MAX_PING_BYTES}, got {request.reply_bytes}")
+            call.status = "OK"
+            return pb.PingReply(payload=_PING_BLOCK[:request.reply_bytes])
 
 
 # What gRPC and protobuf hold for one request while it streams, besides its tensors: a
@@ -258,10 +300,11 @@ class _Guard(grpc.ServerInterceptor):
     when the server has tokens), and answers INVALID_ARGUMENT to request messages that do
     not parse, logging them rate-limited. Health checks stay open, so that load balancers
     and `wait_ready` need no token. (The servicers take the caller's identity from the
-    call's context: Authenticator.identify.)"""
+    call's context: Authenticator.identify.) The calls it answers are reported to `metrics`
+    (method: the method's short name), since the servicers never see them."""
 
-    def __init__(self, auth):
-        self.auth = auth
+    def __init__(self, auth, metrics=NO_METRICS):
+        self.auth, self.metrics = auth, metrics
 
     def intercept_service(self, continuation, details):
         handler = continuation(details)
@@ -272,7 +315,7 @@ class _Guard(grpc.ServerInterceptor):
             self.auth.check_token(details.invocation_metadata)
         except Refused as e:
             _bad_log.log(("refused", e.code.name), logging.INFO, "%s: %s: %s", method, e.code.name, e)
-            return _rejecting(handler, e.code, str(e), method)
+            return _rejecting(handler, e.code, str(e), method, self.metrics)
         kind = handler.request_streaming, handler.response_streaming
         behavior = {(False, False): handler.unary_unary, (False, True): handler.unary_stream,
                     (True, False): handler.stream_unary, (True, True): handler.stream_stream}[kind]
@@ -282,7 +325,8 @@ class _Guard(grpc.ServerInterceptor):
         else:
             def guarded(request, context):
                 if isinstance(request, _Undecodable):
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, _undecodable(method, request.error))
+                    with _Call(self.metrics, method.rsplit("/", 1)[-1]) as call:
+                        call.abort(context, grpc.StatusCode.INVALID_ARGUMENT, _undecodable(method, request.error))
                 return behavior(request, context)
         return _MAKE[kind](guarded, request_deserializer=_tolerant(handler.request_deserializer, method),
                            response_serializer=handler.response_serializer)
@@ -303,10 +347,11 @@ _MAKE = {(False, False): grpc.unary_unary_rpc_method_handler,
          (True, True): grpc.stream_stream_rpc_method_handler}
 
 
-def _rejecting(handler, code, message, method=""):
+def _rejecting(handler, code, message, method="", metrics=NO_METRICS):
     """A handler of the same kind as `handler` that aborts every call with `code`."""
     def reject(request, context):
-        context.abort(code, message)
+        with _Call(metrics, method.rsplit("/", 1)[-1]) as call:
+            call.abort(context, code, message)
     return _MAKE[handler.request_streaming, handler.response_streaming](
         reject, request_deserializer=_tolerant(handler.request_deserializer, method),
         response_serializer=handler.response_serializer)
@@ -329,8 +374,18 @@ class Server:
     (default: half the machine's memory) bounds what the models keep and the requests in
     flight use, `model_memory_bytes` what one model may (default: the whole budget); a
     request that does not fit waits up to `memory_wait_s` seconds, then gets
-    RESOURCE_EXHAUSTED (see budget.py). `start()` binds and returns the port (`port=0`
-    picks a free one); use it as a context manager to stop it.
+    RESOURCE_EXHAUSTED (see budget.py). `metrics` (a metrics.Metrics, e.g. a
+    PrometheusMetrics) gets every call's model, method, status, seconds and bytes.
+    `batching`: dict(slo_ms=, max_batch=, max_wait_ms=) runs the requests of many devices
+    for a model as adaptive batches (batching.py); `cache_entries` > 0 answers repeated
+    requests from a cache of that many replies (cache.py). `start()`
+    binds and returns the port (`port=0` picks a free one); use it as a context manager to
+    stop it.
+
+    Health (grpc.health.v1): from `start()` the server as a whole (""), the Edgeflow
+    service ("edgeflow.v1.Edgeflow") and each hosted model, `health_service(id)`
+    ("edgeflow.v1.Edgeflow/<id>", so that a load balancer can route by model) are SERVING;
+    `stop()` turns them all NOT_SERVING. A service not named so is NOT_FOUND.
     """
 
     def __init__(self, model_dir=None, host="127.0.0.1", port=0, token=None, tls=None, max_workers=8,
@@ -394,9 +449,10 @@ class Server:
             raise EdgeflowError(f"the server on {self.address} is already started")
         server = grpc.server(futures.ThreadPoolExecutor(self.max_workers, thread_name_prefix="edgeflow-rpc"),
                              options=wire.CHANNEL_OPTIONS + [("grpc.so_reuseport", 0)],
-                             interceptors=[_Guard(self.auth)])
+                             interceptors=[_Guard(self.auth, self.metrics)])
         pb_grpc.add_EdgeflowServicer_to_server(
-            _Servicer(self.models, self.max_request_bytes, self.backend, self.auth, self.budget), server)
+            _Servicer(self.models, self.max_request_bytes, self.backend, self.auth, self.budget, self.metrics),
+            server)
         try:  # process-wide, while serving: per-request limits would race between threads
             from threadpoolctl import threadpool_limits
             self._blas = threadpool_limits(self.threads)
@@ -424,7 +480,7 @@ class Server:
             _log.warning("tokens are required but sent in plaintext: %s is not a loopback address and "
                          "there is no TLS (give --tls-cert and --tls-key); anyone on the path can read "
                          "them", self.host)
-        for service in ("", SERVICE):
+        for service in ("", SERVICE, *map(health_service, self.models)):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         return port
 
@@ -451,6 +507,11 @@ class Server:
         self.stop()
 
 
+def health_service(model_id):
+    """The health service name saying whether the server serves model `model_id`."""
+    return f"{SERVICE}/{model_id}"
+
+
 def _read_file(path, what):
     try:
         with open(path, "rb") as f:
@@ -472,6 +533,24 @@ def _mib(mb):
     return None if mb is None else int(mb * (1 << 20))
 
 
+def _batching(args):
+    """(Server's `batching`, `cache_entries`) from --slo-ms, --max-batch, --batch-wait-ms and
+    --cache-entries, checked."""
+    slo, most, wait = (getattr(args, name, None) for name in ("slo_ms", "max_batch", "batch_wait_ms"))
+    entries = getattr(args, "cache_entries", 0) or 0
+    for flag, value in (("--slo-ms", slo), ("--max-batch", most), ("--batch-wait-ms", wait)):
+        if value is not None and not value > 0:
+            raise EdgeflowError(f"expected {flag} > 0, got {value}")
+    if not entries >= 0:
+        raise EdgeflowError(f"expected --cache-entries >= 0 (0: no cache), got {entries}")
+    if slo is None:
+        given = [flag for flag, value in (("--max-batch", most), ("--batch-wait-ms", wait)) if value is not None]
+        if given:
+            raise EdgeflowError(f"{' and '.join(given)}: only with --slo-ms, which turns batching on")
+        return None, entries
+    return dict(slo_ms=slo, max_batch=most or 64, max_wait_ms=2.0 if wait is None else wait), entries
+
+
 def _return_freed_memory():
     """Have glibc's malloc map every block of 1 MiB or more on its own, so that freeing it
     returns it to the system (by default the threshold grows to 32 MiB as blocks are freed,
@@ -485,10 +564,49 @@ def _return_freed_memory():
         pass  # not glibc: its allocator decides
 
 
+def _aggregate(args):
+    """Devices per sync step or FedAvg round: --aggregate, or --replicas without --ray (its
+    meaning before the Ray replicas came)."""
+    aggregate = getattr(args, "aggregate", None)
+    if aggregate is None and not getattr(args, "ray", None):
+        aggregate = getattr(args, "replicas", None)
+    return aggregate or 1
+
+
+def _ray_backend(args, state_dir, checkpoint_every, max_devices, threads):
+    """The RayBackend `--ray` asks for, or None."""
+    if not getattr(args, "ray", None):
+        if getattr(args, "autoscale", None):
+            raise EdgeflowError("--autoscale needs --ray")
+        return None
+    try:
+        from .replicas import RayBackend
+        import ray  # noqa: F401  (the extra's presence, said in one line)
+    except ImportError as e:
+        raise EdgeflowError(f"--ray needs the 'ray' extra: pip install 'edgeflow[ray]' ({e})") from None
+    autoscale = None
+    if args.autoscale:
+        try:
+            low, high = (int(v) for v in args.autoscale.split(":"))
+        except ValueError:
+            raise EdgeflowError(f"--autoscale: expected MIN:MAX, two integers, got {args.autoscale!r}") from None
+        if not 0 <= low <= high or high < 1:
+            raise EdgeflowError(f"--autoscale: expected 0 <= MIN <= MAX and MAX >= 1, got {args.autoscale!r}")
+        autoscale = low, high
+    if args.autoscale and args.replicas:
+        raise EdgeflowError("give --replicas or --autoscale, not both")
+    if not args.replica_cpus > 0:
+        raise EdgeflowError(f"--replica-cpus: expected a number > 0, got {args.replica_cpus}")
+    return RayBackend(None if args.ray == "local" else args.ray, replicas=args.replicas or 1, autoscale=autoscale,
+                      replica_cpus=args.replica_cpus, threads=threads or 1, state_dir=state_dir,
+                      checkpoint_every=checkpoint_every, max_devices=max_devices,
+                      target_ongoing=args.target_ongoing)
+
+
 def serve(args):
     """`edgeflow serve`: host the models in args.model_dir until SIGTERM or SIGINT."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.install(getattr(args, "log_format", "text"))
+    metrics = PrometheusMetrics() if getattr(args, "metrics_port", None) is not None else None
     token = None
     if args.token_file:
         text = _read_file(args.token_file, "--token-file").decode("utf-8", "replace")
@@ -518,25 +636,36 @@ def serve(args):
             raise EdgeflowError(f"--parameter-server: no trainable package (a 'train' signature) in "
                                 f"{args.model_dir}")
         parameter_server = ParameterService(
-            trainable, mode=args.parameter_server, replicas=args.replicas,
+            trainable, mode=args.parameter_server, replicas=_aggregate(args),
             checkpoint_dir=os.path.join(args.state_dir, "ps") if args.state_dir else None,
             checkpoint_every=args.checkpoint_every, max_devices=getattr(args, "max_devices", None) or 4096)
-        _log.info("parameter server (%s, %d replicas) for %s", args.parameter_server, args.replicas,
+        _log.info("parameter server (%s, %d devices per step) for %s", args.parameter_server, _aggregate(args),
                   sorted(trainable))
+    batching, cache_entries = _batching(args)
     server = Server(args.model_dir, host=args.host, port=args.port, token=token, tls=tls,
                     max_workers=args.max_workers, max_request_bytes=int(args.max_request_mb * (1 << 20)),
                     state_dir=args.state_dir, checkpoint_every=args.checkpoint_every,
                     parameter_server=parameter_server, threads=getattr(args, "threads", None),
                     tls_client_ca=client_ca, max_devices=getattr(args, "max_devices", None) or DEFAULT_MAX_DEVICES,
                     memory_budget_bytes=_mib(budget_mb), model_memory_bytes=_mib(model_mb),
-                    memory_wait_s=wait_s)
+                    memory_wait_s=wait_s, metrics=metrics, batching=batching, cache_entries=cache_entries,
+                    ray=_ray_backend(args, args.state_dir, args.checkpoint_every,
+                                     getattr(args, "max_devices", None) or DEFAULT_MAX_DEVICES,
+                                     getattr(args, "threads", None)))
     _return_freed_memory()
+    if batching:
+        _log.info("adaptive batching on: batches within %g ms, at most %d rows, waiting up to %g ms",
+                  batching["slo_ms"], batching["max_batch"], batching["max_wait_ms"])
+    if cache_entries:
+        _log.info("prediction cache on: the replies of the last %d distinct requests", cache_entries)
     _log.info("memory budget %d MiB (%s per model)", server.budget.limit >> 20,
               f"{server.budget.model_limit >> 20} MiB" if model_mb else "all of it")
     for model in server.models.all():
         default = len(server.models.versions(model.id)) > 1 and server.models[model.id] is model
         _log.info("model %r: sha256 %s%s, %d bytes, from %s", model.id, model.sha256,
                   " (the default version)" if default else "", model.file_bytes, model.source)
+    if metrics is not None:
+        _export(metrics, getattr(args, "metrics_host", "127.0.0.1"), args.metrics_port)
     server.start()
     _log.info("serving %d models on %s%s%s%s", len(server.models), server.address,
               " with TLS" if tls else "", ", client certificates required" if client_ca else "",
@@ -548,3 +677,14 @@ def serve(args):
         pass
     _log.info("stopping: calls in flight get %.0f s to finish", args.grace)
     server.stop(args.grace)
+    if metrics is not None:
+        metrics.close()
+
+
+def _export(metrics, host, port):
+    """Serve `metrics` over HTTP on `host`:`port` and log where."""
+    try:
+        port = metrics.serve_http(port, host)
+    except OSError as e:
+        raise EdgeflowError(f"--metrics-port: cannot listen on {host}:{port} ({e.strerror})") from None
+    _log.info("metrics on http://%s:%d/metrics", f"[{host}]" if ":" in host else host, port)

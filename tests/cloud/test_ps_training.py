@@ -297,7 +297,7 @@ def _start_server(path, state, port=0):
     start = log_path.stat().st_size if log_path.exists() else 0
     log = open(log_path, "a")
     proc = subprocess.Popen([sys.executable, "-m", "edgeflow.cli", "serve", "--model-dir", str(models),
-                             "--parameter-server", "sync", "--replicas", str(DEVICES),
+                             "--parameter-server", "sync", "--aggregate", str(DEVICES),
                              "--state-dir", str(state / "state"), "--checkpoint-every", "5", "--port", str(port)],
                             stdout=log, stderr=log)
     deadline = time.monotonic() + GUARD_S

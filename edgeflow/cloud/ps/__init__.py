@@ -49,7 +49,7 @@ Modules: roles.py (what a trainable package says about its training), state.py (
 model's hosted state, aggregation and the exactly-once table: no gRPC), service.py (the
 gRPC service), client.py (`ParameterClient`), device.py (the device loops of every mode).
 Serve it with `Server(parameter_server=ParameterService(...))`, or
-`edgeflow serve --model-dir DIR --parameter-server sync --replicas 3 --state-dir state/`.
+`edgeflow serve --model-dir DIR --parameter-server sync --aggregate 3 --state-dir state/`.
 """
 
 _EXPORTS = {"TrainingRoles": "roles", "HostedParameters": "state", "Settings": "state",
