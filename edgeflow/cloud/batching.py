@@ -26,10 +26,21 @@ rows, and a device may send several.
 Queueing: leader/follower, no thread of its own. The gRPC worker thread of the first
 request of a key's queue leads: it waits (on a condition, the wait above) for more, takes
 the batch, hands leading on to the oldest request left, runs the batch and gives each
-follower its rows (or its error) through the follower's Event. So a key gathers one
-batch at a time while earlier batches still run, on other interpreters, and the server's
-worker threads are the only threads: a batch holds at most --max-workers requests (raise
-it with batching).
+follower its rows (or its error) through the follower's Event. At most `concurrency`
+batches of a key run at once (default 1, as one Clipper replica runs one batch): the next
+leader waits for a free slot while requests gather behind it, so the load sets the batch
+size and the run time the controller sees is the batch's own, not that of many runs
+sharing the cores (the interpreter's intra-op threads use them). Unbounded, 32 devices on
+two cores ran 32 one-row batches at once, each over the SLO, and the size never grew. The
+server's worker threads are the only threads: a batch holds at most --max-workers
+requests (raise it with batching).
+
+Buckets: a batch of n rows runs padded to the next power of two (at most `max_batch`)
+with copies of its last row, whose outputs are dropped, as TF Serving pads to its allowed
+batch sizes: every new input shape costs the interpreter a plan (MobileNetV2 at 224: 90 to
+130 ms, more than a batch's run), and AIMD's sizes would make up to `max_batch` of them
+per interpreter; buckets make log2(max_batch) + 1. The padding costs at most the rows it
+adds.
 
 Memory: the batch has a Reservation of its own (waiting as long as its leader's would),
 holding the concatenated feeds and what `inner` reserves for the run; each request is
@@ -67,6 +78,12 @@ from .metrics import NO_METRICS
 _MAX_KEYS = 4096  # batch keys remembered (their controllers); idle ones are forgotten beyond
 # What the server's encoding of a reply holds per output byte, as models.HostedModel.run reserves it.
 _ENCODE_COPIES = {"": 1, "fp16": 2, "int8": 4}
+
+
+def bucket(rows, max_batch):
+    """The rows a batch of `rows` runs with: the next power of two, at most `max_batch` (and
+    never fewer than `rows`)."""
+    return max(rows, min(1 << max(rows - 1, 0).bit_length(), max_batch))
 
 
 class AIMD:
@@ -116,6 +133,7 @@ class _Queue:
 
     def __init__(self, lock, controller):
         self.pending, self.rows, self.leading = [], 0, False
+        self.running = 0  # batches of the key running now
         self.filled = threading.Condition(lock)
         self.controller = controller
 
@@ -124,13 +142,14 @@ class Batching:
     """Runs batchable requests of many threads for one model as batches on `inner` (a
     backend: backends.Local, ...). `slo_ms`: the run time a batch should stay within;
     `max_batch`: the most rows; `max_wait_ms`: how long a batch's first request waits for
-    others; `start`: the first batch size. Reports to `metrics` each batch's requests and
-    the requests waiting per model."""
+    others; `start`: the first batch size; `concurrency`: batches of one key running at
+    once. Reports to `metrics` each batch's requests and the requests waiting per model."""
 
-    def __init__(self, inner, slo_ms, max_batch=64, max_wait_ms=2.0, metrics=NO_METRICS, start=1):
-        if not max_wait_ms >= 0:
-            raise EdgeflowError(f"Batching: expected max_wait_ms >= 0, got {max_wait_ms}")
-        self.inner, self.metrics = inner, metrics
+    def __init__(self, inner, slo_ms, max_batch=64, max_wait_ms=2.0, metrics=NO_METRICS, start=1, concurrency=1):
+        if not max_wait_ms >= 0 or not concurrency >= 1:
+            raise EdgeflowError(f"Batching: expected max_wait_ms >= 0 and concurrency >= 1, got {max_wait_ms} "
+                                f"and {concurrency}")
+        self.inner, self.metrics, self.concurrency = inner, metrics, concurrency
         self.slo_s, self.max_batch, self.max_wait_s, self.start = slo_ms / 1000, max_batch, max_wait_ms / 1000, start
         AIMD(self.slo_s, max_batch, start=start)  # the arguments, checked now
         self._lock = threading.Lock()
@@ -194,6 +213,8 @@ class Batching:
         the oldest request left leads the next."""
         deadline = leader.arrived + self.max_wait_s
         with self._lock:
+            while queue.running >= self.concurrency:  # requests gather meanwhile: the next batch is fuller
+                queue.filled.wait()
             while queue.rows < queue.controller.size:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -204,6 +225,7 @@ class Batching:
                 batch.append(queue.pending.pop(0))
                 rows += batch[-1].rows
             queue.rows -= rows
+            queue.running += 1
             if queue.pending:
                 queue.pending[0].lead = True
                 queue.pending[0].ready.set()
@@ -229,7 +251,6 @@ class Batching:
             seconds = time.perf_counter() - start
             with self._lock:
                 queue.controller.observe(sum(r.rows for r in batch), seconds)
-                queue.filled.notify()  # a smaller size may be reached already
         except (InvalidInputError, GraphError) as e:  # a device's values, or the batch itself?
             if len(batch) == 1:
                 batch[0].error = e
@@ -239,23 +260,28 @@ class Batching:
             for r in batch:
                 r.error = e
         finally:
+            with self._lock:
+                queue.running -= 1
+                queue.filled.notify()  # the leader waits for a free slot, or a size reached already
             for r in batch[1:]:
                 r.ready.set()
 
     def _batched(self, model, fetches, encoding, batch):
         """Run `batch` as one; False (nothing set) if an output has not one row per input row."""
         rows = [r.rows for r in batch]
+        padded = bucket(sum(rows), self.max_batch)
         with Reservation(model.budget, model.id, getattr(batch[0].reservation, "wait_s", None)) as held:
             feeds = {}
             for name in batch[0].feeds:
                 parts = [r.feeds[name] for r in batch]
+                parts.append(np.repeat(parts[-1][-1:], padded - sum(rows), axis=0))  # a real row's values
                 held.add(sum(p.nbytes for p in parts), f"model {model.id!r}: a batch of {len(batch)} "
                                                        f"requests' feed {name!r}")
                 feeds[name] = np.concatenate(parts)
             outputs = self.inner.run(model, fetches, feeds, held, encoding)
+            held.give(sum(a.nbytes for a in feeds.values()))
             feeds = None  # copied into the plan: what they held is free
-            held.give(sum(p.nbytes for r in batch for p in r.feeds.values()))
-            if any(np.ndim(a) < 1 or len(a) != sum(rows) for a in outputs.values()):
+            if any(np.ndim(a) < 1 or len(a) != padded for a in outputs.values()):
                 return False
             bounds = np.cumsum([0, *rows])
             for r, lo, hi in zip(batch, bounds, bounds[1:]):

@@ -11,7 +11,7 @@ import pytest
 import edgeflow as ef
 from edgeflow.cloud import models
 from edgeflow.cloud.backends import Local
-from edgeflow.cloud.batching import AIMD, Batching
+from edgeflow.cloud.batching import AIMD, Batching, bucket
 from edgeflow.cloud.budget import MemoryBudget, Reservation
 from edgeflow.cloud.metrics import Metrics
 from edgeflow.errors import EdgeflowError, InvalidInputError, RemoteError
@@ -197,7 +197,7 @@ def test_requests_run_as_one_batch_and_each_gets_its_own_rows(paths):
     feeds = [images(k, n) for k, n in enumerate(rows)]
     fetches = ["p", "e", "s"]
     results = concurrently(lambda x: batching.run(model, fetches, {"x": x}, Reservation(None, "conv")), feeds)
-    assert inner.calls == [12] and metrics.batches == [6]  # one run: the batch full at 12 rows
+    assert inner.calls == [16] and metrics.batches == [6]  # one run: full at 12 rows, padded to 16
     assert metrics.depths[-1] == 0 and max(metrics.depths) == 6
     for x, out in zip(feeds, results):
         ref = unbatched(paths["conv"], fetches, {"x": x})
@@ -448,3 +448,9 @@ def test_serve_with_batching_and_cache(paths, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_a_batch_runs_at_the_next_power_of_two_rows_at_most_max_batch():
+    assert [bucket(n, 32) for n in (1, 2, 3, 5, 8, 9, 17, 32, 35)] == [1, 2, 4, 8, 8, 16, 32, 32, 35]
+    assert [bucket(n, 12) for n in (5, 9, 12)] == [8, 12, 12]
+
