@@ -1,13 +1,29 @@
 """`edgeflow serve`: serve cloud packages over gRPC until SIGTERM or Ctrl-C."""
+import argparse
+
 from ..errors import EdgeflowError
 from .arguments import non_negative, positive
+
+EXAMPLES = """\
+examples:
+  embedded, one process (the default):
+    edgeflow serve --model-dir models/ --slo-ms 100 --max-workers 64 --metrics-port 9100
+  on a local Ray instance this process starts (replicas share this machine's cores):
+    edgeflow serve --model-dir models/ --ray --replicas 2 --state-dir state/
+  on a Ray cluster:
+    ray start --head --port 6379              # on the head node
+    ray start --address HEAD:6379             # on each other node
+    edgeflow serve --model-dir models/ --ray HEAD:6379 --autoscale 1:8 --host 0.0.0.0
+                                              # front ends on any nodes: they share the replicas
+"""
 
 
 def add_parser(verbs):
     p = verbs.add_parser("serve", help="serve cloud packages over gRPC for split models",
                          description="Serve every .efl in a directory over gRPC (service "
                                      "edgeflow.v1.Edgeflow, plus grpc.health.v1) until SIGTERM "
-                                     "or Ctrl-C; devices run the rest of their graphs here.")
+                                     "or Ctrl-C; devices run the rest of their graphs here.",
+                         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", required=True,
                    help="a directory of .efl packages: cloud packages and plain models (id: metadata "
                         "'edgeflow.model_id', else the file name); device packages are skipped. Files "
@@ -72,6 +88,10 @@ def add_parser(verbs):
     ray.add_argument("--replica-cpus", type=float, default=1.0, metavar="C",
                      help="with --ray: CPUs Ray reserves for each replica (default 1); it places replicas "
                           "on the nodes by them")
+    ray.add_argument("--ps-shards", type=positive, metavar="N",
+                     help="with --ray and --parameter-server: shard each model's cloud variables over N Ray "
+                          "actors (default 1; --state-dir, on a disk every node reaches, holds their "
+                          "checkpoints), as TensorFlow's ps tasks; devices push and pull per shard")
     batching = p.add_argument_group("batching and caching", "Run requests of many devices for one model "
                                     "as one batch (Clipper's adaptive batching), and answer repeated "
                                     "inputs from a cache of replies.")

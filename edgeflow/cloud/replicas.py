@@ -44,12 +44,30 @@ def app_name(model):
     return f"ef-{state_name(model.id, 40)}-{model.sha256[:16]}"
 
 
+def connect(address=None, init_options=None):
+    """Connect this process to Ray in NAMESPACE, unless it is: to the cluster at `address`,
+    or to a local instance started here (None). True when this call started one."""
+    import ray
+    if ray.is_initialized():
+        return False
+    ray.init(address, **{"namespace": NAMESPACE, "log_to_driver": False, "include_dashboard": False,
+                         **(init_options or {})})
+    return address is None
+
+
 def _rss_bytes():
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def _catching(errors, fn, *args, **kwargs):
+    try:
+        fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 (reported by the thread that waits)
+        errors.append(e)
 
 
 def _hosted(package, model_id):
@@ -120,12 +138,14 @@ class RayBackend:
     model, or `autoscale=(min, max)` on `target_ongoing` requests per replica.
     `replica_cpus`: the CPUs Ray reserves for each (its BLAS and interpreters use
     `threads`). `state_dir`, `checkpoint_every`, `max_devices`: the trainer actors' (see
-    steps.StepHost). `timeout_s`: how long a request waits for its replica.
+    steps.StepHost). `timeout_s`: how long a request waits for its replica;
+    `deploy_timeout_s`: for a model's replicas to start (EdgeflowError past it: the cluster
+    cannot place them).
     """
 
     def __init__(self, address=None, replicas=1, autoscale=None, replica_cpus=1.0, threads=1,
                  state_dir=None, checkpoint_every=1, max_devices=256, timeout_s=60.0, retries=2,
-                 target_ongoing=4, max_ongoing=16, init_options=None):
+                 target_ongoing=4, max_ongoing=16, init_options=None, deploy_timeout_s=120.0):
         if replicas < 1 or (autoscale and not 0 <= autoscale[0] <= autoscale[1] >= 1):
             raise EdgeflowError(f"expected replicas >= 1 and autoscale bounds 0 <= min <= max (max >= 1), got "
                                 f"{replicas} and {autoscale}")
@@ -134,7 +154,7 @@ class RayBackend:
             replica_cpus, threads, target_ongoing, max_ongoing
         self.state_dir = os.path.abspath(state_dir) if state_dir else None
         self.checkpoint_every, self.max_devices = checkpoint_every, max_devices
-        self.timeout_s, self.retries = timeout_s, retries
+        self.timeout_s, self.retries, self.deploy_timeout_s = timeout_s, retries, deploy_timeout_s
         self.init_options = init_options or {}
         self.metrics = NO_METRICS
         self._handles, self._trainers = {}, {}  # by (id, sha256)
@@ -142,17 +162,18 @@ class RayBackend:
         self._lock = threading.Lock()
 
     # -- attaching ------------------------------------------------------------------------
+    def connect(self):
+        """Connect this process to Ray (see connect); attach does, and whoever needs Ray
+        before it (the parameter server's shards)."""
+        self._started_ray = connect(self.address, self.init_options) or self._started_ray
+
     def attach(self, models, metrics=NO_METRICS, batching=None):
         """Connect to Ray, then deploy (or find) a Serve application per model version that
         does not train and a trainer actor per one that does."""
         import ray
         from ray import serve
         self.metrics = metrics
-        if not ray.is_initialized():
-            options = dict(namespace=NAMESPACE, log_to_driver=False, include_dashboard=False)
-            if self.address is None:
-                self._started_ray = True
-            ray.init(self.address, **{**options, **self.init_options})
+        self.connect()
         serve.start(proxy_location="Disabled")  # no HTTP proxy: the gRPC front end is ours
         running = set(serve.status().applications)
         for model in models.all():
@@ -179,14 +200,29 @@ class RayBackend:
             self._handles[key] = serve.get_deployment_handle("model", app_name=name)
 
     def _deploy(self, name, package, model_id, batching):
+        import ray
         from ray import serve
         scale = dict(num_replicas=self.replicas) if not self.autoscale else dict(autoscaling_config={
             "min_replicas": self.autoscale[0], "max_replicas": self.autoscale[1],
             "target_ongoing_requests": self.target_ongoing})
         deployment = serve.deployment(ModelReplica, name="model", max_ongoing_requests=self.max_ongoing,
                                       ray_actor_options={"num_cpus": self.replica_cpus}, **scale)
-        serve.run(deployment.bind(package, model_id, batching, self.threads, self.max_ongoing),
-                  name=name, route_prefix=None)
+        app = deployment.bind(package, model_id, batching, self.threads, self.max_ongoing)
+        # serve.run waits for every replica to start, forever if the cluster cannot place them.
+        failed = []
+        waiter = threading.Thread(target=lambda: _catching(failed, serve.run, app, name=name, route_prefix=None),
+                                  daemon=True)
+        waiter.start()
+        waiter.join(self.deploy_timeout_s)
+        if failed:
+            raise EdgeflowError(f"model {model_id!r}: deploying its replicas failed: {failed[0]}")
+        if waiter.is_alive():
+            status = serve.status().applications.get(name)
+            raise EdgeflowError(
+                f"model {model_id!r}: its {self.autoscale[0] if self.autoscale else self.replicas} replicas of "
+                f"{self.replica_cpus:g} CPUs each did not start within {self.deploy_timeout_s:g} s (Serve says: "
+                f"{getattr(status, 'message', '') or getattr(status, 'status', 'nothing')}); the cluster has "
+                f"{ray.cluster_resources().get('CPU', 0):g} CPUs: lower --replica-cpus or --replicas")
 
     # -- requests -------------------------------------------------------------------------
     def run(self, model, fetches, feeds, reservation, encoding=""):
