@@ -87,15 +87,6 @@ def start_server(cmd, logfile):
     raise RuntimeError(f"edgeflow serve did not start:\n{pathlib.Path(logfile.name).read_text()[-3000:]}")
 
 
-def stop(proc):
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-
-
 # -- a client process ---------------------------------------------------------------------------
 def client_main(address, model, feed, fetch, threads, start, seconds, results):
     """`threads` devices in closed loops from `start` for `seconds`: their latencies."""
@@ -193,7 +184,7 @@ def main(argv=None):
                         log(f"{kind:9s} {row['model']:22s} {devices:4d} devices: {rate:7.1f} req/s  p50 "
                             f"{p50 * 1e3:8.1f} ms  p99 {p99 * 1e3:8.1f} ms  errors {errors}")
             finally:
-                stop(proc)
+                harness.stop(proc, 60)
     print_table(rows, servers)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))

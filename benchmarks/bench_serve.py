@@ -154,16 +154,6 @@ def start_server(model_dir, max_workers, blas_threads, logfile):
     raise RuntimeError(f"edgeflow serve did not start: {pathlib.Path(logfile.name).read_text()[-2000:]}")
 
 
-def stop(proc):
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
 def percentile(v, q):
     return float(np.percentile(np.asarray(v), q)) if len(v) else float("nan")
 
@@ -291,7 +281,7 @@ def main(argv=None):
         for p in workers:
             p.join(5)
         for proc, _ in servers.values():
-            stop(proc)
+            harness.stop(proc)
         shutil.rmtree(work, ignore_errors=True)
     return 0
 

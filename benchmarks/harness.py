@@ -8,6 +8,7 @@ import time, everything else where it is used.
 import os
 import pathlib
 import statistics
+import subprocess
 import sys
 import time
 
@@ -135,6 +136,17 @@ def edgeflow_cmd():
     """The `edgeflow` command of this interpreter's environment."""
     exe = pathlib.Path(sys.executable).with_name("edgeflow")
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "edgeflow.cli"]
+
+
+def stop(proc, wait_s=10):
+    """End a server process: SIGTERM, then SIGKILL if it is still there after `wait_s`."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
 
 
 def blas_env(threads=1):
