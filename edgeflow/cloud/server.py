@@ -495,9 +495,9 @@ class Server:
         if self._blas is not None:
             self._blas.restore_original_limits()
             self._blas = None
-        self.backend.close()  # training state: checkpoint, to resume from
-        if self.parameter_server is not None:  # its variables, slots and devices' steps
+        if self.parameter_server is not None:  # its variables, slots and devices' steps (before Ray goes)
             self.parameter_server.checkpoint()
+        self.backend.close()  # training state: checkpoint, to resume from
 
     def __enter__(self):
         self.start()
@@ -627,6 +627,12 @@ def serve(args):
     if client_ca and not tls:
         raise EdgeflowError("--tls-client-ca needs --tls-cert and --tls-key")
     client_ca = _read_file(client_ca, "--tls-client-ca") if client_ca else None
+    ray_backend = _ray_backend(args, args.state_dir, args.checkpoint_every,
+                               getattr(args, "max_devices", None) or DEFAULT_MAX_DEVICES,
+                               getattr(args, "threads", None))
+    ps_shards = getattr(args, "ps_shards", None)
+    if ps_shards and not (ray_backend and getattr(args, "parameter_server", None)):
+        raise EdgeflowError("--ps-shards needs --ray and --parameter-server")
     parameter_server = None
     if getattr(args, "parameter_server", None):
         from .ps.service import ParameterService
@@ -635,12 +641,15 @@ def serve(args):
         if not trainable:
             raise EdgeflowError(f"--parameter-server: no trainable package (a 'train' signature) in "
                                 f"{args.model_dir}")
+        if ray_backend is not None:  # the shards are Ray actors: connect before they are made
+            ray_backend.connect()
         parameter_server = ParameterService(
             trainable, mode=args.parameter_server, replicas=_aggregate(args),
             checkpoint_dir=os.path.join(args.state_dir, "ps") if args.state_dir else None,
-            checkpoint_every=args.checkpoint_every, max_devices=getattr(args, "max_devices", None) or 4096)
-        _log.info("parameter server (%s, %d devices per step) for %s", args.parameter_server, _aggregate(args),
-                  sorted(trainable))
+            checkpoint_every=args.checkpoint_every, max_devices=getattr(args, "max_devices", None) or 4096,
+            ray_shards=(ps_shards or 1) if ray_backend is not None else None)
+        _log.info("parameter server (%s, %d devices per step) for %s%s", args.parameter_server, _aggregate(args),
+                  sorted(trainable), f", on {ps_shards or 1} Ray shard(s) each" if ray_backend is not None else "")
     batching, cache_entries = _batching(args)
     server = Server(args.model_dir, host=args.host, port=args.port, token=token, tls=tls,
                     max_workers=args.max_workers, max_request_bytes=int(args.max_request_mb * (1 << 20)),
@@ -649,9 +658,7 @@ def serve(args):
                     tls_client_ca=client_ca, max_devices=getattr(args, "max_devices", None) or DEFAULT_MAX_DEVICES,
                     memory_budget_bytes=_mib(budget_mb), model_memory_bytes=_mib(model_mb),
                     memory_wait_s=wait_s, metrics=metrics, batching=batching, cache_entries=cache_entries,
-                    ray=_ray_backend(args, args.state_dir, args.checkpoint_every,
-                                     getattr(args, "max_devices", None) or DEFAULT_MAX_DEVICES,
-                                     getattr(args, "threads", None)))
+                    ray=ray_backend)
     _return_freed_memory()
     if batching:
         _log.info("adaptive batching on: batches within %g ms, at most %d rows, waiting up to %g ms",

@@ -48,3 +48,11 @@ def test_serve_and_train_with_a_parameter_server(tmp_path, mode):
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
     assert any((tmp_path / "state" / "ps").iterdir())  # checkpointed on shutdown
+
+
+@pytest.mark.parametrize("flags", [["--parameter-server", "sync", "--ps-shards", "2"],
+                                   ["--ray", "--ps-shards", "2"]])
+def test_ps_shards_needs_ray_and_a_parameter_server(tmp_path, flags):
+    r = subprocess.run([sys.executable, "-m", "edgeflow.cli", "serve", "--model-dir", str(tmp_path), *flags],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--ps-shards needs --ray and --parameter-server" in r.stderr, r.stderr

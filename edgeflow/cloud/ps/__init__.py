@@ -47,16 +47,20 @@ statistics, say) run on each device, on its own copy.
 
 Modules: roles.py (what a trainable package says about its training), state.py (a
 model's hosted state, aggregation and the exactly-once table: no gRPC), service.py (the
-gRPC service), client.py (`ParameterClient`), device.py (the device loops of every mode).
-Serve it with `Server(parameter_server=ParameterService(...))`, or
-`edgeflow serve --model-dir DIR --parameter-server sync --aggregate 3 --state-dir state/`.
+gRPC service), client.py (`ParameterClient`), device.py (the device loops of every mode),
+shards.py (which shard holds which variable) and sharded.py (the variables sharded over
+Ray actors, `ParameterService(..., ray_shards=N)`: the guarantees above hold per shard and
+for the model; see its docstring for why). Serve it with
+`Server(parameter_server=ParameterService(...))`, or
+`edgeflow serve --model-dir DIR --parameter-server sync --aggregate 3 --state-dir state/`
+(add `--ray [ADDRESS] --ps-shards N` to shard it over a Ray cluster).
 """
 
 _EXPORTS = {"TrainingRoles": "roles", "HostedParameters": "state", "Settings": "state",
             "package_sha256": "state", "ParameterService": "service", "SERVICE": "service",
             "ParameterClient": "client", "Pulled": "client", "Pushed": "client",
             "train": "device", "train_sync": "device", "train_async": "device", "train_fedavg": "device",
-            "steps_per_epoch": "device"}
+            "steps_per_epoch": "device", "ShardedParameters": "sharded"}
 
 
 def __getattr__(name):

@@ -1,5 +1,8 @@
 """The parameter server's gRPC service (edgeflow.ps.v1.ParameterServer, ps.proto): checks
-each request and answers it from the models' HostedParameters (edgeflow.cloud.ps.state).
+each request and answers it from the models' HostedParameters (edgeflow.cloud.ps.state),
+or, with `ray_shards`, their ShardedParameters (the variables on Ray actors: sharded.py),
+through the same narrow interface (id, sha256, mode, replicas, names, specs, expect,
+check_names, push, pull, status, checkpoint).
 
 Serve it with `Server(parameter_server=ParameterService(...))`, or
 `edgeflow serve --model-dir DIR --parameter-server sync|async|fedavg`.
@@ -12,23 +15,23 @@ with one shared token (or none) the device ids pushes name are trusted as sent.
 import logging
 import os
 import pathlib
-import time
 
 import grpc
 import numpy as np
 
-from ... import dtypes
 from ...errors import EdgeflowError, GraphError, InvalidInputError
 from .. import ps_pb2 as pb
 from .. import ps_pb2_grpc as pb_grpc
 from .. import wire
+from ..backends import Unavailable
 from ..identity import ANONYMOUS, Authenticator, Refused, RateLimitedLog
 from ..steps import TooManyDevices
-from .state import HostedParameters, Settings
+from .state import RESULTS, HostedParameters, Settings
 
 SERVICE = pb.DESCRIPTOR.services_by_name["ParameterServer"].full_name  # "edgeflow.ps.v1.ParameterServer"
 PB_MODES = {"sync": pb.MODE_SYNC, "async": pb.MODE_ASYNC, "fedavg": pb.MODE_FEDAVG}
 MODE_NAMES = {v: k for k, v in PB_MODES.items()}
+_RESULT_CODES = {v: k for k, v in RESULTS.items()}
 MAX_WAIT_S = 30.0  # the longest a Pull waits for the version to change
 DEFAULT_MAX_REQUEST_BYTES = 256 << 20
 _log = logging.getLogger("edgeflow.cloud.ps")
@@ -50,16 +53,20 @@ class ParameterService(pb_grpc.ParameterServerServicer):
     checkpoint to it every `checkpoint_every` applied updates and on `checkpoint()`.
     `max_staleness` (async): drop gradients computed more than this many versions ago.
     `max_devices`: devices each model keeps the last step of (a new one beyond them:
-    RESOURCE_EXHAUSTED).
+    RESOURCE_EXHAUSTED). `ray_shards`: an int N >= 1 shards each model's variables over N
+    Ray actors (sharded.py; this process must be connected to Ray, the checkpoint_dir
+    reachable from every node); None keeps them in this process.
     """
 
     def __init__(self, models, mode="async", replicas=1, variables="cloud", checkpoint_dir=None,
                  checkpoint_every=100, max_staleness=None, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES,
-                 max_devices=4096):
+                 max_devices=4096, ray_shards=None):
         self.settings = Settings(mode, replicas, variables, checkpoint_dir, checkpoint_every, max_staleness,
                                  max_devices=max_devices)
         if not models:
             raise InvalidInputError("ParameterService: give models={id: path or package bytes}")
+        if ray_shards is not None and not (isinstance(ray_shards, int) and ray_shards >= 1):
+            raise InvalidInputError(f"ray_shards: expected None or an int >= 1, got {ray_shards!r}")
         self.max_request_bytes = max_request_bytes
         self.auth = Authenticator()  # who calls: the Server's, once added to one
         if checkpoint_dir:
@@ -74,7 +81,11 @@ class ParameterService(pb_grpc.ParameterServerServicer):
                 except OSError as e:
                     raise EdgeflowError(f"model {model_id!r}: cannot read {str(source)!r} "
                                         f"({e.strerror})") from None
-            self.models[model_id] = HostedParameters(model_id, data, where, self.settings)
+            if ray_shards is None:
+                self.models[model_id] = HostedParameters(model_id, data, where, self.settings)
+            else:
+                from .sharded import ShardedParameters
+                self.models[model_id] = ShardedParameters(model_id, data, where, self.settings, ray_shards)
 
     def add_to_server(self, server, health=None, auth=None):
         """Register on a grpc.Server (before it starts); mark the service SERVING on `health`.
@@ -98,21 +109,17 @@ class ParameterService(pb_grpc.ParameterServerServicer):
     # -- RPCs ------------------------------------------------------------------------
     def Status(self, request, context):
         try:
-            hosted = self._model(request.model_id, "", self.auth.identify(context))
-        except (_Reject, Refused) as e:
-            context.abort(e.code, str(e))
-        with hosted.cond:
-            return pb.StatusReply(
-                model_id=hosted.id, model_sha256=hosted.sha256, mode=PB_MODES[hosted.mode],
-                replicas=hosted.replicas, version=hosted.version, incarnation=self.settings.incarnation,
-                updates_applied=hosted.updates, checkpoint_version=hosted.checkpoint_version,
-                variables=[pb.VariableInfo(name=n, dtype=dtypes.name(d), shape=s, trainable=n in hosted.names)
-                           for n, (d, s) in hosted.specs.items()],
-                devices=[pb.DeviceInfo(device_id=d, last_step_id=r["last"], applied=r["applied"],
-                                       last_result=r["reply"]["result"] if r["reply"] else 0)
-                         for d, r in sorted(hosted.devices.items())],
-                pending_devices=sorted(hosted.pending), duplicates=hosted.duplicates,
-                dropped=hosted.dropped)
+            s = self._model(request.model_id, "", self.auth.identify(context)).status()
+        except Exception as e:
+            self._abort(context, "Status", e)
+        return pb.StatusReply(
+            model_id=s["model_id"], model_sha256=s["model_sha256"], mode=PB_MODES[s["mode"]],
+            replicas=s["replicas"], version=s["version"], incarnation=s["incarnation"],
+            updates_applied=s["updates_applied"], checkpoint_version=s["checkpoint_version"],
+            variables=[pb.VariableInfo(name=n, **v) for n, v in s["variables"].items()],
+            devices=[pb.DeviceInfo(device_id=d, last_step_id=r["last_step_id"], applied=r["applied"],
+                                   last_result=_RESULT_CODES[r["last_result"]]) for d, r in s["devices"].items()],
+            pending_devices=s["pending_devices"], duplicates=s["duplicates"], dropped=s["dropped"])
 
     def Pull(self, request, context):
         try:
@@ -128,26 +135,12 @@ class ParameterService(pb_grpc.ParameterServerServicer):
                 raise InvalidInputError(f"pull: expected 0 <= wait_seconds <= {MAX_WAIT_S}, "
                                         f"got {request.wait_seconds}")
             device = identity.device_for(request.device_id, required=False)
-        except (_Reject, Refused, InvalidInputError) as e:
+            header, values = hosted.pull(names, request.wait_while_version, request.incarnation,
+                                         request.wait_seconds, device, context.is_active)
+        except Exception as e:
             self._abort(context, "Pull", e)
-        with hosted.cond:
-            deadline = time.monotonic() + request.wait_seconds
-
-            def unchanged():
-                return (hosted.version == request.wait_while_version
-                        and self.settings.incarnation == request.incarnation)
-            while request.wait_seconds > 0 and unchanged() and context.is_active():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                hosted.cond.wait(min(left, 1.0))
-            changed = not (request.wait_seconds > 0 and unchanged())
-            header = pb.PullHeader(version=hosted.version, incarnation=self.settings.incarnation,
-                                   mode=PB_MODES[hosted.mode], replicas=hosted.replicas,
-                                   last_step_id=hosted.last_step(device), changed=changed)
-            values = hosted.values(names) if changed else {}
-        yield pb.PullReply(header=header)
-        for name in names if changed else ():
+        yield pb.PullReply(header=pb.PullHeader(**{**header, "mode": PB_MODES[header["mode"]]}))
+        for name in names if header["changed"] else ():
             for chunk in wire.chunks(name, values[name], encoding=request.encoding):
                 yield pb.PullReply(chunk=chunk)
 
@@ -228,6 +221,8 @@ class ParameterService(pb_grpc.ParameterServerServicer):
     def _abort(self, context, method, e):
         if isinstance(e, (_Reject, Refused)):
             code, message = e.code, str(e)
+        elif isinstance(e, Unavailable):  # a shard actor died (sharded.py): the device retries
+            code, message = grpc.StatusCode.UNAVAILABLE, str(e)
         elif isinstance(e, (wire.PayloadTooLarge, TooManyDevices)):
             code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)
         elif isinstance(e, (InvalidInputError, GraphError)):

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import threading
+import time
 import uuid
 import zipfile
 
@@ -75,15 +76,28 @@ def _reply(result, version, last, incarnation, reason="", staleness=0, duplicate
 
 class HostedParameters:
     """One trainable model on the server: its interpreter (the variables and slots), the
-    devices' table, the pending contributions of the current step, counters. Thread-safe."""
+    devices' table, the pending contributions of the current step, counters. Thread-safe.
 
-    def __init__(self, model_id, data, source, settings):
+    `names`: serve only these of the served variables (a shard's, see sharded.py), with
+    their slots and updates; `shard` = (k, n) names its checkpoint file
+    `<model>.shard<k>-of-<n>.ps.npz`. `checkpoint_pending`: checkpoint after every push that
+    is not a duplicate (a pending contribution, a drop), under the lock, so that no reply
+    or pull ever tells of state that is not on disk (a restarted shard has all it told).
+    """
+
+    def __init__(self, model_id, data, source, settings, names=None, checkpoint_pending=False, shard=None):
         self.id, self.source, self.settings = model_id, source, settings
         self.sha256 = package_sha256(data)
         self.interp = Interpreter(data)
         self.roles = TrainingRoles(self.interp.model)
         self.mode, self.replicas = settings.mode, settings.replicas
         self.names = self.roles.served(settings.variables)  # trainable, served
+        if names is not None:
+            unknown = sorted(set(names) - set(self.names))
+            if unknown:
+                raise InvalidInputError(f"model {model_id!r} serves no variable {unknown}; it serves {self.names}")
+            self.names = [n for n in self.names if n in set(names)]
+        self.checkpoint_pending = checkpoint_pending
         self.slots = [] if self.mode == "fedavg" else self.roles.slots_of(self.names)
         if self.mode != "fedavg":
             self.roles.check_update_closed(self.names)
@@ -104,6 +118,8 @@ class HostedParameters:
             safe = re.sub(r"[^A-Za-z0-9_.-]", "_", model_id)
             if safe != model_id:
                 safe += "-" + hashlib.sha256(model_id.encode()).hexdigest()[:8]
+            if shard is not None:
+                safe += ".shard{}-of-{}".format(*shard)
             self.path = os.path.join(settings.checkpoint_dir, f"{safe}.ps.npz")
             if os.path.exists(self.path):
                 self._restore()
@@ -156,10 +172,13 @@ class HostedParameters:
                 reply = self._push_async(device, step_id, version, last, arrays)
             else:
                 reply = self._push_step(device, step_id, version, last, count, arrays)
-            self.cond.notify_all()
-            if reply["result"] == RESULT_APPLIED and self.path and \
-                    self.updates % self.settings.checkpoint_every == 0:
+            if self.path and (self.checkpoint_pending or (reply["result"] == RESULT_APPLIED and
+                                                          self.updates % self.settings.checkpoint_every == 0)):
                 snapshot = self._snapshot()
+                if self.checkpoint_pending:  # on disk before a reply or a pull tells of it
+                    self._write(snapshot)
+                    snapshot = None
+            self.cond.notify_all()
         if snapshot is not None:
             self._write(snapshot)
         return reply
@@ -296,6 +315,24 @@ class HostedParameters:
         _log.info("%s: resumed from %s at version %d (%d updates applied, %d devices)", self.id, path,
                   self.version, self.updates, len(self.devices))
 
+    def pull(self, names, wait_while_version=0, incarnation="", wait_seconds=0.0, device="", is_active=None):
+        """A Pull's (header, {name: array}): with `wait_seconds` > 0, first wait (while
+        `is_active()`) as long as the version is `wait_while_version` and the incarnation
+        `incarnation`; if nothing changed, `changed` is False and no values come."""
+        with self.cond:
+            deadline = time.monotonic() + wait_seconds
+
+            def unchanged():
+                return self.version == wait_while_version and self.settings.incarnation == incarnation
+            while wait_seconds > 0 and unchanged() and (is_active is None or is_active()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.cond.wait(min(left, 1.0))
+            changed = not (wait_seconds > 0 and unchanged())
+            header = {"version": self.version, "incarnation": self.settings.incarnation, "mode": self.mode,
+                      "replicas": self.replicas, "last_step_id": self.last_step(device), "changed": changed}
+            return header, self.values(names) if changed else {}
 
     def status(self):
         """The model's state as a dict: what the Status RPC answers."""
