@@ -1,4 +1,5 @@
 """A small model directory, an in-process server on loopback, and a self-signed certificate."""
+import contextlib
 import datetime
 import ipaddress
 
@@ -89,3 +90,25 @@ def self_signed():
 @pytest.fixture(scope="package")
 def certificate():
     return self_signed()
+
+
+@contextlib.contextmanager
+def ray_cluster(nodes):
+    """A local Ray cluster (ray.cluster_utils.Cluster) of `nodes` nodes of one CPU each,
+    this process connected to it in edgeflow's namespace; all of it shut down after."""
+    import ray
+    from ray import serve
+    from ray.cluster_utils import Cluster
+    from edgeflow.cloud.replicas import NAMESPACE
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    for _ in range(nodes - 1):
+        cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
+    try:
+        yield cluster
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        cluster.shutdown()
+

@@ -12,7 +12,6 @@ import time
 import numpy as np
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 
 import edgeflow as ef
 from edgeflow import training_loop
@@ -23,7 +22,7 @@ from edgeflow.errors import RemoteError
 from edgeflow.format import reader, writer
 from edgeflow.splitter import partition
 
-from .conftest import build_model, reference
+from .conftest import build_model, ray_cluster, reference
 from .test_serve_cli import Lines, edgeflow
 from .test_split_inference import DATA, feeds_for
 from .test_split_training import assert_as_if_never_stopped, digits, split
@@ -33,18 +32,8 @@ pytestmark = pytest.mark.slow  # a Ray cluster starts in ~10 s; CI runs these
 
 @pytest.fixture(scope="module")
 def cluster():
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    for _ in range(2):
-        cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
-    try:
+    with ray_cluster(3) as cluster:
         yield cluster
-    finally:
-        from ray import serve
-        serve.shutdown()
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def replica_infos(model, n=40):
