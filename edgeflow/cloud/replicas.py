@@ -36,6 +36,9 @@ from .metrics import NO_METRICS
 from .steps import state_name
 
 NAMESPACE = "edgeflow"
+# ray.exceptions that say the replica or its node is gone or did not answer in time (not
+# every Ray version has all of them).
+_LOST = ("RayActorError", "WorkerCrashedError", "ObjectLostError", "GetTimeoutError", "NodeDiedError")
 _log = logging.getLogger("edgeflow.cloud")
 
 
@@ -258,9 +261,8 @@ class RayBackend:
         retried `retries` times, then Unavailable."""
         import ray.exceptions as rx
         from ray.serve import exceptions as sx
-        lost = (rx.RayActorError, rx.WorkerCrashedError, rx.ObjectLostError, rx.GetTimeoutError,
-                rx.NodeDiedError if hasattr(rx, "NodeDiedError") else rx.RayActorError,
-                sx.BackPressureError, sx.DeploymentUnavailableError, sx.RequestCancelledError, TimeoutError)
+        lost = tuple(getattr(rx, name) for name in _LOST if hasattr(rx, name)) + (
+            sx.BackPressureError, sx.DeploymentUnavailableError, sx.RequestCancelledError, TimeoutError)
         for attempt in range(retries + 1):
             try:
                 return call()
