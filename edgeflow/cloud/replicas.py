@@ -210,6 +210,8 @@ class RayBackend:
             "target_ongoing_requests": self.target_ongoing})
         deployment = serve.deployment(ModelReplica, name="model", max_ongoing_requests=self.max_ongoing,
                                       ray_actor_options={"num_cpus": self.replica_cpus}, **scale)
+        if batching:  # a batch per CPU the replica has, not per core of its node
+            batching = {**batching, "concurrency": max(1, round(self.replica_cpus))}
         app = deployment.bind(package, model_id, batching, self.threads, self.max_ongoing)
         # serve.run waits for every replica to start, forever if the cluster cannot place them.
         failed = []
