@@ -141,14 +141,17 @@ class RayBackend:
     model, or `autoscale=(min, max)` on `target_ongoing` requests per replica.
     `replica_cpus`: the CPUs Ray reserves for each (its BLAS and interpreters use
     `threads`). `state_dir`, `checkpoint_every`, `max_devices`: the trainer actors' (see
-    steps.StepHost). `timeout_s`: how long a request waits for its replica;
+    steps.StepHost). `max_ongoing`: requests a replica takes at once (it batches them); the
+    rest wait in the front end's Serve router, which backs off and retries (at 16, 32
+    devices on MobileNetV2 got 13 requests/s, at 64 35/s). `timeout_s`: how long a
+    request waits for its replica;
     `deploy_timeout_s`: for a model's replicas to start (EdgeflowError past it: the cluster
     cannot place them).
     """
 
     def __init__(self, address=None, replicas=1, autoscale=None, replica_cpus=1.0, threads=1,
                  state_dir=None, checkpoint_every=1, max_devices=256, timeout_s=60.0, retries=2,
-                 target_ongoing=4, max_ongoing=16, init_options=None, deploy_timeout_s=120.0):
+                 target_ongoing=4, max_ongoing=64, init_options=None, deploy_timeout_s=120.0):
         if replicas < 1 or (autoscale and not 0 <= autoscale[0] <= autoscale[1] >= 1):
             raise EdgeflowError(f"expected replicas >= 1 and autoscale bounds 0 <= min <= max (max >= 1), got "
                                 f"{replicas} and {autoscale}")
