@@ -125,7 +125,7 @@ def add_parser(verbs):
 
 def cmd_serve(args):
     try:
-        from ..cloud.server import serve
+        from ..cloud.serve_command import serve
     except ImportError as e:
         raise EdgeflowError(f"edgeflow serve needs the 'cloud' extra: pip install 'edgeflow[cloud]' ({e})")
     serve(args)
