@@ -32,7 +32,7 @@ import threading
 from ..errors import EdgeflowError
 from .backends import Local, Unavailable
 from .budget import Reservation
-from .metrics import NO_METRICS
+from .metrics import NO_METRICS, Metrics
 from .steps import state_name
 
 NAMESPACE = "edgeflow"
@@ -79,6 +79,27 @@ def _hosted(package, model_id):
     return hosted, hosted[model_id]
 
 
+class _Batches(Metrics):
+    """What a replica's batching reports, kept until the next answer carries it to the front
+    end's metrics."""
+
+    def __init__(self):
+        self.sizes, self.depth, self._lock = [], 0, threading.Lock()
+
+    def batch(self, model, size):
+        with self._lock:
+            self.sizes.append(size)
+
+    def queue(self, model, depth):
+        self.depth = depth
+
+    def take(self):
+        """(the batch sizes since the last take, the queue depth now)."""
+        with self._lock:
+            sizes, self.sizes = self.sizes, []
+        return sizes, self.depth
+
+
 class ModelReplica:
     """One replica of a model version (a Serve deployment's class): runs requests on the
     model's interpreters in a thread pool, batched when `batching` is given."""
@@ -93,18 +114,20 @@ class ModelReplica:
             pass
         hosted, self.model = _hosted(package, model_id)
         self.backend = Local(hosted)
+        self.stats = _Batches()
         if batching:
             from .batching import Batching
-            self.backend = Batching(self.backend, **batching)
+            self.backend = Batching(self.backend, metrics=self.stats, **batching)
         self.pool = ThreadPoolExecutor(concurrency, thread_name_prefix="edgeflow-replica")
         self.name = serve.get_replica_context().replica_id.to_full_id_str()
 
     async def run(self, fetches, feeds, encoding=""):
-        """({name: array} of `fetches`, this replica's name, its resident bytes)."""
+        """({name: array} of `fetches`, this replica's name, its resident bytes, the sizes
+        of the batches it ran since its last answer and the requests waiting now)."""
         outputs = await asyncio.get_running_loop().run_in_executor(
             self.pool, lambda: self.backend.run(self.model, fetches, feeds, Reservation(None, self.model.id),
                                                 encoding))
-        return outputs, self.name, _rss_bytes()
+        return outputs, self.name, _rss_bytes(), *self.stats.take()
 
     def info(self):
         import ray
@@ -241,10 +264,13 @@ class RayBackend:
             self.metrics.replica_memory(app_name(model), rss)
             return outputs
         handle = self._handles[key]
-        outputs, replica, rss = self._call(
+        outputs, replica, rss, batches, depth = self._call(
             lambda: handle.run.remote(fetches, feeds, encoding).result(timeout_s=self.timeout_s), model,
             self.retries)
         self.metrics.replica_memory(replica, rss)
+        for size in batches:
+            self.metrics.batch(model.id, size)
+        self.metrics.queue(model.id, depth)
         return outputs
 
     def round(self, model, device_id, step, feeds, fetches):

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ import ray
 import edgeflow as ef
 from edgeflow import training_loop
 from edgeflow.cloud import Client, CloudDelegate, Server
+from edgeflow.cloud.metrics import Metrics
 from edgeflow.cloud.replicas import NAMESPACE, RayBackend, app_name
 from edgeflow.converters import onnx as onnx_converter
 from edgeflow.errors import RemoteError
@@ -34,6 +36,14 @@ pytestmark = pytest.mark.slow  # a Ray cluster starts in ~10 s; CI runs these
 def cluster():
     with ray_cluster(3) as cluster:
         yield cluster
+
+
+def undeploy(frontend):
+    """Delete the Serve applications of `frontend`'s models: front ends leave them running
+    for each other, and the next test needs the cluster's CPUs."""
+    from ray import serve
+    for model in frontend.models.all():
+        serve.delete(app_name(model))
 
 
 def replica_infos(model, n=40):
@@ -84,6 +94,7 @@ def test_split_inference_through_two_front_ends_equals_local(cluster, split_mobi
         other.send_signal(signal.SIGTERM)
         other.wait(timeout=60)
         frontend.stop()
+        undeploy(frontend)
 
 
 def test_a_killed_replica_answers_every_request_rightly_or_unavailable(cluster, tmp_path):
@@ -141,6 +152,7 @@ def test_a_killed_replica_answers_every_request_rightly_or_unavailable(cluster, 
         for t in threads:
             t.join(timeout=120)
         frontend.stop()
+        undeploy(frontend)
     assert not wrong, wrong[:5]
     assert counts["after_kill"] > 0 and victim["replica"] not in now and len(now) == 2, (counts, now)
 
@@ -175,3 +187,42 @@ def test_split_training_with_the_trainer_actor_killed_loses_and_doubles_no_step(
         frontend.stop()  # the trainer checkpoints
         ray.kill(ray.get_actor(app_name(model), namespace=NAMESPACE), no_restart=True)
     assert_as_if_never_stopped(tmp_path, state / "cnn-cloud", "k", device, data)
+
+
+class Recorder(Metrics):
+    def __init__(self):
+        self.batches, self.memory = [], {}
+
+    def batch(self, model, size):
+        self.batches.append(size)
+
+    def replica_memory(self, replica, nbytes):
+        self.memory[replica] = nbytes
+
+
+def test_replicas_batch_and_report_to_the_front_ends_metrics(cluster, tmp_path):
+    """Sixteen devices at once through a front end whose replica batches: each answer is its
+    own (numpy), and every request is counted in one batch the front end's metrics heard of."""
+    model_dir = tmp_path / "models"
+    model_dir.mkdir()
+    model = build_model()
+    model.metadata = {"edgeflow.model_id": b"batched"}
+    writer.write(model, model_dir / "batched.efl")
+    metrics = Recorder()
+    frontend = Server(model_dir, ray=RayBackend(cluster.address, replica_cpus=0.5), max_workers=16, metrics=metrics,
+                      batching=dict(slo_ms=1000, max_batch=8, max_wait_ms=20))
+    xs = [np.random.default_rng(k).standard_normal((1 + k % 3, 4)).astype(np.float32) for k in range(16)]
+
+    def device(x):
+        with Client(frontend.address, timeout=60) as client:
+            return client.run("batched", {"x": x}, ["y", "double"])
+    with frontend:
+        try:
+            with ThreadPoolExecutor(16) as pool:
+                answers = list(pool.map(device, xs))
+        finally:
+            undeploy(frontend)
+    for x, out in zip(xs, answers):
+        np.testing.assert_array_equal(out["double"], x * 2)
+        np.testing.assert_allclose(out["y"], reference(x)["y"], rtol=1e-6)
+    assert sum(metrics.batches) == 16 and len(metrics.memory) == 1 and min(metrics.memory.values()) > 0
