@@ -201,16 +201,17 @@ class Recorder(Metrics):
 
 
 def test_replicas_batch_and_report_to_the_front_ends_metrics(cluster, tmp_path):
-    """Sixteen devices at once through a front end whose replica batches: each answer is its
-    own (numpy), and every request is counted in one batch the front end's metrics heard of."""
+    """Sixteen devices at once through a front end whose replicas (autoscaled between 1 and 2)
+    batch: each answer is its own (numpy), and every request is counted in one batch the
+    front end's metrics heard of."""
     model_dir = tmp_path / "models"
     model_dir.mkdir()
     model = build_model()
     model.metadata = {"edgeflow.model_id": b"batched"}
     writer.write(model, model_dir / "batched.efl")
     metrics = Recorder()
-    frontend = Server(model_dir, ray=RayBackend(cluster.address, replica_cpus=0.5), max_workers=16, metrics=metrics,
-                      batching=dict(slo_ms=1000, max_batch=8, max_wait_ms=20))
+    frontend = Server(model_dir, ray=RayBackend(cluster.address, autoscale=(1, 2), replica_cpus=0.5), max_workers=16,
+                      metrics=metrics, batching=dict(slo_ms=1000, max_batch=8, max_wait_ms=20))
     xs = [np.random.default_rng(k).standard_normal((1 + k % 3, 4)).astype(np.float32) for k in range(16)]
 
     def device(x):
@@ -225,4 +226,4 @@ def test_replicas_batch_and_report_to_the_front_ends_metrics(cluster, tmp_path):
     for x, out in zip(xs, answers):
         np.testing.assert_array_equal(out["double"], x * 2)
         np.testing.assert_allclose(out["y"], reference(x)["y"], rtol=1e-6)
-    assert sum(metrics.batches) == 16 and len(metrics.memory) == 1 and min(metrics.memory.values()) > 0
+    assert sum(metrics.batches) == 16 and 1 <= len(metrics.memory) <= 2 and min(metrics.memory.values()) > 0
