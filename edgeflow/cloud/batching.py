@@ -76,10 +76,9 @@ import numpy as np
 from ..errors import EdgeflowError, GraphError, InvalidInputError
 from .budget import Reservation
 from .metrics import NO_METRICS
+from .wire import encode_copies
 
 _MAX_KEYS = 4096  # batch keys remembered (their controllers); idle ones are forgotten beyond
-# What the server's encoding of a reply holds per output byte, as models.HostedModel.run reserves it.
-_ENCODE_COPIES = {"": 1, "fp16": 2, "int8": 4}
 
 
 def bucket(rows, max_batch):
@@ -290,7 +289,7 @@ class Batching:
             for r, lo, hi in zip(batch, bounds, bounds[1:]):
                 r.outputs = {n: a[lo:hi].copy() for n, a in outputs.items()}
                 if r.reservation is not None:
-                    r.reservation.force(sum(a.nbytes for a in r.outputs.values()) * _ENCODE_COPIES.get(encoding, 4))
+                    r.reservation.force(sum(a.nbytes for a in r.outputs.values()) * encode_copies(encoding))
         return True
 
     def _alone(self, model, fetches, encoding, batch):

@@ -19,8 +19,8 @@ import numpy as np
 
 from ..errors import EdgeflowError
 from .metrics import NO_METRICS
+from .wire import encode_copies
 
-_ENCODE_COPIES = {"": 1, "fp16": 2, "int8": 4}  # as models.HostedModel.run reserves outputs
 
 
 def feeds_digest(feeds):
@@ -56,7 +56,7 @@ class Cached:
         self.metrics.cache(model.id, stored is not None)
         if stored is not None:
             if reservation is not None:
-                reservation.add(sum(a.nbytes for a in stored.values()) * _ENCODE_COPIES.get(encoding, 4),
+                reservation.add(sum(a.nbytes for a in stored.values()) * encode_copies(encoding),
                                 f"model {model.id!r}: a cached reply")
             return {name: a.copy() for name, a in stored.items()}
         outputs = self.inner.run(model, fetches, feeds, reservation, encoding)

@@ -30,6 +30,7 @@ from ..format import metadata, reader
 from ..interp import Interpreter
 from ..interp.interpreter import check_shape, release, working_bytes
 from .budget import OverBudget
+from .wire import encode_copies
 from ..ops.dims import fmt
 
 _log = logging.getLogger("edgeflow.cloud")
@@ -161,7 +162,7 @@ class HostedModel:
         """{name: array} of `fetches` from `feeds`, with the plan's working bytes and the
         outputs (and their encoded copies) reserved in `reservation` (a budget.Reservation)
         before anything runs; the arena's share is given back once the outputs are copied."""
-        copies = {"": 1, "fp16": 2, "int8": 4}.get(encoding, 4)  # encode(): temporaries per output byte
+        copies = encode_copies(encoding)
 
         @contextlib.contextmanager
         def reserve(plan, outs):

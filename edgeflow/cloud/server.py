@@ -118,7 +118,7 @@ class _Servicer(pb_grpc.EdgeflowServicer):
             if header.HasField("step"):  # a round of a split training step
                 outputs = self.backend.round(model, identity.device_for(header.step.device_id), header.step,
                                              feeds, list(header.fetches))
-                held[0].force(sum(a.nbytes for a in outputs.values()) * _ENCODE_COPIES[header.encoding])
+                held[0].force(sum(a.nbytes for a in outputs.values()) * wire.encode_copies(header.encoding))
             else:
                 outputs = self.backend.run(model, list(header.fetches), feeds, held[0], header.encoding)
             feeds = None  # copied into the plan: what they held is free
@@ -228,7 +228,6 @@ class _Servicer(pb_grpc.EdgeflowServicer):
 # What gRPC and protobuf hold for one request while it streams, besides its tensors: a
 # chunk as received, parsed and copied, and a reply chunk as sliced, serialized and sent.
 _STREAM_BYTES = 8 * wire.CHUNK_BYTES
-_ENCODE_COPIES = {"": 1, "fp16": 2, "int8": 4}  # wire.encode's temporaries per output byte
 _DECODE_COPIES = {"": 1, "fp16": 1.5, "int8": 2.25}  # a feed's buffer and decoding, per decoded byte
 
 
