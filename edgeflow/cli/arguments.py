@@ -1,6 +1,7 @@
 """Arguments several verbs share: inputs from .npy files, --accel, --cloud, shapes and counts."""
 import argparse
 import sys
+import zipfile
 
 import numpy as np
 
@@ -9,22 +10,43 @@ from ..errors import EdgeflowError
 
 def add_inputs_args(p):
     p.add_argument("--signature", "-s", help="signature key (default: the only one, or 'infer')")
-    p.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy",
-                   help="an input array from a .npy file; repeat for each input")
+    p.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy|FILE.npz",
+                   help="an input array from a .npy file, or every array of an .npz file (its keys "
+                        "are the input names); repeat as needed")
 
 
 def parse_inputs(items):
-    """{name: array} from NAME=FILE.npy items."""
+    """{name: array} from NAME=FILE.npy and FILE.npz items (an .npz's keys name its arrays)."""
     out = {}
     for item in items:
         name, sep, path = item.partition("=")
+        if not sep and item.endswith(".npz"):
+            out.update(_load_npz(item))
+            continue
         if not sep or not name or not path:
-            raise EdgeflowError(f"--input expects NAME=FILE.npy, got {item!r}")
+            raise EdgeflowError(f"--input expects NAME=FILE.npy or FILE.npz, got {item!r}")
         try:
             out[name] = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as e:
             raise EdgeflowError(f"--input {name}: cannot read {path!r} as .npy ({e})") from None
+        if not isinstance(out[name], np.ndarray):
+            raise EdgeflowError(f"--input {name}: {path!r} is an .npz archive; pass it as -i {path}")
     return out
+
+
+def _load_npz(path):
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise EdgeflowError(f"--input: cannot read {path!r} as .npz ({e})") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise EdgeflowError(f"--input: {path!r} holds one array, not an .npz archive; pass it as "
+                            "NAME=FILE")
+    with archive:
+        try:
+            return {k: archive[k] for k in archive.files}
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # a corrupt member
+            raise EdgeflowError(f"--input: cannot read {path!r} as .npz ({e})") from None
 
 
 def parse_shapes(items):

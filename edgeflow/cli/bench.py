@@ -8,12 +8,14 @@ from ..interp.inputs import pick_signature, random_inputs
 from . import arguments
 
 
-def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, delegates=(), threads=None):
-    """Init time, first run, steady-state statistics (us), arena bytes and the slowest ops.
+def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, delegates=(), threads=None,
+                shapes=None):
+    """Init time, first run, steady-state statistics (ms), arena bytes and the slowest ops.
 
     Steady-state runs are timed without the profiler; a separate profiled pass of the
     same length attributes time to ops, so profiling does not inflate the totals. `threads`:
-    the Interpreter's num_threads (None: numpy's BLAS decides). With
+    the Interpreter's num_threads (None: numpy's BLAS decides); `shapes` {input: shape} for
+    the random inputs not given in `inputs` (default: the declared shapes, dynamic dims 1). With
     `delegates`, also where ops run and the host<->device copies per run (a split model
     runs with an edgeflow.cloud.CloudDelegate among them).
     """
@@ -24,7 +26,7 @@ def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, de
     interp = Interpreter(path, delegates=delegates, num_threads=threads)
     init_s = time.perf_counter() - t0
     runner = pick_signature(interp, signature)
-    feed = random_inputs(runner, inputs or {})
+    feed = random_inputs(runner, inputs or {}, shapes=shapes)
 
     t0 = time.perf_counter()
     runner(**feed)
@@ -43,7 +45,7 @@ def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, de
         runner(**feed)
     interp.profiler = None
     plan = runner.last_plan
-    us = times * 1e6
+    ms = times * 1e3
     profiled_total = sum(r.total_ns for r in profiler.records.values()) or 1
     result = {
         "model": str(path),
@@ -54,16 +56,16 @@ def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, de
         "init_ms": init_s * 1e3,
         "first_run_ms": first_s * 1e3,
         "runs": runs,
-        "mean_us": float(us.mean()),
-        "std_us": float(us.std()),
-        "p50_us": float(np.percentile(us, 50)),
-        "p99_us": float(np.percentile(us, 99)),
-        "min_us": float(us.min()),
+        "mean_ms": float(ms.mean()),
+        "std_ms": float(ms.std()),
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "min_ms": float(ms.min()),
         "arena_bytes": plan.arena.nbytes,
         "top_ops": [{"op": r.index, "type": r.opcode, "output": r.output,
-                     "mean_us": r.mean_us, "percent": 100.0 * r.total_ns / profiled_total}
+                     "mean_ms": r.mean_us / 1e3, "percent": 100.0 * r.total_ns / profiled_total}
                     for r in profiler.top(top)],
-        "by_type": {op: {"calls_per_run": calls / runs, "us_per_run": ns / runs / 1e3,
+        "by_type": {op: {"calls_per_run": calls / runs, "ms_per_run": ns / runs / 1e6,
                          "percent": 100.0 * ns / profiled_total}
                     for op, (calls, ns) in sorted(profiler.by_opcode().items(),
                                                  key=lambda kv: -kv[1][1])},
@@ -75,23 +77,28 @@ def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, de
     return result
 
 
+def ms(value):
+    """A time in ms with three significant digits or more: 0.0123, 1.23, 12.3, 123."""
+    return f"{value:.{max(0, 2 - int(np.floor(np.log10(value))))}f}" if value > 0 else "0"
+
+
 def render(r):
     lines = [
         f"{r['model']} [{r['signature']}] inputs {r['input_shapes']}, {r['ops']} ops, "
         f"{'threads as numpy BLAS decides' if r['threads'] is None else str(r['threads']) + ' thread(s)'}",
-        f"  init {r['init_ms']:.2f} ms, first run {r['first_run_ms']:.2f} ms",
-        f"  {r['runs']} runs: mean {r['mean_us']:.1f} us, std {r['std_us']:.1f}, "
-        f"p50 {r['p50_us']:.1f}, p99 {r['p99_us']:.1f}, min {r['min_us']:.1f}",
+        f"  init {ms(r['init_ms'])} ms, first run {ms(r['first_run_ms'])} ms",
+        f"  {r['runs']} runs (ms): mean {ms(r['mean_ms'])}, std {ms(r['std_ms'])}, "
+        f"p50 {ms(r['p50_ms'])}, p99 {ms(r['p99_ms'])}, min {ms(r['min_ms'])}",
         f"  arena {r['arena_bytes']:,} bytes",
     ]
     if "placement" in r:
         lines.append(f"  placement: {r['placement']}; per run {r['uploads_per_run']:g} upload(s), "
                      f"{r['downloads_per_run']:g} download(s) host<->device")
-    lines.append("  top ops by time:")
-    lines += [f"    {o['percent']:5.1f}%  {o['mean_us']:9.1f} us  {o['type']:12} -> {o['output']}"
+    lines.append("  top ops by time (ms per call):")
+    lines += [f"    {o['percent']:5.1f}%  {ms(o['mean_ms']):>8}  {o['type']:12} -> {o['output']}"
               for o in r["top_ops"]]
-    lines.append("  by op type:")
-    lines += [f"    {v['percent']:5.1f}%  {v['us_per_run']:9.1f} us/run  {op} x{v['calls_per_run']:g}"
+    lines.append("  by op type (ms per run):")
+    lines += [f"    {v['percent']:5.1f}%  {ms(v['ms_per_run']):>8}  {op} x{v['calls_per_run']:g}"
               for op, v in r["by_type"].items()]
     return "\n".join(lines)
 
@@ -99,9 +106,15 @@ def render(r):
 def add_parser(verbs):
     p = verbs.add_parser("bench", help="time a model as TFLite's benchmark_model does",
                          description="Time init, first run and steady-state runs; inputs not "
-                                     "given are random, dynamic dimensions 1.")
+                                     "given are random, of --input-shape or the declared shapes "
+                                     "with dynamic dimensions 1.",
+                         epilog="example: edgeflow bench mobilenet.efl --threads 2 --input-shape "
+                                "input=8,3,224,224 --runs 20")
     p.add_argument("model", help="a .efl file")
     arguments.add_inputs_args(p)
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D1,D2,...",
+                   help="the shape of a random input (default: as declared, dynamic dims 1); repeat "
+                        "for each input")
     p.add_argument("--runs", type=arguments.positive, default=50, help="timed runs (default 50)")
     p.add_argument("--warmup", type=arguments.non_negative, default=3, help="untimed runs first (default 3)")
     p.add_argument("--top", type=arguments.positive, default=10, help="ops to list by time (default 10)")
@@ -118,5 +131,5 @@ def cmd_bench(args):
     result = bench_model(args.model, runs=args.runs, warmup=args.warmup, signature=args.signature,
                          inputs=arguments.parse_inputs(args.input), top=args.top,
                          delegates=arguments.cloud_delegates(args) + arguments.delegates(args),
-                         threads=args.threads)
+                         threads=args.threads, shapes=arguments.parse_shapes(args.input_shape))
     print(json.dumps(result, indent=2) if args.json else render(result))
