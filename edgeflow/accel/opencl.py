@@ -6,7 +6,9 @@ Kernels are `.cl` sources in edgeflow/accel/kernels/, each launched by a small P
 same shape as the numpy kernels. Programs are built once per process and cached on disk
 across processes by pyopencl.
 """
+import logging
 import os
+import warnings
 
 import numpy as np
 
@@ -14,6 +16,8 @@ from .. import dtypes, ops
 from ..errors import EdgeflowError
 from ..interp.delegate import Delegate
 from ..ops.registry import dtype_names
+
+_log = logging.getLogger(__name__)
 
 INSTALL_HINT = ("install an OpenCL runtime: pip install 'edgeflow[opencl]' brings pyopencl and PoCL "
                 "(a CPU OpenCL runtime); GPUs need their vendor's OpenCL driver")
@@ -111,8 +115,21 @@ class Runtime:
             folder = os.path.join(os.path.dirname(__file__), "kernels")
             source = "".join(_read(os.path.join(folder, f)) for f in ("common.cl", f"{name}.cl"))
             options = [f"-D{k}={v}" for k, v in sorted(defines.items())]
-            self._programs[key] = self.cl.Program(self.ctx, source).build(options=options)
+            self._programs[key] = self._build(name, source, options)
         return self._programs[key]
+
+    def _build(self, name, source, options):
+        """Build a program; the compiler's remarks (pyopencl's CompilerWarning, which PoCL
+        and some drivers raise on every build) go to the debug log, not to stderr."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", self.cl.CompilerWarning)
+            program = self.cl.Program(self.ctx, source).build(options=options)
+        for w in caught:
+            if issubclass(w.category, self.cl.CompilerWarning):
+                _log.debug("OpenCL build of %s.cl %s: %s", name, " ".join(options), w.message)
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return program
 
     def kernel(self, program, name):
         return self.cl.Kernel(program, name)

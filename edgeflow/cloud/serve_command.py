@@ -12,7 +12,7 @@ from ..errors import EdgeflowError
 from . import logs
 from .budget import DEFAULT_WAIT_S
 from .identity import Tokens
-from .metrics import PrometheusMetrics
+from .metrics import Combined, PrometheusMetrics
 from .server import DEFAULT_MAX_DEVICES, Server
 
 _log = logging.getLogger("edgeflow.cloud")
@@ -111,8 +111,9 @@ def _ray_backend(args, state_dir, checkpoint_every, max_devices, threads):
 
 def serve(args):
     """`edgeflow serve`: host the models in args.model_dir until SIGTERM or SIGINT."""
-    logs.install(getattr(args, "log_format", "text"))
+    logs.install(getattr(args, "log_format", "text"), (getattr(args, "log_level", None) or "info").upper())
     metrics = PrometheusMetrics() if getattr(args, "metrics_port", None) is not None else None
+    board = _tensorboard(getattr(args, "logdir", None))
     token = None
     if args.token_file:
         text = _read_file(args.token_file, "--token-file").decode("utf-8", "replace")
@@ -163,7 +164,8 @@ def serve(args):
                     parameter_server=parameter_server, threads=getattr(args, "threads", None),
                     tls_client_ca=client_ca, max_devices=getattr(args, "max_devices", None) or DEFAULT_MAX_DEVICES,
                     memory_budget_bytes=_mib(budget_mb), model_memory_bytes=_mib(model_mb),
-                    memory_wait_s=wait_s, metrics=metrics, batching=batching, cache_entries=cache_entries,
+                    memory_wait_s=wait_s, batching=batching, cache_entries=cache_entries,
+                    metrics=Combined(metrics, board) if metrics and board else metrics or board,
                     ray=ray_backend)
     _return_freed_memory()
     if batching:
@@ -192,6 +194,18 @@ def serve(args):
     server.stop(args.grace)
     if metrics is not None:
         metrics.close()
+    if board is not None:
+        board.close()
+
+
+def _tensorboard(logdir):
+    """The TensorBoardMetrics `--logdir` asks for (logged where), or None."""
+    if not logdir:
+        return None
+    from .tensorboard import TensorBoardMetrics
+    board = TensorBoardMetrics(logdir)
+    _log.info("TensorBoard events in %s (tensorboard --logdir %s)", logdir, logdir)
+    return board
 
 
 def _export(metrics, host, port):
