@@ -95,16 +95,20 @@ def _dtype(value_info):
 
 
 def unsupported_nodes(model):
-    """(op_type, opset, node name) of every node no handler converts, inside subgraphs too."""
+    """(op_type, opset, node name) of every node no handler converts, inside subgraphs too;
+    a custom domain's op is "domain.op_type" and its opset "domain opset N"."""
     from .context import subgraphs
     from .handlers import HANDLERS
     opset = _opset(model)
+    versions = {o.domain: o.version for o in model.opset_import}
 
     def walk(nodes):
         for n in nodes:
-            if n.domain not in ("", "ai.onnx") or n.op_type not in HANDLERS:
-                yield (n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}", opset,
+            if n.domain not in ("", "ai.onnx"):  # a custom domain: its own version, not the default's
+                yield (f"{n.domain}.{n.op_type}", f"{n.domain} opset {versions.get(n.domain, '?')}",
                        n.name or n.output[0])
+            elif n.op_type not in HANDLERS:
+                yield n.op_type, opset, n.name or n.output[0]
             for graph in subgraphs(n):
                 yield from walk(graph.node)
     return list(walk(model.graph.node))
@@ -114,7 +118,8 @@ def _raise_unsupported(found):
     by_type = {}
     for op_type, opset, name, *why in found:
         by_type.setdefault((op_type, opset, why[0] if why else ""), []).append(name)
-    lines = [f"  {op} (opset {opset}){': ' + why if why else ''}: {', '.join(names[:8])}"
+    lines = [f"  {op} ({opset if isinstance(opset, str) else f'opset {opset}'}){': ' + why if why else ''}: "
+             f"{', '.join(names[:8])}"
              + (f" and {len(names) - 8} more" if len(names) > 8 else "")
              for (op, opset, why), names in sorted(by_type.items())]
     raise UnsupportedOpError(f"{len(by_type)} unsupported op type(s) in {len(found)} node(s):\n"

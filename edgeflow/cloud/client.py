@@ -379,9 +379,19 @@ class Client:
         name = code.name if code is not None else "UNKNOWN"
         details = (e.details() if hasattr(e, "details") else None) or str(e)
         if code == grpc.StatusCode.UNAVAILABLE:
-            message = f"the server at {self.target} is unreachable ({details})"
+            message = f"the server at {self.target} is unreachable ({_reason(details)})"
         elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
             message = f"{method} on {self.target}: no answer within the {timeout:g} s deadline"
         else:
             message = f"{method} on {self.target} failed: {name}: {details}"
         return self._remote_error(name, message, details)
+
+
+def _reason(details):
+    """The cause in gRPC's UNAVAILABLE details, e.g. "Connection refused" out of "failed to
+    connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:9: Failed to connect to
+    remote host: Connection refused"; the details as they are when they have no such tail."""
+    cause = details.rpartition("last error: ")[2].rpartition(": ")[2].strip(" []") or details
+    if details.startswith(("errors resolving", "DNS resolution failed")):
+        return f"cannot resolve its host name: {cause}"
+    return cause

@@ -165,8 +165,7 @@ class CloudDelegate(Delegate):
                                   f"({e}); the device's copies are stale: try again when it is back")
                 error.code = e.code
                 raise error from None
-            _log.warning("the cloud at %s is unreachable (%s): running with the device's own values of "
-                         "the cloud's variables", self.target, e)
+            _log.warning("%s: running with the device's own values of the cloud's variables", e)
             self._pull_after = time.monotonic() + self.retry_s
 
     def exported(self, model):
@@ -364,8 +363,7 @@ class SplitRunner:
             if self._local is None or getattr(e, "code", None) not in UNREACHABLE:
                 raise
             if not self._warned:
-                _log.warning("the cloud at %s is unreachable (%s): running on the device only",
-                             self.cloud.target, e)
+                _log.warning("%s: running on the device only", e)
                 self._warned = True
             self._local_until = time.monotonic() + self.retry_s
             return self._run_local(inputs)

@@ -22,9 +22,11 @@ Identities (edgeflow.cloud.identity): a caller is who its credential says (a per
 token, or a client certificate's CN), never what its request claims; a training step
 runs under the caller's device id, and only on a trainable package.
 """
+import errno
 import logging
 import math
 import os
+import socket
 import time
 from concurrent import futures
 
@@ -352,6 +354,28 @@ def _rejecting(handler, code, message, method="", metrics=NO_METRICS):
         response_serializer=handler.response_serializer)
 
 
+_BIND_ERRORS = {errno.EADDRINUSE: "the port is in use (another server?): choose another --port",
+                errno.EACCES: "permission denied (ports below 1024 need privileges)",
+                errno.EADDRNOTAVAIL: "no network interface of this machine has that address"}
+
+
+def _check_can_listen(host, port):
+    """EdgeflowError, in one line, when (host, port) cannot be bound; asked with a plain
+    socket before gRPC binds, because gRPC logs its own multi-line error to stderr first."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise EdgeflowError(f"cannot listen on {host}:{port}: unknown host ({e.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: TIME_WAIT is fine
+        try:
+            probe.bind(address)
+        except OSError as e:
+            why = _BIND_ERRORS.get(e.errno, e.strerror)
+            raise EdgeflowError(f"cannot listen on {host}:{port}: {why}") from None
+
+
 class Server:
     """Hosts cloud packages over gRPC.
 
@@ -457,6 +481,8 @@ class Server:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         if self.parameter_server is not None:
             self.parameter_server.add_to_server(server, self._health, self.auth)
+        if self.port:
+            _check_can_listen(self.host, self.port)
         try:
             if self.tls:
                 cert, key = (v.encode() if isinstance(v, str) else bytes(v) for v in self.tls)
@@ -466,9 +492,9 @@ class Server:
                     [(key, cert)], root_certificates=ca, require_client_auth=ca is not None))
             else:
                 port = server.add_insecure_port(self.address)
-        except RuntimeError as e:  # grpc's "Failed to bind to address ..."
+        except RuntimeError as e:  # grpc's "Failed to bind to address ...; set GRPC_VERBOSITY=..."
             server.stop(None)
-            raise EdgeflowError(f"cannot listen on {self.address}: {e}") from None
+            raise EdgeflowError(f"cannot listen on {self.address}: {str(e).split(';')[0]}") from None
         server.start()
         self.port, self._server = port, server
         if self.token and not self.tls and not is_loopback(self.host):

@@ -32,17 +32,41 @@ def load(source):
     path does not exist.
     """
     buf = _open(source)
-    verified = verify(buf)
+    verified = _verify(buf, source)
     _attach_views(verified, buf)
     return verified.model
 
 
 def file_info(source):
     """Sizes of the file and its parts (verified, weights untouched)."""
-    verified = verify(_open(source))
+    verified = _verify(_open(source), source)
     return FileInfo(file_bytes=verified.file_size, flatbuffer_bytes=verified.flatbuffer_size,
                     weight_bytes=sum(size for _, size in verified.buffers),
                     num_buffers=len(verified.buffers))
+
+
+def _verify(buf, source):
+    """verify(buf); a file of another format says what it is and how to convert it."""
+    try:
+        return verify(buf)
+    except FormatError as e:
+        kind = _other_format(buf, source)
+        if kind is None:
+            raise
+        path = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "MODEL"
+        stem = os.path.splitext(path)[0] if isinstance(source, (str, os.PathLike)) else "MODEL"
+        raise FormatError(f"{path} is {kind}, not an .efl package: convert it first with "
+                          f"`edgeflow convert {path} -o {stem}.efl`") from None
+
+
+def _other_format(buf, source):
+    """"a TFLite model" or "an ONNX model" when `buf` looks like one, else None."""
+    if len(buf) >= 8 and bytes(buf[4:8]) == b"TFL3":
+        return "a TFLite model"
+    suffix = os.path.splitext(os.fspath(source))[1].lower() if isinstance(source, (str, os.PathLike)) else ""
+    if suffix == ".onnx" or (len(buf) > 2 and buf[0] == 0x08 and b"onnx" in bytes(buf[:256]).lower()):
+        return "an ONNX model"  # a ModelProto starts with its ir_version (field 1, a varint)
+    return None
 
 
 def _open(source):
