@@ -1,4 +1,5 @@
 """`edgeflow quickstart`: build a small model, package it, inspect it and run it."""
+import contextlib
 import os
 import tempfile
 
@@ -116,7 +117,7 @@ def train_on_device(directory):
     print(f"  {len(history)} steps on the device: loss {history[0][1]:.4f} -> {history[-1][1]:.6f}; "
           f"W = {state['W'][0]:.3f} (0.1), b = {state['b'][0]:.3f} (0.3)")
     interp.export(os.path.join(directory, "linear-trained.efl"))
-    print(f"  checkpointed to {directory}/checkpoints, exported linear-trained.efl")
+    print("  checkpointed to checkpoints/, exported linear-trained.efl")
     if abs(state["W"][0] - 0.1) > 0.02 or abs(state["b"][0] - 0.3) > 0.02:
         raise SystemExit("quickstart: training did not recover W and b")
 
@@ -206,7 +207,7 @@ def split_with_cloud(directory):
         got = device.get_signature_runner("infer")(image=x)["probs"]
         print(f"  served {result.model_id} on {server.address}; split inference made "
               f"{cloud.calls} call(s); max |split - whole| = {float(np.abs(got - want).max()):.1e}")
-    print(f"  wrote {', '.join(os.path.basename(v) for v in result.paths.values())} in {directory}/split")
+    print(f"  wrote {', '.join(os.path.basename(v) for v in result.paths.values())} in split/")
     if not np.array_equal(got, want):
         raise SystemExit("quickstart: the split inference differs from the whole model")
 
@@ -307,17 +308,21 @@ def main(directory=None):
     import edgeflow as ef
     from .inspect import describe, render
 
-    with tempfile.TemporaryDirectory() as tmp:
-        directory = directory or tmp
+    keep = directory is not None
+    with (contextlib.nullcontext(directory) if keep
+          else tempfile.TemporaryDirectory(prefix="edgeflow-quickstart-")) as directory:
         os.makedirs(directory, exist_ok=True)
+        print(f"edgeflow quickstart: writing its files to {os.path.abspath(directory)}" if keep else
+              "edgeflow quickstart: writing its files to a temporary folder, removed at the end "
+              "(--dir DIR keeps them)")
         path = os.path.join(directory, "quickstart.efl")
 
         _step(1, "Build a graph with the TensorFlow-style API and package it")
         weights = build_classifier(path)
-        print(f"  wrote {path} ({os.path.getsize(path):,} bytes)")
+        print(f"  wrote quickstart.efl ({os.path.getsize(path):,} bytes)")
 
         _step(2, "Inspect the package")
-        print("\n".join("  " + line for line in render(describe(path)).splitlines()))
+        print("\n".join("  " + line for line in render(describe(path)).replace(path, "quickstart.efl").splitlines()))
 
         _step(3, "Run the 'infer' signature on a dynamic batch of 5")
         x = np.random.default_rng(1).standard_normal((5, 16)).astype(np.float32)
@@ -335,7 +340,7 @@ def main(directory=None):
         _step(4, "Benchmark it")
         from .bench import bench_model
         r = bench_model(path, runs=200)
-        print(f"  {r['ops']} ops: p50 {r['p50_us']:.1f} us per run, arena {r['arena_bytes']:,} bytes")
+        print(f"  {r['ops']} ops: p50 {r['p50_ms'] * 1e3:.1f} us per run, arena {r['arena_bytes']:,} bytes")
 
         _step(5, "Convert an ONNX model (a small CNN made on the spot) and run it")
         convert_onnx(directory)
@@ -357,6 +362,10 @@ def main(directory=None):
     print("\nquickstart finished: built, packaged, inspected, ran and benchmarked a model, "
           "converted one from ONNX, trained one on the device, decoded with a loop, split one with "
           "the cloud, trained one jointly with it, and served many devices in batches.")
+    if keep:
+        print(f"the files are in {os.path.abspath(directory)}: "
+              + ", ".join(sorted(f + ("/" if os.path.isdir(os.path.join(directory, f)) else "")
+                                 for f in os.listdir(directory))))
 
 
 def add_parser(verbs):
@@ -366,7 +375,8 @@ def add_parser(verbs):
                                      "ONNX model; train a model on the device; split a model "
                                      "with a server it starts on 127.0.0.1, for inference and "
                                      "for training.")
-    p.add_argument("--dir", default=None, help="where to write files (default: a temp dir)")
+    p.add_argument("--dir", default=None, help="write the files here and keep them (default: a "
+                                                "temporary folder, removed at the end)")
     p.set_defaults(fn=cmd_quickstart)
 
 

@@ -107,16 +107,10 @@ def test_bench_reports_statistics(model):
     r = edgeflow("bench", model[0], "--runs", "5", "--json")
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
-    for key in ("init_ms", "first_run_ms", "mean_us", "std_us", "p50_us", "p99_us", "arena_bytes"):
+    for key in ("init_ms", "first_run_ms", "mean_ms", "std_ms", "p50_ms", "p99_ms", "arena_bytes"):
         assert result[key] >= 0
     assert {o["type"] for o in result["top_ops"]} == {"matmul", "sub", "relu", "argmax"}
     assert "top ops by time" in edgeflow("bench", model[0], "--runs", "3").stdout
-
-
-def test_quickstart(tmp_path):
-    r = edgeflow("quickstart", "--dir", tmp_path)
-    assert r.returncode == 0, r.stderr
-    assert "quickstart finished" in r.stdout and (tmp_path / "quickstart.efl").exists()
 
 
 def _one_line_error(r):
