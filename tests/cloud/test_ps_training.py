@@ -378,3 +378,44 @@ def test_sigkill_mid_training_resumes_with_every_step_applied_once(tmp_path):
     assert accuracy(path, final) == accuracy(path, reference)
     resumed = ParameterService({"mlp": path}, mode="sync", replicas=DEVICES, checkpoint_dir=tmp_path / "state" / "ps")
     assert resumed.stats("mlp")["version"] == steps  # the shutdown checkpoint
+
+
+# -- a device's data as an ef.data.Dataset ---------------------------------------------------
+
+def test_sync_and_fedavg_read_a_device_dataset(tmp_path):
+    """Sync: a shuffled, batched, prefetched dataset gives the values of training on the
+    batches of numpy's permutation per (seed, epoch), over an epoch's end. FedAvg: two
+    devices' datasets of 300 and 100 rows average to their local training weighted 3:1."""
+    path = build_mlp(tmp_path / "mlp.efl", hidden=16)
+    train, _ = digits()
+
+    def dataset(data, size, seed):
+        return ef.data.Dataset.from_tensor_slices(data).shuffle(len(data["y"]), seed=seed).batch(size).prefetch(2)
+    data, size, seed, steps = {k: v[:100] for k, v in train.items()}, 32, 7, 6  # 4 batches an epoch
+    service = ParameterService({"mlp": path}, mode="sync", replicas=1)
+    with Server(parameter_server=service) as server, \
+            ParameterClient(f"127.0.0.1:{server.port}", timeout=60) as client:
+        history = train_sync(path, dataset(data, size, seed), client, "mlp", "d0", steps=steps)
+        final = client.pull("mlp", names=list(client.status("mlp")["variables"])).values
+    assert [r["step"] for r in history] == list(range(steps))
+    reference = union_reference(path, [(data, size, seed)], steps)[steps]
+    for name, value in final.items():
+        np.testing.assert_allclose(value, reference[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+    shards = [({k: v[:300] for k, v in train.items()}, 0), ({k: v[300:400] for k, v in train.items()}, 1)]
+    service = ParameterService({"mlp": path}, mode="fedavg", replicas=2)
+    with Server(parameter_server=service) as server:
+        clients = [ParameterClient(f"127.0.0.1:{server.port}", timeout=60) for _ in shards]
+        run_threads([lambda k=k: train_fedavg(path, dataset(shards[k][0], 50, shards[k][1]), clients[k], "mlp",
+                                              f"d{k}", rounds=1, local_epochs=2) for k in range(2)])
+        final = clients[0].pull("mlp").values
+        for c in clients:
+            c.close()
+    local = []
+    for part, seed in shards:  # round 0 starts from the package's values: local training from scratch
+        interp = ef.Interpreter(path)
+        training_loop.fit(interp, part, epochs=2, batch_size=50, seed=seed)
+        local.append(interp.variables())
+    for name, value in final.items():
+        np.testing.assert_allclose(value, (300 * local[0][name].astype(np.float64) + 100 * local[1][name]) / 400,
+                                   rtol=1e-5, atol=1e-6, err_msg=name)

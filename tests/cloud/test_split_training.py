@@ -572,3 +572,27 @@ def test_a_cut_tensor_read_twice_in_the_cloud_downloads_one_gradient(tmp_path):
                 assert losses[1] == pytest.approx(losses[0], rel=1e-5)
                 # down: one float32 gradient of h (batch x 32) and the loss
                 assert probe.link.bytes_received - before == 32 * int(h_shape[-1]) * 4 + 4
+
+
+def test_split_training_reads_an_ef_data_dataset(tmp_path):
+    """fit on the device package (a CloudDelegate) with a shuffled, batched, prefetched
+    ef.data.Dataset: the jointly trained model equals one trained locally on numpy's
+    permutation of the same data."""
+    from edgeflow.splitter.package import split_file
+    build_mlp(tmp_path / "m.efl")
+    data, _ = mlp_digits()
+    result = split_file(tmp_path / "m.efl", tmp_path / "out", cut=["hidden"], train=True, labels="cloud",
+                        input_shapes={"x": (32, 64), "label": (32,)})
+    local = ef.Interpreter(tmp_path / "m.efl")
+    run = local.get_signature_runner("train")
+    order = np.random.default_rng([0, 0]).permutation(1440)
+    for start in range(0, 1440, 32):
+        run(**{name: values[order[start:start + 32]] for name, values in data.items()})
+    dataset = ef.data.Dataset.from_tensor_slices(data).shuffle(1440, seed=0).batch(32).prefetch(2)
+    with Server(models={result.model_id: result.paths["cloud"]}) as server:
+        device = ef.Interpreter(result.paths["device"], delegates=[CloudDelegate(server.address, device_id="data")])
+        history = training_loop.fit(device, dataset, epochs=1)
+        saved = device.get_signature_runner("save")()
+    assert [g for g, _ in history] == list(range(1, 46))
+    for name, value in local.get_signature_runner("save")().items():
+        np.testing.assert_allclose(saved[name], value, rtol=1e-5, atol=1e-6, err_msg=name)

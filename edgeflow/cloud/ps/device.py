@@ -20,20 +20,21 @@ last one the server took from this device; FedAvg trains the server's round. A s
 that restarted from an older checkpoint is noticed (a dropped push, or the version and
 incarnation of a Pull) and the lost steps are trained again; a device that restarts
 picks up where the server is. Batch i of the data is batch (i mod steps per epoch) of
-epoch (i div steps per epoch) of edgeflow.training_loop.batches(data, batch_size, seed, epoch).
+epoch (i div steps per epoch), as edgeflow.training_loop.Batches reads it: `data` is a dict
+of arrays (shuffled by (seed, epoch), cut into batches of batch_size) or a finite
+ef.data.Dataset of batches (one pass an epoch; batch_size and seed are its own).
 
 Each loop returns its history: one dict per push, {"step", "version", "loss", "result",
 "duplicate"}; `on_step(record)` gets each as it happens, with the pulled "values" too.
 """
 import hashlib
-import math
 
 import numpy as np
 
 from ...errors import InvalidInputError, RemoteError
 from ...interp import Interpreter
 from ...splitter.partition import file_sha256
-from ...training_loop import batches, check_data
+from ...training_loop import Batches
 from .roles import TrainingRoles
 
 __all__ = ["train", "train_sync", "train_async", "train_fedavg", "steps_per_epoch"]
@@ -41,30 +42,14 @@ WAIT_S = 5.0  # how long one Pull waits for the other replicas before it asks ag
 
 
 def steps_per_epoch(data, batch_size):
-    return math.ceil(len(next(iter(data.values()))) / batch_size)
-
-
-class _Epochs:
-    """Batch i of the endless sequence of epochs: batch (i mod steps per epoch) of epoch
-    (i div steps per epoch) as edgeflow.training_loop.batches yields it, the epoch's batches cached."""
-
-    def __init__(self, data, batch_size, seed):
-        self.data, self.batch_size, self.seed = data, batch_size, seed
-        self.per_epoch = steps_per_epoch(data, batch_size)
-        self._epoch, self._batches = None, None
-
-    def __call__(self, index):
-        epoch, step = divmod(index, self.per_epoch)
-        if epoch != self._epoch:
-            self._epoch = epoch
-            self._batches = [b for _, b in batches(self.data, self.batch_size, self.seed, epoch)]
-        return self._batches[step]
+    """Batches in an epoch of `data` (a dict of arrays or a dataset of batches)."""
+    return Batches(data, batch_size).per_epoch
 
 
 class _Device:
     """A device's package, its roles and its connection to the parameter server."""
 
-    def __init__(self, package, client, model_id, device_id, data, check_package=True):
+    def __init__(self, package, client, model_id, device_id, data, batch_size, seed, check_package=True):
         if not device_id or not isinstance(device_id, str):
             raise InvalidInputError(f"expected a device id (a non-empty str), got {device_id!r}")
         if isinstance(package, Interpreter):  # its bytes are not at hand: the server cannot check them
@@ -77,8 +62,8 @@ class _Device:
             self.sha256 = file_sha256(package) if check_package else None
         self.roles = TrainingRoles(self.interp.model)
         self.client, self.model_id, self.device_id = client, model_id, device_id
-        self.data = check_data(self.interp.get_signature_runner("train"), data)
-        self.samples = len(next(iter(self.data.values())))
+        self.batch = Batches(data, batch_size, seed, inputs=self.interp.get_signature_runner("train")
+                             .get_input_details())  # batch(i): batch i of the endless epochs
         self.names = None  # the served variables, as the server says
         self._fetches = None
 
@@ -127,10 +112,10 @@ def _record(history, on_step, step, version, loss, pushed, values):
         on_step({**record, "values": values})
 
 
-def _total(steps, epochs, data, batch_size, what):
+def _total(steps, epochs, per_epoch, what):
     if (steps is None) == (epochs is None):
         raise InvalidInputError(f"{what}: give steps or epochs (one of them)")
-    total = steps if steps is not None else epochs * steps_per_epoch(data, batch_size)
+    total = steps if steps is not None else epochs * per_epoch
     if not isinstance(total, int) or total < 0:
         raise InvalidInputError(f"{what}: expected a whole number of steps >= 0, got {total!r}")
     return total
@@ -141,9 +126,8 @@ def train_sync(package, data, client, model_id, device_id, steps=None, epochs=No
     """Synchronous data-parallel training: for each global step v < `steps` (or `epochs`
     of this device's data), pull the values of version v, push the gradients of batch v,
     and wait until the server has the other replicas' and applied the step."""
-    device = _Device(package, client, model_id, device_id, data, check_package)
-    total = _total(steps, epochs, device.data, batch_size, "train_sync")
-    batch = _Epochs(device.data, batch_size, seed)
+    device = _Device(package, client, model_id, device_id, data, batch_size, seed, check_package)
+    total = _total(steps, epochs, device.batch.per_epoch, "train_sync")
     history = []
     pulled = device.pull()
     _expect_mode(pulled, "sync")
@@ -151,7 +135,7 @@ def train_sync(package, data, client, model_id, device_id, steps=None, epochs=No
         v = pulled.version
         if pulled.last_step_id < v:  # this device has not contributed to step v (or the server lost it)
             device.set_values(pulled.values)
-            b = batch(v)
+            b = device.batch(v)
             grads, loss = device.gradients(b)
             pushed = client.push(model_id, device_id, v, grads, len(next(iter(b.values()))), v, "sync",
                                  sha256=device.sha256, compression=compression)
@@ -160,6 +144,7 @@ def train_sync(package, data, client, model_id, device_id, steps=None, epochs=No
                 pulled = device.pull()
                 continue
         pulled = device.pull(pulled, wait_s)
+    device.batch.close()
     return history
 
 
@@ -167,21 +152,21 @@ def train_async(package, data, client, model_id, device_id, steps=None, epochs=N
                 on_step=None, compression="none", check_package=True):
     """Asynchronous training: this device's steps 0 .. `steps` - 1 (or `epochs` of its
     data), each on the latest values, pushed and applied at once."""
-    device = _Device(package, client, model_id, device_id, data, check_package)
-    total = _total(steps, epochs, device.data, batch_size, "train_async")
-    batch = _Epochs(device.data, batch_size, seed)
+    device = _Device(package, client, model_id, device_id, data, batch_size, seed, check_package)
+    total = _total(steps, epochs, device.batch.per_epoch, "train_async")
     history = []
     pulled = device.pull()
     _expect_mode(pulled, "async")
     while pulled.last_step_id + 1 < total:
         step = pulled.last_step_id + 1  # where the server says this device is
         device.set_values(pulled.values)
-        b = batch(step)
+        b = device.batch(step)
         grads, loss = device.gradients(b)
         pushed = client.push(model_id, device_id, step, grads, len(next(iter(b.values()))), pulled.version,
                              "async", sha256=device.sha256, compression=compression)
         _record(history, on_step, step, pulled.version, loss, pushed, pulled.values)
         pulled = device.pull()
+    device.batch.close()
     return history
 
 
@@ -194,8 +179,9 @@ def train_fedavg(package, data, client, model_id, device_id, rounds, local_epoch
     if not isinstance(rounds, int) or rounds < 0 or not isinstance(local_epochs, int) or local_epochs < 1:
         raise InvalidInputError(f"train_fedavg: expected rounds >= 0 and local_epochs >= 1, got {rounds} "
                                 f"and {local_epochs}")
-    device = _Device(package, client, model_id, device_id, data, check_package)
+    device = _Device(package, client, model_id, device_id, data, batch_size, seed, check_package)
     runner = device.interp.get_signature_runner("train")
+    per_epoch = device.batch.per_epoch
     history = []
     pulled = device.pull()
     _expect_mode(pulled, "fedavg")
@@ -205,11 +191,12 @@ def train_fedavg(package, data, client, model_id, device_id, rounds, local_epoch
         r = pulled.version
         if pulled.last_step_id < r:
             device.set_values({**pulled.values, **fresh})
-            losses = []
-            for e in range(local_epochs):
-                for _, b in batches(device.data, batch_size, seed, r * local_epochs + e):
-                    losses.append(float(np.asarray(runner(**b).get("loss", np.nan)).mean()))
-            pushed = client.push_model(model_id, device_id, r, device.values(), device.samples,
+            losses, samples = [], 0
+            for i in range(r * local_epochs * per_epoch, (r + 1) * local_epochs * per_epoch):
+                b = device.batch(i)
+                samples += len(next(iter(b.values())))
+                losses.append(float(np.asarray(runner(**b).get("loss", np.nan)).mean()))
+            pushed = client.push_model(model_id, device_id, r, device.values(), samples // local_epochs,
                                        sha256=device.sha256, compression=compression)
             _record(history, on_step, r, r, float(np.mean(losses)) if losses else float("nan"), pushed,
                     pulled.values)
@@ -217,6 +204,7 @@ def train_fedavg(package, data, client, model_id, device_id, rounds, local_epoch
                 pulled = device.pull()
                 continue
         pulled = device.pull(pulled, wait_s)
+    device.batch.close()
     return history
 
 
