@@ -23,8 +23,9 @@ ALLOWED = {
     "accel": {"interp", "format", "ops"},
     "graph": {"interp", "format", "ops"},
     "training_loop": {"interp", "format", "ops"},
+    "tensorboard": {"interp", "format", "ops"},
     "splitter": {"interp", "format", "ops"},
-    "cloud": {"splitter", "interp", "format", "ops", "training_loop"},
+    "cloud": {"splitter", "interp", "format", "ops", "training_loop", "tensorboard"},
     "converters": {"graph", "format", "ops"},
     "top": {"graph", "interp"},
 }

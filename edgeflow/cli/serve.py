@@ -117,6 +117,10 @@ def add_parser(verbs):
                         "pip install 'edgeflow[metrics]'")
     p.add_argument("--metrics-host", default="127.0.0.1",
                    help="address the metrics exporter listens on (default 127.0.0.1)")
+    p.add_argument("--logdir", metavar="DIR",
+                   help="write the same measurements (requests, latencies, bytes, batch sizes, training "
+                        "steps applied) as TensorBoard event files into DIR (tensorboard --logdir DIR); "
+                        "needs pip install 'edgeflow[tensorboard]'")
     p.add_argument("--log-format", choices=["text", "json"], default="text",
                    help="log lines as text (default) or one JSON object per line; each line about a "
                         "request carries its request id")

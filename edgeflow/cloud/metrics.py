@@ -3,7 +3,9 @@ replica memory.
 
 `Metrics` is the interface every part of the server reports to; the base class records
 nothing (NO_METRICS), so code reports unconditionally. `PrometheusMetrics` (with the
-`prometheus_client` package) exports them for `edgeflow serve --metrics-port P`.
+`prometheus_client` package) exports them for `edgeflow serve --metrics-port P`;
+`tensorboard.TensorBoardMetrics` writes them as TensorBoard events (`--logdir D`);
+`Combined` reports to several.
 """
 
 
@@ -30,6 +32,37 @@ class Metrics:
 
 
 NO_METRICS = Metrics()
+
+
+class Combined(Metrics):
+    """Reports each measurement to every one of `parts` (Prometheus and TensorBoard both)."""
+
+    def __init__(self, *parts):
+        self.parts = parts
+
+    def request(self, *args, **kwargs):
+        for m in self.parts:
+            m.request(*args, **kwargs)
+
+    def batch(self, model, size):
+        for m in self.parts:
+            m.batch(model, size)
+
+    def queue(self, model, depth):
+        for m in self.parts:
+            m.queue(model, depth)
+
+    def step(self, model):
+        for m in self.parts:
+            m.step(model)
+
+    def cache(self, model, hit):
+        for m in self.parts:
+            m.cache(model, hit)
+
+    def replica_memory(self, replica, nbytes):
+        for m in self.parts:
+            m.replica_memory(replica, nbytes)
 
 
 # Request latencies from 1 ms (a ping on loopback) to 10 s (a large model on a busy server).

@@ -5,6 +5,7 @@
     name = metadata.model_id(model)      # str or None: "edgeflow.model_id"
     extra = metadata.fetchable(model)    # set of names, or None: "edgeflow.fetchable"
     role = metadata.role(model)          # "cloud", "device" or None: "edgeflow.role"
+    kinds = metadata.summaries(model)    # {signature: {output: kind}} or None: "edgeflow.summaries"
     model.metadata.update(metadata.roles_entry(grad, update, gradients))
 
 One strictness everywhere: a malformed entry raises FormatError naming the key and what
@@ -21,7 +22,9 @@ SPLIT = "edgeflow.split"
 MODEL_ID = "edgeflow.model_id"
 FETCHABLE = "edgeflow.fetchable"
 ROLE = "edgeflow.role"
+SUMMARIES = "edgeflow.summaries"
 ROLES_OF_PACKAGES = ("cloud", "device")
+SUMMARY_KINDS = ("scalar", "histogram")
 
 _ENCODINGS = ("none", "fp16", "int8")
 _KINDS = ("infer", "train")
@@ -209,6 +212,49 @@ def role_entry(name):
     return {ROLE: name.encode("utf-8")}
 
 
+def summaries(model):
+    """Which outputs of which signatures are summaries (ef.summary), and of what kind:
+    {signature key: {output name: "scalar" or "histogram"}} from "edgeflow.summaries", or
+    None. A scalar's tensor holds one value (every declared dimension 1). Signatures the
+    package lacks are left out: a package derived from the model (an inference split's
+    device package) keeps the entry but not its `train` signature."""
+    expected = ('a JSON object {signature key: {output name: "scalar" or "histogram"}}, each '
+                'output one of the signature\'s, each scalar holding one value')
+    data = _json(model, SUMMARIES, expected)
+    if data is None:
+        return None
+    signatures = {s.key: s for s in model.signatures}
+    found = {}
+    for key, kinds in data.items():
+        if not isinstance(kinds, dict) or any(k not in SUMMARY_KINDS for k in kinds.values()):
+            _fail(SUMMARIES, expected, f"got {kinds!r:.60} for {key[:40]!r}")
+        sig = signatures.get(key)
+        if sig is None:
+            continue
+        tensors = model.subgraphs[sig.subgraph].tensors if sig.subgraph < len(model.subgraphs) else []
+        for name, kind in kinds.items():
+            if name not in sig.outputs:
+                _fail(SUMMARIES, expected, f"signature {key[:40]!r} has no output {name[:40]!r}")
+            index = sig.outputs[name]
+            if kind == "scalar" and 0 <= index < len(tensors) and any(d != 1 for d in tensors[index].shape):
+                _fail(SUMMARIES, expected, f"scalar {name[:40]!r} has shape {tuple(tensors[index].shape)}")
+        found[key] = dict(kinds)
+    return found
+
+
+def summaries_entry(by_signature):
+    """{SUMMARIES: bytes} recording `by_signature` ({signature key: {output name: kind}}),
+    or {} when no signature has a summary."""
+    data = {key: dict(kinds) for key, kinds in by_signature.items() if kinds}
+    if not data:
+        return {}
+    for kinds in data.values():
+        bad = [k for k in kinds.values() if k not in SUMMARY_KINDS]
+        if bad:
+            raise InvalidInputError(f"summary kinds must be one of {SUMMARY_KINDS}, got {bad[0]!r}")
+    return {SUMMARIES: json.dumps(data, sort_keys=True).encode()}
+
+
 def without(metadata, *keys):
     """A copy of a metadata dict less `keys` (entries a derived package must not inherit)."""
     return {k: v for k, v in metadata.items() if k not in keys}
@@ -221,3 +267,4 @@ def check(model):
     model_id(model)
     fetchable(model)
     role(model)
+    summaries(model)

@@ -1,5 +1,5 @@
 """The graph IR and its TensorFlow-style builder API (re-exported as `edgeflow`)."""
-from . import losses, nn, train
+from . import data, losses, nn, summary, train
 from .graph import (Graph, Node, Tensor, constant, convert_to_tensor, device, get_default_graph,
                     placeholder, reset_default_graph)
 from . import math_ops
@@ -16,8 +16,8 @@ from .variables import (Operation, Variable, assign, assign_add, assign_sub, glo
                         zeros)
 
 __all__ = ["Graph", "Node", "Tensor", "constant", "convert_to_tensor", "device", "get_default_graph",
-           "placeholder", "reset_default_graph", "nn", "layers", "save", "to_model", "Session", "Operation", "gradients",
-           "losses", "train", "cond", "case", "while_loop", "map_fn",
+           "placeholder", "reset_default_graph", "data", "nn", "layers", "save", "to_model", "Session", "Operation", "gradients",
+           "losses", "summary", "train", "cond", "case", "while_loop", "map_fn",
            "Variable", "assign", "assign_add", "assign_sub", "global_variables",
            "global_variables_initializer", "glorot_uniform", "group", "ones", "random_normal",
            "random_uniform", "set_random_seed", "trainable_variables", "variables_initializer",

@@ -78,6 +78,7 @@ class Graph:
         self.gradient_of = {}  # variable node -> the gradient tensor its optimizer applies
         self.seed, self.seed_draws = 0, 0  # for initializers given no seed (set_random_seed)
         self.update_ops = []  # Operations layers want run with each train step (batch_norm)
+        self.summaries = {}  # name -> summary.Summary: outputs of the `train` signature (ef.summary)
 
     def unique_name(self, base):
         """`base` if unused, else `base_1`, `base_2`, ... as TensorFlow does."""

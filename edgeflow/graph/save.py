@@ -3,7 +3,8 @@
 A signature is `(inputs, outputs)` or `(inputs, outputs, targets)`: dicts of name ->
 Tensor, and a list of Operations run for their effect (a train op). When the model
 holds variables, `save` (variables out) and `restore` (variables in) signatures are
-added, as in LiteRT's on-device training.
+added, as in LiteRT's on-device training. The graph's summaries (ef.summary) become
+outputs of the `train` signature.
 """
 from ..errors import GraphError
 from ..format import model as fm
@@ -66,7 +67,9 @@ def to_model(graph, signatures, description="", state_signatures=True):
     """A ModelDef with one subgraph holding everything the signatures need."""
     if not signatures:
         raise GraphError("save: give at least one signature, e.g. {'infer': ({'x': x}, {'y': y})}")
+    from .summary import attach
     checked = {key: _check_signature(key, sig) for key, sig in signatures.items()}
+    checked, summaries = attach(graph, checked)  # ef.summary's: outputs of `train`
     for key, sig in checked.items():
         check_fed(key, *sig)
     needed = set()
@@ -75,7 +78,8 @@ def to_model(graph, signatures, description="", state_signatures=True):
 
     subgraphs = _Subgraphs()
     tensors, index, operators, op_index = _lower(graph.nodes, needed, subgraphs)
-    metadata = _roles(op_index, index, graph.gradient_of)
+    from ..format.metadata import summaries_entry
+    metadata = {**_roles(op_index, index, graph.gradient_of), **summaries_entry(summaries)}
     sigs = [fm.SignatureDef(key, {n: index[t] for n, t in ins.items()},
                             {n: index[t] for n, t in outs.items()},
                             targets=list(dict.fromkeys(op_index[n] for n in targets)))

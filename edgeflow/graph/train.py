@@ -61,7 +61,19 @@ class Optimizer:
             with var.graph.as_default(), var.graph.device(var.node.device), \
                     var.graph.role("update", var.node):
                 updates.extend(self._updates(grad, var))
-        return group(*updates, name=name or self.name)
+        op = group(*updates, name=name or self.name)
+        self._summarize_learning_rate(pairs[0][1], op)
+        return op
+
+    def _summarize_learning_rate(self, var, op):
+        """The learning rate as the scalar summary "learning_rate" of the train signatures
+        that run `op` (edgeflow.graph.summary.add_learning_rate)."""
+        from .summary import add_learning_rate
+        lr = self.learning_rate
+        if not isinstance(lr, Tensor):
+            with var.graph.as_default():
+                lr = constant(lr, dtype=var.dtype, name=f"{self.name}/learning_rate")
+        add_learning_rate(var.graph, lr, op.nodes, self)
 
     def minimize(self, loss, var_list=None, name=None):
         """An Operation doing one step of this optimizer on `loss`."""

@@ -84,6 +84,11 @@ MALFORMED = {
     "fetchable unknown tensor": (metadata.FETCHABLE, b'{"tensors": ["nope"]}', "no tensor 'nope'"),
     "role unknown": (metadata.ROLE, b"server", "one of \\['cloud', 'device'\\]"),
     "role not UTF-8": (metadata.ROLE, b"\xff", "one of"),
+    "summaries a list": (metadata.SUMMARIES, b'["probs"]', "got a JSON list"),
+    "summaries kind unknown": (metadata.SUMMARIES, b'{"infer": {"probs": "image"}}', "got \\{'probs': 'image'\\}"),
+    "summaries not an object": (metadata.SUMMARIES, b'{"infer": ["probs"]}', "got \\['probs'\\]"),
+    "summaries no such output": (metadata.SUMMARIES, b'{"infer": {"nope": "histogram"}}', "no output 'nope'"),
+    "summaries scalar of many": (metadata.SUMMARIES, b'{"infer": {"probs": "scalar"}}', "scalar 'probs' has shape"),
 }
 
 
