@@ -54,11 +54,17 @@ def add_parser(verbs):
     p.add_argument("--labels", choices=["cloud", "device"], default="cloud",
                    help="with --train: send the labels to the cloud (one round trip per step), or "
                         "keep the loss and labels on the device (U-shaped, two round trips)")
+    p.add_argument("--svg", metavar="FILE",
+                   help="also draw the plan to FILE in a layered layout: ops by side, the tensors that "
+                        "cross the link with their bytes (needs the 'draw' extra)")
     p.set_defaults(fn=cmd_split)
 
 
 def cmd_split(args):
     from ..splitter.package import split_file
+    if args.svg:
+        from .draw import require
+        require()  # before the packages are written
     result = split_file(args.model, args.output, link=_link(args), objective=args.objective,
                         device_profile=args.device_profile, server_profile=args.server_profile,
                         cut=[c for c in (args.cut or "").split(",") if c] or None,
@@ -72,6 +78,12 @@ def cmd_split(args):
     print()
     for key in ("device", "cloud", "plan", "svg"):
         print(f"wrote {result.paths[key]}")
+    if args.svg:
+        from ..atomic import atomic_file
+        from .draw import plan_svg
+        with atomic_file(args.svg) as f:
+            f.write(plan_svg(result.placement, result.cost_graph, result.link).encode("utf-8"))
+        print(f"wrote {args.svg}")
     then = (f"train with `edgeflow train {result.paths['device']} --cloud HOST:PORT --data D.npz`"
             if args.train else f"run with `edgeflow run {result.paths['device']} --cloud HOST:PORT`")
     sha = result.cloud_sha256

@@ -179,9 +179,14 @@ def _partition_of(plan, i, starts):
     return group
 
 
-def _moved_bytes(plan, i):
+def moved_bytes(plan, i):
+    """(bytes read, bytes written) by op `i` of `plan`: its inputs' (weights included) and
+    its outputs', at the plan's shapes; (0, 0) for a reshape-like op (a view of its input)."""
+    from .. import ops
     op = plan.subgraph.operators[i]
-    return sum(plan.arrays[t].nbytes for t in (*op.inputs, *op.outputs))
+    if ops.get(op.opcode).view:
+        return 0, 0
+    return (sum(plan.arrays[t].nbytes for t in op.inputs), sum(plan.arrays[t].nbytes for t in op.outputs))
 
 
 def estimated_seconds(plan, i, flops):
@@ -190,5 +195,5 @@ def estimated_seconds(plan, i, flops):
     op = plan.subgraph.operators[i]
     if ops.get(op.opcode).view:
         return 0.0
-    return flops / REFERENCE_FLOPS_PER_S + _moved_bytes(plan, i) / REFERENCE_BYTES_PER_S \
+    return flops / REFERENCE_FLOPS_PER_S + sum(moved_bytes(plan, i)) / REFERENCE_BYTES_PER_S \
         + REFERENCE_OP_OVERHEAD_S
