@@ -168,13 +168,21 @@ class Picture:
                 f'{_text(_short(n.detail, CHARS + 6))}</text></g>')
 
 
+INSTALL = "pip install 'edgeflow[draw]'"
+
+
+def available():
+    """Whether igraph (the 'draw' extra) is installed."""
+    import importlib.util
+    return importlib.util.find_spec("igraph") is not None
+
+
 def require():
     """The igraph module; EdgeflowError naming the 'draw' extra if it is not installed."""
     try:
         import igraph
     except ImportError:
-        raise EdgeflowError("drawing a graph needs igraph, which the 'draw' extra installs: "
-                            "pip install 'edgeflow[draw]'") from None
+        raise EdgeflowError(f"drawing a graph needs igraph, which the 'draw' extra installs: {INSTALL}") from None
     return igraph
 
 

@@ -1,6 +1,7 @@
 """`edgeflow split`: plan a model's split between the device and a server; write both packages."""
 import argparse
 import os
+import sys
 
 from .arguments import parse_shapes
 
@@ -9,7 +10,7 @@ def add_parser(verbs):
     p = verbs.add_parser("split", help="split a model between the device and a cloud server",
                          description="Plan where each op runs (exact minimum cut for the link and "
                                      "the hardware) and write OUTDIR/device.efl, OUTDIR/cloud.efl, "
-                                     "OUTDIR/plan.json and OUTDIR/plan.svg. Serve cloud.efl with "
+                                     "OUTDIR/plan.json and a picture of the plan, OUTDIR/plan.svg. Serve cloud.efl with "
                                      "`edgeflow serve`; run device.efl with --cloud HOST:PORT.")
     p.add_argument("model", help="a .efl file")
     p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="where to write the packages")
@@ -55,16 +56,22 @@ def add_parser(verbs):
                    help="with --train: send the labels to the cloud (one round trip per step), or "
                         "keep the loss and labels on the device (U-shaped, two round trips)")
     p.add_argument("--svg", metavar="FILE",
-                   help="also draw the plan to FILE in a layered layout: ops by side, the tensors that "
-                        "cross the link with their bytes (needs the 'draw' extra)")
+                   help="where to draw the plan: ops by side, the tensors that cross the link with "
+                        "their bytes, in a layered layout (default OUTDIR/plan.svg; needs the 'draw' "
+                        "extra, without which the picture is skipped)")
+    p.add_argument("--no-svg", dest="svg", action="store_false", help="draw no picture")
     p.set_defaults(fn=cmd_split)
 
 
 def cmd_split(args):
     from ..splitter.package import split_file
+    from . import draw
+    picture = args.svg is not False
     if args.svg:
-        from .draw import require
-        require()  # before the packages are written
+        draw.require()  # asked for by name: before the packages are written
+    elif picture and not draw.available():
+        picture = False
+        print(f"no plan picture: it needs igraph ({draw.INSTALL})", file=sys.stderr)
     result = split_file(args.model, args.output, link=_link(args), objective=args.objective,
                         device_profile=args.device_profile, server_profile=args.server_profile,
                         cut=[c for c in (args.cut or "").split(",") if c] or None,
@@ -76,14 +83,14 @@ def cmd_split(args):
                         train=args.train, labels=args.labels, adapt=args.adapt)
     print(result.table)
     print()
-    for key in ("device", "cloud", "plan", "svg"):
+    for key in ("device", "cloud", "plan"):
         print(f"wrote {result.paths[key]}")
-    if args.svg:
+    if picture:
         from ..atomic import atomic_file
-        from .draw import plan_svg
-        with atomic_file(args.svg) as f:
-            f.write(plan_svg(result.placement, result.cost_graph, result.link).encode("utf-8"))
-        print(f"wrote {args.svg}")
+        path = args.svg or os.path.join(args.output, "plan.svg")
+        with atomic_file(path) as f:
+            f.write(draw.plan_svg(result.placement, result.cost_graph, result.link).encode("utf-8"))
+        print(f"wrote {path}")
     then = (f"train with `edgeflow train {result.paths['device']} --cloud HOST:PORT --data D.npz`"
             if args.train else f"run with `edgeflow run {result.paths['device']} --cloud HOST:PORT`")
     sha = result.cloud_sha256

@@ -1,7 +1,7 @@
 """`edgeflow split` as a function: plan a model's split and write the pair of packages.
 
     result = split_file("model.efl", "out/", link="4g")
-    # out/device.efl, out/cloud.efl, out/plan.json, out/plan.svg; result.table is the report
+    # out/device.efl, out/cloud.efl, out/plan.json; result.table is the report
 
 The cost graph is built from the model (with measured profiles where given), the
 placement planned (or forced at `cut` tensors), and the model cut into a device package
@@ -31,7 +31,7 @@ class SplitResult:
     link: Link
     model_id: str
     cloud_sha256: str
-    paths: dict  # "device", "cloud", "plan", "svg" -> path
+    paths: dict  # "device", "cloud", "plan" -> path
     cut_independent: bool = True  # cloud.efl is the whole model: the same file for every cut and link
     previous_cloud_sha256: str = None  # of the cloud.efl this split replaced in its folder, if any
 
@@ -120,13 +120,12 @@ def _write_training(model, model_path, out_dir, placement, cost_graph, link, dev
                               probe_shapes=input_shapes)
     sha = partition.file_sha256(os.path.join(out_dir, "cloud.efl"))
     paths = {k: os.path.join(out_dir, f) for k, f in
-             (("device", "device.efl"), ("cloud", "cloud.efl"), ("plan", "plan.json"), ("svg", "plan.svg"))}
+             (("device", "device.efl"), ("cloud", "cloud.efl"), ("plan", "plan.json"))}
     plan_json = report.to_json(placement, cost_graph, link)
     plan_json.update({"model_id": model_id, "cloud_sha256": sha, "cloud_cut_independent": True,
                       "train": True, "labels": labels,
                       "rounds": cut.plan_json(), "source": os.fspath(model_path)})
     write_text(paths["plan"], json.dumps(plan_json, indent=1) + "\n")
-    write_text(paths["svg"], report.svg(placement, cost_graph, link))
     return SplitResult(placement, cost_graph, link, model_id, sha, paths, True, previous)
 
 
@@ -171,7 +170,7 @@ def split_file(model_path, out_dir, *, link="4g", objective="latency", device_pr
                memory_budget=None, device_graph="full", cloud_graph="full", model_id=None,
                signature="infer", device_speed=1.0, server_speed=DEFAULT_SERVER_SPEED, pins=None,
                train=False, labels="cloud", adapt=None):
-    """Plan and write OUT_DIR/{device.efl, cloud.efl, plan.json, plan.svg}; a SplitResult.
+    """Plan and write OUT_DIR/{device.efl, cloud.efl, plan.json}; a SplitResult.
 
     `train`: split the model's `train` signature for split learning (edgeflow.splitter.training),
     with the labels sent to the cloud (`labels="cloud"`) or kept on the device ("device",
@@ -234,13 +233,12 @@ def split_file(model_path, out_dir, *, link="4g", objective="latency", device_pr
                                      device_graph=device_graph, cloud_graph=cloud_graph,
                                      probe_shapes=input_shapes, extra_metadata=extra)
     paths = {k: os.path.join(out_dir, f) for k, f in
-             (("device", "device.efl"), ("cloud", "cloud.efl"), ("plan", "plan.json"), ("svg", "plan.svg"))}
+             (("device", "device.efl"), ("cloud", "cloud.efl"), ("plan", "plan.json"))}
     plan_json = report.to_json(placement, cost_graph, link)
     plan_json.update({"model_id": model_id, "cloud_sha256": sha, "device_graph": device_graph,
                       "cloud_graph": cloud_graph, "source": os.fspath(model_path),
                       "device_sha256": partition.file_sha256(paths["device"]),
                       "cloud_cut_independent": cloud_graph == "full"})
     write_text(paths["plan"], json.dumps(plan_json, indent=1) + "\n")
-    write_text(paths["svg"], report.svg(placement, cost_graph, link))
     return SplitResult(placement, cost_graph, link, model_id, sha, paths, cloud_graph == "full", previous)
 

@@ -20,7 +20,7 @@ from edgeflow.interp.delegate import Delegate
 from edgeflow.splitter import CostGraph, CostOp, CostTensor, Link, plan
 from edgeflow.splitter.package import split_file
 
-pytest.importorskip("igraph")
+import igraph  # noqa: F401  (declared: a broken install fails here)
 SVG = "{http://www.w3.org/2000/svg}"
 
 
@@ -285,8 +285,19 @@ def test_cli_split_and_inspect_draw(resnet, tmp_path):
     assert {"device", "cloud", "link"} <= {g.get("data-group") for g in nodes.values()}
 
 
+def test_cli_split_draws_outdir_plan_svg_unless_told_not_to(resnet, tmp_path):
+    r = edgeflow("split", resnet, "-o", tmp_path / "a", "--cut", "b1.out,stem.relu")
+    assert r.returncode == 0 and f"wrote {tmp_path / 'a' / 'plan.svg'}" in r.stdout, r.stderr
+    sides = [op["side"] for op in json.loads((tmp_path / "a" / "plan.json").read_text())["ops"]]
+    _, nodes, _, _ = parse((tmp_path / "a" / "plan.svg").read_text())
+    drawn = [g.get("data-group") for k, g in nodes.items() if k.startswith("op")]
+    assert sorted(drawn) == sorted(sides) and set(sides) == {"device", "cloud"}
+    r = edgeflow("split", resnet, "-o", tmp_path / "b", "--cut", "b1.out,stem.relu", "--no-svg")
+    assert r.returncode == 0 and sorted(p.name for p in (tmp_path / "b").iterdir()) == \
+        ["cloud.efl", "device.efl", "plan.json"], r.stderr
+
+
 def test_cli_colours_the_ops_opencl_runs_and_those_it_leaves(tmp_path):
-    pytest.importorskip("pyopencl")
     g = ef.Graph()
     with g.as_default():
         x = ef.placeholder(ef.float32, [None, 16], name="x")
