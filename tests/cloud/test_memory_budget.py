@@ -16,7 +16,7 @@ import pytest
 from .conftest import reference
 from .test_serve_cli import Lines, edgeflow
 
-pytest.importorskip("grpc")
+import grpc  # noqa: F401  (declared: a broken install fails here)
 from edgeflow.cloud import Client, Server  # noqa: E402
 from edgeflow.cloud.budget import MemoryBudget, OverBudget, Reservation  # noqa: E402
 from edgeflow.errors import RemoteError  # noqa: E402

@@ -245,7 +245,6 @@ def _write_images(folder, arrays):
 
 
 def test_a_folder_of_images_in_class_subfolders(tmp_path):
-    pytest.importorskip("PIL")
     rng = np.random.default_rng(2)
     pixels = {f"{c}/{i}.png": rng.integers(0, 256, (5, 6, 3), dtype=np.uint8)
               for c in ("cat", "dog", "ant") for i in range(3)}
@@ -318,7 +317,6 @@ def test_corrupt_files_are_named(tmp_path):
         (tmp_path / name).write_bytes(damaged)
         with pytest.raises(InvalidInputError, match=rf"cannot read .*{name}' as \.npz .*expected a file numpy.savez"):
             Dataset.from_npz(tmp_path / name)
-    pytest.importorskip("PIL")
     _write_images(tmp_path / "img", {"a/0.png": np.zeros((4, 4, 3), np.uint8)})
     (tmp_path / "img" / "a" / "1.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
     ds = Dataset.from_image_folder(tmp_path / "img")
@@ -533,7 +531,6 @@ def _image_model(path):
 
 
 def test_cli_train_on_a_folder_of_images_equals_training_on_their_pixels(tmp_path):
-    pytest.importorskip("PIL")
     _image_model(tmp_path / "m.efl")
     rng = np.random.default_rng(3)
     classes = ["circle", "line", "square"]

@@ -131,7 +131,6 @@ def test_many_mutants_run_cleanly_or_raise_typed_errors(seeds, index, kind, rng_
 
 @pytest.fixture(scope="module")
 def converted():
-    pytest.importorskip("onnx")
     return fuzzing.converted_seeds(pathlib.Path(__file__).parents[1] / "data" / "onnx")
 
 
