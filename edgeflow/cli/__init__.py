@@ -8,7 +8,7 @@ import sys
 
 from ..errors import EdgeflowError
 
-VERBS = ("inspect", "run", "bench", "convert", "train", "quickstart", "profile", "split", "serve")
+VERBS = ("inspect", "run", "bench", "convert", "export", "train", "quickstart", "profile", "split", "serve")
 
 
 def build_parser():

@@ -9,7 +9,7 @@ import pytest
 
 import edgeflow as ef
 
-VERBS = ["inspect", "run", "bench", "quickstart", "serve", "profile", "split"]
+VERBS = ["inspect", "run", "bench", "quickstart", "serve", "profile", "split", "export"]
 
 
 def edgeflow(*args, cwd=None):

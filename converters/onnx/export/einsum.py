@@ -1,0 +1,2 @@
+"""Einsum (edgeflow/ops/einsum.py)."""
+SAME = {"einsum": "Einsum"}

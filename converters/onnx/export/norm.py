@@ -1,0 +1,2 @@
+"""Batch and layer normalization (edgeflow/ops/norm.py)."""
+SAME = {"batch_norm": "BatchNormalization", "layer_norm": "LayerNormalization"}
