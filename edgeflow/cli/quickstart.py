@@ -92,7 +92,8 @@ def convert_onnx(directory):
 
 
 def train_on_device(directory):
-    """y = 0.1 x + 0.3: package a trainable model, train it with the interpreter, export it."""
+    """y = 0.1 x + 0.3: package a trainable model, train it with the interpreter on an
+    ef.data pipeline, with TensorBoard logs when tensorboardX is installed; export it."""
     import edgeflow as ef
     from ..training_loop import fit
     path = os.path.join(directory, "linear.efl")
@@ -111,15 +112,53 @@ def train_on_device(directory):
     xs = rng.random(100).astype(np.float32)
     data = {"x": xs, "y": (0.1 * xs + 0.3 + rng.normal(0, 0.01, 100)).astype(np.float32)}
     interp = ef.Interpreter(path)
-    history = fit(interp, data, epochs=200, batch_size=100,
-                  checkpoint_dir=os.path.join(directory, "checkpoints"), checkpoint_every=10)
+    batches = ef.data.Dataset.from_tensor_slices(data).shuffle(100, seed=0).batch(50)
+    logger = _tensorboard(os.path.join(directory, "runs"))
+    try:
+        history = fit(interp, batches, epochs=100, checkpoint_dir=os.path.join(directory, "checkpoints"),
+                      checkpoint_every=10, logger=logger)
+    finally:
+        if logger is not None:
+            logger.close()
     state = interp.variables()
     print(f"  {len(history)} steps on the device: loss {history[0][1]:.4f} -> {history[-1][1]:.6f}; "
           f"W = {state['W'][0]:.3f} (0.1), b = {state['b'][0]:.3f} (0.3)")
     interp.export(os.path.join(directory, "linear-trained.efl"))
-    print("  checkpointed to checkpoints/, exported linear-trained.efl")
+    print("  checkpointed to checkpoints/, exported linear-trained.efl"
+          + ("; TensorBoard logs in runs/ (loss, learning rate, steps/s, weight and gradient histograms)"
+             if logger is not None else ""))
     if abs(state["W"][0] - 0.1) > 0.02 or abs(state["b"][0] - 0.3) > 0.02:
         raise SystemExit("quickstart: training did not recover W and b")
+
+
+def _tensorboard(logdir):
+    """A TensorBoardLogger into `logdir`, or None without the 'tensorboard' extra."""
+    import importlib.util
+    if importlib.util.find_spec("tensorboardX") is None:
+        return None
+    from ..tensorboard import TensorBoardLogger
+    return TensorBoardLogger(logdir, histogram_every=50)
+
+
+def export_to_onnx(directory):
+    """The model trained in step 6, back to ONNX, checked with ONNX's reference evaluator."""
+    try:
+        from onnx.reference import ReferenceEvaluator
+        from edgeflow.converters.onnx import export as exporter
+    except ImportError:
+        print("  skipped: needs the 'convert' extra (pip install 'edgeflow[convert]')")
+        return
+    import edgeflow as ef
+    source, out = os.path.join(directory, "linear-trained.efl"), os.path.join(directory, "linear-trained.onnx")
+    model = exporter.export(source, out)
+    x = np.linspace(-1, 1, 7, dtype=np.float32)
+    got = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    want = ef.Interpreter(source).get_signature_runner("infer")(x=x)["pred"]
+    err = float(np.abs(got - want).max())
+    print(f"  wrote linear-trained.onnx ({len(model.graph.node)} ONNX nodes, opset {exporter.OPSET}, the trained "
+          f"W and b as initializers); max |onnx reference - edgeflow| = {err:.1e}")
+    if err > 1e-6:
+        raise SystemExit(f"quickstart: the exported model differs from edgeflow by {err}")
 
 
 def decode_with_a_loop(directory, vocab=10, hidden=16, end=0, max_len=12):
@@ -345,7 +384,8 @@ def main(directory=None):
         _step(5, "Convert an ONNX model (a small CNN made on the spot) and run it")
         convert_onnx(directory)
 
-        _step(6, "Train on the device: the seeds' linear regression through a train signature")
+        _step(6, "Train on the device: the seeds' linear regression through a train signature, "
+              "fed by an ef.data pipeline")
         train_on_device(directory)
 
         _step(7, "Control flow: a greedy decoder in a while loop that stops at an end token")
@@ -359,9 +399,13 @@ def main(directory=None):
 
         _step(10, "Serve many devices: adaptive batching and Prometheus metrics")
         serve_many_devices(path)
+
+        _step(11, "Export the model trained in step 6 back to ONNX, for Netron and onnxruntime")
+        export_to_onnx(directory)
     print("\nquickstart finished: built, packaged, inspected, ran and benchmarked a model, "
           "converted one from ONNX, trained one on the device, decoded with a loop, split one with "
-          "the cloud, trained one jointly with it, and served many devices in batches.")
+          "the cloud, trained one jointly with it, served many devices in batches, and exported a trained "
+          "model back to ONNX.")
     if keep:
         print(f"the files are in {os.path.abspath(directory)}: "
               + ", ".join(sorted(f + ("/" if os.path.isdir(os.path.join(directory, f)) else "")
