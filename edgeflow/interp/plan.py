@@ -69,7 +69,8 @@ def dequantize(tensor):
         shape[q.axis] = -1
     scale = np.asarray(q.scale, np.float32).reshape(shape)
     zero = np.asarray(q.zero_point or (0,), np.float32).reshape(shape if q.zero_point else ())
-    out = (tensor.data.astype(np.float32) - zero) * scale
+    with np.errstate(over="ignore"):  # a scale near float32's limit: inf, as the file says
+        out = (tensor.data.astype(np.float32) - zero) * scale
     out.setflags(write=False)
     return out
 

@@ -73,8 +73,11 @@ def resize_axes(op, attrs, shape):
     full_scales = (1.0,) * (rank - len(scales)) + tuple(scales) if scales else (None,) * rank
     full_sizes = tuple(shape[:rank - len(sizes)]) + tuple(sizes) if sizes else None
     if full_sizes is None:
-        full_sizes = tuple(None if n is None else int(np.floor(np.float32(n) * np.float32(s)))
-                           for n, s in zip(shape, full_scales))
+        with np.errstate(over="ignore"):
+            products = [None if n is None else np.float32(n) * np.float32(s) for n, s in zip(shape, full_scales)]
+        if not all(p is None or np.isfinite(p) for p in products):
+            raise GraphError(f"{op}: scales {scales} make {fmt(shape)} overflow float32")
+        full_sizes = tuple(None if p is None else int(np.floor(p)) for p in products)
         if any(s is not None and s < 1 for s in full_sizes):
             raise GraphError(f"{op}: scales {scales} shrink {fmt(shape)} to nothing")
     return full_sizes, full_scales

@@ -252,6 +252,7 @@ def test_pad_dynamic(compile_graph, graph, rng):
     ("resize", (1, 2, 4, 4), {"scales": (0.0, 2.0)}, "positive"),
     ("resize", (1, 2, 4, 4), {"sizes": (0, 2)}, "positive"),
     ("resize", (1, 2, 4, 4), {"scales": (0.1, 2.0)}, "nothing"),
+    ("resize", (1, 2, 4, 4), {"scales": (1e38, 2.0)}, "overflow float32"),
     ("resize", (4,), {"scales": (2.0, 2.0)}, "fewer axes"),
     ("resize", (1, 2, 4, 4), {"scales": (2.0, 2.0), "mode": "bicubic"}, "mode"),
     ("resize", (1, 2, 4, 4), {"scales": (2.0, 2.0), "coordinate_transformation_mode": "tf_crop_and_resize"},
