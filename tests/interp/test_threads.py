@@ -68,7 +68,7 @@ def _conv(x, w, bias, strides, pads, group, threads_):
 
 
 @settings(max_examples=16)
-@given(n=st.integers(1, 3), c=st.sampled_from([1, 2, 4, 6]), m_per=st.sampled_from([1, 3, 17]), size=st.integers(3, 11),
+@given(n=st.integers(1, 4), c=st.sampled_from([1, 2, 4, 6]), m_per=st.sampled_from([1, 3, 17]), size=st.integers(3, 11),
        kernel=st.sampled_from([1, 3]), stride=st.sampled_from([1, 2]), pad=st.sampled_from([0, 1]),
        grouping=st.sampled_from(["dense", "grouped", "depthwise"]), columns=st.sampled_from([1, 10**9]))
 def test_a_conv_split_over_threads_equals_one_thread(n, c, m_per, size, kernel, stride, pad, grouping, columns):
@@ -113,11 +113,12 @@ def test_elementwise_ops_split_over_threads_equal_numpy(shape, other, op):
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
-@pytest.mark.parametrize("channels,size,stride", [(6, 9, 1), (5, 12, 2)])
-def test_a_depthwise_conv_split_over_threads_equals_one_thread(channels, size, stride):
-    """numba's one-pass depthwise conv (where numba is installed) splits its channels."""
+@pytest.mark.parametrize("batch,channels,size,stride", [(1, 6, 9, 1), (1, 5, 12, 2), (4, 6, 9, 1), (5, 5, 12, 2)])
+def test_a_depthwise_conv_split_over_threads_equals_one_thread(batch, channels, size, stride):
+    """numba's one-pass depthwise conv (where numba is installed) splits its channels (one
+    image) or its images (as many as threads or more)."""
     rng = np.random.default_rng(channels)
-    x = rng.standard_normal((1, channels, size, size)).astype(np.float32)
+    x = rng.standard_normal((batch, channels, size, size)).astype(np.float32)
     w = rng.standard_normal((channels, 1, 3, 3)).astype(np.float32)
     bias = rng.standard_normal(channels).astype(np.float32)
     args = (x, w, bias, (stride, stride), (1, 1, 1, 1), channels)

@@ -140,7 +140,8 @@ def _pointwise(x, w, group, out):
     ws = reshaped(w, (group, m // group, c // group))
     result = reshaped(out, (n, group, m // group, -1))
     return _split(lambda g, p: partial(np.matmul, ws[g], xs[:, g, :, p], out=result[:, g, :, p]),
-                  group, result, xs.shape[2], lambda r: partial(np.matmul, ws[:, r], xs, out=result[:, :, r])) \
+                  group, result, xs.shape[2], lambda r: partial(np.matmul, ws[:, r], xs, out=result[:, :, r]),
+                  lambda b: partial(np.matmul, ws, xs[b], out=result[b])) \
         or (lambda: np.matmul(ws, xs, out=result))
 
 
@@ -162,7 +163,11 @@ def _im2col(runs, w, group, acc):
 
     def rows(r):  # output channels r of every group, once the gathers are done
         return partial(np.matmul, ws[:, r], flat, out=result[:, :, r])
-    split = _split(piece, group, result, flat.shape[2], rows)
+
+    def images(b):  # the gathers and the product of images b
+        return sequence(_copies([(dst[b], src[b]) for dst, src in gathers]),
+                        partial(np.matmul, ws, flat[b], out=result[b]))
+    split = _split(piece, group, result, flat.shape[2], rows, images)
     if split is None:
         return piece(slice(0, group), slice(None))
     return sequence(_copies(gathers), split) if split.rows else split  # rows: every worker reads all columns
@@ -186,14 +191,18 @@ class _Split:
         self.workers.run(self.parts)
 
 
-def _split(piece, group, result, depth, rows=None):
+def _split(piece, group, result, depth, rows=None, images=None):
     """A step running the product over the plan's workers, or None (one thread, little
-    work): `piece(groups, columns)` (slices; each a step) for groups apart when there are
-    several, else for columns when there are enough, else `rows(output channels)`."""
+    work): `images(batch)` (a slice; a step) for a batch of as many images as workers or
+    more (each worker's operands and output stay contiguous), else `piece(groups, columns)`
+    (slices; each a step) for groups apart when there are several, else for columns when
+    there are enough, else `rows(output channels)`."""
     workers = threads.current()
     if workers is None or 2 * result.size * depth < threads.MIN_FLOPS:
         return None
-    if group >= workers.n:
+    if images is not None and result.shape[0] >= workers.n:
+        parts = [images(slice(a, b)) for a, b in threads.pieces(result.shape[0], workers.n)]
+    elif group >= workers.n:
         parts = [piece(slice(a, b), slice(None)) for a, b in threads.pieces(group, workers.n)]
     elif result.shape[-1] >= threads.MIN_COLUMNS * workers.n or rows is None:
         parts = [piece(slice(0, group), slice(a, b))
@@ -205,14 +214,20 @@ def _split(piece, group, result, depth, rows=None):
 
 
 def _depthwise(x, w, bias, out, strides, dilations, begin, activation):
-    """numba's one-pass depthwise conv (or None), its channels split over the plan's
-    workers for one image (whose channel slices stay contiguous)."""
+    """numba's one-pass depthwise conv (or None), split over the plan's workers by images
+    when there are as many as workers, else (one image, whose channel slices stay
+    contiguous) by channels."""
     workers = threads.current()
-    if workers is None or x.shape[0] != 1 or 2 * out.size * math.prod(w.shape[2:]) < threads.MIN_FLOPS:
+    if workers is None or (x.shape[0] != 1 and x.shape[0] < workers.n) \
+            or 2 * out.size * math.prod(w.shape[2:]) < threads.MIN_FLOPS:
         return jit.bind_depthwise(x, w, bias, out, strides, dilations, begin, activation)
-    parts = [jit.bind_depthwise(x[:, a:b], w[a:b], None if bias is None else bias[a:b], out[:, a:b],
-                                strides, dilations, begin, activation)
-             for a, b in threads.pieces(x.shape[1], workers.n)]
+    if x.shape[0] >= workers.n:
+        parts = [jit.bind_depthwise(x[a:b], w, bias, out[a:b], strides, dilations, begin, activation)
+                 for a, b in threads.pieces(x.shape[0], workers.n)]
+    else:
+        parts = [jit.bind_depthwise(x[:, a:b], w[a:b], None if bias is None else bias[a:b], out[:, a:b],
+                                    strides, dilations, begin, activation)
+                 for a, b in threads.pieces(x.shape[1], workers.n)]
     if None in parts:
         return None
     return (lambda: workers.run(parts)) if len(parts) > 1 else parts[0]
