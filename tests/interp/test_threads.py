@@ -30,6 +30,44 @@ def test_workers_run_every_task_and_raise_their_errors():
     workers.close()
 
 
+def test_workers_shared_by_two_callers_run_every_task_once():
+    """A caller that finds the workers busy runs its tasks itself; nothing runs twice."""
+    import threading
+    workers = threads.Workers(2)
+    counts = [0] * 400
+    gate = threading.Barrier(2)
+
+    def caller(base):
+        gate.wait()
+        for k in range(0, 200, 4):
+            def bump(j):
+                counts[j] += 1
+            workers.run([lambda j=j: bump(j) for j in range(base + k, base + k + 4)])
+    callers = [threading.Thread(target=caller, args=(b,)) for b in (0, 200)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    assert counts == [1] * 400
+
+
+def test_workers_threads_end_when_the_workers_are_collected():
+    import gc
+    import threading
+
+    def ours():
+        return {t for t in threading.enumerate() if t.name == "edgeflow-worker"}
+    before = ours()
+    for _ in range(20):
+        threads.Workers(3).run([lambda: None] * 3)
+    gc.collect()
+    for _ in range(200):
+        if not ours() - before:
+            break
+        threading.Event().wait(0.01)
+    assert not ours() - before
+
+
 def _matmul_model(a_shape, b_shape, transpose_a, transpose_b):
     g = ef.Graph()
     with g.as_default():
