@@ -13,8 +13,10 @@ layers, d_model 256, 4 heads, feed-forward 1024, sequence 128), a 2-layer LSTM a
 bidirectional GRU (input 128, hidden 256, sequence 64). `small`: the test models of
 tests/data/onnx (0.1-1 ms a run: they measure per-op overhead, not kernels).
 
-Measured, for each model at each thread count (edgeflow's `num_threads` and
-onnxruntime's intra-op threads alike) and batch: the time a new Interpreter takes to make
+Measured, for each model and batch at each thread count (edgeflow's `num_threads` and
+onnxruntime's intra-op threads alike; every thread count's runs interleaved with the
+others', so that a row at 2 threads and its row at 1 saw the same moments of this shared
+machine): the time a new Interpreter takes to make
 its plan, and its first run (that plan included: what a first call costs), the median latency
 of edgeflow and of onnxruntime (the peer), interleaved, their ratio, and the GFLOP/s each
 achieves (the plan's FLOP count over the median), edgeflow's as a fraction of numpy's own
@@ -187,18 +189,24 @@ def bench_latency(models, runs, threads_list, batches, folder):
         start = time.perf_counter()
         onnx_converter.convert(onnx_path, efl)
         harness.log(f"{name}: converted in {time.perf_counter() - start:.1f} s")
-        for threads in threads_list:
-            sess = harness.ort_session(onnx_path, threads)
-            for batch in batches:
-                feeds = feeds_of[batch]
+        sessions = {threads: harness.ort_session(onnx_path, threads) for threads in threads_list}
+        for batch in batches:
+            feeds = feeds_of[batch]
+            contenders, firsts = {}, {}
+            for threads in threads_list:  # every thread count in one interleaved set: the same moments
                 plan, first, runner = first_run(efl, threads, feeds)
-                t = harness.medians({"edgeflow": lambda: runner(**feeds), "ort": lambda: sess.run(None, feeds)},
-                                    runs, warmup=2)
+                firsts[threads] = plan, first, runner
+                contenders[("edgeflow", threads)] = lambda runner=runner: runner(**feeds)
+                contenders[("ort", threads)] = lambda sess=sessions[threads]: sess.run(None, feeds)
+            t = harness.medians(contenders, runs, warmup=2)
+            for threads in threads_list:
+                plan, first, runner = firsts[threads]
+                ef_s, ort_s = t[("edgeflow", threads)], t[("ort", threads)]
                 flops = sum(runner.last_plan.flops().values())
-                gflops = flops / t["edgeflow"] / 1e9
-                rows.append([name, threads, batch, harness.ms(plan, 1), harness.ms(first, 1), harness.ms(t["edgeflow"], 2),
-                             harness.ms(t["ort"], 2), harness.ratio(t["edgeflow"], t["ort"]),
-                             f"{flops / 1e9:.3g}", f"{gflops:.1f}", f"{flops / t['ort'] / 1e9:.1f}",
+                gflops = flops / ef_s / 1e9
+                rows.append([name, threads, batch, harness.ms(plan, 1), harness.ms(first, 1), harness.ms(ef_s, 2),
+                             harness.ms(ort_s, 2), harness.ratio(ef_s, ort_s),
+                             f"{flops / 1e9:.3g}", f"{gflops:.1f}", f"{flops / ort_s / 1e9:.1f}",
                              f"{gflops / peaks[threads]:.0%}"])
                 harness.log("  " + "  ".join(str(c) for c in rows[-1]))
     print()
