@@ -176,6 +176,27 @@ def test_add_activation(mode, shape, row, activation, seed):
     check(mode, lambda t: apply("add", [t, other], {"activation": activation}), x, expected, "add_activation_loop")
 
 
+@FEW
+@given(channels=st.integers(8, 12), size=st.integers(24, 40), seed=st.integers(0, 2 ** 16))
+def test_where_as_a_prelu(mode, channels, size, seed):
+    """where(x < 0, alpha * x, x), the PReLU the TFLite converter builds, against
+    onnxruntime's PRelu; NaN, inf and -0.0 keep their way through the select, exactly."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, channels, size, size)).astype(np.float32) * 3
+    alpha = rng.uniform(0, 0.5, (channels, 1, 1)).astype(np.float32)
+
+    def build(t):
+        negative = apply("less", [t, np.zeros((), np.float32)])
+        return apply("where", [negative, apply("mul", [t, alpha]), t])
+    assert x.size >= jit.WHERE_MIN_ELEMENTS
+    check(mode, build, x, onnx_run([helper.make_node("PRelu", ["x", "a"], ["y"])], x, {"a": alpha}), "where_loop")
+    x.flat[:4] = [np.nan, np.inf, -np.inf, -0.0]
+    got = run(build, x)
+    expected = onnx_run([helper.make_node("PRelu", ["x", "a"], ["y"])], x, {"a": alpha})
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(np.signbit(got.flat[:4]), np.signbit(expected.flat[:4]))
+
+
 # -- layer norm and GELU -----------------------------------------------------------------------
 
 @FEW

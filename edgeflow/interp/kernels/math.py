@@ -106,7 +106,7 @@ def _where(cond, x, y, out):
 
 @kernel("where", bfloat16="bits")
 def _where_kernel(ins, outs, attrs):
-    return partial(_where, *ins, outs[0])
+    return jit.bind_where(*ins, outs[0]) or partial(_where, *ins, outs[0])
 
 
 @kernel("cast", bfloat16="as_is")
