@@ -3,6 +3,7 @@ import numpy as np
 
 from edgeflow import dtypes
 from edgeflow.graph.math_ops import apply
+from edgeflow.graph.nn import prelu
 
 from ..context import onnx_dtype
 from . import handler
@@ -80,10 +81,9 @@ def _where(ctx, node):
 
 @handler("PRelu", op="where")
 def _prelu(ctx, node):
-    """x where x >= 0, slope * x elsewhere (slope broadcast to x, as ONNX's function body)."""
-    x, slope, out = ctx.input(node, 0), ctx.input(node, 1), node.outputs[0]
-    negative = apply("less", [x, np.zeros((), x.dtype)], name=f"{out}/negative")
-    return apply("where", [negative, apply("mul", [x, slope], name=f"{out}/scaled"), x], name=out)
+    """x where x >= 0, slope * x elsewhere (slope broadcast to x, as ONNX's function body):
+    ef.nn.prelu."""
+    return prelu(ctx.input(node, 0), ctx.input(node, 1), name=node.outputs[0])
 
 
 @handler("MatMul", op="matmul")
