@@ -24,17 +24,13 @@ def prelu(x, slope, name=None):
     """x where x >= 0, else slope * x, slope broadcast to x (ONNX's PRelu, TFLite's PRELU).
 
     A constant slope within (0, 1] makes it maximum(x, slope * x), one of at least 1
-    minimum(x, slope * x): two passes that equal the definition on every input, infinities,
-    NaN and -0.0 included (a slope of 0 would not: 0 * inf is NaN). Other slopes take a
-    select, which branches on every element's sign."""
+    minimum(x, slope * x): two fast passes even without numba, equal to the definition on
+    every input, infinities, NaN and -0.0 included (a slope of 0 would not: 0 * inf is
+    NaN). Other slopes (trained ones take both signs) make the `prelu` op."""
     x = convert_to_tensor(x)
     slope = convert_to_tensor(slope, x.dtype)
-    scaled = apply("mul", [x, slope], name=name and f"{name}/scaled")
     value = slope.spec.value
-    if value is not None and value.size and np.all(value > 0):
-        if np.all(value <= 1):
-            return apply("maximum", [x, scaled], name=name)
-        if np.all(value >= 1):
-            return apply("minimum", [x, scaled], name=name)
-    negative = apply("less", [x, np.zeros((), x.dtype)], name=name and f"{name}/negative")
-    return apply("where", [negative, scaled, x], name=name)
+    if value is not None and value.size and np.all(value > 0) and (np.all(value <= 1) or np.all(value >= 1)):
+        scaled = apply("mul", [x, slope], name=name and f"{name}/scaled")
+        return apply("maximum" if np.all(value <= 1) else "minimum", [x, scaled], name=name)
+    return apply("prelu", [x, slope], name=name)

@@ -3,7 +3,7 @@ import math
 
 from .. import dtypes
 from ..errors import GraphError
-from .dims import fmt
+from .dims import broadcast, fmt
 from .registry import Attr, AttrKind, TensorSpec, Types, define, gradient
 
 _F = AttrKind.FLOAT
@@ -52,6 +52,26 @@ _TAKES = {"shrink": dtypes.NUMERIC}
 for _name, (_attrs, _formula) in FLOAT_ACTIVATIONS.items():
     define(_name, attrs=_attrs, types=Types("x: T -> T", T=_TAKES.get(_name, dtypes.FLOATS) | {dtypes.bfloat16}))(
         _float_activation(_name, _formula))
+
+
+@define("prelu", types=Types("x: T, slope: T -> T", T=dtypes.FLOATS | {dtypes.bfloat16}))
+def _prelu(inputs, attrs):
+    """x if x >= 0 else slope * x, elementwise; slope broadcasts to x's shape (ONNX's PRelu,
+    TFLite's PRELU): a per-channel slope is (C, 1, 1) in NCHW."""
+    x, slope = inputs
+    if len(slope.shape) > len(x.shape) or broadcast(x.shape, slope.shape) != tuple(x.shape):
+        raise GraphError(f"prelu: the slope {fmt(slope.shape)} must broadcast to x {fmt(x.shape)}")
+    return [TensorSpec(x.shape, x.dtype)]
+
+
+@gradient("prelu")
+def _prelu_grad(g, op, grads):
+    """dx = dy where x >= 0, slope * dy elsewhere; dslope = the sum of dy * min(x, 0) over
+    the dimensions the slope broadcast along."""
+    (x, slope), dy = op.inputs, grads[0]
+    negative = g("less", x, g.constant(0, x))
+    return [g("where", negative, g("mul", dy, slope), dy),
+            g.sum_to(g("mul", dy, g("minimum", x, g.constant(0, x))), slope)]
 
 
 @define("swiglu", attrs={"alpha": Attr(_F, 1.0)}, types=Types("a: T, b: T -> T", T=dtypes.FLOATS))

@@ -27,3 +27,18 @@ def test_swish(delegate, shape, alpha, scale, seed):
     assert not np.isnan(got).any()
     np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-30)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-30)
+
+
+@pytest.mark.parametrize("x_shape, slope_shape", [((1, 8, 5, 5), (8, 1, 1)), ((3, 7), (7,)), ((2, 3, 4), (1,)),
+                                                  ((2, 3, 4), (2, 3, 4))])
+def test_prelu(delegate, x_shape, slope_shape):
+    """x where x >= 0, else slope * x, slope broadcast: exact, NaN and infinities too."""
+    rng = np.random.default_rng(len(x_shape) + len(slope_shape))
+    x = (rng.standard_normal(x_shape) * 3).astype(np.float32)
+    x.flat[:3] = [np.nan, np.inf, -np.inf]
+    slope = rng.uniform(-1, 1, slope_shape).astype(np.float32)
+    want, got, _ = run_both(delegate, "prelu", [x, slope])
+    with np.errstate(invalid="ignore"):
+        exact = np.where(x >= 0, x, slope * x)
+    np.testing.assert_array_equal(got, exact)
+    np.testing.assert_array_equal(want, exact)

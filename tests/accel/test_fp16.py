@@ -93,6 +93,7 @@ def _cases():
                   ("tanh", 2 * r(101))):
         cases.append(Case(op, [x]))
     cases.append(Case("swish", [4 * r(101)], {"alpha": 1.0}))
+    cases.append(Case("prelu", [r(3, 8, 5), rng.uniform(-1, 1, (8, 1)).astype(np.float32)]))
     # matmul: both kernels, sizes that divide no tile, transposes, batch broadcasting
     for path, patch in (("blocked", cpu), ("tiled", gpu)):
         cases += [

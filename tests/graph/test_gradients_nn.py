@@ -53,6 +53,13 @@ def test_swiglu(alpha):
     check_gradients(op("swiglu", alpha=alpha), r(3, 7, low=-4, high=4), r(3, 7), rtol=1e-5, atol=1e-8)
 
 
+@pytest.mark.parametrize("slope_shape", [(3, 1, 1), (1,), (2, 3, 4, 5)])
+def test_prelu(slope_shape):
+    """Both operands, the slope summed over the axes it broadcast along."""
+    check_gradients(op("prelu"), away_from(r(2, 3, 4, 5, low=-4, high=4), (0.0,)), r(*slope_shape, low=-1, high=1),
+                    rtol=1e-5, atol=1e-8)
+
+
 def test_clip_gradient_is_zero_outside_and_passes_at_the_bounds():
     x = np.array([-2.0, -1.0, 0.0, 1.0, 2.0])
     g = ef.Graph()

@@ -137,6 +137,7 @@ EXAMPLES = {
     "attention_grad": ([S((1, 2, 3, 4)), S((1, 1, 5, 4)), S((1, 1, 5, 6)), S((1, 2, 3, 6))], {}),
     "swish": _unary(),
     "swiglu": _binary((2, 3), (2, 3)),
+    "prelu": _binary((2, 3, 4), (3, 1)),
     "rotary_embedding": ([S((1, 2, 3, 4)), S((1, 3, 2)), S((1, 3, 2))], {}),
 }
 

@@ -7,7 +7,8 @@ from . import exporter
 
 SAME = {"leaky_relu": "LeakyRelu", "hard_sigmoid": "HardSigmoid", "hard_swish": "HardSwish", "gelu": "Gelu",
         "erf": "Erf", "softplus": "Softplus", "elu": "Elu", "selu": "Selu", "celu": "Celu", "softsign": "Softsign",
-        "mish": "Mish", "thresholded_relu": "ThresholdedRelu", "shrink": "Shrink", "swish": "Swish"}
+        "mish": "Mish", "thresholded_relu": "ThresholdedRelu", "shrink": "Shrink", "swish": "Swish",
+        "prelu": "PRelu"}
 
 
 @exporter

@@ -4,6 +4,7 @@ import math
 import numpy as np
 
 from edgeflow.graph.math_ops import apply
+from edgeflow.graph.nn import prelu
 
 from . import attrs_or_operands, first_float, handler
 
@@ -50,3 +51,10 @@ def _clip(ctx, node):
 def _swiglu(ctx, node):
     return apply("swiglu", [ctx.input(node, 0), ctx.input(node, 1)], {"alpha": node.attr("alpha", 1.0)},
                  name=node.outputs[0])
+
+
+@handler("PRelu", op="prelu")
+def _prelu(ctx, node):
+    """x where x >= 0, slope * x elsewhere (slope broadcast to x, as ONNX's function body):
+    ef.nn.prelu."""
+    return prelu(ctx.input(node, 0), ctx.input(node, 1), name=node.outputs[0])

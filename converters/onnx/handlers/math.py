@@ -3,7 +3,6 @@ import numpy as np
 
 from edgeflow import dtypes
 from edgeflow.graph.math_ops import apply
-from edgeflow.graph.nn import prelu
 
 from ..context import onnx_dtype
 from . import handler
@@ -77,13 +76,6 @@ def _cast(ctx, node):
 @handler("Where", op="where")
 def _where(ctx, node):
     return apply("where", ctx.inputs(node), name=node.outputs[0])
-
-
-@handler("PRelu", op="where")
-def _prelu(ctx, node):
-    """x where x >= 0, slope * x elsewhere (slope broadcast to x, as ONNX's function body):
-    ef.nn.prelu."""
-    return prelu(ctx.input(node, 0), ctx.input(node, 1), name=node.outputs[0])
 
 
 @handler("MatMul", op="matmul")

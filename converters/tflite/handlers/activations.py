@@ -1,5 +1,6 @@
 """Activations (edgeflow/ops/activations.py), elementwise in their input's layout."""
 from edgeflow.graph.math_ops import apply
+from edgeflow.graph.nn import prelu
 
 from . import handler
 
@@ -35,3 +36,13 @@ def _elu(ctx, op):
 @handler("GELU", op="gelu")
 def _gelu(ctx, op):
     _same_layout(ctx, op, "gelu", {"approximate": "tanh" if op.option("approximate", False) else "none"})
+
+
+@handler("PRELU", op="prelu")
+def _prelu(ctx, op):
+    """x where x >= 0, alpha * x elsewhere (alpha broadcast to x): ef.nn.prelu."""
+    x_index, alpha_index = op.inputs[:2]
+    perm, rank = ctx.common_layout([x_index])
+    x = ctx.get(x_index, perm)
+    alpha = ctx.get_like(alpha_index, perm, rank)
+    ctx.set(op.outputs[0], prelu(x, alpha, name=f"{op.name}/prelu"), perm)

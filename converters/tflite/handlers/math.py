@@ -3,7 +3,6 @@ ops run in their operands' layout (context.common_layout)."""
 import numpy as np
 
 from edgeflow.graph.math_ops import apply
-from edgeflow.graph.nn import prelu
 
 from ..context import unsupported
 from . import fused, handler
@@ -76,16 +75,6 @@ def _cast(ctx, op):
     perm = ctx.perm(i)
     dtype = np.dtype(op.output_tensor().dtype)
     ctx.set(op.outputs[0], apply("cast", [ctx.get(i, perm)], {"dtype": dtype}, name=f"{op.name}/cast"), perm)
-
-
-@handler("PRELU", op="where")
-def _prelu(ctx, op):
-    """x where x >= 0, alpha * x elsewhere (alpha broadcast to x): ef.nn.prelu."""
-    x_index, alpha_index = op.inputs[:2]
-    perm, rank = ctx.common_layout([x_index])
-    x = ctx.get(x_index, perm)
-    alpha = ctx.get_like(alpha_index, perm, rank)
-    ctx.set(op.outputs[0], prelu(x, alpha, name=f"{op.name}/prelu"), perm)
 
 
 @handler({"SELECT": "where", "SELECT_V2": "where"})

@@ -28,6 +28,8 @@ inline float binary_op(float x, float y) {
     return fmax(x, y);
 #elif OP == 5
     return fmin(x, y);
+#elif OP == 7
+    return x >= 0.0f ? x : y * x;  // prelu: y the slope
 #else
     return pow(x, y);
 #endif

@@ -1,8 +1,9 @@
 """Steps running elementwise.cl: binary ops with broadcasting and a fused activation, and
-unary math. The launchers are registered where their ops are defined (math.py, nn.py)."""
+unary math. The launchers are registered where their ops are defined (math.py, nn.py,
+activations.py)."""
 import numpy as np
 
-BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3, "maximum": 4, "minimum": 5, "pow": 6}
+BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3, "maximum": 4, "minimum": 5, "pow": 6, "prelu": 7}
 UNARY = {"neg": 0, "abs": 1, "exp": 2, "log": 3, "sqrt": 4, "relu": 5, "sigmoid": 6, "tanh": 7, "swish": 8}
 ACTIVATIONS = {"": 0, "relu": 1, "relu6": 2}
 

@@ -141,6 +141,17 @@ for _name, _formula in _FORMULAS.items():
         kernel(_name)(_make(_name, _formula))
 
 
+def _prelu(x, slope, out):
+    np.multiply(x, slope, out=out, casting="unsafe")
+    np.copyto(out, x, where=x >= 0, casting="unsafe")
+
+
+@kernel("prelu")
+def _prelu_kernel(ins, outs, attrs):
+    """numba's one pass where it takes the operands, else slope * x, then x where x >= 0."""
+    return jit.bind_prelu(ins[0], ins[1], outs[0]) or partial(_prelu, ins[0], ins[1], outs[0])
+
+
 @kernel("gelu")
 def _gelu_kernel(ins, outs, attrs):
     return jit.bind_gelu(ins[0], outs[0], attrs["approximate"]) or partial(_evaluate, _gelu, ins[0], attrs, outs[0])

@@ -581,6 +581,55 @@ def bind_activation(name, x, out, attrs):
     return _elementwise(_ACTIVATION_LOOPS[name], (x,), out, *params.get(name, ()))
 
 
+def prelu_loop(x, slope, out):
+    """out (A, C, B) = x where x >= 0, else slope[c] * x: one pass, a select per element."""
+    a_, c_, b_ = x.shape
+    for a in range(a_):
+        for c in range(c_):
+            s = slope[c]
+            src, dst = x[a, c], out[a, c]
+            for b in range(b_):
+                v = src[b]
+                dst[b] = v if v >= 0 else s * v
+
+
+def _channels(x_shape, slope_shape):
+    """(A, C, B): x's shape folded so that a slope broadcast to it varies along C alone (a
+    scalar slope: C = 1), or None when it varies along axes apart."""
+    full = (1,) * (len(x_shape) - len(slope_shape)) + tuple(slope_shape)
+    varying = [k for k, d in enumerate(full) if d != 1]
+    if not varying:
+        return 1, 1, math.prod(x_shape)
+    first, last = varying[0], varying[-1]
+    if any(full[k] != x_shape[k] for k in range(first, last + 1)):
+        return None
+    return math.prod(x_shape[:first]), math.prod(x_shape[first:last + 1]), math.prod(x_shape[last + 1:])
+
+
+def bind_prelu(x, slope, out):
+    """A step for prelu of float operands, the slope constant along all but a run of
+    adjacent axes (per channel, per element, or one value), split over the current workers
+    along images or channels where there are many elements; or None. numpy's form needs a
+    select that branches on every sign (see bind_where)."""
+    folded = _channels(x.shape, slope.shape)
+    if folded is None or not _takes(x, slope, out) or x.shape != out.shape or not out.size \
+            or not all(a.flags.c_contiguous for a in (x, slope, out)) or not available():
+        return None
+    x3, out3, s1 = x.reshape(folded), out.reshape(folded), slope.reshape(-1)
+    workers = threads.current()
+    if workers is not None and out.size >= threads.MIN_ELEMENTS:
+        a_, c_, _ = folded
+        if a_ >= workers.n:
+            steps = [_bound(prelu_loop, x3[a:b], s1, out3[a:b]) for a, b in threads.pieces(a_, workers.n)]
+        elif a_ == 1 and c_ >= workers.n:
+            steps = [_bound(prelu_loop, x3[:, a:b], s1[a:b], out3[:, a:b]) for a, b in threads.pieces(c_, workers.n)]
+        else:
+            steps = []
+        if len(steps) > 1:
+            return lambda: workers.run(steps)
+    return _bound(prelu_loop, x3, s1, out3)
+
+
 def where_loop(cond, x, y, out):
     """out = x where cond, else y: a select LLVM vectorizes (numpy branches per element)."""
     for i in range(out.shape[0]):
