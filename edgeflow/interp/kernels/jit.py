@@ -307,9 +307,11 @@ def bind_add_activation(a, b, out, activation):
 # 0, not NaN).
 
 def lstm_loop(xw, r, h, c, g, y, backward):
-    """ONNX LSTM with its default gate functions (sigmoid, tanh, tanh), no peepholes:
-    per step t (in reverse when `backward`), g = h @ r + xw[t] (gates i, o, f, c),
-    c = f * c + i * tanh(g_c), h = o * tanh(c), y[t] = h."""
+    """ONNX LSTM with its default gate functions (sigmoid, tanh, tanh), no peepholes, in
+    float32: per step t (in reverse when `backward`), g = h @ r + xw[t] (gates i, o, f, c),
+    c = f * c + i * tanh(g_c), h = o * tanh(c), y[t] = h. The gates' sigmoids and tanhs are
+    _sigmoidf and _tanhf, which LLVM vectorizes (libm's scalar exp and tanh took most of
+    a batch-8 LSTM's time)."""
     seq, batch = xw.shape[0], xw.shape[1]
     n = h.shape[1]
     for s in range(seq):
@@ -319,21 +321,22 @@ def lstm_loop(xw, r, h, c, g, y, backward):
         for b in range(batch):
             gb, xb, hb, cb, yb = g[b], x[b], h[b], c[b], y[t, b]
             for k in range(n):
-                i = 1.0 / (1.0 + math.exp(-(gb[k] + xb[k])))
-                o = 1.0 / (1.0 + math.exp(-(gb[n + k] + xb[n + k])))
-                f = 1.0 / (1.0 + math.exp(-(gb[2 * n + k] + xb[2 * n + k])))
-                cell = math.tanh(gb[3 * n + k] + xb[3 * n + k])
+                i = _sigmoidf(gb[k] + xb[k])
+                o = _sigmoidf(gb[n + k] + xb[n + k])
+                f = _sigmoidf(gb[2 * n + k] + xb[2 * n + k])
+                cell = _tanhf(gb[3 * n + k] + xb[3 * n + k])
                 ck = f * cb[k] + i * cell
                 cb[k] = ck
-                hk = o * math.tanh(ck)
+                hk = o * _tanhf(ck)
                 hb[k] = hk
                 yb[k] = hk
 
 
 def gru_loop(xw, r_zr, r_h, rbh, h, zr, hh, rh, y, backward, linear_before_reset):
-    """ONNX GRU with its default gate functions (sigmoid, tanh): per step, z and r from
-    h @ r_zr + xw[t][:2n]; the candidate from (h @ r_h + rbh) * r (linear_before_reset)
-    or (r * h) @ r_h, plus xw[t][2n:]; h = (1 - z) * candidate + z * h; y[t] = h."""
+    """ONNX GRU with its default gate functions (sigmoid, tanh), in float32 (_sigmoidf,
+    _tanhf, as lstm_loop): per step, z and r from h @ r_zr + xw[t][:2n]; the candidate from
+    (h @ r_h + rbh) * r (linear_before_reset) or (r * h) @ r_h, plus xw[t][2n:];
+    h = (1 - z) * candidate + z * h; y[t] = h."""
     seq, batch = xw.shape[0], xw.shape[1]
     n = h.shape[1]
     for s in range(seq):
@@ -342,7 +345,7 @@ def gru_loop(xw, r_zr, r_h, rbh, h, zr, hh, rh, y, backward, linear_before_reset
         np.dot(h, r_zr, zr)
         for b in range(batch):
             for k in range(2 * n):
-                zr[b, k] = 1.0 / (1.0 + math.exp(-(zr[b, k] + x[b, k])))
+                zr[b, k] = _sigmoidf(zr[b, k] + x[b, k])
         if linear_before_reset:
             np.dot(h, r_h, hh)
             for b in range(batch):
@@ -355,9 +358,9 @@ def gru_loop(xw, r_zr, r_h, rbh, h, zr, hh, rh, y, backward, linear_before_reset
             np.dot(rh, r_h, hh)
         for b in range(batch):
             for k in range(n):
-                cand = math.tanh(hh[b, k] + x[b, 2 * n + k])
+                cand = _tanhf(hh[b, k] + x[b, 2 * n + k])
                 z = zr[b, k]
-                hk = (1 - z) * cand + z * h[b, k]
+                hk = (_ONE - z) * cand + z * h[b, k]
                 h[b, k] = hk
                 y[t, b, k] = hk
 
@@ -365,9 +368,10 @@ def gru_loop(xw, r_zr, r_h, rbh, h, zr, hh, rh, y, backward, linear_before_reset
 def bind_recurrence(kind, *args):
     """lstm_loop or gru_loop (`kind`) compiled for `args` as the kernel will pass them
     (their types; the arrays may change between runs), or None: numba absent or
-    disabled, or operands its loops do not take (float32 and float64 only)."""
+    disabled, or operands its loops do not take (float32 only: float64 runs numpy's
+    steps, to full precision)."""
     arrays = [a for a in args if isinstance(a, np.ndarray)]
-    if not available() or not _takes(*arrays):
+    if not available() or not _takes(*arrays) or arrays[0].dtype != np.float32:
         return None
     return compiled(lstm_loop if kind == "lstm" else gru_loop, *args)
 
@@ -441,7 +445,11 @@ def bind_gelu(x, out, approximate):
 # float32's range (tests/interp/test_jit.py), 0.6-0.8 ns an element against numpy's 1.3.
 
 _f = np.float32
-_ZERO, _HALF, _ONE, _THREE, _SIX, _INF = _f(0), _f(0.5), _f(1), _f(3), _f(6), _f(np.inf)
+_ZERO, _HALF, _ONE, _TWO, _THREE, _SIX, _INF = _f(0), _f(0.5), _f(1), _f(2), _f(3), _f(6), _f(np.inf)
+# Cephes' tanhf: tanh(x) = x + x z P(z), z = x^2, for |x| < 0.625.
+_T0, _T1, _T2, _T3, _T4 = map(_f, (-3.33332819422e-1, 1.33314422036e-1, -5.37397155531e-2, 2.06390887954e-2,
+                                   -5.70498872745e-3))
+_T_SPLIT = _f(0.625)
 _LOG2E, _MAGIC = _f(1.4426950408889634), _f(12582912.0)
 _LN2_HI, _LN2_LO = _f(0.693359375), _f(-2.12194440e-4)
 _EXP_HI, _EXP_LO = _f(88.72284), _f(-104.0)  # exp overflows at and above, is 0 at and below
@@ -505,7 +513,19 @@ def _sigmoidf(v):
     return (_ONE if v >= _ZERO else e) / (_ONE + e)
 
 
-SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf")
+def _tanhf(v):
+    """tanh(v) for float32 v, in float32 (Cephes' tanhf): an odd polynomial below 0.625,
+    1 - 2 / (exp(2|v|) + 1) above, with v's sign; NaN kept, -0.0 too."""
+    a = abs(v)
+    z = v * v
+    small = ((((_T4 * z + _T3) * z + _T2) * z + _T1) * z + _T0) * z * v + v
+    big = _ONE - _TWO / (_expf(a + a) + _ONE)
+    big = big if v >= _ZERO else -big
+    small = small if a != _ZERO else v  # -0.0: the polynomial's terms add to +0.0
+    return small if a < _T_SPLIT else big
+
+
+SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf", "_tanhf")
 # The activation loops and SCALARS may contract a * b + c into one fused multiply-add where the
 # machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other
 # loops keep the arithmetic as written.
