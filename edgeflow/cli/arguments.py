@@ -26,11 +26,13 @@ def parse_inputs(items):
         if not sep or not name or not path:
             raise EdgeflowError(f"--input expects NAME=FILE.npy or FILE.npz, got {item!r}")
         try:
-            out[name] = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as e:
+            value = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
             raise EdgeflowError(f"--input {name}: cannot read {path!r} as .npy ({e})") from None
-        if not isinstance(out[name], np.ndarray):
+        if not isinstance(value, np.ndarray):
+            value.close()
             raise EdgeflowError(f"--input {name}: {path!r} is an .npz archive; pass it as -i {path}")
+        out[name] = value
     return out
 
 
