@@ -103,7 +103,7 @@ def check(mode, build, x, expected, loop):
 @st.composite
 def depthwise_cases(draw):
     k = draw(st.sampled_from([3, 5]))
-    c, n = draw(st.integers(2, 6)), draw(st.integers(1, 2))
+    c, n = draw(st.sampled_from([2, 3, 5, 6, 64, 67])), draw(st.integers(1, 2))  # 64: one channel block, 67: two
     h, w = draw(st.integers(1, 13)), draw(st.integers(1, 13))
     stride, dilation = draw(st.integers(1, 2)), draw(st.integers(1, 2))
     pads = [draw(st.integers(0, k - 1)) for _ in range(4)]
@@ -113,9 +113,16 @@ def depthwise_cases(draw):
                              "group": c}, draw(st.sampled_from(list(ACTIVATIONS))), draw(st.booleans())
 
 
+@pytest.fixture(params=["depthwise_loop", "depthwise_channels_loop"])
+def depthwise(request, monkeypatch):
+    """Which of the two depthwise loops binds, whatever the plane's width: the name."""
+    monkeypatch.setattr(jit, "DEPTHWISE_PLANE_MIN", 0 if request.param == "depthwise_loop" else 1 << 30)
+    return request.param
+
+
 @FEW
 @given(case=depthwise_cases(), seed=st.integers(0, 2 ** 16))
-def test_depthwise_conv(mode, case, seed):
+def test_depthwise_conv(mode, depthwise, case, seed):
     shape, k, attrs, activation, with_bias = case
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(shape).astype(np.float32)
@@ -125,10 +132,28 @@ def test_depthwise_conv(mode, case, seed):
     inits = {"w": w, **({"b": b} if with_bias else {})}
     expected = ACTIVATIONS[activation](onnx_run([helper.make_node("Conv", ["x", *inits], ["y"], **attrs)], x, inits))
     check(mode, lambda t: apply("conv", [t] + operands, {**attrs, "activation": activation}), x, expected,
-          "depthwise_loop")
+          depthwise)
 
 
-def test_depthwise_mobilenet_layer(mode):
+def test_depthwise_float64(jit_mode, depthwise):
+    """float64 operands take the loops too, in float64."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 70, 9, 11))
+    w, b = rng.standard_normal((70, 1, 3, 3)), rng.standard_normal(70)
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float64, x.shape, name="x")
+        y = apply("conv", [t, w, b], {"pads": (1, 1, 1, 1), "group": 70, "activation": "relu"})
+    jit_mode[1].clear()
+    got = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})}))) \
+        .get_signature_runner("infer")(x=x)["y"]
+    assert depthwise in jit_mode[1]
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    expected = sum(w[None, :, 0, i, j, None, None] * padded[:, :, i:i + 9, j:j + 11] for i in range(3) for j in range(3))
+    np.testing.assert_allclose(got, np.maximum(expected + b[None, :, None, None], 0), rtol=1e-12, atol=1e-12)
+
+
+def test_depthwise_mobilenet_layer(mode, depthwise):
     """A MobileNetV2 layer: 3x3, stride 2, padding 1, bias, relu6."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 24, 28, 28)).astype(np.float32)
@@ -136,7 +161,7 @@ def test_depthwise_mobilenet_layer(mode):
     attrs = {"strides": (2, 2), "pads": (1, 1, 1, 1), "group": 24}
     expected = np.clip(onnx_run([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], x, {"w": w, "b": b}),
                        0, 6)
-    check(mode, lambda t: apply("conv", [t, w, b], {**attrs, "activation": "relu6"}), x, expected, "depthwise_loop")
+    check(mode, lambda t: apply("conv", [t, w, b], {**attrs, "activation": "relu6"}), x, expected, depthwise)
 
 
 # -- a conv's bias and activation, a residual add's activation -------------------------------

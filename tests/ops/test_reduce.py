@@ -177,3 +177,21 @@ def test_reference_helpers_agree_with_numpy():
                                       x.sum(axis=ax, keepdims=keepdims))
     for axis in range(3):
         np.testing.assert_array_equal(argmax_by_loops(x, axis, False), x.argmax(axis=axis))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape,axes", [((2, 70, 7, 7), (2, 3)), ((3, 4097), -1), ((5, 64, 64), (1, 2)),
+                                        ((2, 3, 5), (0, 1, 2))])
+@pytest.mark.parametrize("name", ["reduce_sum", "reduce_mean"])
+def test_trailing_axes_sums(run_op, rng, name, shape, axes, dtype):
+    """Sums and means over the last axes (a global average pool; counts at and past the
+    BLAS path's limit): within float32's rounding of the float64 sum, with NaN and inf
+    carried to their rows alone."""
+    builder, _ = REDUCTIONS[name]
+    x = rng.standard_normal(shape).astype(dtype)
+    x.reshape(-1)[[0, -1]] = np.nan, np.inf
+    out = run_op(lambda t: builder(t, axis=axes, keepdims=False), x)
+    wide = x.astype(np.float64)
+    expected = wide.sum(axis=axes) if name == "reduce_sum" else wide.mean(axis=axes)
+    assert out.dtype == x.dtype and out.shape == expected.shape
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4 if dtype == "float32" else 1e-10)

@@ -103,67 +103,195 @@ def _rows(a, length):
 
 
 # -- depthwise convolution ------------------------------------------------------------------
+#
+# Two loops, both one pass over x and out per call, indexing flat arrays with unsigned
+# integers: numba checks every signed index for a negative one to wrap, which keeps LLVM from
+# vectorizing a loop whose index is an offset plus the loop counter, and a slice per row costs
+# ~8 ns. `depthwise_loop` runs a channel at a time over its plane's long runs (wide planes);
+# `depthwise_channels_loop` runs blocks of DEPTHWISE_BLOCK channels at every output position
+# (small planes, whose rows are too short to vectorize: 7x7 in MobileNetV2's last layers).
+# benchmarks/bench_conv.py times both against onnxruntime.
 
-def depthwise_loop(x, w, b, out, sh, sw, top, left, phases, tap_phase, tap_start, acc, act):
-    """out (N, C, OH, OW) = act(depthwise conv of x (N, C, H, W) by w (C, taps) + b), one
-    channel at a time, in the layout of conv.py's tap runs: the channel is copied into its
-    zero-bordered stride phases (`phases`, (sh * sw, QH * QW)), each tap then adds one long
-    unit-stride run of its phase, from `tap_start[t]`, into the wide accumulator `acc`
-    (OH * QW), and the OW first columns of each wide row go to out with the activation."""
-    n_, c_, h_, w_ = x.shape
-    oh_, ow_ = out.shape[2], out.shape[3]
-    taps = w.shape[1]
-    length = acc.shape[0]
-    qw = length // oh_
+# Planes at least this wide (output columns) run depthwise_loop, narrower ones
+# depthwise_channels_loop: the crossover measured on MobileNet's and EfficientNet's layers
+# (at 7 columns the channel blocks take 0.6x the plane loop's time, at 10-14 1.2-1.4x).
+DEPTHWISE_PLANE_MIN = 10
+DEPTHWISE_BLOCK = 64  # channels of depthwise_channels_loop's blocks: 8 AVX2 vectors of float32
+_U = np.uint64
+
+
+def depthwise_loop(x, w, b, out, dims, cols, phases, tap_off, acc, act):
+    """out = act(depthwise conv of x by w (C * taps) + b), x (N, C, H, W) and out (N, C, OH,
+    OW) flat, one channel at a time: the channel is copied into its zero-bordered stride
+    phases (`phases`, sh * sw planes of QH * QW: the layout of conv.py's tap runs), then each
+    tap adds one long unit-stride run of its phase, from `tap_off[t]`, into the wide
+    accumulator `acc` (OH * QW; 3x3 kernels add all nine taps in one pass), and the OW first
+    columns of each wide row go to out with the activation. dims (uint64): N, C, H, W, OH,
+    OW, sh, sw, top, left, QW, QH * QW; cols (sw, 3): for each column phase, the first input
+    column in it, how many, and where they start in the phase's rows."""
+    one, zero_i, two, nine = _U(1), _U(0), _U(2), _U(9)
+    n_, c_, h_, w_, oh_, ow_ = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
+    sh, sw, top, left, qw, plane = dims[6], dims[7], dims[8], dims[9], dims[10], dims[11]
+    taps = _U(tap_off.shape[0])
+    length = oh_ * qw
     zero = out.dtype.type(0)
     six = out.dtype.type(6)
-    for n in range(n_):
-        for c in range(c_):
-            for i in range(h_):
-                src = x[n, c, i]
-                row = ((i + top) // sh) * qw
-                phase = ((i + top) % sh) * sw
-                for px in range(sw):  # input columns first, first + sw, ... land in phase column px
-                    first = (px - left) % sw
-                    count = (w_ - first + sw - 1) // sw
-                    start = row + (first + left) // sw
-                    dst = phases[phase + px, start:start + count]
-                    if sw == 1:
-                        for j in range(count):
-                            dst[j] = src[j]
-                    else:
-                        part = src[first:]
-                        for j in range(count):
-                            dst[j] = part[j * sw]
-            bias = b[c]
+    top_row, top_phase = (top // sh) * qw, top % sh
+    # sw == 2: input column 2m lands in column phase even_phase at even_at + m, 2m + 1 in odd_phase
+    half, even_phase, even_at = w_ // two, left % two, left // two
+    odd_phase, odd_at = (left + one) % two, (left + one) // two
+    c = c_ - one
+    for nc in range(n_ * c_):
+        c = zero_i if c + one == c_ else c + one
+        src = nc * h_ * w_
+        row, phase = top_row, top_phase
+        for i in range(h_):
+            if sw == one:
+                d = phase * plane + row + left
+                for j in range(w_):
+                    phases[d + j] = x[src + j]
+            elif sw == two:  # columns 2m and 2m + 1 in one loop: LLVM loads the pairs as vectors
+                da = (phase * two + even_phase) * plane + row + even_at
+                db = (phase * two + odd_phase) * plane + row + odd_at
+                for m in range(half):
+                    a = x[src + two * m]
+                    bb = x[src + two * m + one]
+                    phases[da + m] = a
+                    phases[db + m] = bb
+                if w_ % two:
+                    phases[da + half] = x[src + w_ - one]
+            else:
+                for px in range(sw):
+                    d = (phase * sw + px) * plane + row + cols[px, 2]
+                    s0, count = src + cols[px, 0], cols[px, 1]
+                    for j in range(count):
+                        phases[d + j] = x[s0 + sw * j]
+            src += w_
+            phase += one
+            if phase == sh:
+                phase = zero_i
+                row += qw
+        bias = b[c]
+        wc = c * taps
+        if taps == nine:
+            w0, w1, w2, w3, w4 = w[wc], w[wc + one], w[wc + two], w[wc + _U(3)], w[wc + _U(4)]
+            w5, w6, w7, w8 = w[wc + _U(5)], w[wc + _U(6)], w[wc + _U(7)], w[wc + _U(8)]
+            o0, o1, o2, o3, o4 = tap_off[0], tap_off[1], tap_off[2], tap_off[3], tap_off[4]
+            o5, o6, o7, o8 = tap_off[5], tap_off[6], tap_off[7], tap_off[8]
+            for k in range(length):
+                acc[k] = (bias + w0 * phases[o0 + k] + w1 * phases[o1 + k] + w2 * phases[o2 + k]
+                          + w3 * phases[o3 + k] + w4 * phases[o4 + k] + w5 * phases[o5 + k]
+                          + w6 * phases[o6 + k] + w7 * phases[o7 + k] + w8 * phases[o8 + k])
+        else:
             for t in range(taps):
-                tap = w[c, t]
-                run = phases[tap_phase[t], tap_start[t]:tap_start[t] + length]
-                if t == 0:
+                tap, o = w[wc + t], tap_off[t]
+                if t == zero_i:
                     for k in range(length):
-                        acc[k] = bias + tap * run[k]
+                        acc[k] = bias + tap * phases[o + k]
                 else:
                     for k in range(length):
-                        acc[k] += tap * run[k]
-            for i in range(oh_):
-                dst = out[n, c, i]
-                wide = acc[i * qw:i * qw + ow_]
-                if act == 0:
-                    for j in range(ow_):
-                        dst[j] = wide[j]
-                elif act == 1:
-                    for j in range(ow_):
-                        v = wide[j]
-                        dst[j] = zero if v < zero else v
-                else:
-                    for j in range(ow_):
-                        v = wide[j]
+                        acc[k] += tap * phases[o + k]
+        dst = nc * oh_ * ow_
+        for i in range(oh_):
+            base = i * qw
+            if act == 0:
+                for j in range(ow_):
+                    out[dst + j] = acc[base + j]
+            elif act == 1:
+                for j in range(ow_):
+                    v = acc[base + j]
+                    out[dst + j] = zero if v < zero else v
+            else:
+                for j in range(ow_):
+                    v = acc[base + j]
+                    v = zero if v < zero else v
+                    out[dst + j] = six if v > six else v
+            dst += ow_
+
+
+def depthwise_channels_loop(x, w, b, out, dims, xt, wt, acc, act):
+    """depthwise_loop's result, a block of K = DEPTHWISE_BLOCK channels at a time: the block
+    is copied into `xt` ((H + pads) * (W + pads), K: zero-bordered, channels last) and its
+    weights and bias into `wt` (taps + 1, K; zeros past C), then each output position sums
+    its taps over the block's K channels in vectors (3x3 kernels in one pass) into `acc`
+    (OH * OW, K), whose columns go to out with the activation. dims (uint64): N, C, H, W, OH,
+    OW, sh, sw, dh, dw, top, left, KH, KW, the padded width."""
+    K, one, zero_i, three = _U(DEPTHWISE_BLOCK), _U(1), _U(0), _U(3)
+    n_, c_, h_, w_, oh_, ow_, sh, sw = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7]
+    dh, dw, top, left, kh_, kw_, wp = dims[8], dims[9], dims[10], dims[11], dims[12], dims[13], dims[14]
+    taps = kh_ * kw_
+    zero = out.dtype.type(0)
+    six = out.dtype.type(6)
+    hw, ohw = h_ * w_, oh_ * ow_
+    step_w, step_h = dw * K, dh * wp * K
+    bias_row = taps * K
+    for n in range(n_):
+        for c0 in range(zero_i, c_, K):
+            cn = min(K, c_ - c0)
+            for cb in range(cn):
+                for t in range(taps):
+                    wt[t * K + cb] = w[(c0 + cb) * taps + t]
+                wt[bias_row + cb] = b[c0 + cb]
+            for cb in range(cn, K):  # a last block's spare channels: zeros, results unread
+                for t in range(taps + one):
+                    wt[t * K + cb] = zero
+            src = (n * c_ + c0) * hw
+            for i in range(h_):
+                d = ((i + top) * wp + left) * K
+                for j in range(w_):
+                    for cb in range(cn):
+                        xt[d + cb] = x[src + cb * hw + j]
+                    d += K
+                src += w_
+            if kh_ == three and kw_ == three:
+                k1, k2, k3, k4 = K, K + K, three * K, _U(4) * K
+                k5, k6, k7, k8 = _U(5) * K, _U(6) * K, _U(7) * K, _U(8) * K
+                for oi in range(oh_):
+                    p = oi * ow_ * K
+                    q0 = oi * sh * wp * K
+                    for oj in range(ow_):
+                        q1, q3 = q0 + step_w, q0 + step_h
+                        q2, q4, q6 = q1 + step_w, q3 + step_w, q3 + step_h
+                        q5, q7 = q4 + step_w, q6 + step_w
+                        q8 = q7 + step_w
+                        for cb in range(K):
+                            acc[p + cb] = (wt[bias_row + cb] + wt[cb] * xt[q0 + cb] + wt[k1 + cb] * xt[q1 + cb]
+                                           + wt[k2 + cb] * xt[q2 + cb] + wt[k3 + cb] * xt[q3 + cb]
+                                           + wt[k4 + cb] * xt[q4 + cb] + wt[k5 + cb] * xt[q5 + cb]
+                                           + wt[k6 + cb] * xt[q6 + cb] + wt[k7 + cb] * xt[q7 + cb]
+                                           + wt[k8 + cb] * xt[q8 + cb])
+                        p += K
+                        q0 += sw * K
+            else:
+                for oi in range(oh_):
+                    p = oi * ow_ * K
+                    for oj in range(ow_):
+                        for cb in range(K):
+                            acc[p + cb] = wt[bias_row + cb]
+                        r = (oi * sh * wp + oj * sw) * K
+                        for ki in range(kh_):
+                            q, t = r, ki * kw_ * K
+                            for kj in range(kw_):
+                                for cb in range(K):
+                                    acc[p + cb] += wt[t + cb] * xt[q + cb]
+                                q += step_w
+                                t += K
+                            r += step_h
+                        p += K
+            for cb in range(cn):
+                dst = (n * c_ + c0 + cb) * ohw
+                for p in range(ohw):
+                    v = acc[p * K + cb]
+                    if act == 1:
                         v = zero if v < zero else v
-                        dst[j] = six if v > six else v
+                    elif act == 2:
+                        v = zero if v < zero else v
+                        v = six if v > six else v
+                    out[dst + p] = v
 
 
 def depthwise_layout(x_shape, kernel_shape, strides, dilations, begin, out_shape, dtype):
-    """(phases, tap_phase, tap_start, acc) of depthwise_loop: tap (kh, kw) reads phase
+    """(phases, tap_off, acc, cols, QW) of depthwise_loop: tap (kh, kw) reads phase
     (kh * dh % sh, kw * dw % sw) from row kh * dh // sh, column kw * dw // sw; a phase holds
     every tap's reach and all of x, and one more row for the runs that spill past it."""
     (h, w), (kh_, kw_), (sh, sw), (dh, dw), (top, left), (oh, ow) = \
@@ -171,22 +299,35 @@ def depthwise_layout(x_shape, kernel_shape, strides, dilations, begin, out_shape
     qh = max(oh + (kh_ - 1) * dh // sh, -(-(top + h) // sh)) + 1
     qw = max(ow + (kw_ - 1) * dw // sw, -(-(left + w) // sw))
     taps = [(kh * dh, kw * dw) for kh in range(kh_) for kw in range(kw_)]
-    tap_phase = np.array([(a % sh) * sw + b % sw for a, b in taps], np.int64)
-    tap_start = np.array([(a // sh) * qw + b // sw for a, b in taps], np.int64)
-    return np.zeros((sh * sw, qh * qw), dtype), tap_phase, tap_start, np.empty(oh * qw, dtype)
+    tap_off = np.array([((a % sh) * sw + b % sw) * qh * qw + (a // sh) * qw + b // sw for a, b in taps], _U)
+    firsts = [(px - left) % sw for px in range(sw)]
+    cols = np.array([(f, len(range(f, w, sw)), (f + left) // sw) for f in firsts], _U)
+    return np.zeros(sh * sw * qh * qw, dtype), tap_off, np.empty(oh * qw, dtype), cols, qw
 
 
 def bind_depthwise(x, w, bias, out, strides, dilations, begin, activation):
     """A step for a 2-D depthwise conv (group == C == M, one weight per channel and tap),
-    or None."""
+    or None: depthwise_loop for planes DEPTHWISE_PLANE_MIN columns wide or wider,
+    depthwise_channels_loop for narrower ones."""
     if not available() or x.ndim != 4 or w.shape[:2] != (x.shape[1], 1) or out.shape[1] != x.shape[1]:
         return None
     b = np.zeros(x.shape[1], x.dtype) if bias is None else bias
     if not _takes(x, w, b, out) or not all(a.flags.c_contiguous for a in (x, w, b, out)) or not out.size:
         return None
-    layout = depthwise_layout(x.shape[2:], w.shape[2:], strides, dilations, begin, out.shape[2:], x.dtype)
-    return _bound(depthwise_loop, x, w.reshape(w.shape[0], -1), b, out, *map(int, (*strides, *begin[:2])),
-                  *layout, ACTIVATION_CODES[activation])
+    (n, c, h, wd), (kh, kw), (oh, ow) = x.shape, w.shape[2:], out.shape[2:]
+    act = ACTIVATION_CODES[activation]
+    flat = (x.reshape(-1), w.reshape(-1), b, out.reshape(-1))
+    if ow >= DEPTHWISE_PLANE_MIN:
+        phases, tap_off, acc, cols, qw = depthwise_layout(x.shape[2:], w.shape[2:], strides, dilations, begin,
+                                                          out.shape[2:], x.dtype)
+        dims = np.array([n, c, h, wd, oh, ow, *strides, *begin[:2], qw, phases.size // math.prod(strides)], _U)
+        return _bound(depthwise_loop, *flat, dims, cols, phases, tap_off, acc, act)
+    k = DEPTHWISE_BLOCK
+    hp = max(begin[0] + h, (oh - 1) * strides[0] + (kh - 1) * dilations[0] + 1)
+    wp = max(begin[1] + wd, (ow - 1) * strides[1] + (kw - 1) * dilations[1] + 1)
+    dims = np.array([n, c, h, wd, oh, ow, *strides, *dilations, *begin[:2], kh, kw, wp], _U)
+    return _bound(depthwise_channels_loop, *flat, dims, np.zeros(hp * wp * k, x.dtype),
+                  np.zeros((kh * kw + 1) * k, x.dtype), np.empty(oh * ow * k, x.dtype), act)
 
 
 # -- bias, residual and activation in one pass ----------------------------------------------
@@ -526,11 +667,11 @@ def _tanhf(v):
 
 
 SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf", "_tanhf")
-# The activation loops and SCALARS may contract a * b + c into one fused multiply-add where the
+# The activation and depthwise loops and SCALARS may contract a * b + c into one fused multiply-add where the
 # machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other
 # loops keep the arithmetic as written.
 _FASTMATH = dict.fromkeys(("sigmoid_loop", "swish_loop", "hard_sigmoid_loop", "hard_swish_loop",
-                           "gelu_float32_loop"), {"contract"})
+                           "gelu_float32_loop", "depthwise_loop", "depthwise_channels_loop"), {"contract"})
 
 
 def sigmoid_loop(x, out):
