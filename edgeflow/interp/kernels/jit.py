@@ -332,56 +332,62 @@ def bind_depthwise(x, w, bias, out, strides, dilations, begin, activation):
 
 # -- bias, residual and activation in one pass ----------------------------------------------
 
-def bias_activation_loop(acc, b, out, act):
-    """out (N, M, P, Q) = act(acc[:, :, :P, :Q] + b[m]); acc may be out itself. The
-    activations are selects that keep NaN, as numpy's maximum and clip do."""
-    n_, m_, p_, q_ = out.shape
+def bias_activation_loop(acc, b, out, dims, act):
+    """out (N, M, P, Q) = act(acc (N, M, PA, QA)[:, :, :P, :Q] + b[m]), both flat, dims
+    (uint64) N * M, P, Q, PA, QA. The activations are selects that keep NaN, as numpy's
+    maximum and clip do."""
+    one, zero_i = _U(1), _U(0)
+    rows, p_, q_, pa, qa = dims[0], dims[1], dims[2], dims[3], dims[4]
+    m_ = _U(b.shape[0])
     zero = out.dtype.type(0)
     six = out.dtype.type(6)
-    for n in range(n_):
-        for m in range(m_):
-            bias = b[m]
-            for p in range(p_):
-                src = acc[n, m, p]
-                dst = out[n, m, p]
-                if act == 0:
-                    for q in range(q_):
-                        dst[q] = src[q] + bias
-                elif act == 1:
-                    for q in range(q_):
-                        v = src[q] + bias
-                        dst[q] = zero if v < zero else v
-                else:
-                    for q in range(q_):
-                        v = src[q] + bias
-                        v = zero if v < zero else v
-                        dst[q] = six if v > six else v
+    m = m_ - one
+    for r in range(rows):
+        m = zero_i if m + one == m_ else m + one
+        bias = b[m]
+        for p in range(p_):
+            src = (r * pa + p) * qa
+            dst = (r * p_ + p) * q_
+            if act == 0:
+                for q in range(q_):
+                    out[dst + q] = acc[src + q] + bias
+            elif act == 1:
+                for q in range(q_):
+                    v = acc[src + q] + bias
+                    out[dst + q] = zero if v < zero else v
+            else:
+                for q in range(q_):
+                    v = acc[src + q] + bias
+                    v = zero if v < zero else v
+                    out[dst + q] = six if v > six else v
 
 
-def bias_activation_inplace_loop(out, b, act):
-    """bias_activation_loop with acc being out: one array, so that LLVM vectorizes the
-    loop (its overlap check between two arrays fails, and falls back to scalar code,
-    when they are the same)."""
-    n_, m_, p_, q_ = out.shape
+def bias_activation_inplace_loop(out, b, rows, length, act):
+    """out (rows, length) flat, row r channel r % len(b): out = act(out + b[channel]) in
+    place. Its own loop: with one array LLVM vectorizes it (the overlap check between two
+    arrays fails, and falls back to scalar code, when they are the same)."""
+    one, zero_i = _U(1), _U(0)
+    m_ = _U(b.shape[0])
     zero = out.dtype.type(0)
     six = out.dtype.type(6)
-    for n in range(n_):
-        for m in range(m_):
-            bias = b[m]
-            for p in range(p_):
-                row = out[n, m, p]
-                if act == 0:
-                    for q in range(q_):
-                        row[q] += bias
-                elif act == 1:
-                    for q in range(q_):
-                        v = row[q] + bias
-                        row[q] = zero if v < zero else v
-                else:
-                    for q in range(q_):
-                        v = row[q] + bias
-                        v = zero if v < zero else v
-                        row[q] = six if v > six else v
+    m = m_ - one
+    base = zero_i
+    for r in range(rows):
+        m = zero_i if m + one == m_ else m + one
+        bias = b[m]
+        if act == 0:
+            for k in range(length):
+                out[base + k] += bias
+        elif act == 1:
+            for k in range(length):
+                v = out[base + k] + bias
+                out[base + k] = zero if v < zero else v
+        else:
+            for k in range(length):
+                v = out[base + k] + bias
+                v = zero if v < zero else v
+                out[base + k] = six if v > six else v
+        base += length
 
 
 def bind_bias_activation(acc, bias, out, activation):
@@ -390,16 +396,18 @@ def bind_bias_activation(acc, bias, out, activation):
     if not loaded() or out.ndim not in (3, 4) or (bias is None and not activation):
         return None
     b = np.zeros(out.shape[1], out.dtype) if bias is None else bias
-    if not _takes(acc, b, out):
+    if not _takes(acc, b, out) or not (acc.flags.c_contiguous and out.flags.c_contiguous and b.flags.c_contiguous):
         return None
     inplace, code = acc is out, ACTIVATION_CODES[activation]
     if not inplace and np.shares_memory(acc, out):
         return None
     if out.ndim == 3:
         acc, out = acc[..., None], out[..., None]
+    rows = out.shape[0] * out.shape[1]
     if inplace:
-        return _bound(bias_activation_inplace_loop, out, b, code)
-    return _bound(bias_activation_loop, acc, b, out, code)
+        return _bound(bias_activation_inplace_loop, out.reshape(-1), b, _U(rows), _U(out[0, 0].size), code)
+    dims = np.array([rows, *out.shape[2:], *acc.shape[2:]], _U)
+    return _bound(bias_activation_loop, acc.reshape(-1), b, out.reshape(-1), dims, code)
 
 
 def add_activation_loop(a, b, out, act):
@@ -742,16 +750,24 @@ def bind_activation(name, x, out, attrs):
     return _elementwise(_ACTIVATION_LOOPS[name], (x,), out, *params.get(name, ()))
 
 
-def prelu_loop(x, slope, out):
-    """out (A, C, B) = x where x >= 0, else slope[c] * x: one pass, a select per element."""
-    a_, c_, b_ = x.shape
+def prelu_loop(x, slope, out, a_, c_, b_):
+    """out (A, C, B) = x where x >= 0, else slope[c] * x, all flat: one pass, a select per
+    element (along C where B is 1: a slope per last-axis channel)."""
+    zero = x.dtype.type(0)
+    base = _U(0)
     for a in range(a_):
+        if b_ == _U(1):
+            for c in range(c_):
+                v = x[base + c]
+                out[base + c] = v if v >= zero else slope[c] * v
+            base += c_
+            continue
         for c in range(c_):
             s = slope[c]
-            src, dst = x[a, c], out[a, c]
             for b in range(b_):
-                v = src[b]
-                dst[b] = v if v >= 0 else s * v
+                v = x[base + b]
+                out[base + b] = v if v >= zero else s * v
+            base += b_
 
 
 def _channels(x_shape, slope_shape):
@@ -777,18 +793,21 @@ def bind_prelu(x, slope, out):
             or not all(a.flags.c_contiguous for a in (x, slope, out)) or not available():
         return None
     x3, out3, s1 = x.reshape(folded), out.reshape(folded), slope.reshape(-1)
+    a_, c_, b_ = folded
+
+    def piece(x_part, s_part, out_part):  # contiguous parts: flat views
+        return _bound(prelu_loop, x_part.reshape(-1), s_part, out_part.reshape(-1), *map(_U, x_part.shape))
     workers = threads.current()
     if workers is not None and out.size >= threads.MIN_ELEMENTS:
-        a_, c_, _ = folded
         if a_ >= workers.n:
-            steps = [_bound(prelu_loop, x3[a:b], s1, out3[a:b]) for a, b in threads.pieces(a_, workers.n)]
+            steps = [piece(x3[a:b], s1, out3[a:b]) for a, b in threads.pieces(a_, workers.n)]
         elif a_ == 1 and c_ >= workers.n:
-            steps = [_bound(prelu_loop, x3[:, a:b], s1[a:b], out3[:, a:b]) for a, b in threads.pieces(c_, workers.n)]
+            steps = [piece(x3[:, a:b], s1[a:b], out3[:, a:b]) for a, b in threads.pieces(c_, workers.n)]
         else:
             steps = []
         if len(steps) > 1:
             return lambda: workers.run(steps)
-    return _bound(prelu_loop, x3, s1, out3)
+    return piece(x3, s1, out3)
 
 
 def where_loop(cond, x, y, out):
