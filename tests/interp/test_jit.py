@@ -164,15 +164,47 @@ def test_depthwise_mobilenet_layer(mode, depthwise):
     check(mode, lambda t: apply("conv", [t, w, b], {**attrs, "activation": "relu6"}), x, expected, depthwise)
 
 
+@FEW
+@given(c=st.integers(1, 4), m=st.integers(1, 9), n=st.integers(1, 2), h=st.integers(1, 13), w=st.integers(1, 13),
+       k=st.sampled_from([1, 3, 5]), stride=st.integers(1, 2), dilation=st.integers(1, 2),
+       pads=st.lists(st.integers(0, 2), min_size=4, max_size=4), activation=st.sampled_from(list(ACTIVATIONS)),
+       seed=st.integers(0, 2 ** 16))
+def test_small_conv(mode, c, m, n, h, w, k, stride, dilation, pads, activation, seed):
+    """A stem's conv: 1-4 input channels, one group, any stride, dilation and padding."""
+    reach = (k - 1) * dilation + 1
+    assume(h + pads[0] + pads[2] >= reach and w + pads[1] + pads[3] >= reach)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    weight = rng.standard_normal((m, c, k, k)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    attrs = {"strides": (stride, stride), "dilations": (dilation, dilation), "pads": tuple(pads)}
+    expected = ACTIVATIONS[activation](
+        onnx_run([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], x, {"w": weight, "b": b}))
+    check(mode, lambda t: apply("conv", [t, weight, b], {**attrs, "activation": activation}), x, expected,
+          "small_conv_loop")
+
+
+def test_small_conv_takes_rgb_stems_only(jit_mode):
+    """Three input channels and a 3x3 or 5x5 kernel: the loop; a 7x7 kernel or eight
+    channels: im2col and BLAS."""
+    x = np.ones((1, 3, 16, 16), np.float32)
+    for shape, taken in (((8, 3, 3, 3), True), ((8, 3, 5, 5), True), ((8, 3, 7, 7), False)):
+        out = np.empty((1, 8, 16, 16), np.float32)
+        step = jit.bind_small_conv(x, np.ones(shape, np.float32), None, out, (1, 1), (1, 1), (1, 1), "")
+        assert (step is not None) == taken, shape
+    assert jit.bind_small_conv(np.ones((1, 8, 16, 16), np.float32), np.ones((8, 8, 3, 3), np.float32), None,
+                               np.empty((1, 8, 16, 16), np.float32), (1, 1), (1, 1), (1, 1), "") is None
+
+
 # -- a conv's bias and activation, a residual add's activation -------------------------------
 
 @FEW
-@given(k=st.sampled_from([1, 3]), c=st.integers(1, 5), m=st.integers(1, 5), h=st.integers(3, 11),
+@given(k=st.sampled_from([1, 3]), c=st.integers(5, 7), m=st.integers(1, 5), h=st.integers(3, 11),
        w=st.integers(3, 11), rank=st.sampled_from([1, 2]), activation=st.sampled_from(["relu", "relu6"]),
        seed=st.integers(0, 2 ** 16))
 def test_conv_bias_activation(mode, k, c, m, h, w, rank, activation, seed):
     """1x1 and 1-D (the conv's result is out: bias and activation in place), 2-D 3x3 padded
-    (a wide result, cropped into out)."""
+    (a wide result, cropped into out); 5 input channels or more (fewer take small_conv_loop)."""
     rng = np.random.default_rng(seed)
     spatial = (h, w)[:rank]
     x = rng.standard_normal((2, c) + spatial).astype(np.float32)

@@ -151,15 +151,18 @@ def test_elementwise_ops_split_over_threads_equal_numpy(shape, other, op):
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["depthwise", "stem"])
 @pytest.mark.parametrize("batch,channels,size,stride", [(1, 6, 9, 1), (1, 5, 12, 2), (4, 6, 9, 1), (5, 5, 12, 2)])
-def test_a_depthwise_conv_split_over_threads_equals_one_thread(batch, channels, size, stride):
-    """numba's one-pass depthwise conv (where numba is installed) splits its channels (one
-    image) or its images (as many as threads or more)."""
+def test_a_jit_conv_split_over_threads_equals_one_thread(kind, batch, channels, size, stride):
+    """numba's one-pass depthwise conv and stem conv (3 input channels; where numba is
+    installed) split their output channels (one image) or their images (as many as threads
+    or more)."""
     rng = np.random.default_rng(channels)
-    x = rng.standard_normal((batch, channels, size, size)).astype(np.float32)
-    w = rng.standard_normal((channels, 1, 3, 3)).astype(np.float32)
+    c, group = (channels, channels) if kind == "depthwise" else (3, 1)
+    x = rng.standard_normal((batch, c, size, size)).astype(np.float32)
+    w = rng.standard_normal((channels, c // group, 3, 3)).astype(np.float32)
     bias = rng.standard_normal(channels).astype(np.float32)
-    args = (x, w, bias, (stride, stride), (1, 1, 1, 1), channels)
+    args = (x, w, bias, (stride, stride), (1, 1, 1, 1), group)
     want = _conv(*args, threads_=1)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(threads, "MIN_FLOPS", 1)

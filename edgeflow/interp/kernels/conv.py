@@ -213,21 +213,23 @@ def _split(piece, group, result, depth, rows=None, images=None):
     return _Split(workers, parts) if len(parts) > 1 else None
 
 
-def _depthwise(x, w, bias, out, strides, dilations, begin, activation):
-    """numba's one-pass depthwise conv (or None), split over the plan's workers by images
-    when there are as many as workers, else (one image, whose channel slices stay
-    contiguous) by channels."""
+def _jit_conv(bind, x, w, bias, out, strides, dilations, begin, activation):
+    """numba's one-pass conv `bind` (jit.bind_depthwise or jit.bind_small_conv; or None),
+    split over the plan's workers by images when there are as many as workers, else (one
+    image, whose channel slices stay contiguous) by output channels (a depthwise conv's
+    input channels with them)."""
     workers = threads.current()
     if workers is None or (x.shape[0] != 1 and x.shape[0] < workers.n) \
-            or 2 * out.size * math.prod(w.shape[2:]) < threads.MIN_FLOPS:
-        return jit.bind_depthwise(x, w, bias, out, strides, dilations, begin, activation)
+            or 2 * out.size * math.prod(w.shape[1:]) < threads.MIN_FLOPS:
+        return bind(x, w, bias, out, strides, dilations, begin, activation)
     if x.shape[0] >= workers.n:
-        parts = [jit.bind_depthwise(x[a:b], w, bias, out[a:b], strides, dilations, begin, activation)
+        parts = [bind(x[a:b], w, bias, out[a:b], strides, dilations, begin, activation)
                  for a, b in threads.pieces(x.shape[0], workers.n)]
     else:
-        parts = [jit.bind_depthwise(x[:, a:b], w[a:b], None if bias is None else bias[a:b], out[:, a:b],
-                                    strides, dilations, begin, activation)
-                 for a, b in threads.pieces(x.shape[1], workers.n)]
+        depthwise = bind is jit.bind_depthwise
+        parts = [bind(x[:, a:b] if depthwise else x, w[a:b], None if bias is None else bias[a:b], out[:, a:b],
+                      strides, dilations, begin, activation)
+                 for a, b in threads.pieces(out.shape[1], workers.n)]
     if None in parts:
         return None
     return (lambda: workers.run(parts)) if len(parts) > 1 else parts[0]
@@ -241,8 +243,10 @@ def _conv(ins, outs, attrs):
     kernel_shape = w.shape[2:]
     strides, dilations, _ = window_params("conv", attrs, x.ndim - 2)
     out_shape, begin, end = window_geometry("conv", x.shape[2:], kernel_shape, attrs)
-    if group > 1 and group == x.shape[1] == w.shape[0]:  # depthwise: one pass where numba is there
-        step = _depthwise(x, w, bias, out, strides, dilations, begin, attrs["activation"])
+    if x.ndim == 4 and ((group > 1 and group == x.shape[1] == w.shape[0])  # depthwise, or a stem:
+                        or (group == 1 and x.shape[1] <= jit.SMALL_CONV_CHANNELS)):  # one pass where numba is
+        bind = jit.bind_depthwise if group > 1 else jit.bind_small_conv
+        step = _jit_conv(bind, x, w, bias, out, strides, dilations, begin, attrs["activation"])
         if step is not None:
             return step
     algo = winograd.choose(x, w, group, strides, dilations, out_shape)  # see winograd.py

@@ -116,8 +116,53 @@ def _rows(a, length):
 # depthwise_channels_loop: the crossover measured on MobileNet's and EfficientNet's layers
 # (at 7 columns the channel blocks take 0.6x the plane loop's time, at 10-14 1.2-1.4x).
 DEPTHWISE_PLANE_MIN = 10
-DEPTHWISE_BLOCK = 64  # channels of depthwise_channels_loop's blocks: 8 AVX2 vectors of float32
+DEPTHWISE_BLOCK = 64
+# Convs of one group and at most this many input channels run small_conv_loop (stems of RGB
+# images):
+# images): up to 1.5x faster than im2col and a BLAS product for 3x3 and 5x5 kernels, slower
+# for 7x7 (ResNet's stem: 49 passes per channel), hence SMALL_CONV_TAPS.
+SMALL_CONV_CHANNELS = 4
+SMALL_CONV_TAPS = 25
+SMALL_CONV_BLOCK = 4096  # elements of the wide accumulator: output rows are summed in blocks  # channels of depthwise_channels_loop's blocks: 8 AVX2 vectors of float32
 _U = np.uint64
+
+
+def _load_phases(x, src, phases, base, dims, cols):
+    """Copy the (H, W) plane of flat x at `src` into its stride phases at phases[base:], the
+    layout of depthwise_layout (dims and cols as depthwise_loop's); the borders are left as
+    they are (zeros, written once)."""
+    one, zero_i, two = _U(1), _U(0), _U(2)
+    h_, w_, sh, sw, top, left, qw, plane = dims[2], dims[3], dims[6], dims[7], dims[8], dims[9], dims[10], dims[11]
+    row, phase = (top // sh) * qw, top % sh
+    # sw == 2: input column 2m lands in column phase even_phase at even_at + m, 2m + 1 in odd_phase
+    half, even_phase, even_at = w_ // two, left % two, left // two
+    odd_phase, odd_at = (left + one) % two, (left + one) // two
+    for i in range(h_):
+        if sw == one:
+            d = base + phase * plane + row + left
+            for j in range(w_):
+                phases[d + j] = x[src + j]
+        elif sw == two:  # columns 2m and 2m + 1 in one loop: LLVM loads the pairs as vectors
+            da = base + (phase * two + even_phase) * plane + row + even_at
+            db = base + (phase * two + odd_phase) * plane + row + odd_at
+            for m in range(half):
+                a = x[src + two * m]
+                b = x[src + two * m + one]
+                phases[da + m] = a
+                phases[db + m] = b
+            if w_ % two:
+                phases[da + half] = x[src + w_ - one]
+        else:
+            for px in range(sw):
+                d = base + (phase * sw + px) * plane + row + cols[px, 2]
+                s0, count = src + cols[px, 0], cols[px, 1]
+                for j in range(count):
+                    phases[d + j] = x[s0 + sw * j]
+        src += w_
+        phase += one
+        if phase == sh:
+            phase = zero_i
+            row += qw
 
 
 def depthwise_loop(x, w, b, out, dims, cols, phases, tap_off, acc, act):
@@ -136,41 +181,10 @@ def depthwise_loop(x, w, b, out, dims, cols, phases, tap_off, acc, act):
     length = oh_ * qw
     zero = out.dtype.type(0)
     six = out.dtype.type(6)
-    top_row, top_phase = (top // sh) * qw, top % sh
-    # sw == 2: input column 2m lands in column phase even_phase at even_at + m, 2m + 1 in odd_phase
-    half, even_phase, even_at = w_ // two, left % two, left // two
-    odd_phase, odd_at = (left + one) % two, (left + one) // two
     c = c_ - one
     for nc in range(n_ * c_):
         c = zero_i if c + one == c_ else c + one
-        src = nc * h_ * w_
-        row, phase = top_row, top_phase
-        for i in range(h_):
-            if sw == one:
-                d = phase * plane + row + left
-                for j in range(w_):
-                    phases[d + j] = x[src + j]
-            elif sw == two:  # columns 2m and 2m + 1 in one loop: LLVM loads the pairs as vectors
-                da = (phase * two + even_phase) * plane + row + even_at
-                db = (phase * two + odd_phase) * plane + row + odd_at
-                for m in range(half):
-                    a = x[src + two * m]
-                    bb = x[src + two * m + one]
-                    phases[da + m] = a
-                    phases[db + m] = bb
-                if w_ % two:
-                    phases[da + half] = x[src + w_ - one]
-            else:
-                for px in range(sw):
-                    d = (phase * sw + px) * plane + row + cols[px, 2]
-                    s0, count = src + cols[px, 0], cols[px, 1]
-                    for j in range(count):
-                        phases[d + j] = x[s0 + sw * j]
-            src += w_
-            phase += one
-            if phase == sh:
-                phase = zero_i
-                row += qw
+        _load_phases(x, nc * h_ * w_, phases, zero_i, dims, cols)
         bias = b[c]
         wc = c * taps
         if taps == nine:
@@ -207,6 +221,67 @@ def depthwise_loop(x, w, b, out, dims, cols, phases, tap_off, acc, act):
                     v = zero if v < zero else v
                     out[dst + j] = six if v > six else v
             dst += ow_
+
+
+def small_conv_loop(x, w, b, out, dims, cols, phases, tap_off, acc, act):
+    """out (N, M, OH, OW) = act(conv of x (N, C, H, W) by w (M, C * taps) + b), all flat, for
+    few input channels (an image's 1-4: a network's stem), where im2col's columns cost more
+    than the product: each channel is copied into its stride phases as depthwise_loop's,
+    then each output channel sums, channel by channel, the taps' long runs into the wide
+    accumulator `acc` (3x3 kernels: nine taps in one pass) and goes to out cropped, with the
+    activation. dims as depthwise_loop's, then M; phases: C blocks of depthwise_layout's."""
+    one, zero_i, nine = _U(1), _U(0), _U(9)
+    n_, c_, h_, w_, oh_, ow_ = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
+    qw, m_ = dims[10], dims[12]
+    taps = _U(tap_off.shape[0])
+    block = _U(phases.shape[0]) // c_
+    zero = out.dtype.type(0)
+    six = out.dtype.type(6)
+    rows = max(one, _U(acc.shape[0]) // qw)  # output rows per block: acc holds rows * QW
+    for n in range(n_):
+        for c in range(c_):
+            _load_phases(x, (n * c_ + c) * h_ * w_, phases, c * block, dims, cols)
+        for i0 in range(zero_i, oh_, rows):
+            i1 = min(i0 + rows, oh_)
+            start, length = i0 * qw, (i1 - i0) * qw
+            for m in range(m_):
+                bias = b[m]
+                for k in range(length):
+                    acc[k] = bias
+                for c in range(c_):
+                    wc = (m * c_ + c) * taps
+                    base = c * block + start
+                    if taps == nine:
+                        w0, w1, w2, w3, w4 = w[wc], w[wc + one], w[wc + _U(2)], w[wc + _U(3)], w[wc + _U(4)]
+                        w5, w6, w7, w8 = w[wc + _U(5)], w[wc + _U(6)], w[wc + _U(7)], w[wc + _U(8)]
+                        o0, o1, o2 = base + tap_off[0], base + tap_off[1], base + tap_off[2]
+                        o3, o4, o5 = base + tap_off[3], base + tap_off[4], base + tap_off[5]
+                        o6, o7, o8 = base + tap_off[6], base + tap_off[7], base + tap_off[8]
+                        for k in range(length):
+                            acc[k] += (w0 * phases[o0 + k] + w1 * phases[o1 + k] + w2 * phases[o2 + k]
+                                       + w3 * phases[o3 + k] + w4 * phases[o4 + k] + w5 * phases[o5 + k]
+                                       + w6 * phases[o6 + k] + w7 * phases[o7 + k] + w8 * phases[o8 + k])
+                    else:
+                        for t in range(taps):
+                            tap, o = w[wc + t], base + tap_off[t]
+                            for k in range(length):
+                                acc[k] += tap * phases[o + k]
+                dst = ((n * m_ + m) * oh_ + i0) * ow_
+                for i in range(i1 - i0):
+                    row = i * qw
+                    if act == 0:
+                        for j in range(ow_):
+                            out[dst + j] = acc[row + j]
+                    elif act == 1:
+                        for j in range(ow_):
+                            v = acc[row + j]
+                            out[dst + j] = zero if v < zero else v
+                    else:
+                        for j in range(ow_):
+                            v = acc[row + j]
+                            v = zero if v < zero else v
+                            out[dst + j] = six if v > six else v
+                    dst += ow_
 
 
 def depthwise_channels_loop(x, w, b, out, dims, xt, wt, acc, act):
@@ -303,6 +378,27 @@ def depthwise_layout(x_shape, kernel_shape, strides, dilations, begin, out_shape
     firsts = [(px - left) % sw for px in range(sw)]
     cols = np.array([(f, len(range(f, w, sw)), (f + left) // sw) for f in firsts], _U)
     return np.zeros(sh * sw * qh * qw, dtype), tap_off, np.empty(oh * qw, dtype), cols, qw
+
+
+def bind_small_conv(x, w, bias, out, strides, dilations, begin, activation):
+    """A step for a 2-D conv of one group, at most SMALL_CONV_CHANNELS input channels and
+    SMALL_CONV_TAPS taps (small_conv_loop), or None."""
+    if not available() or x.ndim != 4 or w.ndim != 4 or w.shape[1] != x.shape[1] \
+            or x.shape[1] > SMALL_CONV_CHANNELS or math.prod(w.shape[2:]) > SMALL_CONV_TAPS \
+            or out.shape[1] != w.shape[0]:
+        return None
+    b = np.zeros(w.shape[0], x.dtype) if bias is None else bias
+    if not _takes(x, w, b, out) or not all(a.flags.c_contiguous for a in (x, w, b, out)) or not out.size:
+        return None
+    phases, tap_off, acc, cols, qw = depthwise_layout(x.shape[2:], w.shape[2:], strides, dilations, begin,
+                                                      out.shape[2:], x.dtype)
+    (n, c, h, wd), (oh, ow) = x.shape, out.shape[2:]
+    dims = np.array([n, c, h, wd, oh, ow, *strides, *begin[:2], qw, phases.size // math.prod(strides), w.shape[0]],
+                    _U)
+    rows = max(1, min(oh, SMALL_CONV_BLOCK // qw))
+    return _bound(small_conv_loop, x.reshape(-1), w.reshape(-1), b, out.reshape(-1), dims, cols,
+                  np.zeros(c * phases.size, x.dtype), tap_off, np.empty(rows * qw, x.dtype),
+                  ACTIVATION_CODES[activation])
 
 
 def bind_depthwise(x, w, bias, out, strides, dilations, begin, activation):
@@ -674,12 +770,12 @@ def _tanhf(v):
     return small if a < _T_SPLIT else big
 
 
-SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf", "_tanhf")
+SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf", "_tanhf", "_load_phases")
 # The activation and depthwise loops and SCALARS may contract a * b + c into one fused multiply-add where the
 # machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other
 # loops keep the arithmetic as written.
 _FASTMATH = dict.fromkeys(("sigmoid_loop", "swish_loop", "hard_sigmoid_loop", "hard_swish_loop",
-                           "gelu_float32_loop", "depthwise_loop", "depthwise_channels_loop"), {"contract"})
+                           "gelu_float32_loop", "depthwise_loop", "depthwise_channels_loop", "small_conv_loop"), {"contract"})
 
 
 def sigmoid_loop(x, out):
