@@ -1,6 +1,7 @@
 """Graph rewrites applied when packaging: constant folding, BatchNorm folding into the
-conv or dense layer before it, fusing an activation into the op that produces its input,
-and x * sigmoid(x) (SiLU as ONNX exports it) into one swish op. Dead nodes need no pass: `to_model` writes only what the signatures need.
+conv or dense layer before it, a zero padding of the spatial axes folded into the convs
+that read it, fusing an activation into the op that produces its input, and x * sigmoid(x)
+(SiLU as ONNX exports it) into one swish op. Dead nodes need no pass: `to_model` writes only what the signatures need.
 
 Each pass mutates the graph and returns the signatures with replaced tensors updated.
 """
@@ -15,6 +16,7 @@ def optimize(graph, signatures):
     """All passes, in an order where each one's output feeds the next."""
     signatures = fold_constants(graph, signatures)
     signatures = fold_batch_norm(graph, signatures)
+    signatures = fold_pads(graph, signatures)
     signatures = fuse_activations(graph, signatures)
     signatures = fuse_swish(graph, signatures)
     return signatures
@@ -113,6 +115,43 @@ def fold_batch_norm(graph, signatures):
             continue
         signatures = _replace(graph, signatures, bn.outputs[0], x)
         graph.nodes.remove(bn)
+    return signatures
+
+
+def _zero_spatial_pads(pad):
+    """(begin..., end...) of the spatial axes (all but the first two) a `pad` node adds,
+    when it adds zeros there alone; else None."""
+    x = pad.inputs[0]
+    pads = pad.attrs["pads"] if len(pad.inputs) < 2 or pad.inputs[1] is None else _const(pad.inputs[1])
+    value = pad.attrs["value"] if len(pad.inputs) < 3 or pad.inputs[2] is None else _const(pad.inputs[2])
+    if pads is None or value is None or pad.attrs["mode"] != "constant" or x.dtype.kind != "f":
+        return None
+    pads, rank = [int(p) for p in np.asarray(pads).reshape(-1)], len(x.shape)
+    if rank < 3 or len(pads) != 2 * rank or np.asarray(value).size != 1 or float(np.asarray(value).reshape(-1)[0]) != 0 \
+            or min(pads) < 0 or any(pads[a] or pads[rank + a] for a in (0, 1)):
+        return None
+    return pads[2:rank] + pads[rank + 2:]
+
+
+def fold_pads(graph, signatures):
+    """A constant-zero pad of the spatial axes read only by convs of explicit or VALID pads
+    (TFLite's PAD before a VALID conv, Keras' ZeroPadding2D) becomes those convs' own padding: the
+    conv reads its input padded anyway, so the pad's copy of the tensor goes."""
+    uses = _consumers(graph, signatures)
+    for pad in [n for n in graph.nodes if n.op == "pad"]:
+        extra, out = _zero_spatial_pads(pad), pad.outputs[0]
+        readers = uses.get(out, ())
+        if extra is None or not readers or any(r is None or r.op != "conv" or r.inputs[0] is not out
+                                               or out in r.inputs[1:] or r.attrs["auto_pad"] not in ("NOTSET", "VALID")
+                                               for r in readers):
+            continue
+        for conv in readers:
+            d = len(extra) // 2
+            own = tuple(conv.attrs["pads"]) or (0,) * (2 * d)
+            conv.attrs = {**conv.attrs, "auto_pad": "NOTSET", "pads": tuple(a + b for a, b in zip(own, extra))}
+            conv.inputs = [pad.inputs[0]] + conv.inputs[1:]
+        graph.nodes.remove(pad)
+        uses = _consumers(graph, signatures)
     return signatures
 
 
