@@ -196,6 +196,31 @@ def test_small_conv_takes_rgb_stems_only(jit_mode):
                                np.empty((1, 8, 16, 16), np.float32), (1, 1), (1, 1), (1, 1), "") is None
 
 
+@FEW
+@given(n=st.integers(1, 2), c=st.integers(1, 5), h=st.integers(1, 12), w=st.integers(1, 12), k=st.integers(1, 3),
+       stride=st.integers(1, 3), dilation=st.integers(1, 2), pads=st.lists(st.integers(0, 1), min_size=4, max_size=4),
+       ceil_mode=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_max_pool(mode, n, c, h, w, k, stride, dilation, pads, ceil_mode, seed):
+    """2-D max pools of any window against onnxruntime; with NaN (which onnxruntime's max
+    drops) and ties of -0.0 and 0.0, the loop equals numpy's maximum over the taps (the numpy
+    path), NaN carried."""
+    reach = (k - 1) * dilation + 1
+    assume(h + pads[0] + pads[2] >= reach and w + pads[1] + pads[3] >= reach and max(pads) < reach)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    attrs = {"kernel_shape": (k, k), "strides": (stride, stride), "dilations": (dilation, dilation),
+             "pads": tuple(pads), "ceil_mode": int(ceil_mode)}
+    expected = onnx_run([helper.make_node("MaxPool", ["x"], ["y"], **attrs)], x, {})
+    build = lambda t: apply("max_pool", [t], {**attrs, "ceil_mode": ceil_mode})  # noqa: E731
+    check(mode, build, x, expected, "max_pool_loop")
+    if mode[0] == "jit":
+        x.reshape(-1)[rng.integers(0, x.size, 2)] = np.nan
+        x.reshape(-1)[rng.integers(0, x.size, 3)] = -0.0
+        got, numpy_path = run(build, x), run(build, x, jit_on=False)
+        np.testing.assert_array_equal(got, numpy_path)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(numpy_path))
+
+
 # -- a conv's bias and activation, a residual add's activation -------------------------------
 
 @FEW

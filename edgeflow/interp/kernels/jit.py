@@ -426,6 +426,49 @@ def bind_depthwise(x, w, bias, out, strides, dilations, begin, activation):
                   np.zeros((kh * kw + 1) * k, x.dtype), np.empty(oh * ow * k, x.dtype), act)
 
 
+# -- max pooling -----------------------------------------------------------------------------
+
+def max_pool_loop(x, out, dims, cols, phases, tap_off, acc):
+    """out (N, C, OH, OW) = the maximum of each window of x (N, C, H, W), both flat, a
+    channel at a time over depthwise_loop's layout (phases bordered with -inf): each tap
+    folds one long run of its phase into `acc` by a select that keeps NaN, as numpy's
+    maximum (and keeps the running value on ties: maximum(-0.0, 0.0) is -0.0)."""
+    zero_i = _U(0)
+    n_, c_, h_, w_, oh_, ow_, qw = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[10]
+    taps = _U(tap_off.shape[0])
+    length = oh_ * qw
+    dst = zero_i
+    for nc in range(n_ * c_):
+        _load_phases(x, nc * h_ * w_, phases, zero_i, dims, cols)
+        o = tap_off[0]
+        for k in range(length):
+            acc[k] = phases[o + k]
+        for t in range(_U(1), taps):
+            o = tap_off[t]
+            for k in range(length):
+                a = phases[o + k]
+                m = acc[k]
+                acc[k] = a if a > m or a != a else m
+        for i in range(oh_):
+            row = i * qw
+            for j in range(ow_):
+                out[dst + j] = acc[row + j]
+            dst += ow_
+
+
+def bind_max_pool(x, out, kernel_shape, strides, dilations, begin):
+    """A step for a 2-D max pool of floats (max_pool_loop), or None."""
+    if not available() or x.ndim != 4 or not _takes(x, out) or not out.size \
+            or not (x.flags.c_contiguous and out.flags.c_contiguous):
+        return None
+    phases, tap_off, acc, cols, qw = depthwise_layout(x.shape[2:], kernel_shape, strides, dilations, begin,
+                                                      out.shape[2:], x.dtype)
+    phases.fill(-np.inf)  # padding never wins
+    (n, c, h, wd), (oh, ow) = x.shape, out.shape[2:]
+    dims = np.array([n, c, h, wd, oh, ow, *strides, *begin[:2], qw, phases.size // math.prod(strides)], _U)
+    return _bound(max_pool_loop, x.reshape(-1), out.reshape(-1), dims, cols, phases, tap_off, acc)
+
+
 # -- bias, residual and activation in one pass ----------------------------------------------
 
 def bias_activation_loop(acc, b, out, dims, act):

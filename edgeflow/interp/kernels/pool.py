@@ -9,7 +9,7 @@ import numpy as np
 
 from ...ops.conv import window_geometry, window_params
 from ..arena import scratch
-from . import kernel
+from . import jit, kernel
 from .conv import reshaped, tap_runs, unload_step
 
 
@@ -38,7 +38,15 @@ def _accumulate(runs, ufunc, dtype):
 
 @kernel("max_pool")
 def _max_pool(ins, outs, attrs):
+    """numba's one-pass loop where it is there (2-D float pools), else numpy's maximum over
+    the tap runs."""
     x, out = ins[0], outs[0]
+    if x.ndim == 4:
+        strides, dilations, _ = window_params("pool", attrs, 2)
+        _, begin, _ = window_geometry("pool", x.shape[2:], attrs["kernel_shape"], attrs, attrs["ceil_mode"])
+        step = jit.bind_max_pool(x, out, attrs["kernel_shape"], strides, dilations, begin)
+        if step is not None:
+            return step
     lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min  # padding never wins
     runs = _runs(x, attrs, lowest)
     reduce, crop = _accumulate(runs, np.maximum, x.dtype)
