@@ -221,6 +221,31 @@ def test_max_pool(mode, n, c, h, w, k, stride, dilation, pads, ceil_mode, seed):
         np.testing.assert_array_equal(np.signbit(got), np.signbit(numpy_path))
 
 
+@FEW
+@given(shape=st.lists(st.integers(1, 9), min_size=4, max_size=4), data=st.data(),
+       mode_=st.sampled_from(["linear", "cubic"]), coordinates=st.sampled_from(["half_pixel", "align_corners",
+                                                                               "asymmetric", "pytorch_half_pixel"]),
+       seed=st.integers(0, 2 ** 16))
+def test_resize(mode, shape, data, mode_, coordinates, seed):
+    """Linear and cubic resizes of the last two axes (and of the last alone) against
+    onnxruntime; under the JIT, bit for bit the numpy path's sums, and a NaN reaches only the
+    outputs whose taps read it."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32)
+    axes = data.draw(st.sampled_from([1, 2]))
+    sizes = list(shape[:-axes]) + [data.draw(st.integers(1, 17)) for _ in range(axes)]
+    assume(sizes != shape)  # an axis kept is no step
+    attrs = {"mode": mode_, "coordinate_transformation_mode": coordinates}
+    expected = onnx_run([helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], **attrs)], x,
+                        {"sizes": np.array(sizes, np.int64)})
+    build = lambda t: apply("resize", [t], {**attrs, "sizes": tuple(sizes)})  # noqa: E731
+    check(mode, build, x, expected, "interpolate_loop")
+    if mode[0] == "jit":
+        x.reshape(-1)[rng.integers(0, x.size)] = np.nan
+        got, numpy_path = run(build, x), run(build, x, jit_on=False)
+        np.testing.assert_array_equal(got, numpy_path)
+
+
 # -- a conv's bias and activation, a residual add's activation -------------------------------
 
 @FEW

@@ -6,7 +6,7 @@ import numpy as np
 
 from ...ops.image import col2im_geometry, resize_axes
 from ..arena import scratch
-from . import kernel
+from . import jit, kernel
 from .conv import reshaped, sequence
 
 
@@ -150,9 +150,12 @@ def _interpolate_axis(src, dst, axis, index, weight):
     """Step: dst = the sum over taps j of src gathered at index[:, j] along `axis`, times weight[:, j]."""
     if weight is None:
         return partial(np.take, src, index[:, 0], axis=axis, out=dst, mode="clip")
+    used = [j for j in range(index.shape[1]) if weight[:, j].any()]
+    step = jit.bind_interpolate(src, dst, axis, index[:, used], weight[:, used])  # one pass, where numba is
+    if step is not None:
+        return step
     shape = (-1,) + (1,) * (dst.ndim - 1 - axis)
-    taps = [(index[:, j], weight[:, j].astype(dst.dtype).reshape(shape)) for j in range(index.shape[1])
-            if weight[:, j].any()]
+    taps = [(index[:, j], weight[:, j].astype(dst.dtype).reshape(shape)) for j in used]
     scratch = np.empty_like(dst) if len(taps) > 1 else None
 
     def run():

@@ -469,6 +469,60 @@ def bind_max_pool(x, out, kernel_shape, strides, dilations, begin):
     return _bound(max_pool_loop, x.reshape(-1), out.reshape(-1), dims, cols, phases, tap_off, acc)
 
 
+# -- resizing ---------------------------------------------------------------------------------
+
+def interpolate_loop(src, dst, index, weight, dims):
+    """dst (L, S, T) = the sum over taps j of src (L, N, T) at index[j, s] times weight[j, s]
+    (both (k, S)), all flat, dims (uint64) L, N, S, T: one axis of a linear or cubic resize,
+    summed in numpy's order (each product rounded, then added tap after tap), in one pass
+    where numpy gathers, multiplies and adds per tap; along the last axis (T = 1) it
+    replaces a gather of single elements."""
+    l_, n_, s_, t_ = dims[0], dims[1], dims[2], dims[3]
+    taps = _U(index.shape[0])
+    if t_ == _U(1):  # the last axis: a row at a time, each output's taps gathered
+        i0, w0 = index[0], weight[0]
+        if taps == _U(2):
+            i1, w1 = index[1], weight[1]
+            for lo in range(l_):
+                row, d = lo * n_, lo * s_
+                for o in range(s_):
+                    dst[d + o] = src[row + i0[o]] * w0[o] + src[row + i1[o]] * w1[o]
+            return
+        for lo in range(l_):
+            row, d = lo * n_, lo * s_
+            for o in range(s_):
+                dst[d + o] = src[row + i0[o]] * w0[o]
+            for j in range(_U(1), taps):
+                ij, wj = index[j], weight[j]
+                for o in range(s_):
+                    dst[d + o] = dst[d + o] + src[row + ij[o]] * wj[o]
+        return
+    for lo in range(l_):
+        for o in range(s_):
+            d = (lo * s_ + o) * t_
+            w = weight[0, o]
+            src_at = (lo * n_ + index[0, o]) * t_
+            for t in range(t_):
+                dst[d + t] = src[src_at + t] * w
+            for j in range(_U(1), taps):
+                w = weight[j, o]
+                src_at = (lo * n_ + index[j, o]) * t_
+                for t in range(t_):
+                    dst[d + t] = dst[d + t] + src[src_at + t] * w
+
+
+def bind_interpolate(src, dst, axis, index, weight):
+    """A step for interpolate_loop along `axis` (index and weight (S, k), the taps whose
+    weights are all zero left out, as numpy's path leaves them), or None."""
+    if not available() or not _takes(src, dst) or not (src.flags.c_contiguous and dst.flags.c_contiguous) \
+            or not dst.size or not index.shape[1]:
+        return None
+    lead, n, size, trail = math.prod(src.shape[:axis]), src.shape[axis], dst.shape[axis], math.prod(src.shape[axis + 1:])
+    dims = np.array([lead, n, size, trail], _U)
+    return _bound(interpolate_loop, src.reshape(-1), dst.reshape(-1), np.ascontiguousarray(index.T, _U),
+                  np.ascontiguousarray(weight.T, dst.dtype), dims)
+
+
 # -- bias, residual and activation in one pass ----------------------------------------------
 
 def bias_activation_loop(acc, b, out, dims, act):
