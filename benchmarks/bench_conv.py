@@ -2,9 +2,11 @@
 
     .venv/bin/python benchmarks/bench_conv.py [--runs N]
 
-Measured: three convolutions of a mobile network (a 3x3 conv, a 1x1 pointwise conv, a
-stride-2 depthwise 3x3), each as a one-op `edgeflow.Interpreter` model and as an
-onnxruntime session holding the single Conv node (the peer), interleaved, on 1 thread
+Measured: convolutions of mobile networks (a 3x3 conv, a 1x1 pointwise conv, depthwise
+3x3 and 5x5 ones on wide planes and on a 7x7 one, and a stem of 3 input channels), each as
+a one-op `edgeflow.Interpreter` model and as an onnxruntime session holding the single
+Conv node (the peer; it converts NCHW to its blocked layout and back around the node,
+which a whole model does once), interleaved, on 1 thread
 each and on their default thread counts: median times, GFLOP/s, and edgeflow's time over
 onnxruntime's on as many threads. numpy's OpenBLAS spins its threads: on a busy machine
 the default-threads row can be many times slower than the 1-thread row.
@@ -24,6 +26,10 @@ CASES = {
     "1x1 64->128 28x28": ((1, 64, 28, 28), (128, 64, 1, 1), {}),
     "dw3x3 96 56x56 s2": ((1, 96, 56, 56), (96, 1, 3, 3), {"pads": (1, 1, 1, 1), "strides": (2, 2),
                                                            "group": 96}),
+    "dw3x3 144 56x56": ((1, 144, 56, 56), (144, 1, 3, 3), {"pads": (1, 1, 1, 1), "group": 144}),
+    "dw3x3 960 7x7": ((1, 960, 7, 7), (960, 1, 3, 3), {"pads": (1, 1, 1, 1), "group": 960}),
+    "dw5x5 240 28x28": ((1, 240, 28, 28), (240, 1, 5, 5), {"pads": (2, 2, 2, 2), "group": 240}),
+    "stem 3->32 224 s2": ((1, 3, 224, 224), (32, 3, 3, 3), {"pads": (1, 1, 1, 1), "strides": (2, 2)}),
 }
 
 

@@ -127,7 +127,8 @@ def _zero_spatial_pads(pad):
     if pads is None or value is None or pad.attrs["mode"] != "constant" or x.dtype.kind != "f":
         return None
     pads, rank = [int(p) for p in np.asarray(pads).reshape(-1)], len(x.shape)
-    if rank < 3 or len(pads) != 2 * rank or np.asarray(value).size != 1 or float(np.asarray(value).reshape(-1)[0]) != 0 \
+    value = np.asarray(value).reshape(-1)
+    if rank < 3 or len(pads) != 2 * rank or value.size != 1 or float(value[0]) != 0 \
             or min(pads) < 0 or any(pads[a] or pads[rank + a] for a in (0, 1)):
         return None
     return pads[2:rank] + pads[rank + 2:]

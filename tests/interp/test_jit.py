@@ -149,7 +149,8 @@ def test_depthwise_float64(jit_mode, depthwise):
         .get_signature_runner("infer")(x=x)["y"]
     assert depthwise in jit_mode[1]
     padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
-    expected = sum(w[None, :, 0, i, j, None, None] * padded[:, :, i:i + 9, j:j + 11] for i in range(3) for j in range(3))
+    expected = sum(w[None, :, 0, i, j, None, None] * padded[:, :, i:i + 9, j:j + 11]
+                   for i in range(3) for j in range(3))
     np.testing.assert_allclose(got, np.maximum(expected + b[None, :, None, None], 0), rtol=1e-12, atol=1e-12)
 
 

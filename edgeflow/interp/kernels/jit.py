@@ -116,14 +116,13 @@ def _rows(a, length):
 # depthwise_channels_loop: the crossover measured on MobileNet's and EfficientNet's layers
 # (at 7 columns the channel blocks take 0.6x the plane loop's time, at 10-14 1.2-1.4x).
 DEPTHWISE_PLANE_MIN = 10
-DEPTHWISE_BLOCK = 64
+DEPTHWISE_BLOCK = 64  # channels of depthwise_channels_loop's blocks: 8 AVX2 vectors of float32
 # Convs of one group and at most this many input channels run small_conv_loop (stems of RGB
-# images):
 # images): up to 1.5x faster than im2col and a BLAS product for 3x3 and 5x5 kernels, slower
 # for 7x7 (ResNet's stem: 49 passes per channel), hence SMALL_CONV_TAPS.
 SMALL_CONV_CHANNELS = 4
 SMALL_CONV_TAPS = 25
-SMALL_CONV_BLOCK = 4096  # elements of the wide accumulator: output rows are summed in blocks  # channels of depthwise_channels_loop's blocks: 8 AVX2 vectors of float32
+SMALL_CONV_BLOCK = 4096  # elements of the wide accumulator: output rows are summed in blocks
 _U = np.uint64
 
 
@@ -517,8 +516,8 @@ def bind_interpolate(src, dst, axis, index, weight):
     if not available() or not _takes(src, dst) or not (src.flags.c_contiguous and dst.flags.c_contiguous) \
             or not dst.size or not index.shape[1]:
         return None
-    lead, n, size, trail = math.prod(src.shape[:axis]), src.shape[axis], dst.shape[axis], math.prod(src.shape[axis + 1:])
-    dims = np.array([lead, n, size, trail], _U)
+    dims = np.array([math.prod(src.shape[:axis]), src.shape[axis], dst.shape[axis], math.prod(src.shape[axis + 1:])],
+                    _U)
     return _bound(interpolate_loop, src.reshape(-1), dst.reshape(-1), np.ascontiguousarray(index.T, _U),
                   np.ascontiguousarray(weight.T, dst.dtype), dims)
 
@@ -872,7 +871,8 @@ SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf", "_tan
 # machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other
 # loops keep the arithmetic as written.
 _FASTMATH = dict.fromkeys(("sigmoid_loop", "swish_loop", "hard_sigmoid_loop", "hard_swish_loop",
-                           "gelu_float32_loop", "depthwise_loop", "depthwise_channels_loop", "small_conv_loop"), {"contract"})
+                           "gelu_float32_loop", "depthwise_loop", "depthwise_channels_loop", "small_conv_loop"),
+                          {"contract"})
 
 
 def sigmoid_loop(x, out):
