@@ -75,13 +75,18 @@ def compiled(loop, *args):
 
 
 def _compile_scalars(numba):
-    """Replace the scalar functions of SCALARS, which the loops call, by their numba
-    dispatchers (once): numba resolves a loop's globals when it compiles it, and LLVM then
-    inlines them into the loop."""
+    """Replace the functions of SCALARS, which the loops call, by their numba dispatchers
+    (once): numba resolves a loop's globals when it compiles it. The scalar functions are
+    inlined by numba ("always"): left to LLVM, which weighs their size, _tanhf stayed a call
+    per element, and its loops scalar (17 ns an element against 1.7 inlined). _matmul_nt
+    stays a function: inlined by numba it would take its caller's floating-point flags,
+    without the reassociation its sums vectorize by."""
     names = globals()
     for name in SCALARS:
         if not hasattr(names[name], "py_func"):
-            names[name] = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})(names[name])
+            names[name] = numba.njit(cache=True, nogil=True, error_model="numpy",
+                                     inline="never" if name == "_matmul_nt" else "always",
+                                     fastmath=_FASTMATH.get(name, {"contract"}))(names[name])
 
 
 def _takes(*arrays):
@@ -643,13 +648,66 @@ def bind_add_activation(a, b, out, activation):
 # -- recurrences: every time step of one direction in one call -----------------------------
 # A step of an LSTM or GRU is one small matrix product and a few gate functions over the
 # hidden state: numpy runs some 15 calls per step, each costing more than its work. These
-# loops run the whole sequence, the products through numba's BLAS binding (np.dot), the
-# gate functions in float64 (a sigmoid as 1 / (1 + exp(-v)): exp overflowing to inf gives
-# 0, not NaN).
+# loops run the whole sequence, the products by _matmul_nt over the weights as ONNX lays
+# them out (numba's BLAS binding, np.dot, took 182 us for a batch-8 LSTM step's 8x256 by
+# 256x1024 product, OpenBLAS repacking the weights on every call; _matmul_nt 65 us).
+
+
+def _matmul_nt(a, w, out):
+    """out (B, N) = a (B, K) @ w (N, K)^T, all C-contiguous: dot products along K, 2 rows
+    of a by 4 of w at a time so that each loaded element serves 4 (or 2) multiply-adds;
+    compiled with reassociation (LLVM vectorizes the sums along K), so sums round in
+    another order than BLAS's."""
+    b_, k_, n_ = _U(a.shape[0]), _U(a.shape[1]), _U(w.shape[0])
+    af, wf, of = a.reshape(-1), w.reshape(-1), out.reshape(-1)
+    zero, one, two, three, four = _U(0), _U(1), _U(2), _U(3), _U(4)
+    n4, b2 = n_ - n_ % four, b_ - b_ % two
+    for j in range(zero, n4, four):
+        w0 = j * k_
+        w1, w2, w3 = w0 + k_, w0 + two * k_, w0 + three * k_
+        for b in range(zero, b2, two):
+            a0 = b * k_
+            a1 = a0 + k_
+            s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = a.dtype.type(0)
+            for k in range(k_):
+                p, q = af[a0 + k], af[a1 + k]
+                x0, x1, x2, x3 = wf[w0 + k], wf[w1 + k], wf[w2 + k], wf[w3 + k]
+                s00 += p * x0
+                s01 += p * x1
+                s02 += p * x2
+                s03 += p * x3
+                s10 += q * x0
+                s11 += q * x1
+                s12 += q * x2
+                s13 += q * x3
+            o = b * n_ + j
+            of[o], of[o + one], of[o + two], of[o + three] = s00, s01, s02, s03
+            o += n_
+            of[o], of[o + one], of[o + two], of[o + three] = s10, s11, s12, s13
+        for b in range(b2, b_):
+            a0 = b * k_
+            s0 = s1 = s2 = s3 = a.dtype.type(0)
+            for k in range(k_):
+                p = af[a0 + k]
+                s0 += p * wf[w0 + k]
+                s1 += p * wf[w1 + k]
+                s2 += p * wf[w2 + k]
+                s3 += p * wf[w3 + k]
+            o = b * n_ + j
+            of[o], of[o + one], of[o + two], of[o + three] = s0, s1, s2, s3
+    for j in range(n4, n_):
+        w0 = j * k_
+        for b in range(b_):
+            a0 = b * k_
+            s = a.dtype.type(0)
+            for k in range(k_):
+                s += af[a0 + k] * wf[w0 + k]
+            of[b * n_ + j] = s
 
 def lstm_loop(xw, r, h, c, g, y, backward):
     """ONNX LSTM with its default gate functions (sigmoid, tanh, tanh), no peepholes, in
-    float32: per step t (in reverse when `backward`), g = h @ r + xw[t] (gates i, o, f, c),
+    float32: per step t (in reverse when `backward`), g = h @ r^T + xw[t] (gates i, o, f,
+    c; r as ONNX's R, (4n, n)),
     c = f * c + i * tanh(g_c), h = o * tanh(c), y[t] = h. The gates' sigmoids and tanhs are
     _sigmoidf and _tanhf, which LLVM vectorizes (libm's scalar exp and tanh took most of
     a batch-8 LSTM's time)."""
@@ -657,7 +715,7 @@ def lstm_loop(xw, r, h, c, g, y, backward):
     n = h.shape[1]
     for s in range(seq):
         t = seq - 1 - s if backward else s
-        np.dot(h, r, g)
+        _matmul_nt(h, r, g)
         x = xw[t]
         for b in range(batch):
             gb, xb, hb, cb, yb = g[b], x[b], h[b], c[b], y[t, b]
@@ -675,20 +733,21 @@ def lstm_loop(xw, r, h, c, g, y, backward):
 
 def gru_loop(xw, r_zr, r_h, rbh, h, zr, hh, rh, y, backward, linear_before_reset):
     """ONNX GRU with its default gate functions (sigmoid, tanh), in float32 (_sigmoidf,
-    _tanhf, as lstm_loop): per step, z and r from h @ r_zr + xw[t][:2n]; the candidate from
-    (h @ r_h + rbh) * r (linear_before_reset) or (r * h) @ r_h, plus xw[t][2n:];
+    _tanhf, as lstm_loop): per step, z and r from h @ r_zr^T + xw[t][:2n]; the candidate
+    from (h @ r_h^T + rbh) * r (linear_before_reset) or (r * h) @ r_h^T, plus xw[t][2n:]
+    (r_zr and r_h: the rows of ONNX's R, (2n, n) and (n, n));
     h = (1 - z) * candidate + z * h; y[t] = h."""
     seq, batch = xw.shape[0], xw.shape[1]
     n = h.shape[1]
     for s in range(seq):
         t = seq - 1 - s if backward else s
         x = xw[t]
-        np.dot(h, r_zr, zr)
+        _matmul_nt(h, r_zr, zr)
         for b in range(batch):
             for k in range(2 * n):
                 zr[b, k] = _sigmoidf(zr[b, k] + x[b, k])
         if linear_before_reset:
-            np.dot(h, r_h, hh)
+            _matmul_nt(h, r_h, hh)
             for b in range(batch):
                 for k in range(n):
                     hh[b, k] = (hh[b, k] + rbh[k]) * zr[b, n + k]
@@ -696,7 +755,7 @@ def gru_loop(xw, r_zr, r_h, rbh, h, zr, hh, rh, y, backward, linear_before_reset
             for b in range(batch):
                 for k in range(n):
                     rh[b, k] = zr[b, n + k] * h[b, k]
-            np.dot(rh, r_h, hh)
+            _matmul_nt(rh, r_h, hh)
         for b in range(batch):
             for k in range(n):
                 cand = _tanhf(hh[b, k] + x[b, 2 * n + k])
@@ -866,13 +925,15 @@ def _tanhf(v):
     return small if a < _T_SPLIT else big
 
 
-SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf", "_tanhf", "_load_phases")
+SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf", "_tanhf", "_load_phases",
+           "_matmul_nt")
 # The activation and depthwise loops and SCALARS may contract a * b + c into one fused multiply-add where the
 # machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other
 # loops keep the arithmetic as written.
 _FASTMATH = dict.fromkeys(("sigmoid_loop", "swish_loop", "hard_sigmoid_loop", "hard_swish_loop",
                            "gelu_float32_loop", "depthwise_loop", "depthwise_channels_loop", "small_conv_loop"),
                           {"contract"})
+_FASTMATH["_matmul_nt"] = {"contract", "reassoc"}
 
 
 def sigmoid_loop(x, out):

@@ -162,11 +162,11 @@ class _LSTM(_Recurrence):
 
     def bind_sequence(self):
         xw = self.xw.reshape(self.X.shape[0], self.X.shape[1], -1)
-        r = np.empty(self.R.shape[1:], self.dtype).T
+        r = np.empty(self.R.shape[1:], self.dtype)  # the loop takes R as ONNX lays it out
         return jit.bind_recurrence("lstm", xw, r, *self.state, self.g, self.outs[0][:, 0], True)
 
     def run_sequence(self, xw, recurrent, y, backward):
-        self.sequence(xw, recurrent[0], *self.state, self.g, y, backward)
+        self.sequence(xw, np.ascontiguousarray(recurrent[0].T), *self.state, self.g, y, backward)
 
     def step(self, xw_t, r):
         (h, c), g, n, p = self.state, self.g, self.hidden, self.peepholes
@@ -225,12 +225,12 @@ class _GRU(_Recurrence):
         xw = self.xw.reshape(self.X.shape[0], self.X.shape[1], -1)
         r = np.empty(self.R.shape[1:], self.dtype)
         self.zero_rbh = np.zeros(self.hidden, self.dtype)
-        return jit.bind_recurrence("gru", xw, r[:2 * self.hidden].T, r[2 * self.hidden:].T, self.zero_rbh,
+        return jit.bind_recurrence("gru", xw, r[:2 * self.hidden], r[2 * self.hidden:], self.zero_rbh,
                                    self.state[0], self.zr, self.hh, self.rh, self.outs[0][:, 0], True,
                                    bool(self.linear_before_reset))
 
     def run_sequence(self, xw, recurrent, y, backward):
-        r_zr, r_h, rbh = recurrent
+        (r_zr, r_h), rbh = (np.ascontiguousarray(a.T) for a in recurrent[:2]), recurrent[2]  # R's rows: views
         self.sequence(xw, r_zr, r_h, self.zero_rbh if rbh is None else rbh, self.state[0], self.zr, self.hh,
                       self.rh, y, backward, bool(self.linear_before_reset))
 
