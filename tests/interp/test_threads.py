@@ -168,3 +168,33 @@ def test_a_jit_conv_split_over_threads_equals_one_thread(kind, batch, channels, 
         patch.setattr(threads, "MIN_FLOPS", 1)
         got = _conv(*args, threads_=3)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["lstm", "gru"])
+@pytest.mark.parametrize("batch", [1, 2, 5])
+def test_a_recurrence_split_over_threads_equals_one_thread(op, batch):
+    """numba's sequence loop splits the batch over the workers (its rows are independent
+    recurrences): Y and the final states as on one thread, both directions."""
+    from edgeflow.graph.math_ops import apply
+    from edgeflow.interp.kernels import jit
+    assert jit.available()
+    rng = np.random.default_rng(batch)
+    gates, hidden, size = {"lstm": 4, "gru": 3}[op], 6, 5
+    x = rng.normal(0, 1, (7, batch, size)).astype(np.float32)
+    w = rng.normal(0, 0.8, (2, gates * hidden, size)).astype(np.float32)
+    r = rng.normal(0, 0.8, (2, gates * hidden, hidden)).astype(np.float32)
+
+    def run(threads_):
+        g = ef.Graph()
+        with g.as_default():
+            xp = ef.placeholder(ef.float32, x.shape, name="x")
+            outs = apply(op, [xp, w, r], {"hidden_size": hidden, "direction": "bidirectional"})
+        data = writer.to_bytes(ef.to_model(g, {"infer": ({"x": xp}, {f"y{k}": t for k, t in enumerate(outs)})}))
+        return ef.Interpreter(data, num_threads=threads_).get_signature_runner("infer")(x=x)
+
+    want = run(1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(threads, "MIN_FLOPS", 1)
+        got = run(3)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-6)

@@ -704,20 +704,22 @@ def _matmul_nt(a, w, out):
                 s += af[a0 + k] * wf[w0 + k]
             of[b * n_ + j] = s
 
-def lstm_loop(xw, r, h, c, g, y, backward):
+def lstm_loop(xw, r, h, c, g, y, backward, b0, b1):
     """ONNX LSTM with its default gate functions (sigmoid, tanh, tanh), no peepholes, in
-    float32: per step t (in reverse when `backward`), g = h @ r^T + xw[t] (gates i, o, f,
-    c; r as ONNX's R, (4n, n)),
-    c = f * c + i * tanh(g_c), h = o * tanh(c), y[t] = h. The gates' sigmoids and tanhs are
-    _sigmoidf and _tanhf, which LLVM vectorizes (libm's scalar exp and tanh took most of
-    a batch-8 LSTM's time)."""
-    seq, batch = xw.shape[0], xw.shape[1]
+    float32, for the batch rows b0:b1 (the others are other threads' work): per step t (in
+    reverse when `backward`), g = h @ r^T + xw[t] (gates i, o, f, c; r as ONNX's R,
+    (4n, n)), c = f * c + i * tanh(g_c), h = o * tanh(c), y[t] = h. The gates' sigmoids and
+    tanhs are _sigmoidf and _tanhf, which LLVM vectorizes (libm's scalar exp and tanh took
+    most of a batch-8 LSTM's time). Whole arrays and a row range, not views of the rows:
+    numba types a view of xw's rows as strided, and its loops stay scalar."""
+    seq = xw.shape[0]
     n = h.shape[1]
+    hr, gr = h[b0:b1], g[b0:b1]
     for s in range(seq):
         t = seq - 1 - s if backward else s
-        _matmul_nt(h, r, g)
+        _matmul_nt(hr, r, gr)
         x = xw[t]
-        for b in range(batch):
+        for b in range(b0, b1):
             gb, xb, hb, cb, yb = g[b], x[b], h[b], c[b], y[t, b]
             for k in range(n):
                 i = _sigmoidf(gb[k] + xb[k])
@@ -731,32 +733,33 @@ def lstm_loop(xw, r, h, c, g, y, backward):
                 yb[k] = hk
 
 
-def gru_loop(xw, r_zr, r_h, rbh, h, zr, hh, rh, y, backward, linear_before_reset):
+def gru_loop(xw, r_zr, r_h, rbh, h, zr, hh, rh, y, backward, linear_before_reset, b0, b1):
     """ONNX GRU with its default gate functions (sigmoid, tanh), in float32 (_sigmoidf,
-    _tanhf, as lstm_loop): per step, z and r from h @ r_zr^T + xw[t][:2n]; the candidate
-    from (h @ r_h^T + rbh) * r (linear_before_reset) or (r * h) @ r_h^T, plus xw[t][2n:]
-    (r_zr and r_h: the rows of ONNX's R, (2n, n) and (n, n));
-    h = (1 - z) * candidate + z * h; y[t] = h."""
-    seq, batch = xw.shape[0], xw.shape[1]
+    _tanhf), for the batch rows b0:b1, as lstm_loop: per step, z and r from h @ r_zr^T +
+    xw[t][:2n]; the candidate from (h @ r_h^T + rbh) * r (linear_before_reset) or
+    (r * h) @ r_h^T, plus xw[t][2n:] (r_zr and r_h: the rows of ONNX's R, (2n, n) and
+    (n, n)); h = (1 - z) * candidate + z * h; y[t] = h."""
+    seq = xw.shape[0]
     n = h.shape[1]
+    hr, zrr, hhr, rhr = h[b0:b1], zr[b0:b1], hh[b0:b1], rh[b0:b1]
     for s in range(seq):
         t = seq - 1 - s if backward else s
         x = xw[t]
-        _matmul_nt(h, r_zr, zr)
-        for b in range(batch):
+        _matmul_nt(hr, r_zr, zrr)
+        for b in range(b0, b1):
             for k in range(2 * n):
                 zr[b, k] = _sigmoidf(zr[b, k] + x[b, k])
         if linear_before_reset:
-            _matmul_nt(h, r_h, hh)
-            for b in range(batch):
+            _matmul_nt(hr, r_h, hhr)
+            for b in range(b0, b1):
                 for k in range(n):
                     hh[b, k] = (hh[b, k] + rbh[k]) * zr[b, n + k]
         else:
-            for b in range(batch):
+            for b in range(b0, b1):
                 for k in range(n):
                     rh[b, k] = zr[b, n + k] * h[b, k]
-            _matmul_nt(rh, r_h, hh)
-        for b in range(batch):
+            _matmul_nt(rhr, r_h, hhr)
+        for b in range(b0, b1):
             for k in range(n):
                 cand = _tanhf(hh[b, k] + x[b, 2 * n + k])
                 z = zr[b, k]

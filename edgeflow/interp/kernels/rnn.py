@@ -4,9 +4,12 @@ The input projection X @ W^T + bias of every time step is one matrix product, ma
 before the time loop; each step then multiplies only the hidden state by R^T and works
 on buffers allocated once, at prepare time. float16 models compute in float32.
 """
+from functools import partial
+
 import numpy as np
 
 from ...ops.rnn import DEFAULT_ACTIVATIONS, GRU_OPTIONAL, LSTM_OPTIONAL, RNN_OPTIONAL, activations, named_inputs
+from .. import threads
 from . import jit, kernel
 
 
@@ -77,7 +80,7 @@ class _Recurrence:
         self.X, self.W, self.R, self.B = x["X"], x["W"], x["R"], x.get("B")
         self.P, self.lens = x.get("P"), x.get("sequence_lens")
         self.fn_sets = _gate_functions(op, attrs, self.functions)
-        self.outs, self.clip = outs, attrs["clip"]
+        self.op, self.outs, self.clip = op, outs, attrs["clip"]
         seq, batch, _ = self.X.shape
         self.hidden = self.W.shape[1] // self.gates
         self.dtype = np.result_type(self.X.dtype, np.float32)
@@ -96,6 +99,25 @@ class _Recurrence:
         self.plain = (names == list(DEFAULT_ACTIVATIONS[op]) * len(self.directions) and not self.clip
                       and self.lens is None and self.P is None and not attrs.get("input_forget"))
         self.sequence = None
+        # The compiled loop splits the batch over the plan's workers: its rows are
+        # independent recurrences (a batch-8 LSTM's loop at 2 threads: one per 4 rows).
+        self.workers = threads.current()
+        flops = 2 * seq * batch * self.hidden * self.gates * self.hidden
+        self.rows = [(0, batch)] if self.workers is None or flops < threads.MIN_FLOPS else \
+            threads.pieces(batch, self.workers.n)
+
+    def bind_sequence(self):
+        """The compiled loop (jit.bind_recurrence) for the arguments of every piece of the
+        batch (a piece's views may be typed apart from the whole's), or None."""
+        xw = self.xw.reshape(self.X.shape[0], self.X.shape[1], -1)
+        r = np.empty(self.R.shape[1:], self.dtype)
+        recurrent = self.recurrent(r, None)
+        loop = None
+        for rows in self.rows:
+            loop = jit.bind_recurrence(self.op, *self.sequence_args(xw, recurrent, self.outs[0][:, 0], True, rows))
+            if loop is None:
+                return None
+        return loop
 
     def clipped(self, a):
         if self.clip:
@@ -119,7 +141,12 @@ class _Recurrence:
             for state, initial in zip(self.state, self.initial):
                 state[...] = 0 if initial is None else initial[d]
             if self.sequence is not None:
-                self.run_sequence(xw, recurrent, y[:, d], backward)
+                steps = [partial(self.sequence, *self.sequence_args(xw, recurrent, y[:, d], backward, rows))
+                         for rows in self.rows]
+                if len(steps) > 1:
+                    self.workers.run(steps)
+                else:
+                    steps[0]()
             else:
                 for t in (reversed(range(seq)) if backward else range(seq)):
                     if self.lens is None:
@@ -160,13 +187,9 @@ class _LSTM(_Recurrence):
     def recurrent(self, r, b):
         return (r.T,)
 
-    def bind_sequence(self):
-        xw = self.xw.reshape(self.X.shape[0], self.X.shape[1], -1)
-        r = np.empty(self.R.shape[1:], self.dtype)  # the loop takes R as ONNX lays it out
-        return jit.bind_recurrence("lstm", xw, r, *self.state, self.g, self.outs[0][:, 0], True)
-
-    def run_sequence(self, xw, recurrent, y, backward):
-        self.sequence(xw, np.ascontiguousarray(recurrent[0].T), *self.state, self.g, y, backward)
+    def sequence_args(self, xw, recurrent, y, backward, rows):
+        """lstm_loop's arguments for the batch rows `rows` (R as ONNX lays it out)."""
+        return (xw, np.ascontiguousarray(recurrent[0].T), *self.state, self.g, y, backward) + rows
 
     def step(self, xw_t, r):
         (h, c), g, n, p = self.state, self.g, self.hidden, self.peepholes
@@ -205,6 +228,7 @@ class _GRU(_Recurrence):
         n, batch = self.hidden, self.state[0].shape[0]
         self.zr = np.empty((batch, 2 * n), self.dtype)
         self.hh, self.rh = np.empty((batch, n), self.dtype), np.empty((batch, n), self.dtype)
+        self.zero_rbh = np.zeros(n, self.dtype)
         self.sequence = self.bind_sequence() if self.plain else None
 
     def bias(self, b):
@@ -221,18 +245,11 @@ class _GRU(_Recurrence):
         rbh = b[5 * n:] if b is not None and self.linear_before_reset else None
         return r[:2 * n].T, r[2 * n:].T, rbh
 
-    def bind_sequence(self):
-        xw = self.xw.reshape(self.X.shape[0], self.X.shape[1], -1)
-        r = np.empty(self.R.shape[1:], self.dtype)
-        self.zero_rbh = np.zeros(self.hidden, self.dtype)
-        return jit.bind_recurrence("gru", xw, r[:2 * self.hidden], r[2 * self.hidden:], self.zero_rbh,
-                                   self.state[0], self.zr, self.hh, self.rh, self.outs[0][:, 0], True,
-                                   bool(self.linear_before_reset))
-
-    def run_sequence(self, xw, recurrent, y, backward):
-        (r_zr, r_h), rbh = (np.ascontiguousarray(a.T) for a in recurrent[:2]), recurrent[2]  # R's rows: views
-        self.sequence(xw, r_zr, r_h, self.zero_rbh if rbh is None else rbh, self.state[0], self.zr, self.hh,
-                      self.rh, y, backward, bool(self.linear_before_reset))
+    def sequence_args(self, xw, recurrent, y, backward, rows):
+        """gru_loop's arguments for the batch rows `rows` (R's rows, views)."""
+        (r_zr, r_h), rbh = (np.ascontiguousarray(a.T) for a in recurrent[:2]), recurrent[2]
+        return (xw, r_zr, r_h, self.zero_rbh if rbh is None else rbh, self.state[0], self.zr, self.hh, self.rh, y,
+                backward, bool(self.linear_before_reset)) + rows
 
     def step(self, xw_t, r_zr, r_h, rbh):
         (h,), zr, hh, n = self.state, self.zr, self.hh, self.hidden
