@@ -36,8 +36,8 @@ BIND_SECONDS = {}
 
 def loaded():
     """Whether numba is loaded already (a kernel that gains much from it bound first).
-    Loops that gain little (a conv's bias and activation, add + activation: 0.7-0.9x of
-    numpy's time) run only then: loading numba costs some 0.5 s of a model's first run,
+    Loops that gain little, or little in a whole model (a conv's bias and activation, add +
+    activation: 0.7-0.9x of numpy's time; max pooling, resizing) run only then: loading numba costs some 0.5 s of a model's first run,
     more than they save in many runs."""
     return bool(_numba) and _numba[0] is not None and available()
 
@@ -461,8 +461,10 @@ def max_pool_loop(x, out, dims, cols, phases, tap_off, acc):
 
 
 def bind_max_pool(x, out, kernel_shape, strides, dilations, begin):
-    """A step for a 2-D max pool of floats (max_pool_loop), or None."""
-    if not available() or x.ndim != 4 or not _takes(x, out) or not out.size \
+    """A step for a 2-D max pool of floats (max_pool_loop), or None: also where numba is
+    not loaded yet (a pool gains less than loading numba costs a first run: ResNet's one
+    pool would load it)."""
+    if not loaded() or x.ndim != 4 or not _takes(x, out) or not out.size \
             or not (x.flags.c_contiguous and out.flags.c_contiguous):
         return None
     phases, tap_off, acc, cols, qw = depthwise_layout(x.shape[2:], kernel_shape, strides, dilations, begin,
@@ -517,8 +519,9 @@ def interpolate_loop(src, dst, index, weight, dims):
 
 def bind_interpolate(src, dst, axis, index, weight):
     """A step for interpolate_loop along `axis` (index and weight (S, k), the taps whose
-    weights are all zero left out, as numpy's path leaves them), or None."""
-    if not available() or not _takes(src, dst) or not (src.flags.c_contiguous and dst.flags.c_contiguous) \
+    weights are all zero left out, as numpy's path leaves them), or None: also where numba
+    is not loaded yet (as bind_max_pool)."""
+    if not loaded() or not _takes(src, dst) or not (src.flags.c_contiguous and dst.flags.c_contiguous) \
             or not dst.size or not index.shape[1]:
         return None
     dims = np.array([math.prod(src.shape[:axis]), src.shape[axis], dst.shape[axis], math.prod(src.shape[axis + 1:])],
