@@ -169,6 +169,71 @@ def _load_phases(x, src, phases, base, dims, cols):
             row += qw
 
 
+def _add_taps(acc, length, phases, base, tap_off, w, wc, start, keep):
+    """acc[:length] = start (or, with `keep`, acc's own values) + the sum over taps t of
+    w[wc + t] times the run of `phases` at base + tap_off[t]; nine taps (3x3 kernels) in
+    one pass, others five a pass."""
+    one = _U(1)
+    taps = _U(tap_off.shape[0])
+    if taps == _U(9):
+        w0, w1, w2, w3, w4 = w[wc], w[wc + one], w[wc + _U(2)], w[wc + _U(3)], w[wc + _U(4)]
+        w5, w6, w7, w8 = w[wc + _U(5)], w[wc + _U(6)], w[wc + _U(7)], w[wc + _U(8)]
+        o0, o1, o2 = base + tap_off[0], base + tap_off[1], base + tap_off[2]
+        o3, o4, o5 = base + tap_off[3], base + tap_off[4], base + tap_off[5]
+        o6, o7, o8 = base + tap_off[6], base + tap_off[7], base + tap_off[8]
+        if keep:
+            for k in range(length):
+                acc[k] += (w0 * phases[o0 + k] + w1 * phases[o1 + k] + w2 * phases[o2 + k]
+                           + w3 * phases[o3 + k] + w4 * phases[o4 + k] + w5 * phases[o5 + k]
+                           + w6 * phases[o6 + k] + w7 * phases[o7 + k] + w8 * phases[o8 + k])
+        else:
+            for k in range(length):
+                acc[k] = (start + w0 * phases[o0 + k] + w1 * phases[o1 + k] + w2 * phases[o2 + k]
+                          + w3 * phases[o3 + k] + w4 * phases[o4 + k] + w5 * phases[o5 + k]
+                          + w6 * phases[o6 + k] + w7 * phases[o7 + k] + w8 * phases[o8 + k])
+        return
+    if not keep:
+        for k in range(length):
+            acc[k] = start
+    five = _U(5)
+    t = _U(0)
+    while t + five <= taps:  # five taps a pass (a row of a 5x5 kernel)
+        w0, w1, w2, w3, w4 = w[wc + t], w[wc + t + one], w[wc + t + _U(2)], w[wc + t + _U(3)], w[wc + t + _U(4)]
+        o0, o1, o2 = base + tap_off[t], base + tap_off[t + one], base + tap_off[t + _U(2)]
+        o3, o4 = base + tap_off[t + _U(3)], base + tap_off[t + _U(4)]
+        for k in range(length):
+            acc[k] += (w0 * phases[o0 + k] + w1 * phases[o1 + k] + w2 * phases[o2 + k]
+                       + w3 * phases[o3 + k] + w4 * phases[o4 + k])
+        t += five
+    for t in range(t, taps):
+        tap, o = w[wc + t], base + tap_off[t]
+        for k in range(length):
+            acc[k] += tap * phases[o + k]
+
+
+def _crop_rows(acc, qw, out, dst, rows, ow, act):
+    """out[dst:] gets `rows` rows of OW from acc's rows of QW, through the activation (0
+    none, 1 relu, 2 relu6: selects that keep NaN)."""
+    zero = out.dtype.type(0)
+    six = out.dtype.type(6)
+    src = _U(0)
+    for i in range(rows):
+        if act == 0:
+            for j in range(ow):
+                out[dst + j] = acc[src + j]
+        elif act == 1:
+            for j in range(ow):
+                v = acc[src + j]
+                out[dst + j] = zero if v < zero else v
+        else:
+            for j in range(ow):
+                v = acc[src + j]
+                v = zero if v < zero else v
+                out[dst + j] = six if v > six else v
+        src += qw
+        dst += ow
+
+
 def depthwise_loop(x, w, b, out, dims, cols, phases, tap_off, acc, act):
     """out = act(depthwise conv of x by w (C * taps) + b), x (N, C, H, W) and out (N, C, OH,
     OW) flat, one channel at a time: the channel is copied into its zero-bordered stride
@@ -178,53 +243,16 @@ def depthwise_loop(x, w, b, out, dims, cols, phases, tap_off, acc, act):
     columns of each wide row go to out with the activation. dims (uint64): N, C, H, W, OH,
     OW, sh, sw, top, left, QW, QH * QW; cols (sw, 3): for each column phase, the first input
     column in it, how many, and where they start in the phase's rows."""
-    one, zero_i, two, nine = _U(1), _U(0), _U(2), _U(9)
-    n_, c_, h_, w_, oh_, ow_ = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
-    sh, sw, top, left, qw, plane = dims[6], dims[7], dims[8], dims[9], dims[10], dims[11]
+    one, zero_i = _U(1), _U(0)
+    n_, c_, h_, w_, oh_, ow_, qw = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[10]
     taps = _U(tap_off.shape[0])
     length = oh_ * qw
-    zero = out.dtype.type(0)
-    six = out.dtype.type(6)
     c = c_ - one
     for nc in range(n_ * c_):
         c = zero_i if c + one == c_ else c + one
         _load_phases(x, nc * h_ * w_, phases, zero_i, dims, cols)
-        bias = b[c]
-        wc = c * taps
-        if taps == nine:
-            w0, w1, w2, w3, w4 = w[wc], w[wc + one], w[wc + two], w[wc + _U(3)], w[wc + _U(4)]
-            w5, w6, w7, w8 = w[wc + _U(5)], w[wc + _U(6)], w[wc + _U(7)], w[wc + _U(8)]
-            o0, o1, o2, o3, o4 = tap_off[0], tap_off[1], tap_off[2], tap_off[3], tap_off[4]
-            o5, o6, o7, o8 = tap_off[5], tap_off[6], tap_off[7], tap_off[8]
-            for k in range(length):
-                acc[k] = (bias + w0 * phases[o0 + k] + w1 * phases[o1 + k] + w2 * phases[o2 + k]
-                          + w3 * phases[o3 + k] + w4 * phases[o4 + k] + w5 * phases[o5 + k]
-                          + w6 * phases[o6 + k] + w7 * phases[o7 + k] + w8 * phases[o8 + k])
-        else:
-            for t in range(taps):
-                tap, o = w[wc + t], tap_off[t]
-                if t == zero_i:
-                    for k in range(length):
-                        acc[k] = bias + tap * phases[o + k]
-                else:
-                    for k in range(length):
-                        acc[k] += tap * phases[o + k]
-        dst = nc * oh_ * ow_
-        for i in range(oh_):
-            base = i * qw
-            if act == 0:
-                for j in range(ow_):
-                    out[dst + j] = acc[base + j]
-            elif act == 1:
-                for j in range(ow_):
-                    v = acc[base + j]
-                    out[dst + j] = zero if v < zero else v
-            else:
-                for j in range(ow_):
-                    v = acc[base + j]
-                    v = zero if v < zero else v
-                    out[dst + j] = six if v > six else v
-            dst += ow_
+        _add_taps(acc, length, phases, zero_i, tap_off, w, c * taps, b[c], False)
+        _crop_rows(acc, qw, out, nc * oh_ * ow_, oh_, ow_, act)
 
 
 def small_conv_loop(x, w, b, out, dims, cols, phases, tap_off, acc, act):
@@ -234,13 +262,11 @@ def small_conv_loop(x, w, b, out, dims, cols, phases, tap_off, acc, act):
     then each output channel sums, channel by channel, the taps' long runs into the wide
     accumulator `acc` (3x3 kernels: nine taps in one pass) and goes to out cropped, with the
     activation. dims as depthwise_loop's, then M; phases: C blocks of depthwise_layout's."""
-    one, zero_i, nine = _U(1), _U(0), _U(9)
+    one, zero_i = _U(1), _U(0)
     n_, c_, h_, w_, oh_, ow_ = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
     qw, m_ = dims[10], dims[12]
     taps = _U(tap_off.shape[0])
     block = _U(phases.shape[0]) // c_
-    zero = out.dtype.type(0)
-    six = out.dtype.type(6)
     rows = max(one, _U(acc.shape[0]) // qw)  # output rows per block: acc holds rows * QW
     for n in range(n_):
         for c in range(c_):
@@ -249,43 +275,10 @@ def small_conv_loop(x, w, b, out, dims, cols, phases, tap_off, acc, act):
             i1 = min(i0 + rows, oh_)
             start, length = i0 * qw, (i1 - i0) * qw
             for m in range(m_):
-                bias = b[m]
-                for k in range(length):
-                    acc[k] = bias
-                for c in range(c_):
-                    wc = (m * c_ + c) * taps
-                    base = c * block + start
-                    if taps == nine:
-                        w0, w1, w2, w3, w4 = w[wc], w[wc + one], w[wc + _U(2)], w[wc + _U(3)], w[wc + _U(4)]
-                        w5, w6, w7, w8 = w[wc + _U(5)], w[wc + _U(6)], w[wc + _U(7)], w[wc + _U(8)]
-                        o0, o1, o2 = base + tap_off[0], base + tap_off[1], base + tap_off[2]
-                        o3, o4, o5 = base + tap_off[3], base + tap_off[4], base + tap_off[5]
-                        o6, o7, o8 = base + tap_off[6], base + tap_off[7], base + tap_off[8]
-                        for k in range(length):
-                            acc[k] += (w0 * phases[o0 + k] + w1 * phases[o1 + k] + w2 * phases[o2 + k]
-                                       + w3 * phases[o3 + k] + w4 * phases[o4 + k] + w5 * phases[o5 + k]
-                                       + w6 * phases[o6 + k] + w7 * phases[o7 + k] + w8 * phases[o8 + k])
-                    else:
-                        for t in range(taps):
-                            tap, o = w[wc + t], base + tap_off[t]
-                            for k in range(length):
-                                acc[k] += tap * phases[o + k]
-                dst = ((n * m_ + m) * oh_ + i0) * ow_
-                for i in range(i1 - i0):
-                    row = i * qw
-                    if act == 0:
-                        for j in range(ow_):
-                            out[dst + j] = acc[row + j]
-                    elif act == 1:
-                        for j in range(ow_):
-                            v = acc[row + j]
-                            out[dst + j] = zero if v < zero else v
-                    else:
-                        for j in range(ow_):
-                            v = acc[row + j]
-                            v = zero if v < zero else v
-                            out[dst + j] = six if v > six else v
-                    dst += ow_
+                for c in range(c_):  # the first channel's taps start from the bias, the others add
+                    _add_taps(acc, length, phases, c * block + start, tap_off, w, (m * c_ + c) * taps, b[m],
+                              c != zero_i)
+                _crop_rows(acc, qw, out, ((n * m_ + m) * oh_ + i0) * ow_, i1 - i0, ow_, act)
 
 
 def depthwise_channels_loop(x, w, b, out, dims, xt, wt, acc, act):
@@ -441,7 +434,6 @@ def max_pool_loop(x, out, dims, cols, phases, tap_off, acc):
     n_, c_, h_, w_, oh_, ow_, qw = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[10]
     taps = _U(tap_off.shape[0])
     length = oh_ * qw
-    dst = zero_i
     for nc in range(n_ * c_):
         _load_phases(x, nc * h_ * w_, phases, zero_i, dims, cols)
         o = tap_off[0]
@@ -453,11 +445,7 @@ def max_pool_loop(x, out, dims, cols, phases, tap_off, acc):
                 a = phases[o + k]
                 m = acc[k]
                 acc[k] = a if a > m or a != a else m
-        for i in range(oh_):
-            row = i * qw
-            for j in range(ow_):
-                out[dst + j] = acc[row + j]
-            dst += ow_
+        _crop_rows(acc, qw, out, nc * oh_ * ow_, oh_, ow_, 0)
 
 
 def bind_max_pool(x, out, kernel_shape, strides, dilations, begin):
@@ -931,8 +919,8 @@ def _tanhf(v):
     return small if a < _T_SPLIT else big
 
 
-SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf", "_tanhf", "_load_phases",
-           "_matmul_nt")
+SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf", "_tanhf", "_load_phases", "_add_taps",
+           "_crop_rows", "_matmul_nt")
 # The activation and depthwise loops and SCALARS may contract a * b + c into one fused multiply-add where the
 # machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other
 # loops keep the arithmetic as written.
