@@ -2,6 +2,7 @@
 import contextlib
 import datetime
 import ipaddress
+import os
 
 import numpy as np
 import pytest
@@ -100,6 +101,9 @@ def ray_cluster(nodes):
     from ray import serve
     from ray.cluster_utils import Cluster
     from edgeflow.cloud.replicas import NAMESPACE
+    # Ray waits 30 s for its GCS server to write its port; on 2 cores busy with the rest of
+    # the suite that took longer once (CI: "Timed out waiting for file .../gcs_server_port").
+    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "180")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     for _ in range(nodes - 1):
         cluster.add_node(num_cpus=1)
