@@ -518,6 +518,29 @@ def test_importing_the_interpreter_does_not_import_numba():
         is False
 
 
+def test_a_resnet_does_not_import_numba():
+    """A 7x7 stem of 3 channels, a max pool and 3x3 convs (ResNet's ops) take numpy's
+    kernels without importing numba: importing it would cost the first run a second."""
+    code = """
+import sys, json
+import numpy as np
+import edgeflow as ef
+from edgeflow.format import writer
+from edgeflow.graph.math_ops import apply
+x = np.ones((1, 3, 32, 32), np.float32)
+g = ef.Graph()
+with g.as_default():
+    t = ef.placeholder(ef.float32, x.shape, name="x")
+    y = apply("conv", [t, np.ones((8, 3, 7, 7), np.float32)], {"strides": (2, 2), "pads": (3, 3, 3, 3)})
+    y = apply("max_pool", [y], {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)})
+    y = apply("conv", [y, np.ones((8, 8, 3, 3), np.float32)], {"pads": (1, 1, 1, 1), "activation": "relu"})
+    y = apply("reduce_mean", [y], {"axes": (2, 3)})
+ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})}))).get_signature_runner("infer")(x=x)
+print(json.dumps("numba" in sys.modules))
+"""
+    assert _in_fresh_interpreter(code, {"EDGEFLOW_JIT": "1"}) is False
+
+
 DEPTHWISE_RUN = """
 import sys, json
 import numpy as np

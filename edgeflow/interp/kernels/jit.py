@@ -380,9 +380,9 @@ def depthwise_layout(x_shape, kernel_shape, strides, dilations, begin, out_shape
 def bind_small_conv(x, w, bias, out, strides, dilations, begin, activation):
     """A step for a 2-D conv of one group, at most SMALL_CONV_CHANNELS input channels and
     SMALL_CONV_TAPS taps (small_conv_loop), or None."""
-    if not available() or x.ndim != 4 or w.ndim != 4 or w.shape[1] != x.shape[1] \
-            or x.shape[1] > SMALL_CONV_CHANNELS or math.prod(w.shape[2:]) > SMALL_CONV_TAPS \
-            or out.shape[1] != w.shape[0]:
+    if x.ndim != 4 or w.ndim != 4 or w.shape[1] != x.shape[1] or x.shape[1] > SMALL_CONV_CHANNELS \
+            or math.prod(w.shape[2:]) > SMALL_CONV_TAPS or out.shape[1] != w.shape[0] \
+            or not available():  # last: it imports numba (ResNet's 7x7 stem must not)
         return None
     b = np.zeros(w.shape[0], x.dtype) if bias is None else bias
     if not _takes(x, w, b, out) or not all(a.flags.c_contiguous for a in (x, w, b, out)) or not out.size:
