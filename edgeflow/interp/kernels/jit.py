@@ -37,8 +37,8 @@ BIND_SECONDS = {}
 def loaded():
     """Whether numba is loaded already (a kernel that gains much from it bound first).
     Loops that gain little, or little in a whole model (a conv's bias and activation, add +
-    activation: 0.7-0.9x of numpy's time; max pooling, resizing) run only then: loading numba costs some 0.5 s of a model's first run,
-    more than they save in many runs."""
+    activation: 0.7-0.9x of numpy's time; max pooling, resizing) run only then: loading
+    numba costs some 0.5 s of a model's first run, more than they save in many runs."""
     return bool(_numba) and _numba[0] is not None and available()
 
 

@@ -107,17 +107,11 @@ class _Recurrence:
             threads.pieces(batch, self.workers.n)
 
     def bind_sequence(self):
-        """The compiled loop (jit.bind_recurrence) for the arguments of every piece of the
-        batch (a piece's views may be typed apart from the whole's), or None."""
+        """The compiled loop (jit.bind_recurrence), or None. Every piece of the batch passes
+        the same arrays and its own row range, so one compilation serves them all."""
         xw = self.xw.reshape(self.X.shape[0], self.X.shape[1], -1)
-        r = np.empty(self.R.shape[1:], self.dtype)
-        recurrent = self.recurrent(r, None)
-        loop = None
-        for rows in self.rows:
-            loop = jit.bind_recurrence(self.op, *self.sequence_args(xw, recurrent, self.outs[0][:, 0], True, rows))
-            if loop is None:
-                return None
-        return loop
+        recurrent = self.recurrent(np.empty(self.R.shape[1:], self.dtype), None)
+        return jit.bind_recurrence(self.op, *self.sequence_args(xw, recurrent, self.outs[0][:, 0], True, self.rows[0]))
 
     def clipped(self, a):
         if self.clip:
