@@ -93,6 +93,35 @@ def certificate():
     return self_signed()
 
 
+def _started_cluster(cluster_class, nodes, attempts=3):
+    """A Cluster of `nodes` one-CPU nodes, started again (up to `attempts` times) where Ray
+    gives up on a node's start: it waits a fixed 30 s for a raylet to register, which 2
+    cores busy with the rest of the suite have exceeded ("The current node timed out during
+    startup"). The processes a failed start left are this process's new children: killed."""
+    import psutil
+    me = psutil.Process()
+    for attempt in range(attempts):
+        before = {p.pid for p in me.children(recursive=True)}
+        cluster = cluster_class()
+        try:
+            cluster.add_node(num_cpus=1, include_dashboard=False)  # the head
+            for _ in range(nodes - 1):
+                cluster.add_node(num_cpus=1)
+            cluster.wait_for_nodes()
+            return cluster
+        except Exception:
+            try:
+                cluster.shutdown()
+            except Exception:  # a half-started cluster may not shut down cleanly: its processes go below
+                pass
+            leftover = [p for p in me.children(recursive=True) if p.pid not in before]
+            for p in leftover:
+                p.kill()
+            psutil.wait_procs(leftover, timeout=10)
+            if attempt == attempts - 1:
+                raise
+
+
 @contextlib.contextmanager
 def ray_cluster(nodes):
     """A local Ray cluster (ray.cluster_utils.Cluster) of `nodes` nodes of one CPU each,
@@ -104,10 +133,7 @@ def ray_cluster(nodes):
     # Ray waits 30 s for its GCS server to write its port; on 2 cores busy with the rest of
     # the suite that took longer once (CI: "Timed out waiting for file .../gcs_server_port").
     os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "180")
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    for _ in range(nodes - 1):
-        cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
+    cluster = _started_cluster(Cluster, nodes)
     ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
     try:
         yield cluster
