@@ -8,6 +8,7 @@ across processes by pyopencl.
 """
 import logging
 import os
+import threading
 import warnings
 
 import numpy as np
@@ -93,7 +94,11 @@ def _read(path):
 
 class Runtime:
     """The context, queue and built programs of one device, and how it stores tensors:
-    with precision "fp16" float32 tensors live in half (float16) buffers (`half`)."""
+    with precision "fp16" float32 tensors live in half (float16) buffers (`half`).
+
+    Interpreters on several threads may share one Runtime (a server's requests): each
+    partition has its own buffers and kernel objects, whose arguments are set once when it
+    is compiled; OpenCL's enqueues are thread-safe, and the program cache is locked."""
 
     def __init__(self, device, precision):
         cl = _pyopencl()
@@ -102,6 +107,7 @@ class Runtime:
         self.ctx = cl.Context([device])
         self.queue = cl.CommandQueue(self.ctx)
         self._programs = {}
+        self._building = threading.Lock()
         self.uploads = self.downloads = 0
         self.allocated = 0  # bytes of tensor buffers made by empty() and to_device()
 
@@ -111,12 +117,13 @@ class Runtime:
         if self.half:
             defines = dict(defines, EF_HALF=1)
         key = (name, tuple(sorted(defines.items())))
-        if key not in self._programs:
-            folder = os.path.join(os.path.dirname(__file__), "kernels")
-            source = "".join(_read(os.path.join(folder, f)) for f in ("common.cl", f"{name}.cl"))
-            options = [f"-D{k}={v}" for k, v in sorted(defines.items())]
-            self._programs[key] = self._build(name, source, options)
-        return self._programs[key]
+        with self._building:
+            if key not in self._programs:
+                folder = os.path.join(os.path.dirname(__file__), "kernels")
+                source = "".join(_read(os.path.join(folder, f)) for f in ("common.cl", f"{name}.cl"))
+                options = [f"-D{k}={v}" for k, v in sorted(defines.items())]
+                self._programs[key] = self._build(name, source, options)
+            return self._programs[key]
 
     def _build(self, name, source, options):
         """Build a program; the compiler's remarks (pyopencl's CompilerWarning, which PoCL

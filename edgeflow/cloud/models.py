@@ -45,12 +45,15 @@ class HostedModel:
 
     budget = None  # a MemoryBudget the server sets
 
-    def __init__(self, data, source, model_id=None, default_id=None):
+    def __init__(self, data, source, model_id=None, default_id=None, delegates=()):
         self.source = source  # the file, or "<bytes>"
+        # Every interpreter of this model runs with these (an OpenCL delegate: a server's
+        # accelerator, shared by its requests' interpreters).
+        self.delegates = tuple(delegates)
         self.sha256 = hashlib.sha256(data).hexdigest()
         self.file_bytes = data.nbytes
         self._data = data
-        first = Interpreter(data)  # verifies the package and that every op has a kernel
+        first = self._interpreter()  # verifies the package and that every op has a kernel
         self.model = first.model
         self.id = model_id or _model_id(self.model, default_id)
         self.role = metadata.role(self.model)  # "cloud", "device" or None (a plain model)
@@ -105,7 +108,7 @@ class HostedModel:
                                      "of model %r, and the server hosts several (host that version alone "
                                      "once to move it to its own folder)", self.id, legacy, self.id)
                         legacy = None
-                self.steps = StepHost(Interpreter(self._data), folder, checkpoint_every, name=self.id,
+                self.steps = StepHost(self._interpreter(), folder, checkpoint_every, name=self.id,
                                       legacy_state_dir=legacy, **limits)
             return self.steps
 
@@ -126,6 +129,9 @@ class HostedModel:
         finally:
             self._idle.put(interp)
 
+    def _interpreter(self):
+        return Interpreter(self._data, delegates=self.delegates)
+
     def use_budget(self, budget):
         """Charge what this model's interpreters keep to `budget` (a MemoryBudget), and
         reserve through it from now on."""
@@ -144,7 +150,7 @@ class HostedModel:
         """A new interpreter, charged to the budget; where it does not fit, the next one
         another request gives back."""
         if self.budget is None:
-            return Interpreter(self._data)
+            return self._interpreter()
         first = next(iter(self._charged), None)
         need = self._resident(first) if first is not None else self.file_bytes
         if not self.budget.try_take(self.id, need):
@@ -153,7 +159,7 @@ class HostedModel:
             except queue.Empty:
                 raise OverBudget(f"model {self.id!r}: every interpreter is busy and another needs "
                                  f"{need} bytes, more than the memory budget leaves") from None
-        interp = Interpreter(self._data)
+        interp = self._interpreter()
         self._charged[interp] = need
         self._settle(interp)
         return interp
@@ -356,13 +362,14 @@ def _model_id(model, fallback):
     return metadata.model_id(model) or fallback
 
 
-def load(source, model_id=None):
+def load(source, model_id=None, delegates=()):
     """A HostedModel from a path or the package's bytes; its id is `model_id` if given,
-    else the package's own (FormatError, UnsupportedOpError or OSError if it is bad)."""
+    else the package's own (FormatError, UnsupportedOpError or OSError if it is bad). Its
+    interpreters run with `delegates`."""
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return HostedModel(memoryview(bytes(source)), "<bytes>", model_id)
+        return HostedModel(memoryview(bytes(source)), "<bytes>", model_id, delegates=delegates)
     path = pathlib.Path(source)
-    return HostedModel(reader.map_file(path), str(path), model_id, path.stem)  # one mapping, shared
+    return HostedModel(reader.map_file(path), str(path), model_id, path.stem, delegates)  # one mapping, shared
 
 
 class HostedModels(collections.abc.Mapping):
@@ -425,13 +432,14 @@ def _by_age(path):
         return 0.0, path.name  # load() reports it
 
 
-def load_models(model_dir=None, models=None):
+def load_models(model_dir=None, models=None, delegates=()):
     """A HostedModels: every `*.efl` in `model_dir` that is not a device package (those
     are skipped, as are bad files, with a log line saying why), loaded oldest modification
     time first, so that a model id's newest file is its default version; then `models`
     ({id: path or bytes, or a list of them, oldest first}; their errors raise). Files with
     the same id and different bytes are versions of one model; the same bytes twice (two
-    splits of a model give one cloud package) are hosted once."""
+    splits of a model give one cloud package) are hosted once. Every model's interpreters
+    run with `delegates` (shared: a delegate serves interpreters on several threads)."""
     hosted = HostedModels()
     if model_dir is not None:
         directory = pathlib.Path(model_dir)
@@ -439,7 +447,7 @@ def load_models(model_dir=None, models=None):
             raise EdgeflowError(f"--model-dir {str(directory)!r}: expected a directory of .efl files")
         for path in sorted(directory.glob("*.efl"), key=_by_age):
             try:
-                model = load(path)
+                model = load(path, delegates=delegates)
             except (EdgeflowError, OSError) as e:
                 _log.error("skipping %s: %s", path, e)
                 continue
@@ -452,7 +460,7 @@ def load_models(model_dir=None, models=None):
             _add(hosted, model)
     for model_id, sources in (models or {}).items():
         for source in sources if isinstance(sources, (list, tuple)) else [sources]:
-            model = load(source, model_id)
+            model = load(source, model_id, delegates)
             if model.role == "device":
                 raise EdgeflowError(f"model {model_id!r} ({model.source}): a device package (role 'device') "
                                     "is run by devices; host its cloud package")

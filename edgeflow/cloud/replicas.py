@@ -73,9 +73,9 @@ def _catching(errors, fn, *args, **kwargs):
         errors.append(e)
 
 
-def _hosted(package, model_id):
+def _hosted(package, model_id, delegates=()):
     from .models import load_models
-    hosted = load_models(models={model_id: package})
+    hosted = load_models(models={model_id: package}, delegates=delegates)
     return hosted, hosted[model_id]
 
 
@@ -102,9 +102,11 @@ class _Batches(Metrics):
 
 class ModelReplica:
     """One replica of a model version (a Serve deployment's class): runs requests on the
-    model's interpreters in a thread pool, batched when `batching` is given."""
+    model's interpreters in a thread pool, batched when `batching` is given, with the
+    delegates `accel` = (accel, device, precision) names (accel.delegates_for), made here,
+    on the replica's node."""
 
-    def __init__(self, package, model_id, batching=None, threads=1, concurrency=8):
+    def __init__(self, package, model_id, batching=None, threads=1, concurrency=8, accel=None):
         from concurrent.futures import ThreadPoolExecutor
         from ray import serve
         try:
@@ -112,7 +114,11 @@ class ModelReplica:
             threadpool_limits(threads)  # BLAS: `threads` per request, not every core each
         except ImportError:
             pass
-        hosted, self.model = _hosted(package, model_id)
+        delegates = ()
+        if accel:
+            from ..accel import delegates_for
+            delegates = delegates_for(*accel)
+        hosted, self.model = _hosted(package, model_id, delegates)
         self.backend = Local(hosted)
         self.stats = _Batches()
         if batching:
@@ -169,12 +175,14 @@ class RayBackend:
     devices on MobileNetV2 got 13 requests/s, at 64 35/s). `timeout_s`: how long a
     request waits for its replica;
     `deploy_timeout_s`: for a model's replicas to start (EdgeflowError past it: the cluster
-    cannot place them).
+    cannot place them). `accel`: (accel, device, precision) of the delegates each replica
+    runs its models with (accel.delegates_for; None: numpy kernels); trainer actors run
+    on the CPU.
     """
 
     def __init__(self, address=None, replicas=1, autoscale=None, replica_cpus=1.0, threads=1,
                  state_dir=None, checkpoint_every=1, max_devices=256, timeout_s=60.0, retries=2,
-                 target_ongoing=4, max_ongoing=64, init_options=None, deploy_timeout_s=120.0):
+                 target_ongoing=4, max_ongoing=64, init_options=None, deploy_timeout_s=120.0, accel=None):
         if replicas < 1 or (autoscale and not 0 <= autoscale[0] <= autoscale[1] >= 1):
             raise EdgeflowError(f"expected replicas >= 1 and autoscale bounds 0 <= min <= max (max >= 1), got "
                                 f"{replicas} and {autoscale}")
@@ -185,6 +193,7 @@ class RayBackend:
         self.checkpoint_every, self.max_devices = checkpoint_every, max_devices
         self.timeout_s, self.retries, self.deploy_timeout_s = timeout_s, retries, deploy_timeout_s
         self.init_options = init_options or {}
+        self.accel = tuple(accel) if accel and accel[0] != "none" else None
         self.metrics = NO_METRICS
         self._handles, self._trainers = {}, {}  # by (id, sha256)
         self._started_ray = False
@@ -238,7 +247,7 @@ class RayBackend:
                                       ray_actor_options={"num_cpus": self.replica_cpus}, **scale)
         if batching:  # a batch per CPU the replica has, not per core of its node
             batching = {**batching, "concurrency": max(1, round(self.replica_cpus))}
-        app = deployment.bind(package, model_id, batching, self.threads, self.max_ongoing)
+        app = deployment.bind(package, model_id, batching, self.threads, self.max_ongoing, self.accel)
         # serve.run waits for every replica to start, forever if the cluster cannot place them.
         failed = []
         waiter = threading.Thread(target=lambda: _catching(failed, serve.run, app, name=name, route_prefix=None),
