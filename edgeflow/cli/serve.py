@@ -2,12 +2,15 @@
 import argparse
 
 from ..errors import EdgeflowError
-from .arguments import non_negative, positive
+from .arguments import add_accel_args, non_negative, positive
 
 EXAMPLES = """\
 examples:
   embedded, one process (the default):
     edgeflow serve --model-dir models/ --slo-ms 100 --max-workers 64 --metrics-port 9100
+  on a GPU server: batches on the OpenCL device (per-row cost falls with the batch), from
+  4 processes on one port (one Python process serves a few hundred requests/s)
+    edgeflow serve --model-dir models/ --accel opencl --slo-ms 500 --max-workers 64 --processes 4
   on a local Ray instance this process starts (replicas share this machine's cores):
     edgeflow serve --model-dir models/ --ray --replicas 2 --state-dir state/
   on a Ray cluster:
@@ -53,6 +56,11 @@ def add_parser(verbs):
     p.add_argument("--memory-wait", type=float, default=10.0, metavar="S",
                    help="seconds a request waits for memory before RESOURCE_EXHAUSTED (default 10)")
     p.add_argument("--max-workers", type=positive, default=8, help="requests run at once (default 8)")
+    p.add_argument("--processes", type=positive, default=1, metavar="N",
+                   help="serve from N processes on one port (SO_REUSEPORT; the kernel spreads the devices' "
+                        "connections over them), each with its own models, batching and --max-workers: one "
+                        "process's Python work caps it at a few hundred requests/s whatever the cores "
+                        "(default 1; with --metrics-port P, process k exports on P+k-1)")
     p.add_argument("--threads", type=positive,
                    help="BLAS threads per request (default: the cores / --max-workers, at least 1)")
     p.add_argument("--state-dir", metavar="DIR",
@@ -109,6 +117,9 @@ def add_parser(verbs):
                           help="keep the replies of the last N distinct requests (model, fetches and "
                                "input bytes) and answer a repeat from them without running it (default "
                                "0: no cache)")
+    add_accel_args(p.add_argument_group(
+        "accelerator", "Run the models' supported ops on the server's OpenCL device (a GPU), shared by its "
+                       "requests; with --ray each replica opens the device on its own node."))
     p.add_argument("--grace", type=float, default=5.0,
                    help="seconds calls in flight get to finish on shutdown (default 5)")
     p.add_argument("--metrics-port", type=non_negative, metavar="PORT",

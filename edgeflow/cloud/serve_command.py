@@ -79,6 +79,15 @@ def _aggregate(args):
     return aggregate or 1
 
 
+def _accel(args):
+    """(accel, device, precision) that --accel, --device and --precision ask for, or None
+    (numpy kernels)."""
+    accel = getattr(args, "accel", None) or "none"
+    if accel == "none":
+        return None
+    return accel, getattr(args, "device", None), getattr(args, "precision", "fp32")
+
+
 def _ray_backend(args, state_dir, checkpoint_every, max_devices, threads):
     """The RayBackend `--ray` asks for, or None."""
     if not getattr(args, "ray", None):
@@ -106,14 +115,12 @@ def _ray_backend(args, state_dir, checkpoint_every, max_devices, threads):
     return RayBackend(None if args.ray == "local" else args.ray, replicas=args.replicas or 1, autoscale=autoscale,
                       replica_cpus=args.replica_cpus, threads=threads or 1, state_dir=state_dir,
                       checkpoint_every=checkpoint_every, max_devices=max_devices,
-                      target_ongoing=args.target_ongoing)
+                      target_ongoing=args.target_ongoing, accel=_accel(args))
 
 
 def serve(args):
     """`edgeflow serve`: host the models in args.model_dir until SIGTERM or SIGINT."""
     logs.install(getattr(args, "log_format", "text"), (getattr(args, "log_level", None) or "info").upper())
-    metrics = PrometheusMetrics() if getattr(args, "metrics_port", None) is not None else None
-    board = _tensorboard(getattr(args, "logdir", None))
     token = None
     if args.token_file:
         text = _read_file(args.token_file, "--token-file").decode("utf-8", "replace")
@@ -134,6 +141,13 @@ def serve(args):
     if client_ca and not tls:
         raise EdgeflowError("--tls-client-ca needs --tls-cert and --tls-key")
     client_ca = _read_file(client_ca, "--tls-client-ca") if client_ca else None
+    processes = getattr(args, "processes", None) or 1
+    if processes > 1:  # the flags above checked once here; each process reads them again
+        from .processes import serve_processes
+        trainable = [p.name for p in sorted(pathlib.Path(args.model_dir).glob("*.efl")) if _trainable(p)]
+        return serve_processes(args, processes, trainable)
+    metrics = PrometheusMetrics() if getattr(args, "metrics_port", None) is not None else None
+    board = _tensorboard(getattr(args, "logdir", None))
     ray_backend = _ray_backend(args, args.state_dir, args.checkpoint_every,
                                getattr(args, "max_devices", None) or DEFAULT_MAX_DEVICES,
                                getattr(args, "threads", None))
@@ -158,6 +172,14 @@ def serve(args):
         _log.info("parameter server (%s, %d devices per step) for %s%s", args.parameter_server, _aggregate(args),
                   sorted(trainable), f", on {ps_shards or 1} Ray shard(s) each" if ray_backend is not None else "")
     batching, cache_entries = _batching(args)
+    delegates = []
+    if _accel(args) and ray_backend is None:  # one delegate, opened now: no device fails the start
+        from ..accel import delegates_for
+        delegates = delegates_for(*_accel(args))
+        if delegates:
+            _log.info("models run on OpenCL device %r (%s)", delegates[0].device_name, delegates[0].precision)
+        else:
+            _log.info("--accel auto: no OpenCL device found, models run on numpy kernels")
     server = Server(args.model_dir, host=args.host, port=args.port, token=token, tls=tls,
                     max_workers=args.max_workers, max_request_bytes=int(args.max_request_mb * (1 << 20)),
                     state_dir=args.state_dir, checkpoint_every=args.checkpoint_every,
@@ -166,7 +188,7 @@ def serve(args):
                     memory_budget_bytes=_mib(budget_mb), model_memory_bytes=_mib(model_mb),
                     memory_wait_s=wait_s, batching=batching, cache_entries=cache_entries,
                     metrics=Combined(metrics, board) if metrics and board else metrics or board,
-                    ray=ray_backend)
+                    ray=ray_backend, delegates=delegates, reuse_port=getattr(args, "reuse_port", False))
     _return_freed_memory()
     if batching:
         _log.info("adaptive batching on: batches within %g ms, at most %d rows, waiting up to %g ms",
@@ -182,9 +204,13 @@ def serve(args):
     if metrics is not None:
         _export(metrics, getattr(args, "metrics_host", "127.0.0.1"), args.metrics_port)
     server.start()
-    _log.info("serving %d models on %s%s%s%s", len(server.models), server.address,
-              " with TLS" if tls else "", ", client certificates required" if client_ca else "",
+    label = getattr(args, "process_label", None)  # one of --processes N (processes.py announces the port)
+    _log.info("%s %d models on %s%s%s%s", f"process {label}: listening with" if label else "serving",
+              len(server.models), server.address, " with TLS" if tls else "",
+              ", client certificates required" if client_ca else "",
               "" if token is None else ", per-device tokens required" if token.per_device else ", token required")
+    if getattr(args, "on_serving", None):
+        args.on_serving(server)
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.set())

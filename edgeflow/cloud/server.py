@@ -397,7 +397,11 @@ class Server:
     PrometheusMetrics) gets every call's model, method, status, seconds and bytes.
     `batching`: dict(slo_ms=, max_batch=, max_wait_ms=) runs the requests of many devices
     for a model as adaptive batches (batching.py); `cache_entries` > 0 answers repeated
-    requests from a cache of that many replies (cache.py). `start()`
+    requests from a cache of that many replies (cache.py). `delegates` (an
+    edgeflow.accel.OpenCLDelegate: the server's GPU) run every model's interpreters, shared
+    by the requests' threads; `ray` (a replicas.RayBackend) runs the models on Ray's
+    replicas instead, which make their own. `reuse_port`: bind with SO_REUSEPORT, beside
+    other processes serving the same port (processes.py). `start()`
     binds and returns the port (`port=0` picks a free one); use it as a context manager to
     stop it.
 
@@ -412,7 +416,7 @@ class Server:
                  checkpoint_every=1, parameter_server=None, threads=None,
                  tls_client_ca=None, max_devices=DEFAULT_MAX_DEVICES, memory_budget_bytes=None,
                  model_memory_bytes=None, memory_wait_s=DEFAULT_WAIT_S, batching=None, cache_entries=0,
-                 ray=None, metrics=None):
+                 ray=None, metrics=None, delegates=(), reuse_port=False):
         if model_dir is None and not models and parameter_server is None:
             raise EdgeflowError("Server: give a model_dir, models={id: path or bytes} or a parameter_server")
         if tls is not None and (len(tls) != 2 or not all(tls)):
@@ -428,7 +432,7 @@ class Server:
         # not all of them each (oversubscribed, 32 devices saw 3 s p99 instead of 1 s).
         self.threads = threads or max(1, (os.cpu_count() or 1) // max_workers)
         self._blas = None
-        self.models = load_models(model_dir, models)
+        self.models = load_models(model_dir, models, delegates)
         self.budget = MemoryBudget(memory_budget_bytes or default_bytes(), model_memory_bytes, memory_wait_s)
         for model in self.models.all():
             model.use_budget(self.budget)
@@ -438,6 +442,7 @@ class Server:
         self.parameter_server = parameter_server  # an edgeflow.cloud.ParameterService, served too
         self.metrics = metrics or NO_METRICS
         self.backend = self._backend(batching, cache_entries, ray)
+        self.reuse_port = reuse_port
         self._server = None
         self._health = None
 
@@ -467,7 +472,7 @@ class Server:
         if self._server is not None:
             raise EdgeflowError(f"the server on {self.address} is already started")
         server = grpc.server(futures.ThreadPoolExecutor(self.max_workers, thread_name_prefix="edgeflow-rpc"),
-                             options=wire.CHANNEL_OPTIONS + [("grpc.so_reuseport", 0)],
+                             options=wire.CHANNEL_OPTIONS + [("grpc.so_reuseport", int(self.reuse_port))],
                              interceptors=[_Guard(self.auth, self.metrics)])
         pb_grpc.add_EdgeflowServicer_to_server(
             _Servicer(self.models, self.max_request_bytes, self.backend, self.auth, self.budget, self.metrics),
@@ -481,7 +486,7 @@ class Server:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         if self.parameter_server is not None:
             self.parameter_server.add_to_server(server, self._health, self.auth)
-        if self.port:
+        if self.port and not self.reuse_port:  # (a port shared on purpose is bound by its siblings)
             _check_can_listen(self.host, self.port)
         try:
             if self.tls:
