@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/bench_scale.py [--models mobilenet_v2,bert_encoder]
         [--devices 1,8,32,128] [--servers embedded,batched,ray1,ray2,ray4] [--seconds 6]
-        [--slo-ms 500] [--max-batch 32] [--clients 4] [--cache DIR] [--json OUT]
+        [--slo-ms 500] [--max-batch 32] [--clients 4] [--server-cores N] [--replica-cpus C]
+        [--accel opencl] [--cache DIR] [--json OUT]
 
 The models are the real-size MobileNetV2 (224x224) and BERT-like encoder (4 layers, d 256,
 sequence 128) that bench_models.py exports (the `zoo` extra, or its cache), each served as
@@ -15,18 +16,27 @@ layers, 128 KB). Servers, each an `edgeflow serve` process started in turn on th
   thread each), no batching;
 - batched: the same with Clipper's AIMD batching (`--slo-ms`, `--max-batch`), and 64
   worker threads (a batch holds at most one request per worker thread);
-- rayN: `--ray` on a local Ray instance, N Serve replicas per model sharing the cores
-  (`--replica-cpus` 2 / (N x models)), batching inside each replica as `batched` does.
+- embedded-pN, batched-pN: the same served by N processes on one port (`--processes N`);
+- rayN: `--ray` on a local Ray instance, N Serve replicas per model sharing the server's
+  cores (`--replica-cpus`, default the cores / (N x models)), batching inside each replica
+  as `batched` does.
 
 Devices are threads in `--clients` client processes, each a closed loop of Run calls on its
-own channel. Every phase (server x model x devices) lasts `--seconds` after a warm-up;
-measured: replies per second, and latency p50/p99 over the phase's replies. Server and
-clients share this machine's two cores: the figures are what one machine gives, not a
-dedicated server's. Each server's phases run back to back; the servers run in turn.
+own channel. Every phase (server x model x devices) lasts `--seconds`, measured after every device was
+answered once and all ran `--warm` seconds;
+measured: replies per second, and latency p50/p99 over the phase's replies. By default
+server and clients share every core: the figures are what one machine gives, not a
+dedicated server's. `--server-cores N` pins the server (and Ray's processes, which it
+starts) to the first N cores and the clients to the rest; with `--replica-cpus C` fixed,
+rayN's replicas get N x C cores, which shows how replicas scale with the cores they get.
+`--accel opencl` runs the embedded and batched servers' models on their OpenCL device
+(`edgeflow serve --accel`), a GPU's where there is one, and each Ray replica's on it too.
+Each server's phases run back to back; the servers run in turn.
 """
 import argparse
 import json
 import multiprocessing as mp
+import os
 import pathlib
 import re
 import subprocess
@@ -62,19 +72,33 @@ def prepare(models, parts, folder, cache):
     return {k: v for k, v in specs.items() if k[1] in parts}
 
 
-def server_command(kind, model_dir, slo_ms, max_batch, models=1):
+SERVER_KINDS = r"(embedded|batched)(-p\d+)?|ray\d+"
+
+
+def server_command(kind, model_dir, slo_ms, max_batch, models=1, cores=2, replica_cpus=None, accel="none"):
+    """The `edgeflow serve` command of server `kind` on `cores` cores."""
     cmd = harness.edgeflow_cmd() + ["serve", "--model-dir", str(model_dir), "--port", "0", "--threads", "1"]
-    if kind != "embedded":  # a batch holds at most --max-workers requests; Ray's front end threads only wait
+    kind, _, processes = kind.partition("-p")
+    processes = int(processes or 1)
+    if processes > 1:
+        cmd += ["--processes", str(processes)]
+    if kind == "embedded":  # a request at a time per core (8 at least: the server's default)
+        cmd += ["--max-workers", str(max(8, -(-cores // processes)))]
+    else:  # a batch holds at most --max-workers requests; Ray's front end threads only wait
         cmd += ["--slo-ms", str(slo_ms), "--max-batch", str(max_batch), "--max-workers", "64"]
     if kind.startswith("ray"):
         n = int(kind[3:])
-        cmd += ["--ray", "--replicas", str(n), "--replica-cpus", f"{2 / (n * models):g}"]
+        cmd += ["--ray", "--replicas", str(n), "--replica-cpus", f"{replica_cpus or cores / (n * models):g}"]
+    if accel != "none":
+        cmd += ["--accel", accel]
     return cmd
 
 
-def start_server(cmd, logfile):
+def start_server(cmd, logfile, cores=None):
+    """The server process (pinned to `cores`, a set of core ids, if given) and its address."""
     proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=harness.blas_env(1))
+                            env=harness.blas_env(1),
+                            preexec_fn=None if cores is None else lambda: os.sched_setaffinity(0, cores))
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         m = re.search(r"serving \d+ models? on 127\.0\.0\.1:(\d+)", pathlib.Path(logfile.name).read_text(errors="replace"))
@@ -88,8 +112,12 @@ def start_server(cmd, logfile):
 
 
 # -- a client process ---------------------------------------------------------------------------
-def client_main(address, model, feed, fetch, threads, start, seconds, results):
-    """`threads` devices in closed loops from `start` for `seconds`: their latencies."""
+def client_main(address, model, feed, fetch, threads, ready, go, start, warm, seconds, results, cores=None):
+    """`threads` devices, each first answered once (then `ready`), in closed loops from the
+    time `go` sets (`start`) for `warm` + `seconds` (on `cores`, a set of core ids, if
+    given): the latencies of the requests in the last `seconds`."""
+    if cores is not None:
+        os.sched_setaffinity(0, cores)
     from edgeflow.cloud import Client
     from edgeflow.errors import RemoteError
     lat, errors = [], []
@@ -97,10 +125,10 @@ def client_main(address, model, feed, fetch, threads, start, seconds, results):
     def device(k):
         with Client(address, timeout=120) as client:
             x = {feed[0]: np.random.default_rng(k).standard_normal(feed[1]).astype(np.float32)}
-            client.run(model, x, [fetch])  # a warm channel
-            while time.time() < start:
-                time.sleep(0.005)
-            end = start + seconds
+            client.run(model, x, [fetch])  # a warm channel, the model's first runs done
+            ready.put(k)
+            go.wait()
+            measured, end = start.value + warm, start.value + warm + seconds
             while True:
                 t0 = time.time()
                 if t0 >= end:
@@ -108,10 +136,11 @@ def client_main(address, model, feed, fetch, threads, start, seconds, results):
                 try:
                     client.run(model, x, [fetch])
                 except RemoteError as e:
-                    errors.append(e.code)
+                    if t0 >= measured:
+                        errors.append(e.code)
                     continue
                 t1 = time.time()
-                if t1 <= end:
+                if t0 >= measured and t1 <= end:
                     lat.append(t1 - t0)
     workers = [threading.Thread(target=device, args=(k,)) for k in range(threads)]
     for w in workers:
@@ -121,17 +150,23 @@ def client_main(address, model, feed, fetch, threads, start, seconds, results):
     results.put((lat, errors))
 
 
-def phase(address, model, feed, fetch, devices, clients, seconds):
-    """(replies per second, p50 s, p99 s, errors) of `devices` devices for `seconds`."""
+def phase(address, model, feed, fetch, devices, clients, seconds, cores=None, warm=2.0):
+    """(replies per second, p50 s, p99 s, errors) of `devices` devices for `seconds`, after
+    each was answered once and all ran `warm` seconds (the server's plans for its batch
+    sizes made), the clients on `cores` (a set of core ids) if given."""
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
+    results, ready, go, start = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
     procs = min(clients, devices)
-    start = time.time() + 3 + devices * 0.05  # every device connected and warm by then
     per = [devices // procs + (k < devices % procs) for k in range(procs)]
-    ps = [ctx.Process(target=client_main, args=(address, model, feed, fetch, n, start, seconds, results))
+    ps = [ctx.Process(target=client_main, args=(address, model, feed, fetch, n, ready, go, start, warm, seconds,
+                                                results, cores))
           for n in per]
     for p in ps:
         p.start()
+    for _ in range(devices):
+        ready.get(timeout=600)
+    start.value = time.time() + 0.1
+    go.set()
     lat, errors = [], []
     for _ in ps:
         got_lat, got_errors = results.get(timeout=seconds + 600)
@@ -151,19 +186,39 @@ def main(argv=None):
     ap.add_argument("--parts", default="whole,late", help="cloud parts: whole (fed the input), late (fed LATE's "
                                                           "tensor: the tail of the model)")
     ap.add_argument("--devices", default="1,8,32,128", help="numbers of concurrent devices")
-    ap.add_argument("--servers", default=",".join(SERVERS), help=f"of {','.join(SERVERS)} (rayN: N replicas)")
+    ap.add_argument("--servers", default=",".join(SERVERS), help=f"of {','.join(SERVERS)} (rayN: N replicas; "
+                                                                 "embedded-pN, batched-pN: N processes)")
     ap.add_argument("--seconds", type=float, default=6.0, help="length of each phase (default 6)")
+    ap.add_argument("--warm", type=float, default=2.0, help="seconds of load before each phase is measured, every "
+                                                           "device answered once before that (default 2)")
     ap.add_argument("--slo-ms", type=float, default=500.0, help="the batching SLO (default 500)")
     ap.add_argument("--max-batch", type=int, default=32, help="largest batch (default 32)")
     ap.add_argument("--clients", type=int, default=4, help="client processes the devices are spread over")
+    ap.add_argument("--server-cores", type=int, help="pin the server to the first N cores and the clients to "
+                                                     "the rest (default: all share every core)")
+    ap.add_argument("--replica-cpus", type=float, help="CPUs each Ray replica gets (default: the server's "
+                                                       "cores / (replicas x models))")
+    ap.add_argument("--accel", default="none", choices=["none", "opencl"],
+                    help="run the servers' models on their OpenCL device (edgeflow serve --accel)")
     ap.add_argument("--cache", help="bench_models.py's exported ONNX files (default its cache)")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     servers = [s for s in args.servers.split(",") if s]
     levels = [int(v) for v in args.devices.split(",") if v]
-    if any(m not in MODELS for m in models) or not set(args.parts.split(",")) <= {"whole", "late"} or any(not re.fullmatch(r"embedded|batched|ray\d+", s) for s in servers):
-        ap.error(f"--models of {MODELS}; --parts of whole, late; --servers of embedded, batched, rayN")
+    if any(m not in MODELS for m in models) or not set(args.parts.split(",")) <= {"whole", "late"} \
+            or any(not re.fullmatch(SERVER_KINDS, s) for s in servers):
+        ap.error(f"--models of {MODELS}; --parts of whole, late; --servers of embedded, batched, rayN (and "
+                 "embedded-pN, batched-pN: N processes)")
+    every = sorted(os.sched_getaffinity(0))
+    server_cores = client_cores = None
+    if args.server_cores:
+        if not 0 < args.server_cores < len(every):
+            ap.error(f"--server-cores: expected 1 to {len(every) - 1} (this process has {len(every)} cores)")
+        server_cores, client_cores = set(every[:args.server_cores]), set(every[args.server_cores:])
+    cores = args.server_cores or len(every)
+    log(f"server on {cores} of {len(every)} cores, clients " + ("on the rest" if server_cores else "beside it")
+        + ("" if args.accel == "none" else f"; models on OpenCL ({args.accel})"))
     work = pathlib.Path(tempfile.mkdtemp(prefix="bench_scale-"))
     (work / "models").mkdir()
     parts = [p for p in args.parts.split(",") if p]
@@ -171,15 +226,16 @@ def main(argv=None):
     rows = []
     for kind in servers:
         with open(work / f"{kind}.log", "w") as logfile:
-            command = server_command(kind, work / "models", args.slo_ms, args.max_batch, len(models))
-            proc, address = start_server(command, logfile)
+            command = server_command(kind, work / "models", args.slo_ms, args.max_batch, len(models), cores,
+                                     args.replica_cpus, args.accel)
+            proc, address = start_server(command, logfile, server_cores)
             try:
                 for (model, part), (feed_name, fetch, shape) in specs.items():
                     for devices in levels:
                         rate, p50, p99, errors = phase(address, model, (feed_name, shape), fetch, devices,
-                                                       args.clients, args.seconds)
-                        row = dict(server=kind, model=f"{model} ({part})", devices=devices, rps=rate,
-                                   p50_ms=p50 * 1e3, p99_ms=p99 * 1e3, errors=errors)
+                                                       args.clients, args.seconds, client_cores, args.warm)
+                        row = dict(server=kind, accel=args.accel, model=f"{model} ({part})", devices=devices,
+                                   rps=rate, p50_ms=p50 * 1e3, p99_ms=p99 * 1e3, errors=errors)
                         rows.append(row)
                         log(f"{kind:9s} {row['model']:22s} {devices:4d} devices: {rate:7.1f} req/s  p50 "
                             f"{p50 * 1e3:8.1f} ms  p99 {p99 * 1e3:8.1f} ms  errors {errors}")
