@@ -25,7 +25,7 @@ ALLOWED = {
     "training_loop": {"interp", "format", "ops"},
     "tensorboard": {"interp", "format", "ops"},
     "splitter": {"interp", "format", "ops"},
-    "cloud": {"splitter", "interp", "format", "ops", "training_loop", "tensorboard"},
+    "cloud": {"splitter", "accel", "interp", "format", "ops", "training_loop", "tensorboard"},
     "converters": {"graph", "format", "ops"},
     "top": {"graph", "interp"},
 }
