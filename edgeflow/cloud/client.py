@@ -30,6 +30,9 @@ from . import edgeflow_pb2_grpc as pb_grpc
 from . import wire
 
 MIN_SAMPLE_BYTES = 64 << 10  # smaller transfers measure latency, not throughput
+# Requests with fewer tensor bytes go as one RunOnce message (half the server's work of a
+# streamed Run); they are too small to time the link's throughput anyway.
+ONE_MESSAGE_BYTES = MIN_SAMPLE_BYTES
 SMALL_CALL_BYTES = 4 << 10  # a call moving less each way times the per-call overhead alone
 _SAMPLES = 8  # throughput is over this many recent transfers each way
 
@@ -132,6 +135,8 @@ class Client:
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._lock = threading.Lock()
         self._link = LinkStats()
+        self._one_message = True  # until a server without RunOnce (UNIMPLEMENTED) says otherwise
+        self._streamed = set()  # (model, fetches) whose replies did not fit one message
 
     # -- calls -----------------------------------------------------------------------
     def run(self, model_id, feeds, fetches, sha256=None, timeout=None, request_id=None,
@@ -152,25 +157,32 @@ class Client:
         request_id = request_id or uuid.uuid4().hex
         timeout = self._deadline(timeout)
         sent = {}
+        run_header = pb.RunHeader(model_id=model_id, model_sha256=sha256 or "", request_id=request_id,
+                                  fetches=fetches, encoding=encoding, step=pb.TrainStep(**step) if step else None)
+        up = sum(wire.encoded_bytes(a, encoding) for a in arrays.values())
 
         def requests():
-            yield pb.RunRequest(header=pb.RunHeader(model_id=model_id, model_sha256=sha256 or "",
-                                                    request_id=request_id, fetches=fetches,
-                                                    encoding=encoding,
-                                                    step=pb.TrainStep(**step) if step else None))
+            yield pb.RunRequest(header=run_header)
             for name, array in arrays.items():
                 for chunk in wire.chunks(name, array, encoding=encoding):
                     yield pb.RunRequest(chunk=chunk)
             sent["at"] = time.perf_counter()  # gRPC asks for more only once the last send is done
 
         start = time.perf_counter()
-        replies = self._stub.Run(requests(), timeout=timeout, metadata=self._metadata)
-        try:
-            header, outputs, header_at = self._read_reply(replies, request_id, fetches)
-        except grpc.RpcError as e:
-            raise self._error("Run", e, timeout) from None
+        reply = None
+        if up < ONE_MESSAGE_BYTES and step is None and self._one_message \
+                and (model_id, tuple(fetches)) not in self._streamed:  # (a training round streams)
+            reply = self._run_once(run_header, arrays, encoding, timeout)
+        if reply is not None:
+            header, outputs = self._read_message(reply, request_id, fetches)
+            header_at = None
+        else:
+            replies = self._stub.Run(requests(), timeout=timeout, metadata=self._metadata)
+            try:
+                header, outputs, header_at = self._read_reply(replies, request_id, fetches)
+            except grpc.RpcError as e:
+                raise self._error("Run", e, timeout) from None
         end = time.perf_counter()
-        up = sum(wire.encoded_bytes(a, encoding) for a in arrays.values())
         down = sum(wire.encoded_bytes(a, encoding) for a in outputs.values())
         with self._lock:
             link = self._link
@@ -181,9 +193,48 @@ class Client:
             link.calls_s.append((max(0.0, end - start - header.compute_seconds), up, down))
             if up >= MIN_SAMPLE_BYTES and "at" in sent:
                 link.up.append((up, sent["at"] - start))
-            if down >= MIN_SAMPLE_BYTES:
+            if down >= MIN_SAMPLE_BYTES and header_at is not None:
                 link.down.append((down, end - header_at))
         return {name: outputs[name] for name in fetches}
+
+    def _run_once(self, header, arrays, encoding, timeout):
+        """The RunReplyMessage of `header` and `arrays` sent as one RunOnce message; None where
+        the call must stream instead (a server without RunOnce, from now on; a reply too large
+        for one message, from now on for this model and these fetches)."""
+        tensors = [chunk for name, array in arrays.items() for chunk in wire.chunks(name, array, encoding=encoding)]
+        try:
+            return self._stub.RunOnce(pb.RunMessage(header=header, tensors=tensors), timeout=timeout,
+                                      metadata=self._metadata)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:  # an older server: Run alone
+                self._one_message = False
+                return None
+            if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "ask with Run" in (e.details() or ""):
+                self._streamed.add((header.model_id, tuple(header.fetches)))
+                return None
+            raise self._error("Run", e, timeout) from None
+
+    def _read_message(self, reply, request_id, fetches):
+        """(header, {name: array}) of a RunReplyMessage, checked as _read_reply checks a stream."""
+        def malformed(reason):
+            return self._remote_error("INTERNAL", f"malformed reply from {self.target}: {reason}")
+        if not reply.HasField("header"):
+            raise malformed("expected a RunReplyHeader")
+        if reply.header.request_id != request_id:
+            raise malformed(f"expected request id {request_id!r}, got {reply.header.request_id!r}")
+        tensors = wire.Assembler(self.max_reply_bytes, what="output")
+        try:
+            for chunk in reply.tensors:
+                tensors.add(chunk)
+            outputs = tensors.finish()
+        except wire.PayloadTooLarge as e:
+            raise self._remote_error("RESOURCE_EXHAUSTED", f"the reply from {self.target} is too large: {e}; "
+                                                           f"raise {type(self).__name__}(max_reply_bytes=...)") from None
+        except InvalidInputError as e:
+            raise malformed(str(e)) from None
+        if sorted(outputs) != sorted(fetches):
+            raise malformed(f"expected tensors {sorted(fetches)}, got {sorted(outputs)}")
+        return reply.header, outputs
 
     def _read_reply(self, replies, request_id, fetches):
         def check(header):

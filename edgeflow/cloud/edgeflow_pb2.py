@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x65\x64geflow/cloud/edgeflow.proto\x12\x0b\x65\x64geflow.v1\"\x8d\x01\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x10\n\x08\x65ncoding\x18\x07 \x01(\t\x12\r\n\x05scale\x18\x08 \x01(\x02\"\x90\x01\n\tRunHeader\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x14\n\x0cmodel_sha256\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0f\n\x07\x66\x65tches\x18\x04 \x03(\t\x12\x10\n\x08\x65ncoding\x18\x05 \x01(\t\x12$\n\x04step\x18\x06 \x01(\x0b\x32\x16.edgeflow.v1.TrainStep\"l\n\tTrainStep\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x0f\n\x07step_id\x18\x02 \x01(\x04\x12\r\n\x05round\x18\x03 \x01(\r\x12\x0c\n\x04keep\x18\x04 \x03(\t\x12\x0f\n\x07targets\x18\x05 \x03(\r\x12\r\n\x05\x66inal\x18\x06 \x01(\x08\"i\n\nRunRequest\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.edgeflow.v1.RunHeaderH\x00\x12)\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x18.edgeflow.v1.TensorChunkH\x00\x42\x06\n\x04kind\"e\n\x0eRunReplyHeader\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x14\n\x0cmodel_sha256\x18\x03 \x01(\t\x12\x17\n\x0f\x63ompute_seconds\x18\x04 \x01(\x01\"l\n\x08RunReply\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1b.edgeflow.v1.RunReplyHeaderH\x00\x12)\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x18.edgeflow.v1.TensorChunkH\x00\x42\x06\n\x04kind\"H\n\nTensorInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06tensor\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\"o\n\rSignatureInfo\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x06inputs\x18\x02 \x03(\x0b\x32\x17.edgeflow.v1.TensorInfo\x12(\n\x07outputs\x18\x03 \x03(\x0b\x32\x17.edgeflow.v1.TensorInfo\"\x80\x01\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x12\n\nfile_bytes\x18\x03 \x01(\x04\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\x12.\n\nsignatures\x18\x05 \x03(\x0b\x32\x1a.edgeflow.v1.SignatureInfo\"\x13\n\x11ListModelsRequest\"9\n\x0fListModelsReply\x12&\n\x06models\x18\x01 \x03(\x0b\x32\x16.edgeflow.v1.ModelInfo\"3\n\x0bPingRequest\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x13\n\x0breply_bytes\x18\x02 \x01(\x04\"\x1c\n\tPingReply\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x32\xcb\x01\n\x08\x45\x64geflow\x12\x39\n\x03Run\x12\x17.edgeflow.v1.RunRequest\x1a\x15.edgeflow.v1.RunReply(\x01\x30\x01\x12J\n\nListModels\x12\x1e.edgeflow.v1.ListModelsRequest\x1a\x1c.edgeflow.v1.ListModelsReply\x12\x38\n\x04Ping\x12\x18.edgeflow.v1.PingRequest\x1a\x16.edgeflow.v1.PingReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x65\x64geflow/cloud/edgeflow.proto\x12\x0b\x65\x64geflow.v1\"\x8d\x01\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x10\n\x08\x65ncoding\x18\x07 \x01(\t\x12\r\n\x05scale\x18\x08 \x01(\x02\"\x90\x01\n\tRunHeader\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x14\n\x0cmodel_sha256\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0f\n\x07\x66\x65tches\x18\x04 \x03(\t\x12\x10\n\x08\x65ncoding\x18\x05 \x01(\t\x12$\n\x04step\x18\x06 \x01(\x0b\x32\x16.edgeflow.v1.TrainStep\"l\n\tTrainStep\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x0f\n\x07step_id\x18\x02 \x01(\x04\x12\r\n\x05round\x18\x03 \x01(\r\x12\x0c\n\x04keep\x18\x04 \x03(\t\x12\x0f\n\x07targets\x18\x05 \x03(\r\x12\r\n\x05\x66inal\x18\x06 \x01(\x08\"i\n\nRunRequest\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.edgeflow.v1.RunHeaderH\x00\x12)\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x18.edgeflow.v1.TensorChunkH\x00\x42\x06\n\x04kind\"_\n\nRunMessage\x12&\n\x06header\x18\x01 \x01(\x0b\x32\x16.edgeflow.v1.RunHeader\x12)\n\x07tensors\x18\x02 \x03(\x0b\x32\x18.edgeflow.v1.TensorChunk\"e\n\x0eRunReplyHeader\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x14\n\x0cmodel_sha256\x18\x03 \x01(\t\x12\x17\n\x0f\x63ompute_seconds\x18\x04 \x01(\x01\"l\n\x08RunReply\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1b.edgeflow.v1.RunReplyHeaderH\x00\x12)\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x18.edgeflow.v1.TensorChunkH\x00\x42\x06\n\x04kind\"i\n\x0fRunReplyMessage\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x1b.edgeflow.v1.RunReplyHeader\x12)\n\x07tensors\x18\x02 \x03(\x0b\x32\x18.edgeflow.v1.TensorChunk\"H\n\nTensorInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06tensor\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\"o\n\rSignatureInfo\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x06inputs\x18\x02 \x03(\x0b\x32\x17.edgeflow.v1.TensorInfo\x12(\n\x07outputs\x18\x03 \x03(\x0b\x32\x17.edgeflow.v1.TensorInfo\"\x80\x01\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x12\n\nfile_bytes\x18\x03 \x01(\x04\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\x12.\n\nsignatures\x18\x05 \x03(\x0b\x32\x1a.edgeflow.v1.SignatureInfo\"\x13\n\x11ListModelsRequest\"9\n\x0fListModelsReply\x12&\n\x06models\x18\x01 \x03(\x0b\x32\x16.edgeflow.v1.ModelInfo\"3\n\x0bPingRequest\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x13\n\x0breply_bytes\x18\x02 \x01(\x04\"\x1c\n\tPingReply\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x32\x8d\x02\n\x08\x45\x64geflow\x12\x39\n\x03Run\x12\x17.edgeflow.v1.RunRequest\x1a\x15.edgeflow.v1.RunReply(\x01\x30\x01\x12@\n\x07RunOnce\x12\x17.edgeflow.v1.RunMessage\x1a\x1c.edgeflow.v1.RunReplyMessage\x12J\n\nListModels\x12\x1e.edgeflow.v1.ListModelsRequest\x1a\x1c.edgeflow.v1.ListModelsReply\x12\x38\n\x04Ping\x12\x18.edgeflow.v1.PingRequest\x1a\x16.edgeflow.v1.PingReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,24 +39,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRAINSTEP']._serialized_end=445
   _globals['_RUNREQUEST']._serialized_start=447
   _globals['_RUNREQUEST']._serialized_end=552
-  _globals['_RUNREPLYHEADER']._serialized_start=554
-  _globals['_RUNREPLYHEADER']._serialized_end=655
-  _globals['_RUNREPLY']._serialized_start=657
-  _globals['_RUNREPLY']._serialized_end=765
-  _globals['_TENSORINFO']._serialized_start=767
-  _globals['_TENSORINFO']._serialized_end=839
-  _globals['_SIGNATUREINFO']._serialized_start=841
-  _globals['_SIGNATUREINFO']._serialized_end=952
-  _globals['_MODELINFO']._serialized_start=955
-  _globals['_MODELINFO']._serialized_end=1083
-  _globals['_LISTMODELSREQUEST']._serialized_start=1085
-  _globals['_LISTMODELSREQUEST']._serialized_end=1104
-  _globals['_LISTMODELSREPLY']._serialized_start=1106
-  _globals['_LISTMODELSREPLY']._serialized_end=1163
-  _globals['_PINGREQUEST']._serialized_start=1165
-  _globals['_PINGREQUEST']._serialized_end=1216
-  _globals['_PINGREPLY']._serialized_start=1218
-  _globals['_PINGREPLY']._serialized_end=1246
-  _globals['_EDGEFLOW']._serialized_start=1249
-  _globals['_EDGEFLOW']._serialized_end=1452
+  _globals['_RUNMESSAGE']._serialized_start=554
+  _globals['_RUNMESSAGE']._serialized_end=649
+  _globals['_RUNREPLYHEADER']._serialized_start=651
+  _globals['_RUNREPLYHEADER']._serialized_end=752
+  _globals['_RUNREPLY']._serialized_start=754
+  _globals['_RUNREPLY']._serialized_end=862
+  _globals['_RUNREPLYMESSAGE']._serialized_start=864
+  _globals['_RUNREPLYMESSAGE']._serialized_end=969
+  _globals['_TENSORINFO']._serialized_start=971
+  _globals['_TENSORINFO']._serialized_end=1043
+  _globals['_SIGNATUREINFO']._serialized_start=1045
+  _globals['_SIGNATUREINFO']._serialized_end=1156
+  _globals['_MODELINFO']._serialized_start=1159
+  _globals['_MODELINFO']._serialized_end=1287
+  _globals['_LISTMODELSREQUEST']._serialized_start=1289
+  _globals['_LISTMODELSREQUEST']._serialized_end=1308
+  _globals['_LISTMODELSREPLY']._serialized_start=1310
+  _globals['_LISTMODELSREPLY']._serialized_end=1367
+  _globals['_PINGREQUEST']._serialized_start=1369
+  _globals['_PINGREQUEST']._serialized_end=1420
+  _globals['_PINGREPLY']._serialized_start=1422
+  _globals['_PINGREPLY']._serialized_end=1450
+  _globals['_EDGEFLOW']._serialized_start=1453
+  _globals['_EDGEFLOW']._serialized_end=1722
 # @@protoc_insertion_point(module_scope)

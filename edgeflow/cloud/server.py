@@ -101,16 +101,38 @@ class _Servicer(pb_grpc.EdgeflowServicer):
         held = []  # the request's memory Reservation, once its model is known
         with _Call(self.metrics, "Run") as call:
             try:
-                yield from self._run(requests, context, held, call)
+                for part in self._run(lambda: _stream_parts(requests), context, held, call):
+                    yield pb.RunReply(header=part) if isinstance(part, pb.RunReplyHeader) else pb.RunReply(chunk=part)
             finally:
                 for reservation in held:
                     reservation.close()
 
-    def _run(self, requests, context, held, call):
+    def RunOnce(self, request, context):
+        """Run in one message each way (small requests: see edgeflow.proto)."""
+        held = []
+        with _Call(self.metrics, "Run") as call:  # the same operation as Run, in metrics too
+            try:
+                parts = list(self._run(lambda: _message_parts(request), context, held, call))
+                if call.status != "OK":  # cancelled, or the client went away
+                    return pb.RunReplyMessage()
+                size = sum(len(chunk.data) for chunk in parts[1:])
+                if size > wire.MAX_MESSAGE_BYTES - wire.CHUNK_BYTES // 16:
+                    call.abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"the reply's tensors ({size} bytes) do not fit one message of RunOnce (at most "
+                               f"{wire.MAX_MESSAGE_BYTES} bytes): ask with Run, which streams them")
+                return pb.RunReplyMessage(header=parts[0], tensors=parts[1:])
+            finally:
+                for reservation in held:
+                    reservation.close()
+
+    def _run(self, parts, context, held, call):
+        """The reply of a Run or RunOnce whose (RunHeader, TensorChunks) `parts()` gives: its
+        RunReplyHeader, then the fetched tensors' TensorChunks; or the call aborted with the
+        status that says why."""
         request_id = ""
         try:
             identity = self.auth.identify(context)
-            model, header, feeds = self._read(requests, context, held, identity, call)
+            model, header, feeds = self._read(parts, context, held, identity, call)
             request_id = header.request_id
             if not context.is_active():  # cancelled or past its deadline while uploading
                 left = context.time_remaining()
@@ -144,31 +166,25 @@ class _Servicer(pb_grpc.EdgeflowServicer):
             code, message = grpc.StatusCode.INTERNAL, f"internal error ({type(e).__name__}: {e}); " \
                                                       "the server logged it"
         else:
-            yield pb.RunReply(header=pb.RunReplyHeader(request_id=request_id, model_id=model.id,
-                                                       model_sha256=model.sha256,
-                                                       compute_seconds=seconds))
+            yield pb.RunReplyHeader(request_id=request_id, model_id=model.id, model_sha256=model.sha256,
+                                    compute_seconds=seconds)
             for name in header.fetches:
                 for chunk in wire.chunks(name, outputs[name], encoding=header.encoding):
                     call.bytes_out += len(chunk.data)
-                    yield pb.RunReply(chunk=chunk)
+                    yield chunk
             call.status = "OK"
             return
         _bad_log.log(("Run", code.name), logging.INFO, "Run %s: %s: %s", call.request.id, code.name,
                      message[:1000])
         call.abort(context, code, message)
 
-    def _read(self, requests, context, held, identity, call):
-        """The model, header and {name: array} feeds of a Run stream, all checked (the model
-        and the step header against the caller's `identity`); the feeds' bytes are reserved
-        (in a Reservation appended to `held`) as they arrive. `call` (a _Call) gets the
-        request id, the model and the bytes received."""
-        requests = iter(requests)
-        first = next(requests, None)
-        if first is None or first.WhichOneof("kind") != "header":
-            raise _Reject(grpc.StatusCode.INVALID_ARGUMENT,
-                          "expected a Run stream to start with a RunHeader (model_id, fetches), got "
-                          + ("nothing" if first is None else f"a {first.WhichOneof('kind') or 'empty'} message"))
-        header = first.header
+    def _read(self, parts, context, held, identity, call):
+        """The model, header and {name: array} feeds of a request whose (RunHeader,
+        TensorChunks) `parts()` gives, all checked (the model and the step header against the
+        caller's `identity`); the feeds' bytes are reserved (in a Reservation appended to
+        `held`) as they arrive. `call` (a _Call) gets the request id, the model and the bytes
+        received."""
+        header, chunks = parts()
         call.request.id = header.request_id[:64] or call.request.id
         versions = self.models.versions(header.model_id)
         if not versions:
@@ -199,13 +215,9 @@ class _Servicer(pb_grpc.EdgeflowServicer):
                                 else max(0.0, min(budget.wait_s, left))))
         held[0].add(_STREAM_BYTES, "a request")
         tensors = _Reserving(self.max_request_bytes, model.check_feed, held[0])
-        for message in requests:
-            if message.WhichOneof("kind") != "chunk":
-                raise _Reject(grpc.StatusCode.INVALID_ARGUMENT,
-                              "expected TensorChunk messages after the RunHeader, got "
-                              f"a {message.WhichOneof('kind') or 'empty'} message")
-            call.bytes_in += len(message.chunk.data)
-            tensors.add(message.chunk)
+        for chunk in chunks:
+            call.bytes_in += len(chunk.data)
+            tensors.add(chunk)
         return model, header, tensors.finish()
 
     def ListModels(self, request, context):
@@ -225,6 +237,33 @@ class _Servicer(pb_grpc.EdgeflowServicer):
                            f"expected reply_bytes <= {wire.MAX_PING_BYTES}, got {request.reply_bytes}")
             call.status = "OK"
             return pb.PingReply(payload=_PING_BLOCK[:request.reply_bytes])
+
+
+def _stream_parts(requests):
+    """(RunHeader, TensorChunks) of a Run stream; _Reject where its messages are out of order."""
+    requests = iter(requests)
+    first = next(requests, None)
+    if first is None or first.WhichOneof("kind") != "header":
+        raise _Reject(grpc.StatusCode.INVALID_ARGUMENT,
+                      "expected a Run stream to start with a RunHeader (model_id, fetches), got "
+                      + ("nothing" if first is None else f"a {first.WhichOneof('kind') or 'empty'} message"))
+
+    def chunks():
+        for message in requests:
+            if message.WhichOneof("kind") != "chunk":
+                raise _Reject(grpc.StatusCode.INVALID_ARGUMENT,
+                              "expected TensorChunk messages after the RunHeader, got "
+                              f"a {message.WhichOneof('kind') or 'empty'} message")
+            yield message.chunk
+    return first.header, chunks()
+
+
+def _message_parts(request):
+    """(RunHeader, TensorChunks) of a RunOnce message; _Reject without a header."""
+    if not request.HasField("header"):
+        raise _Reject(grpc.StatusCode.INVALID_ARGUMENT,
+                      "expected a RunMessage with a RunHeader (model_id, fetches), got none")
+    return request.header, request.tensors
 
 
 # What gRPC and protobuf hold for one request while it streams, besides its tensors: a
@@ -322,7 +361,7 @@ class _Guard(grpc.ServerInterceptor):
         else:
             def guarded(request, context):
                 if isinstance(request, _Undecodable):
-                    with _Call(self.metrics, method.rsplit("/", 1)[-1]) as call:
+                    with _Call(self.metrics, _label(method)) as call:
                         call.abort(context, grpc.StatusCode.INVALID_ARGUMENT, _undecodable(method, request.error))
                 return behavior(request, context)
         return _MAKE[kind](guarded, request_deserializer=_tolerant(handler.request_deserializer, method),
@@ -344,10 +383,17 @@ _MAKE = {(False, False): grpc.unary_unary_rpc_method_handler,
          (True, True): grpc.stream_stream_rpc_method_handler}
 
 
+def _label(method):
+    """The metrics' name of gRPC method `method` ("/edgeflow.v1.Edgeflow/Run" -> "Run"; RunOnce
+    is Run in one message: "Run" too)."""
+    name = method.rsplit("/", 1)[-1]
+    return "Run" if name == "RunOnce" else name
+
+
 def _rejecting(handler, code, message, method="", metrics=NO_METRICS):
     """A handler of the same kind as `handler` that aborts every call with `code`."""
     def reject(request, context):
-        with _Call(metrics, method.rsplit("/", 1)[-1]) as call:
+        with _Call(metrics, _label(method)) as call:
             call.abort(context, code, message)
     return _MAKE[handler.request_streaming, handler.response_streaming](
         reject, request_deserializer=_tolerant(handler.request_deserializer, method),

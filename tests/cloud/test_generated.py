@@ -24,7 +24,7 @@ def test_generated_code_imports_as_a_package():
     assert edgeflow_pb2_grpc.edgeflow_dot_cloud_dot_edgeflow__pb2 is edgeflow_pb2  # not a top-level module
     assert edgeflow_pb2.DESCRIPTOR.services_by_name["Edgeflow"].full_name == "edgeflow.v1.Edgeflow"
     methods = edgeflow_pb2.DESCRIPTOR.services_by_name["Edgeflow"].methods_by_name
-    assert set(methods) == {"Run", "ListModels", "Ping"}
+    assert set(methods) == {"Run", "RunOnce", "ListModels", "Ping"}
 
 
 def test_parameter_server_code_imports_as_a_package():
