@@ -49,12 +49,14 @@ def app_name(model):
 
 def connect(address=None, init_options=None):
     """Connect this process to Ray in NAMESPACE, unless it is: to the cluster at `address`,
-    or to a local instance started here (None). True when this call started one."""
+    or to a local instance started here (None: always a new one, never a cluster that
+    `ray start` left on this machine, which Ray's own default would join). True when this
+    call started one."""
     import ray
     if ray.is_initialized():
         return False
-    ray.init(address, **{"namespace": NAMESPACE, "log_to_driver": False, "include_dashboard": False,
-                         **(init_options or {})})
+    ray.init("local" if address is None else address,
+             **{"namespace": NAMESPACE, "log_to_driver": False, "include_dashboard": False, **(init_options or {})})
     return address is None
 
 
