@@ -16,10 +16,11 @@ layers, 128 KB). Servers, each an `edgeflow serve` process started in turn on th
   thread each), no batching;
 - batched: the same with Clipper's AIMD batching (`--slo-ms`, `--max-batch`), and 64
   worker threads (a batch holds at most one request per worker thread);
-- embedded-pN, batched-pN: the same served by N processes on one port (`--processes N`);
+- embedded-pK, batched-pK: the same served by K processes on one port (`--processes K`);
 - rayN: `--ray` on a local Ray instance, N Serve replicas per model sharing the server's
   cores (`--replica-cpus`, default the cores / (N x models)), batching inside each replica
-  as `batched` does.
+  as `batched` does; rayN-pK: K front-end processes (`--processes K`) on a Ray head this
+  script starts (`ray start --head`), where one front end would bound the replicas' rate.
 
 Devices are threads in `--clients` client processes, each a closed loop of Run calls on its
 own channel. Every phase (server x model x devices) lasts `--seconds`, measured after every device was
@@ -39,6 +40,7 @@ import multiprocessing as mp
 import os
 import pathlib
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -72,11 +74,43 @@ def prepare(models, parts, folder, cache):
     return {k: v for k, v in specs.items() if k[1] in parts}
 
 
-SERVER_KINDS = r"(embedded|batched)(-p\d+)?|ray\d+"
+SERVER_KINDS = r"(embedded|batched|ray\d+)(-p\d+)?"
 
 
-def server_command(kind, model_dir, slo_ms, max_batch, models=1, cores=2, replica_cpus=None, accel="none"):
-    """The `edgeflow serve` command of server `kind` on `cores` cores."""
+def server_env():
+    """The servers' and the Ray head's environment: BLAS at one thread, and Ray's token
+    authentication off (Ray 2.5x turns it on for `ray start`; every process here is on
+    this machine's loopback)."""
+    return {**harness.blas_env(1), "RAY_AUTH_MODE": "disabled"}
+
+
+def start_ray_head(logfile, cores, pinned=None):
+    """A Ray head of `cores` CPUs (`ray start --head --block`, pinned to `pinned` core ids if
+    given): (its process, which takes the cluster down when it ends, and its address)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--port", str(port),
+           "--node-ip-address", "127.0.0.1", "--num-cpus", str(cores), "--include-dashboard", "false",
+           "--disable-usage-stats"]
+    proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=server_env(),
+                            preexec_fn=None if pinned is None else lambda: os.sched_setaffinity(0, pinned))
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if "Ray runtime started" in pathlib.Path(logfile.name).read_text(errors="replace"):
+            return proc, f"127.0.0.1:{port}"
+        if proc.poll() is not None:
+            break
+        time.sleep(0.5)
+    harness.stop(proc, 30)
+    raise RuntimeError(f"ray start did not start:\n{pathlib.Path(logfile.name).read_text()[-3000:]}")
+
+
+def server_command(kind, model_dir, slo_ms, max_batch, models=1, cores=2, replica_cpus=None, accel="none",
+                   ray_address=None):
+    """The `edgeflow serve` command of server `kind` on `cores` cores (rayN-pK: front ends
+    on the cluster at `ray_address`)."""
     cmd = harness.edgeflow_cmd() + ["serve", "--model-dir", str(model_dir), "--port", "0", "--threads", "1"]
     kind, _, processes = kind.partition("-p")
     processes = int(processes or 1)
@@ -88,7 +122,8 @@ def server_command(kind, model_dir, slo_ms, max_batch, models=1, cores=2, replic
         cmd += ["--slo-ms", str(slo_ms), "--max-batch", str(max_batch), "--max-workers", "64"]
     if kind.startswith("ray"):
         n = int(kind[3:])
-        cmd += ["--ray", "--replicas", str(n), "--replica-cpus", f"{replica_cpus or cores / (n * models):g}"]
+        cmd += ["--ray", *([ray_address] if ray_address else []), "--replicas", str(n),
+                "--replica-cpus", f"{replica_cpus or cores / (n * models):g}"]
     if accel != "none":
         cmd += ["--accel", accel]
     return cmd
@@ -97,7 +132,7 @@ def server_command(kind, model_dir, slo_ms, max_batch, models=1, cores=2, replic
 def start_server(cmd, logfile, cores=None):
     """The server process (pinned to `cores`, a set of core ids, if given) and its address."""
     proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=harness.blas_env(1),
+                            env=server_env(),
                             preexec_fn=None if cores is None else lambda: os.sched_setaffinity(0, cores))
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
@@ -187,7 +222,7 @@ def main(argv=None):
                                                           "tensor: the tail of the model)")
     ap.add_argument("--devices", default="1,8,32,128", help="numbers of concurrent devices")
     ap.add_argument("--servers", default=",".join(SERVERS), help=f"of {','.join(SERVERS)} (rayN: N replicas; "
-                                                                 "embedded-pN, batched-pN: N processes)")
+                                                                 "-pK: K server processes)")
     ap.add_argument("--seconds", type=float, default=6.0, help="length of each phase (default 6)")
     ap.add_argument("--warm", type=float, default=2.0, help="seconds of load before each phase is measured, every "
                                                            "device answered once before that (default 2)")
@@ -209,7 +244,7 @@ def main(argv=None):
     if any(m not in MODELS for m in models) or not set(args.parts.split(",")) <= {"whole", "late"} \
             or any(not re.fullmatch(SERVER_KINDS, s) for s in servers):
         ap.error(f"--models of {MODELS}; --parts of whole, late; --servers of embedded, batched, rayN (and "
-                 "embedded-pN, batched-pN: N processes)")
+                 "embedded-pK, batched-pK, rayN-pK: K processes)")
     every = sorted(os.sched_getaffinity(0))
     server_cores = client_cores = None
     if args.server_cores:
@@ -225,10 +260,18 @@ def main(argv=None):
     specs = prepare(models, parts, work / "models", args.cache)
     rows = []
     for kind in servers:
-        with open(work / f"{kind}.log", "w") as logfile:
+        with open(work / f"{kind}.log", "w") as logfile, open(work / f"{kind}.ray.log", "w") as raylog:
+            head = ray_address = None
+            if kind.startswith("ray") and "-p" in kind:  # several front ends: a cluster they all join
+                head, ray_address = start_ray_head(raylog, cores, server_cores)
             command = server_command(kind, work / "models", args.slo_ms, args.max_batch, len(models), cores,
-                                     args.replica_cpus, args.accel)
-            proc, address = start_server(command, logfile, server_cores)
+                                     args.replica_cpus, args.accel, ray_address)
+            try:
+                proc, address = start_server(command, logfile, server_cores)
+            except BaseException:
+                if head is not None:
+                    harness.stop(head, 60)
+                raise
             try:
                 for (model, part), (feed_name, fetch, shape) in specs.items():
                     for devices in levels:
@@ -241,6 +284,8 @@ def main(argv=None):
                             f"{p50 * 1e3:8.1f} ms  p99 {p99 * 1e3:8.1f} ms  errors {errors}")
             finally:
                 harness.stop(proc, 60)
+                if head is not None:
+                    harness.stop(head, 60)
     print_table(rows, servers)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))

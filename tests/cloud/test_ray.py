@@ -1,6 +1,6 @@
 """The cloud on a local multi-node Ray cluster (ray.cluster_utils.Cluster, three nodes of
 one CPU each): models as Ray Serve replicas behind two gRPC front ends (one in this
-process, one `edgeflow serve --ray ADDRESS` process), and split training whose state lives
+process, one `edgeflow serve --ray ADDRESS --processes 2`), and split training whose state lives
 in a Ray actor. Against independent references: the unsplit model run in this process,
 numpy, and one process training alone."""
 import os
@@ -74,11 +74,12 @@ def test_split_inference_through_two_front_ends_equals_local(cluster, split_mobi
     original, device_package, served = split_mobilenet
     frontend = Server(served, ray=RayBackend(cluster.address, replicas=2, replica_cpus=1))
     frontend.start()
-    other = subprocess.Popen(edgeflow("serve", "--model-dir", served, "--port", 0, "--ray", cluster.address),
-                             stderr=subprocess.PIPE, text=True)
+    # The other front end is two processes on one port (--processes): each finds the replicas.
+    other = subprocess.Popen(edgeflow("serve", "--model-dir", served, "--port", 0, "--ray", cluster.address,
+                                      "--processes", 2), stderr=subprocess.PIPE, text=True)
     try:
         lines = Lines(other.stderr)
-        port = lines.wait_for(r"serving \d+ models? on [\d.]+:(\d+)", limit_s=120).group(1)
+        port = lines.wait_for(r"serving \d+ models? on [\d.]+:(\d+) in 2 processes", limit_s=180).group(1)
         local = ef.Interpreter(original).get_signature_runner("infer")
         for k, target in enumerate([frontend.address, f"127.0.0.1:{port}"]):
             device = ef.Interpreter(device_package, delegates=[CloudDelegate(target)]).get_signature_runner("infer")
