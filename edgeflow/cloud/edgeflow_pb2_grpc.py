@@ -71,9 +71,9 @@ class EdgeflowServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RunOnce(self, request, context):
-        """Runs a hosted model in one message each way, for small requests (the client sends
-        those under 64 KiB of tensors this way): the header and the fed tensors (TensorChunks,
-        as Run's), then the reply's header and the fetched tensors. Each streamed message costs
+        """Runs a hosted model in one message each way, for requests that fit one message: the
+        header and the fed tensors (TensorChunks, as Run's), then the reply's header and the
+        fetched tensors. Each streamed message costs
         the server's Python a thread hand-off: a one-message call costs about half of a Run.
         The same checks, statuses and metrics as Run; a reply that does not fit one message is
         RESOURCE_EXHAUSTED, and the caller asks again with Run.

@@ -116,7 +116,7 @@ class _Servicer(pb_grpc.EdgeflowServicer):
                 if call.status != "OK":  # cancelled, or the client went away
                     return pb.RunReplyMessage()
                 size = sum(len(chunk.data) for chunk in parts[1:])
-                if size > wire.MAX_MESSAGE_BYTES - wire.CHUNK_BYTES // 16:
+                if size > wire.ONE_MESSAGE_BYTES:
                     call.abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
                                f"the reply's tensors ({size} bytes) do not fit one message of RunOnce (at most "
                                f"{wire.MAX_MESSAGE_BYTES} bytes): ask with Run, which streams them")

@@ -38,16 +38,25 @@ def x_of(rows, seed=0):
     return np.random.default_rng(seed).standard_normal((rows, 4)).astype(np.float32)
 
 
-def test_small_requests_go_in_one_message_large_ones_stream_with_the_same_answers(server):
-    limit_rows = client_module.ONE_MESSAGE_BYTES // 16  # 16 bytes a row of x
+def test_requests_go_in_one_message_and_now_and_then_a_large_one_streams_to_time_the_link(server, monkeypatch):
+    sample_rows = client_module.MIN_SAMPLE_BYTES // 16  # 16 bytes a row of x
+    sequence = [(1, "RunOnce"), (sample_rows - 1, "RunOnce"),
+                (sample_rows, "Run"),  # the first that can time the upload: streamed
+                (sample_rows, "RunOnce"),  # timed less than SAMPLE_EVERY_S ago
+                (wire.ONE_MESSAGE_BYTES // 16 + 1, "Run")]  # more than one message holds
     with Client(f"127.0.0.1:{server.port}", timeout=30) as client:
         calls = counted(client)
-        for rows, method in ((1, "RunOnce"), (limit_rows - 1, "RunOnce"), (limit_rows, "Run"), (3 * limit_rows, "Run")):
+        for rows, method in sequence + [(sample_rows, "SAMPLE"), (sample_rows, "Run")]:
+            if method == "SAMPLE":  # the last sample is now too old
+                monkeypatch.setattr(client_module, "SAMPLE_EVERY_S", 0.0)
+                continue
             x = x_of(rows, rows)
             out = client.run("m", {"x": x}, ["y", "double"])
             assert calls[-1] == method, (rows, calls)
             np.testing.assert_allclose(out["y"], reference(x)["y"], rtol=1e-6)
             np.testing.assert_array_equal(out["double"], reference(x)["double"])
+        assert [n for n, _ in client.link.up] == [16 * sample_rows, 16 * (wire.ONE_MESSAGE_BYTES // 16 + 1),
+                                                 16 * sample_rows]  # the streamed ones timed the link
 
 
 def test_a_server_without_run_once_is_asked_with_run_from_then_on(model_dir, monkeypatch):
