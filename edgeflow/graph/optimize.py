@@ -17,8 +17,8 @@ def optimize(graph, signatures):
     signatures = fold_constants(graph, signatures)
     signatures = fold_batch_norm(graph, signatures)
     signatures = fold_pads(graph, signatures)
+    signatures = fuse_swish(graph, signatures)  # first: a swish op may then fuse into its producer
     signatures = fuse_activations(graph, signatures)
-    signatures = fuse_swish(graph, signatures)
     return signatures
 
 
@@ -165,11 +165,18 @@ def _activation_of(node):
             return "relu6"
         if node.attrs["max"] == float("inf"):
             return "relu"
+    if node.op == "swish" and node.attrs["alpha"] == 1.0:
+        return "swish"
+    if node.op == "hard_swish":
+        return "hard_swish"
     return None
 
 
 def fuse_activations(graph, signatures):
-    """relu / relu6 right after a conv, matmul or add runs inside that op's kernel."""
+    """relu, relu6, swish or hard_swish right after a conv, matmul or add runs inside that
+    op's kernel, on its output while it is in cache: EfficientNet's and MobileNetV3's
+    activations then cost no pass over memory of their own. (Graphs that train are not
+    optimized: a fused swish could not be differentiated, ops.registry.NEEDS_INPUT.)"""
     uses = _consumers(graph, signatures)
     for act in [n for n in graph.nodes if _activation_of(n)]:
         x = act.inputs[0]

@@ -90,8 +90,13 @@ def _coerce(kind, value):
 
 
 # The `activation` attribute of ops that can apply one to their output in place (conv,
-# matmul, add, ...), so that the graph optimizer can fuse a following activation op.
-ACTIVATIONS = ("", "relu", "relu6")
+# matmul, add, ...), so that the graph optimizer can fuse a following activation op:
+# relu, relu6 = min(max(x, 0), 6), swish = x sigmoid(x) (SiLU) and hard_swish =
+# x min(max(x + 3, 0), 6) / 6 (MobileNetV3's).
+ACTIVATIONS = ("", "relu", "relu6", "swish", "hard_swish")
+# Those whose gradient needs the input as well as the output: an op fusing one cannot be
+# differentiated (the optimizer fuses them into inference graphs only).
+NEEDS_INPUT = ("swish", "hard_swish")
 
 
 def activation_attr():
@@ -479,6 +484,10 @@ def activation_gradient(g, op, dy):
     act, y = op.attrs.get("activation", ""), op.outputs[0]
     if not act:
         return dy
+    if act in NEEDS_INPUT:
+        raise GraphError(f"{op.name}: cannot differentiate its fused {act} activation (its gradient needs "
+                         "the value before it, which the op does not keep): build the graph with a separate "
+                         f"{act} op")
     zero = g.constant(0, y)
     live = g("greater", y, zero)
     if act == "relu6":

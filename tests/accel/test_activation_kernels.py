@@ -42,3 +42,20 @@ def test_prelu(delegate, x_shape, slope_shape):
         exact = np.where(x >= 0, x, slope * x)
     np.testing.assert_array_equal(got, exact)
     np.testing.assert_array_equal(want, exact)
+
+
+@settings(max_examples=10)
+@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=4), activation=st.sampled_from(["swish", "hard_swish"]),
+       row=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_add_with_a_fused_swish(delegate, shape, activation, row, seed):
+    """add's fused swish and hard_swish (common.cl's fused_activation), far past exp's
+    overflow too, against the float64 formulas and the numpy kernels."""
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal(shape) * 40).astype(np.float32)
+    b = (rng.standard_normal(shape[-1:] if row else shape) * 3).astype(np.float32)
+    want, got, _ = run_both(delegate, "add", [a, b], {"activation": activation})
+    s = a.astype(np.float64) + b
+    exact = s / (1 + np.exp(-s)) if activation == "swish" else s * np.clip(s + 3, 0, 6) / 6
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-30)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-30)

@@ -48,7 +48,7 @@ def normal(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
 
 
-ACTIVATION = st.sampled_from(["", "relu", "relu6"])
+ACTIVATION = st.sampled_from(["", "relu", "relu6", "swish", "hard_swish"])
 
 
 @st.composite

@@ -28,7 +28,7 @@ def delegate():
 # -- matmul ------------------------------------------------------------------------------
 
 @given(m=dims, n=dims, k=dims, ta=st.booleans(), tb=st.booleans(),
-       act=st.sampled_from(["", "relu", "relu6"]), cpu=st.booleans(), seed=st.integers(0, 2 ** 16))
+       act=st.sampled_from(["", "relu", "relu6", "swish", "hard_swish"]), cpu=st.booleans(), seed=st.integers(0, 2 ** 16))
 def test_matmul_2d(delegate, m, n, k, ta, tb, act, cpu, seed):
     """Both kernels whatever the device: local-memory tiles (GPUs) and register blocks (CPUs)."""
     rng = np.random.default_rng(seed)

@@ -22,7 +22,9 @@ from edgeflow.graph.math_ops import apply
 from edgeflow.interp.kernels import jit
 
 FEW = settings(max_examples=12)
-ACTIVATIONS = {"": lambda y: y, "relu": lambda y: np.maximum(y, 0), "relu6": lambda y: np.clip(y, 0, 6)}
+ACTIVATIONS = {"": lambda y: y, "relu": lambda y: np.maximum(y, 0), "relu6": lambda y: np.clip(y, 0, 6),
+               "swish": lambda y: y / (1 + np.exp(-y)), "hard_swish": lambda y: y * np.clip(y + 3, 0, 6) / 6}
+FUSED = sorted(set(ACTIVATIONS) - {""})
 
 
 @pytest.fixture(params=["jit", "numpy"])
@@ -252,7 +254,7 @@ def test_resize(mode, shape, data, mode_, coordinates, seed):
 
 @FEW
 @given(k=st.sampled_from([1, 3]), c=st.integers(5, 7), m=st.integers(1, 5), h=st.integers(3, 11),
-       w=st.integers(3, 11), rank=st.sampled_from([1, 2]), activation=st.sampled_from(["relu", "relu6"]),
+       w=st.integers(3, 11), rank=st.sampled_from([1, 2]), activation=st.sampled_from(FUSED),
        seed=st.integers(0, 2 ** 16))
 def test_conv_bias_activation(mode, k, c, m, h, w, rank, activation, seed):
     """1x1 and 1-D (the conv's result is out: bias and activation in place), 2-D 3x3 padded
@@ -271,17 +273,14 @@ def test_conv_bias_activation(mode, k, c, m, h, w, rank, activation, seed):
 
 @FEW
 @given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=4), row=st.booleans(),
-       activation=st.sampled_from(["relu", "relu6"]), seed=st.integers(0, 2 ** 16))
+       activation=st.sampled_from(FUSED), seed=st.integers(0, 2 ** 16))
 def test_add_activation(mode, shape, row, activation, seed):
     """A residual add (same shapes) or a bias add (a vector along the last axis), then the
     activation the optimizer fused into it."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(shape).astype(np.float32) * 4
     other = rng.standard_normal(shape[-1:] if row else shape).astype(np.float32) * 4
-    onnx_act = [helper.make_node("Relu", ["s"], ["y"])] if activation == "relu" else \
-        [helper.make_node("Clip", ["s", "lo", "hi"], ["y"])]
-    expected = onnx_run([helper.make_node("Add", ["x", "o"], ["s"])] + onnx_act, x,
-                        {"o": other, "lo": np.float32(0), "hi": np.float32(6)})
+    expected = ACTIVATIONS[activation](onnx_run([helper.make_node("Add", ["x", "o"], ["y"])], x, {"o": other}))
     check(mode, lambda t: apply("add", [t, other], {"activation": activation}), x, expected, "add_activation_loop")
 
 

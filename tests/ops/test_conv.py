@@ -12,7 +12,8 @@ from . import harness
 from .harness import assert_close
 from .onnx_reference import onnx_node
 
-ACTIVATIONS = {"": lambda y: y, "relu": lambda y: np.maximum(y, 0), "relu6": lambda y: np.clip(y, 0, 6)}
+ACTIVATIONS = {"": lambda y: y, "relu": lambda y: np.maximum(y, 0), "relu6": lambda y: np.clip(y, 0, 6),
+               "swish": lambda y: y / (1 + np.exp(-y)), "hard_swish": lambda y: y * np.clip(y + 3, 0, 6) / 6}
 ONNX_NAMES = {"conv": "Conv", "conv_transpose": "ConvTranspose"}
 
 
@@ -80,12 +81,20 @@ def test_conv(run_op, rng, case, bias):
     check("conv", rng, run_op, x_shape, w_shape, attrs, bias)
 
 
-@pytest.mark.parametrize("activation", ["relu", "relu6"])
-@pytest.mark.parametrize("case", ["3x3 same", "depthwise", "1x1", "groups 2"])
+@pytest.mark.parametrize("activation", ["relu", "relu6", "swish", "hard_swish"])
+@pytest.mark.parametrize("case", ["3x3 same", "depthwise", "depthwise 5x5", "1x1", "groups 2", "odd sizes, stride 2"])
 def test_conv_fused_activation(run_op, rng, case, activation):
     x_shape, w_shape, attrs = CONV_CASES[case]
     got = check("conv", rng, run_op, x_shape, w_shape, {**attrs, "activation": activation})
-    assert got.min() == 0 and (activation == "relu" or got.max() <= 6)
+    if activation.startswith("relu"):
+        assert got.min() == 0 and (activation == "relu" or got.max() <= 6)
+
+
+@pytest.mark.parametrize("activation", ["swish", "hard_swish"])
+@pytest.mark.parametrize("case", ["3x3 same", "depthwise 5x5", "1x1"])
+def test_conv_fused_activation_float64(run_op, rng, case, activation):
+    x_shape, w_shape, attrs = CONV_CASES[case]
+    check("conv", rng, run_op, x_shape, w_shape, {**attrs, "activation": activation}, dtype="float64", tol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])

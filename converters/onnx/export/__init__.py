@@ -298,6 +298,10 @@ class Graph:
             dt = view.output_specs[0].dtype
             bounds = [self.const(np.array(0, dt), "zero"), self.const(np.array(6, dt), "six")]
             self.node("Clip", view.outputs[:1] + bounds, outputs[:1])
+        elif activation == "swish":
+            self.node("Swish", view.outputs[:1], outputs[:1])
+        elif activation == "hard_swish":
+            self.node("HardSwish", view.outputs[:1], outputs[:1])
 
 
 def spec_of(tensor):

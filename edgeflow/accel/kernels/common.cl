@@ -27,6 +27,17 @@ typedef float raw_t;
 #define LOADN(n) LOADN_(n)
 #define STOREN(n) STOREN_(n)
 
+// A fused activation (the `activation` attr of conv, matmul, add; elementwise.ACTIVATIONS):
+// 0 none, 1 relu, 2 relu6, 3 swish x sigmoid(x), 4 hard_swish x min(max(x + 3, 0), 6) / 6.
+// `act` is a constant where the kernel has one (-DACT), so the compiler keeps one branch.
+inline float fused_activation(float v, int act) {
+    if (act == 1) return fmax(v, 0.0f);
+    if (act == 2) return clamp(v, 0.0f, 6.0f);
+    if (act == 3) return v / (1.0f + exp(-v));
+    if (act == 4) return v * clamp(v + 3.0f, 0.0f, 6.0f) / 6.0f;
+    return v;
+}
+
 // Offsets into two operands read at output element i of a broadcast (numpy's rule): the
 // output index split into coordinates, each weighted by the operand's stride along that
 // dimension (0 where the operand broadcasts).

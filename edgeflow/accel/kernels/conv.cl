@@ -12,9 +12,7 @@
 #define PX 4
 #endif
 
-inline float activate(float v, int act) {
-    return act == 1 ? fmax(v, 0.0f) : act == 2 ? clamp(v, 0.0f, 6.0f) : v;
-}
+#define activate fused_activation
 
 // geometry: C, H, W, M, OH, OW, KH, KW, stride h, w, dilation h, w, pad h, w (begin), groups
 __kernel void conv_direct(__global const store_t* x, __global const store_t* w, __global const store_t* bias,

@@ -6,13 +6,7 @@
 #define MAX_RANK 8
 
 inline float activate(float x) {
-#if ACT == 1
-    return fmax(x, 0.0f);
-#elif ACT == 2
-    return clamp(x, 0.0f, 6.0f);
-#else
-    return x;
-#endif
+    return fused_activation(x, ACT);
 }
 
 inline float binary_op(float x, float y) {

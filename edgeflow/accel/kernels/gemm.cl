@@ -55,10 +55,7 @@ void matmul(__global const store_t* A, __global const store_t* B, __global store
         for (int c = 0; c < RN; ++c) {
             const int n = n0 + tx + c * WX;
             if (n >= N) break;
-            float v = acc[r][c];
-            if (act == 1) v = fmax(v, 0.0f);
-            else if (act == 2) v = clamp(v, 0.0f, 6.0f);
-            STORE(C, m * N + n, v);
+            STORE(C, m * N + n, fused_activation(acc[r][c], act));
         }
     }
 }
@@ -186,6 +183,8 @@ __kernel void matmul_blocked(__global const store_t* A, __global const store_t* 
         if (has_bias) v += (VN)(LOAD(bias, offsets[3 * batch + 2] + m));
         if (act == 1) v = fmax(v, (VN)(0.0f));
         else if (act == 2) v = clamp(v, (VN)(0.0f), (VN)(6.0f));
+        else if (act == 3) v = v / ((VN)(1.0f) + exp(-v));
+        else if (act == 4) v = v * clamp(v + (VN)(3.0f), (VN)(0.0f), (VN)(6.0f)) / (VN)(6.0f);
         __global store_t* crow = C + (long)m * N + n0;
         if (full_n) {
             STOREN(BN)(v, 0, crow);

@@ -13,13 +13,7 @@
 
 #if KIND == 2
 inline float activate_fixed(float v) {
-#if ACT == 1
-    return fmax(v, 0.0f);
-#elif ACT == 2
-    return clamp(v, 0.0f, 6.0f);
-#else
-    return v;
-#endif
+    return fused_activation(v, ACT);
 }
 
 #endif

@@ -105,7 +105,7 @@ def _elu(x, alpha):
 
 # name -> (x, attrs) -> y; x arrives as float32 when the input is float16, so that
 # float16 results are rounded once.
-_FORMULAS = {
+FORMULAS = {
     "leaky_relu": lambda x, a: np.where(x >= 0, x, x * a["alpha"]),
     "hard_sigmoid": lambda x, a: np.clip(x * a["alpha"] + a["beta"], 0, 1),
     "hard_swish": lambda x, a: x * np.clip(x / 6 + 0.5, 0, 1),
@@ -123,7 +123,7 @@ _FORMULAS = {
 }
 
 
-def _evaluate(formula, x, attrs, out):
+def evaluate(formula, x, attrs, out):
     np.copyto(out, formula(x.astype(np.float32) if x.dtype == np.float16 else x, attrs),
               casting="unsafe")
 
@@ -132,11 +132,11 @@ def _make(name, formula):
     """The kernel of activation `name`: a JIT loop where jit has one for its operands (swish,
     hard_sigmoid, hard_swish in float32), else numpy's `formula`."""
     def make(ins, outs, attrs):
-        return jit.bind_activation(name, ins[0], outs[0], attrs) or partial(_evaluate, formula, ins[0], attrs, outs[0])
+        return jit.bind_activation(name, ins[0], outs[0], attrs) or partial(evaluate, formula, ins[0], attrs, outs[0])
     return make
 
 
-for _name, _formula in _FORMULAS.items():
+for _name, _formula in FORMULAS.items():
     if _name != "gelu":
         kernel(_name)(_make(_name, _formula))
 
@@ -154,7 +154,7 @@ def _prelu_kernel(ins, outs, attrs):
 
 @kernel("gelu")
 def _gelu_kernel(ins, outs, attrs):
-    return jit.bind_gelu(ins[0], outs[0], attrs["approximate"]) or partial(_evaluate, _gelu, ins[0], attrs, outs[0])
+    return jit.bind_gelu(ins[0], outs[0], attrs["approximate"]) or partial(evaluate, _gelu, ins[0], attrs, outs[0])
 
 
 def _swiglu(a, b, alpha, out):

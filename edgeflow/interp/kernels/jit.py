@@ -25,7 +25,9 @@ import numpy as np
 from .. import threads
 
 # Fused activation codes of the loops (edgeflow.ops.registry.ACTIVATIONS).
-ACTIVATION_CODES = {"": 0, None: 0, "relu": 1, "relu6": 2}
+ACTIVATION_CODES = {"": 0, None: 0, "relu": 1, "relu6": 2, "swish": 3, "hard_swish": 4}
+# The codes computed on _expf and float32 constants: float32 loops only (float64 runs numpy's).
+FLOAT32_ACTIVATIONS = 3
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _numba = []
 _compiled = {}
@@ -92,6 +94,13 @@ def _compile_scalars(numba):
 def _takes(*arrays):
     """Floating arrays of one dtype the loops handle (float32, float64)."""
     return all(a.dtype == arrays[0].dtype for a in arrays) and arrays[0].dtype in FLOATS
+
+
+def _act_code(activation, dtype):
+    """The loops' code of a fused `activation` on arrays of `dtype`, or None where they do not
+    compute it (swish and hard_swish but in float32)."""
+    code = ACTIVATION_CODES[activation]
+    return None if code >= FLOAT32_ACTIVATIONS and dtype != np.float32 else code
 
 
 def _bound(loop, *args):
@@ -213,25 +222,38 @@ def _add_taps(acc, length, phases, base, tap_off, w, wc, start, keep):
 
 def _crop_rows(acc, qw, out, dst, rows, ow, act):
     """out[dst:] gets `rows` rows of OW from acc's rows of QW, through the activation (0
-    none, 1 relu, 2 relu6: selects that keep NaN)."""
+    none, 1 relu, 2 relu6: selects that keep NaN; 3 swish, 4 hard_swish)."""
     zero = out.dtype.type(0)
     six = out.dtype.type(6)
     src = _U(0)
+    start = dst
     for i in range(rows):
-        if act == 0:
-            for j in range(ow):
-                out[dst + j] = acc[src + j]
-        elif act == 1:
+        if act == 1:
             for j in range(ow):
                 v = acc[src + j]
                 out[dst + j] = zero if v < zero else v
-        else:
+        elif act == 2:
             for j in range(ow):
                 v = acc[src + j]
                 v = zero if v < zero else v
                 out[dst + j] = six if v > six else v
+        else:
+            for j in range(ow):
+                out[dst + j] = acc[src + j]
         src += qw
         dst += ow
+    if act >= 3:  # over the rows at once: a row of a small plane is too short to vectorize exp
+        _activate_run(out, start, rows * ow, act)
+
+
+def _activate_run(out, start, n, act):
+    """out[start:start + n] = swish (act 3) or hard_swish (4) of itself, in place."""
+    if act == 3:
+        for j in range(n):
+            out[start + j] = _swishf(out[start + j])
+    else:
+        for j in range(n):
+            out[start + j] = _hard_swishf(out[start + j])
 
 
 def depthwise_loop(x, w, b, out, dims, cols, phases, tap_off, acc, act):
@@ -360,6 +382,8 @@ def depthwise_channels_loop(x, w, b, out, dims, xt, wt, acc, act):
                         v = zero if v < zero else v
                         v = six if v > six else v
                     out[dst + p] = v
+                if act >= 3:
+                    _activate_run(out, dst, ohw, act)
 
 
 def depthwise_layout(x_shape, kernel_shape, strides, dilations, begin, out_shape, dtype):
@@ -385,7 +409,9 @@ def bind_small_conv(x, w, bias, out, strides, dilations, begin, activation):
             or not available():  # last: it imports numba (ResNet's 7x7 stem must not)
         return None
     b = np.zeros(w.shape[0], x.dtype) if bias is None else bias
-    if not _takes(x, w, b, out) or not all(a.flags.c_contiguous for a in (x, w, b, out)) or not out.size:
+    act = _act_code(activation, out.dtype)
+    if not _takes(x, w, b, out) or not all(a.flags.c_contiguous for a in (x, w, b, out)) or not out.size \
+            or act is None:
         return None
     phases, tap_off, acc, cols, qw = depthwise_layout(x.shape[2:], w.shape[2:], strides, dilations, begin,
                                                       out.shape[2:], x.dtype)
@@ -394,8 +420,7 @@ def bind_small_conv(x, w, bias, out, strides, dilations, begin, activation):
                     _U)
     rows = max(1, min(oh, SMALL_CONV_BLOCK // qw))
     return _bound(small_conv_loop, x.reshape(-1), w.reshape(-1), b, out.reshape(-1), dims, cols,
-                  np.zeros(c * phases.size, x.dtype), tap_off, np.empty(rows * qw, x.dtype),
-                  ACTIVATION_CODES[activation])
+                  np.zeros(c * phases.size, x.dtype), tap_off, np.empty(rows * qw, x.dtype), act)
 
 
 def bind_depthwise(x, w, bias, out, strides, dilations, begin, activation):
@@ -405,10 +430,11 @@ def bind_depthwise(x, w, bias, out, strides, dilations, begin, activation):
     if not available() or x.ndim != 4 or w.shape[:2] != (x.shape[1], 1) or out.shape[1] != x.shape[1]:
         return None
     b = np.zeros(x.shape[1], x.dtype) if bias is None else bias
-    if not _takes(x, w, b, out) or not all(a.flags.c_contiguous for a in (x, w, b, out)) or not out.size:
+    act = _act_code(activation, out.dtype)
+    if not _takes(x, w, b, out) or not all(a.flags.c_contiguous for a in (x, w, b, out)) or not out.size \
+            or act is None:
         return None
     (n, c, h, wd), (kh, kw), (oh, ow) = x.shape, w.shape[2:], out.shape[2:]
-    act = ACTIVATION_CODES[activation]
     flat = (x.reshape(-1), w.reshape(-1), b, out.reshape(-1))
     if ow >= DEPTHWISE_PLANE_MIN:
         phases, tap_off, acc, cols, qw = depthwise_layout(x.shape[2:], w.shape[2:], strides, dilations, begin,
@@ -536,18 +562,20 @@ def bias_activation_loop(acc, b, out, dims, act):
         for p in range(p_):
             src = (r * pa + p) * qa
             dst = (r * p_ + p) * q_
-            if act == 0:
-                for q in range(q_):
-                    out[dst + q] = acc[src + q] + bias
-            elif act == 1:
+            if act == 1:
                 for q in range(q_):
                     v = acc[src + q] + bias
                     out[dst + q] = zero if v < zero else v
-            else:
+            elif act == 2:
                 for q in range(q_):
                     v = acc[src + q] + bias
                     v = zero if v < zero else v
                     out[dst + q] = six if v > six else v
+            else:
+                for q in range(q_):
+                    out[dst + q] = acc[src + q] + bias
+        if act >= 3:  # over the plane at once (its rows may be too short to vectorize exp)
+            _activate_run(out, r * p_ * q_, p_ * q_, act)
 
 
 def bias_activation_inplace_loop(out, b, rows, length, act):
@@ -570,11 +598,17 @@ def bias_activation_inplace_loop(out, b, rows, length, act):
             for k in range(length):
                 v = out[base + k] + bias
                 out[base + k] = zero if v < zero else v
-        else:
+        elif act == 2:
             for k in range(length):
                 v = out[base + k] + bias
                 v = zero if v < zero else v
                 out[base + k] = six if v > six else v
+        elif act == 3:
+            for k in range(length):
+                out[base + k] = _swishf(out[base + k] + bias)
+        else:
+            for k in range(length):
+                out[base + k] = _hard_swishf(out[base + k] + bias)
         base += length
 
 
@@ -586,8 +620,8 @@ def bind_bias_activation(acc, bias, out, activation):
     b = np.zeros(out.shape[1], out.dtype) if bias is None else bias
     if not _takes(acc, b, out) or not (acc.flags.c_contiguous and out.flags.c_contiguous and b.flags.c_contiguous):
         return None
-    inplace, code = acc is out, ACTIVATION_CODES[activation]
-    if not inplace and np.shares_memory(acc, out):
+    inplace, code = acc is out, _act_code(activation, out.dtype)
+    if (not inplace and np.shares_memory(acc, out)) or code is None:
         return None
     if out.ndim == 3:
         acc, out = acc[..., None], out[..., None]
@@ -612,11 +646,17 @@ def add_activation_loop(a, b, out, act):
             for k in range(k_):
                 v = ar[k] + br[k]
                 dst[k] = zero if v < zero else v
-        else:
+        elif act == 2:
             for k in range(k_):
                 v = ar[k] + br[k]
                 v = zero if v < zero else v
                 dst[k] = six if v > six else v
+        elif act == 3:
+            for k in range(k_):
+                dst[k] = _swishf(ar[k] + br[k])
+        else:
+            for k in range(k_):
+                dst[k] = _hard_swishf(ar[k] + br[k])
 
 
 def bind_add_activation(a, b, out, activation):
@@ -631,9 +671,10 @@ def bind_add_activation(a, b, out, activation):
     if a.shape != out.shape or (b.shape != out.shape and b.shape[-1:] != (k,)) or b.size not in (k, out.size):
         return None
     a2, b2, out2 = _rows(a, k), _rows(b, k), _rows(out, k)
-    if a2 is None or b2 is None or out2 is None:
+    code = _act_code(activation, out.dtype)
+    if a2 is None or b2 is None or out2 is None or code is None:
         return None
-    return _bound(add_activation_loop, a2, b2, out2, ACTIVATION_CODES[activation])
+    return _bound(add_activation_loop, a2, b2, out2, code)
 
 
 # -- recurrences: every time step of one direction in one call -----------------------------
@@ -919,8 +960,21 @@ def _tanhf(v):
     return small if a < _T_SPLIT else big
 
 
-SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf", "_tanhf", "_load_phases", "_add_taps",
-           "_crop_rows", "_matmul_nt")
+def _swishf(v):
+    """v sigmoid(v) for float32 v (the fused swish)."""
+    return v * _sigmoidf(v)
+
+
+def _hard_swishf(v):
+    """v max(0, min(1, (v + 3) / 6)) for float32 v, NaN kept (the fused hard_swish, as
+    hard_swish_loop computes it)."""
+    s = (v + _THREE) / _SIX
+    s = _ZERO if s < _ZERO else s
+    return v * (_ONE if s > _ONE else s)
+
+
+SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf", "_tanhf", "_swishf", "_hard_swishf",
+           "_activate_run", "_load_phases", "_add_taps", "_crop_rows", "_matmul_nt")
 # The activation and depthwise loops and SCALARS may contract a * b + c into one fused multiply-add where the
 # machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other
 # loops keep the arithmetic as written.
@@ -928,6 +982,7 @@ _FASTMATH = dict.fromkeys(("sigmoid_loop", "swish_loop", "hard_sigmoid_loop", "h
                            "gelu_float32_loop", "depthwise_loop", "depthwise_channels_loop", "small_conv_loop"),
                           {"contract"})
 _FASTMATH["_matmul_nt"] = {"contract", "reassoc"}
+_FASTMATH["bias_activation_inplace_loop"] = _FASTMATH["bias_activation_loop"] = {"contract"}
 
 
 def sigmoid_loop(x, out):
@@ -955,10 +1010,7 @@ def hard_swish_loop(x, out):
     """out = x * max(0, min(1, x / 6 + 1 / 2)), as (x + 3) / 6: exact near -3, where x / 6 + 1 / 2
     cancels."""
     for i in range(x.shape[0]):
-        v = x[i]
-        s = (v + _THREE) / _SIX
-        s = _ZERO if s < _ZERO else s
-        out[i] = v * (_ONE if s > _ONE else s)
+        out[i] = _hard_swishf(x[i])
 
 
 def gelu_float32_loop(x, out, tanh):
