@@ -9,9 +9,9 @@ import edgeflow as ef
 from edgeflow.cloud import Client, Server, client as client_module, server as server_module, wire
 from edgeflow.cloud import edgeflow_pb2 as pb
 from edgeflow.cloud import edgeflow_pb2_grpc as pb_grpc
-from edgeflow.errors import RemoteError
 
 from .conftest import reference
+from .test_server import assert_malformed_reply
 
 
 class Counting:
@@ -138,15 +138,4 @@ LIES = {
 
 @pytest.mark.parametrize("case", sorted(LIES))
 def test_a_malformed_one_message_reply_is_a_remote_error(case):
-    from concurrent import futures
-    fake = grpc.server(futures.ThreadPoolExecutor(2))
-    pb_grpc.add_EdgeflowServicer_to_server(_Liar(LIES[case]), fake)
-    port = fake.add_insecure_port("127.0.0.1:0")
-    fake.start()
-    try:
-        with Client(f"127.0.0.1:{port}", timeout=30) as client:
-            with pytest.raises(RemoteError, match="malformed reply") as e:
-                client.run("m", {"x": x_of(1)}, ["y"])
-            assert e.value.code == "INTERNAL"
-    finally:
-        fake.stop(None)
+    assert_malformed_reply(_Liar(LIES[case]))

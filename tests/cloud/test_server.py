@@ -365,11 +365,11 @@ LIES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(LIES))
-def test_a_malformed_reply_is_a_remote_error(case):
+def assert_malformed_reply(servicer):
+    """A client of a server running `servicer` gets RemoteError INTERNAL "malformed reply"."""
     from concurrent import futures
     fake = grpc.server(futures.ThreadPoolExecutor(2))
-    pb_grpc.add_EdgeflowServicer_to_server(_Liar(LIES[case]), fake)
+    pb_grpc.add_EdgeflowServicer_to_server(servicer, fake)
     port = fake.add_insecure_port("127.0.0.1:0")
     fake.start()
     try:
@@ -379,6 +379,11 @@ def test_a_malformed_reply_is_a_remote_error(case):
             assert e.value.code == "INTERNAL"
     finally:
         fake.stop(None)
+
+
+@pytest.mark.parametrize("case", sorted(LIES))
+def test_a_malformed_reply_is_a_remote_error(case):
+    assert_malformed_reply(_Liar(LIES[case]))
 
 
 def test_an_empty_batch_gets_an_empty_result_or_invalid_argument(tmp_path):
