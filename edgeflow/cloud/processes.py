@@ -23,7 +23,6 @@ import logging
 import multiprocessing
 import queue
 import signal
-import socket
 import threading
 import time
 
@@ -40,21 +39,8 @@ def reserve_port(host, port):
     """A socket bound to (host, port) with SO_REUSEPORT, not listening, so that the server
     processes bind the same port beside it (port 0: the one it picked); EdgeflowError if
     the address cannot be bound."""
-    from .server import _BIND_ERRORS
-    try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as e:
-        raise EdgeflowError(f"cannot listen on {host}:{port}: unknown host ({e.strerror})") from None
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind(address)
-    except OSError as e:
-        sock.close()
-        raise EdgeflowError(f"cannot listen on {host}:{port}: {_BIND_ERRORS.get(e.errno, e.strerror)}") from None
-    return sock
+    from .server import bind_socket
+    return bind_socket(host, port, reuse_port=True)
 
 
 def check(args, trainable):

@@ -108,7 +108,7 @@ class _Servicer(pb_grpc.EdgeflowServicer):
                     reservation.close()
 
     def RunOnce(self, request, context):
-        """Run in one message each way (small requests: see edgeflow.proto)."""
+        """Run in one message each way (requests that fit one: see edgeflow.proto)."""
         held = []
         with _Call(self.metrics, "Run") as call:  # the same operation as Run, in metrics too
             try:
@@ -119,7 +119,7 @@ class _Servicer(pb_grpc.EdgeflowServicer):
                 if size > wire.ONE_MESSAGE_BYTES:
                     call.abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
                                f"the reply's tensors ({size} bytes) do not fit one message of RunOnce (at most "
-                               f"{wire.MAX_MESSAGE_BYTES} bytes): ask with Run, which streams them")
+                               f"{wire.ONE_MESSAGE_BYTES} bytes of tensors): ask with Run, which streams them")
                 return pb.RunReplyMessage(header=parts[0], tensors=parts[1:])
             finally:
                 for reservation in held:
@@ -405,21 +405,30 @@ _BIND_ERRORS = {errno.EADDRINUSE: "the port is in use (another server?): choose 
                 errno.EADDRNOTAVAIL: "no network interface of this machine has that address"}
 
 
-def _check_can_listen(host, port):
-    """EdgeflowError, in one line, when (host, port) cannot be bound; asked with a plain
-    socket before gRPC binds, because gRPC logs its own multi-line error to stderr first."""
+def bind_socket(host, port, reuse_port=False):
+    """A plain socket bound to (host, port), with SO_REUSEADDR as gRPC binds (TIME_WAIT is
+    fine) and SO_REUSEPORT if `reuse_port`; EdgeflowError, in one line, when it cannot be."""
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:
         raise EdgeflowError(f"cannot listen on {host}:{port}: unknown host ({e.strerror})") from None
     family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: TIME_WAIT is fine
-        try:
-            probe.bind(address)
-        except OSError as e:
-            why = _BIND_ERRORS.get(e.errno, e.strerror)
-            raise EdgeflowError(f"cannot listen on {host}:{port}: {why}") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise EdgeflowError(f"cannot listen on {host}:{port}: {_BIND_ERRORS.get(e.errno, e.strerror)}") from None
+    return sock
+
+
+def _check_can_listen(host, port):
+    """EdgeflowError, in one line, when (host, port) cannot be bound; asked with a plain
+    socket before gRPC binds, because gRPC logs its own multi-line error to stderr first."""
+    bind_socket(host, port).close()
 
 
 class Server:
