@@ -11,6 +11,11 @@ import edgeflow as ef
 from edgeflow.format import writer
 
 
+# Ray's APIs start a local Ray instance when called unconnected (its auto-init, read when ray
+# is imported). Serve's router threads in this process call them after a cluster fixture
+# shut down, and the next module's ray.init(address=...) then failed: "ray.init twice".
+os.environ["RAY_ENABLE_AUTO_CONNECT"] = "0"
+
 W = (np.arange(12, dtype=np.float32).reshape(4, 3) - 5) / 4
 TABLE = np.arange(10, dtype=np.float32).reshape(5, 2)
 
@@ -134,6 +139,8 @@ def ray_cluster(nodes):
     # the suite that took longer once (CI: "Timed out waiting for file .../gcs_server_port").
     os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "180")
     cluster = _started_cluster(Cluster, nodes)
+    if ray.is_initialized():  # an instance something auto-started (ray imported before this conftest)
+        ray.shutdown()
     ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
     try:
         yield cluster
