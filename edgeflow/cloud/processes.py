@@ -46,11 +46,11 @@ def reserve_port(host, port):
 def check(args, trainable):
     """EdgeflowError where --processes cannot serve these flags: state kept in one process
     (`trainable`: the trainable packages' names) without a Ray cluster to keep it."""
-    shared_ray = getattr(args, "ray", None) not in (None, "local")
-    if getattr(args, "ray", None) == "local":
+    ray = getattr(args, "ray", None)
+    if ray == "local":
         raise EdgeflowError("--processes with --ray: give the cluster's ADDRESS (`ray start --head`), which every "
                             "process joins; without one each process would start a Ray instance of its own")
-    if shared_ray:
+    if ray:  # the state lives in the cluster's actors, shared by every process
         return
     if getattr(args, "parameter_server", None):
         raise EdgeflowError("--parameter-server keeps the variables in one process: use --processes 1, or "

@@ -173,9 +173,10 @@ def serve(args):
                   sorted(trainable), f", on {ps_shards or 1} Ray shard(s) each" if ray_backend is not None else "")
     batching, cache_entries = _batching(args)
     delegates = []
-    if _accel(args) and ray_backend is None:  # one delegate, opened now: no device fails the start
+    accel = _accel(args)
+    if accel and ray_backend is None:  # one delegate, opened now: no device fails the start
         from ..accel import delegates_for
-        delegates = delegates_for(*_accel(args))
+        delegates = delegates_for(*accel)
         if delegates:
             _log.info("models run on OpenCL device %r (%s)", delegates[0].device_name, delegates[0].precision)
         else:
