@@ -29,12 +29,10 @@ from . import edgeflow_pb2 as pb
 from . import edgeflow_pb2_grpc as pb_grpc
 from . import wire
 
-MIN_SAMPLE_BYTES = 64 << 10  # smaller transfers measure latency, not throughput
-# A request goes as one RunOnce message when it fits one (wire.ONE_MESSAGE_BYTES): about
-# half the server's work of a streamed Run. One message cannot time its upload apart from
-# the rest of the call, so a request big enough to measure the link's throughput streams
-# when the last such sample is this old (and always on a client's first such request).
-SAMPLE_EVERY_S = 2.0
+# Smaller transfers measure latency, not throughput. A request under this size goes as one
+# RunOnce message, about half the server's work of a streamed Run; a larger one streams,
+# which also times its upload apart from the rest of the call.
+MIN_SAMPLE_BYTES = wire.ONE_MESSAGE_BYTES
 SMALL_CALL_BYTES = 4 << 10  # a call moving less each way times the per-call overhead alone
 _SAMPLES = 8  # throughput is over this many recent transfers each way
 
@@ -139,7 +137,6 @@ class Client:
         self._link = LinkStats()
         self._one_message = True  # until a server without RunOnce (UNIMPLEMENTED) says otherwise
         self._streamed = set()  # (model, fetches) whose replies did not fit one message
-        self._sampled_at = None  # when a streamed Run last timed an upload (time.monotonic)
 
     # -- calls -----------------------------------------------------------------------
     def run(self, model_id, feeds, fetches, sha256=None, timeout=None, request_id=None,
@@ -195,26 +192,20 @@ class Client:
             link.calls_s.append((max(0.0, end - start - header.compute_seconds), up, down))
             if up >= MIN_SAMPLE_BYTES and "at" in sent:
                 link.up.append((up, sent["at"] - start))
-                self._sampled_at = time.monotonic()
             if down >= MIN_SAMPLE_BYTES and header_at is not None:
                 link.down.append((down, end - header_at))
         return {name: outputs[name] for name in fetches}
 
     def _one_message_fits(self, up, step, model_id, fetches):
         """Whether a request of `up` tensor bytes goes as one RunOnce message (see
-        SAMPLE_EVERY_S); a training round always streams."""
-        if step is not None or not self._one_message or up > wire.ONE_MESSAGE_BYTES \
-                or (model_id, tuple(fetches)) in self._streamed:
-            return False
-        if up < MIN_SAMPLE_BYTES:
-            return True
-        with self._lock:
-            return self._sampled_at is not None and time.monotonic() - self._sampled_at < SAMPLE_EVERY_S
+        MIN_SAMPLE_BYTES); a training round always streams."""
+        return step is None and self._one_message and up < MIN_SAMPLE_BYTES \
+            and (model_id, tuple(fetches)) not in self._streamed
 
     def _run_once(self, header, arrays, encoding, timeout):
         """The RunReplyMessage of `header` and `arrays` sent as one RunOnce message; None where
-        the call must stream instead (a server without RunOnce, from now on; a reply too large
-        for one message, from now on for this model and these fetches)."""
+        the call must stream instead (a server without RunOnce, from now on; a request or reply
+        too large for one message, from now on for this model and these fetches)."""
         tensors = [chunk for name, array in arrays.items() for chunk in wire.chunks(name, array, encoding=encoding)]
         try:
             return self._stub.RunOnce(pb.RunMessage(header=header, tensors=tensors), timeout=timeout,
@@ -223,7 +214,7 @@ class Client:
             if e.code() == grpc.StatusCode.UNIMPLEMENTED:  # an older server: Run alone
                 self._one_message = False
                 return None
-            if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "ask with Run" in (e.details() or ""):
+            if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "with Run, which streams" in (e.details() or ""):
                 self._streamed.add((header.model_id, tuple(header.fetches)))
                 return None
             raise self._error("Run", e, timeout) from None

@@ -71,11 +71,11 @@ class EdgeflowServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RunOnce(self, request, context):
-        """Runs a hosted model in one message each way, for requests that fit one message: the
-        header and the fed tensors (TensorChunks, as Run's), then the reply's header and the
-        fetched tensors. Each streamed message costs
-        the server's Python a thread hand-off: a one-message call costs about half of a Run.
-        The same checks, statuses and metrics as Run; a reply that does not fit one message is
+        """Runs a hosted model in one message each way, for small requests: the header and the
+        fed tensors (TensorChunks, as Run's; at most 64 KiB of tensors), then the reply's
+        header and the fetched tensors (at most 1 MiB). Each streamed message costs the
+        server's Python a thread hand-off: a one-message call costs about half of a Run.
+        The same checks, statuses and metrics as Run; a larger request or reply is
         RESOURCE_EXHAUSTED, and the caller asks again with Run.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

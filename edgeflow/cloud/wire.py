@@ -17,9 +17,12 @@ from . import edgeflow_pb2 as pb
 
 CHUNK_BYTES = 1 << 20
 MAX_MESSAGE_BYTES = 4 << 20  # grpc.max_{send,receive}_message_length on both ends
-# The most tensor bytes a RunOnce message (or its reply) carries: a message less room for
-# its header and the chunks' fields.
-ONE_MESSAGE_BYTES = MAX_MESSAGE_BYTES - (64 << 10)
+# The most tensor bytes a RunOnce request carries, and its reply. gRPC receives a unary
+# request whole before the server sees it, and sends the reply after the handler returns:
+# both sit outside the server's memory budget, so they stay small (a larger request or
+# reply streams, flow-controlled, through Run).
+ONE_MESSAGE_BYTES = 64 << 10
+ONE_REPLY_BYTES = CHUNK_BYTES
 MAX_PING_BYTES = 2 << 20  # a Ping payload or reply fits in one message
 DTYPES = {dtypes.name(dt): dt for dt in dtypes.ALL}  # the names on the wire: "float32", "bool", ...
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

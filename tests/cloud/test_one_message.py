@@ -1,6 +1,7 @@
 """Small requests go as one RunOnce message each way, larger ones stream (Run): the same
 answers (conftest's numpy reference), the same checks; a server without RunOnce, or a reply
-too large for one message, is asked again with Run."""
+too large for one message, is asked again with Run; a server refuses a one-message request
+over the limit."""
 import grpc
 import numpy as np
 import pytest
@@ -38,25 +39,30 @@ def x_of(rows, seed=0):
     return np.random.default_rng(seed).standard_normal((rows, 4)).astype(np.float32)
 
 
-def test_requests_go_in_one_message_and_now_and_then_a_large_one_streams_to_time_the_link(server, monkeypatch):
+def test_small_requests_go_in_one_message_and_larger_ones_stream_and_time_the_link(server):
     sample_rows = client_module.MIN_SAMPLE_BYTES // 16  # 16 bytes a row of x
-    sequence = [(1, "RunOnce"), (sample_rows - 1, "RunOnce"),
-                (sample_rows, "Run"),  # the first that can time the upload: streamed
-                (sample_rows, "RunOnce"),  # timed less than SAMPLE_EVERY_S ago
-                (wire.ONE_MESSAGE_BYTES // 16 + 1, "Run")]  # more than one message holds
+    assert client_module.MIN_SAMPLE_BYTES == wire.ONE_MESSAGE_BYTES
+    sequence = [(1, "RunOnce"), (sample_rows - 1, "RunOnce"), (sample_rows, "Run"), (sample_rows - 1, "RunOnce"),
+                (5 * sample_rows, "Run")]
     with Client(f"127.0.0.1:{server.port}", timeout=30) as client:
         calls = counted(client)
-        for rows, method in sequence + [(sample_rows, "SAMPLE"), (sample_rows, "Run")]:
-            if method == "SAMPLE":  # the last sample is now too old
-                monkeypatch.setattr(client_module, "SAMPLE_EVERY_S", 0.0)
-                continue
+        for rows, method in sequence:
             x = x_of(rows, rows)
             out = client.run("m", {"x": x}, ["y", "double"])
             assert calls[-1] == method, (rows, calls)
             np.testing.assert_allclose(out["y"], reference(x)["y"], rtol=1e-6)
             np.testing.assert_array_equal(out["double"], reference(x)["double"])
-        assert [n for n, _ in client.link.up] == [16 * sample_rows, 16 * (wire.ONE_MESSAGE_BYTES // 16 + 1),
-                                                 16 * sample_rows]  # the streamed ones timed the link
+        assert [n for n, _ in client.link.up] == [16 * sample_rows, 80 * sample_rows]  # the streamed ones
+
+
+def test_a_one_message_request_over_the_limit_is_refused_and_the_server_keeps_serving(server, client):
+    """The client never sends one; a server refuses it (gRPC received it whole, outside the
+    memory budget: the limit keeps that small)."""
+    x = x_of(wire.ONE_MESSAGE_BYTES // 16 + 1)
+    message = pb.RunMessage(header=pb.RunHeader(model_id="m", fetches=["double"]), tensors=list(wire.chunks("x", x)))
+    e = raw_run_once(server, message)
+    assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "send them with Run" in e.details(), e
+    np.testing.assert_array_equal(client.run("m", {"x": x}, ["double"])["double"], 2 * x)  # streamed
 
 
 def test_a_server_without_run_once_is_asked_with_run_from_then_on(model_dir, monkeypatch):
@@ -80,7 +86,7 @@ def tiling_model(path, copies):
 
 
 def test_a_reply_too_large_for_one_message_streams_for_that_model_from_then_on(tmp_path):
-    copies = wire.MAX_MESSAGE_BYTES // 16 + 1  # one row back: just over one message
+    copies = wire.ONE_REPLY_BYTES // 16 + 1  # one row back: just over one message's reply
     path = tiling_model(tmp_path / "tile.efl", copies)
     with Server(models={"tile": path}) as server, Client(f"127.0.0.1:{server.port}", timeout=60) as client:
         calls = counted(client)
