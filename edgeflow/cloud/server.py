@@ -41,7 +41,7 @@ from . import logs, wire
 from .identity import Authenticator, Refused, RateLimitedLog, Tokens, is_loopback
 from .backends import Local, Unavailable
 from .metrics import NO_METRICS
-from .budget import DEFAULT_WAIT_S, MemoryBudget, OverBudget, Reservation, default_bytes
+from .budget import DEFAULT_WAIT_S, MemoryBudget, OverBudget, Reservation, default_bytes, heap_trimmer
 from .models import load_models
 from .steps import StaleStep, TooManyDevices
 
@@ -498,7 +498,8 @@ class Server:
         self.threads = threads or max(1, (os.cpu_count() or 1) // max_workers)
         self._blas = None
         self.models = load_models(model_dir, models, delegates)
-        self.budget = MemoryBudget(memory_budget_bytes or default_bytes(), model_memory_bytes, memory_wait_s)
+        self.budget = MemoryBudget(memory_budget_bytes or default_bytes(), model_memory_bytes, memory_wait_s,
+                                   on_pressure=heap_trimmer())
         for model in self.models.all():
             model.use_budget(self.budget)
         self.host, self.port, self.token, self.tls = host, port, token, tls
