@@ -3,6 +3,7 @@ import contextlib
 import datetime
 import ipaddress
 import os
+import time
 
 import numpy as np
 import pytest
@@ -27,6 +28,17 @@ def reference(x, idx=None):
     if idx is not None:
         out["picked"] = TABLE[idx]
     return out
+
+
+def budget_settles(server, model_id, timeout=10):
+    """Wait until `server`'s budget holds only what model `model_id`'s cached interpreters
+    keep (a one-message reply's reservation goes once gRPC has sent it, which may be after
+    the client has it); that value."""
+    model = server.models[model_id]
+    deadline = time.monotonic() + timeout
+    while server.budget.used != sum(model._charged.values()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return sum(model._charged.values())
 
 
 def build_model():

@@ -6,7 +6,6 @@ import os
 import pathlib
 import re
 import subprocess
-import sys
 import threading
 import time
 from concurrent import futures
@@ -14,7 +13,7 @@ from concurrent import futures
 import numpy as np
 import pytest
 
-from .conftest import reference
+from .conftest import budget_settles, reference
 from .test_serve_cli import Lines, edgeflow
 
 import grpc  # noqa: F401  (declared: a broken install fails here)
@@ -109,10 +108,7 @@ def test_a_request_over_the_budget_is_refused_and_the_server_keeps_serving(small
         x = np.random.default_rng(0).standard_normal((1000, 4), dtype=np.float32)
         out = client.run("m", {"x": x}, ["y"])
         np.testing.assert_allclose(out["y"], reference(x)["y"], rtol=1e-5)
-    kept = sum(small_server.models["m"]._charged.values())  # what cached interpreters keep
-    deadline = time.monotonic() + 10  # a one-message reply's reservation goes once gRPC has sent it
-    while small_server.budget.used != kept and time.monotonic() < deadline:
-        time.sleep(0.01)
+    kept = budget_settles(small_server, "m")  # what cached interpreters keep
     assert small_server.budget.used == small_server.budget.by_model["m"] == kept
 
 
