@@ -305,6 +305,64 @@ def test_where_as_a_prelu(mode, channels, size, seed):
     np.testing.assert_array_equal(np.signbit(got.flat[:4]), np.signbit(expected.flat[:4]))
 
 
+# -- affine quantization -----------------------------------------------------------------------
+
+GRID_TYPES = {"int8": (np.int8, TensorProto.INT8), "uint8": (np.uint8, TensorProto.UINT8),
+              "int16": (np.int16, TensorProto.INT16)}
+
+
+def _onnx_round_trip(x, scale, zero, axis):
+    """onnxruntime's QuantizeLinear then DequantizeLinear of x: (q, real)."""
+    kind = GRID_TYPES[zero.dtype.name][1]
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], axis=axis),
+         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], axis=axis)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info("q", kind, x.shape), helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)],
+        [numpy_helper.from_array(scale, "s"), numpy_helper.from_array(zero, "z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.log_severity_level = 1, 3
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})
+
+
+@FEW
+@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=4), grid=st.sampled_from(sorted(GRID_TYPES)),
+       per_axis=st.booleans(), exact_scale=st.booleans(), threads=st.sampled_from([1, 2]), seed=st.integers(0, 2 ** 16))
+def test_quantize_and_dequantize(mode, shape, grid, per_axis, exact_scale, threads, seed):
+    """quantize_linear then dequantize_linear against onnxruntime's, bit for bit (the
+    integers and the reals): half-way values (a power-of-two scale makes x / scale land on
+    them) round to even, values past the grid saturate; per tensor and per axis."""
+    path, bound = mode
+    rng = np.random.default_rng(seed)
+    dtype = GRID_TYPES[grid][0]
+    axis = int(rng.integers(0, len(shape)))
+    n = shape[axis] if per_axis else 1
+    scale = (2.0 ** rng.integers(-4, 0, n) if exact_scale else rng.uniform(0.01, 0.2, n)).astype(np.float32)
+    info = np.iinfo(dtype)
+    zero = rng.integers(max(info.min, -20), min(info.max, 20) + 1, n).astype(dtype)
+    if not per_axis:
+        scale, zero = scale.reshape(()), zero.reshape(())
+    x = (rng.standard_normal(shape) * 8).astype(np.float32)
+    x.flat[::3] = np.round(x.flat[::3] * 2) / 2 * float(scale.flat[0])  # ties at the first scale
+    x.flat[1::7] *= 1e4 if grid == "int16" else 100  # past the grid's ends
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, x.shape, name="x")
+        q = apply("quantize_linear", [t, scale, zero], {"axis": axis, "dtype": np.dtype(dtype)})
+        y = apply("dequantize_linear", [q, scale, zero], {"axis": axis})
+    runner = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"q": q, "y": y})})),
+                            num_threads=threads).get_signature_runner("infer")
+    got = runner(x=x)
+    want_q, want_y = _onnx_round_trip(x, scale, zero, axis)
+    np.testing.assert_array_equal(got["q"], want_q)
+    np.testing.assert_array_equal(got["y"], want_y)
+    assert got["y"].dtype == np.float32
+    assert sorted(set(bound)) == (["dequantize_loop", "quantize_loop"] if path == "jit" else [])
+
+
 # -- layer norm and GELU -----------------------------------------------------------------------
 
 @FEW

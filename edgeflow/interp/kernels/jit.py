@@ -1110,6 +1110,69 @@ def bind_prelu(x, slope, out):
     return piece(x3, s1, out3)
 
 
+def quantize_loop(x, scale, zero, out, a_, c_, b_, lo, hi):
+    """out (A, C, B) = saturate(rint(x / scale[c]) + zero[c]) to [lo, hi], all flat: the
+    five passes of numpy's form (divide, round, add, clip, cast) in one. `lo`, `hi`: the
+    integer grid's ends as float32 (exact)."""
+    base = _U(0)
+    for a in range(a_):
+        for c in range(c_):
+            s, z = scale[c], np.float32(zero[c])
+            for b in range(b_):
+                v = np.rint(x[base + b] / s) + z
+                out[base + b] = min(max(v, lo), hi)
+            base += b_
+
+
+def dequantize_loop(q, scale, zero, out, a_, c_, b_):
+    """out (A, C, B) = (q - zero[c]) * scale[c], all flat, in float32: q - zero is exact there
+    for 8- and 16-bit q, and a float32 product rounds as numpy's float64 one then cast does."""
+    base = _U(0)
+    for a in range(a_):
+        for c in range(c_):
+            s, z = scale[c], np.float32(zero[c])
+            for b in range(b_):
+                out[base + b] = (np.float32(q[base + b]) - z) * s
+            base += b_
+
+
+_GRIDS = tuple(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16))
+
+
+def bind_quantize(x, scale, zero, out):
+    """A step for quantize_linear (x float32 -> out of an 8- or 16-bit integer dtype) or
+    dequantize_linear (x of such a dtype -> out float32) in one pass, the scale (and the
+    zero point, or None) shaped to broadcast along a run of adjacent axes of x (read at
+    every run: they may be fed); split over the current workers along the outer axis where
+    there are many elements; or None."""
+    quantize = out.dtype in _GRIDS
+    grid, real = (out, x) if quantize else (x, out)
+    folded = _channels(x.shape, scale.shape)
+    if folded is None or real.dtype != np.float32 or scale.dtype != np.float32 or grid.dtype not in _GRIDS \
+            or (zero is not None and zero.size != scale.size) or x.shape != out.shape or not out.size \
+            or not all(a.flags.c_contiguous for a in (x, out, scale)) or not available():
+        return None
+    s = scale.reshape(-1)
+    z = np.zeros(s.size, grid.dtype) if zero is None else np.ascontiguousarray(zero).reshape(-1)
+    if zero is not None and not np.shares_memory(z, zero):
+        return None  # a copy would not see the zero point fed at the next run
+    if quantize:
+        info = np.iinfo(out.dtype)
+        loop, extra = quantize_loop, (np.float32(info.min), np.float32(info.max))
+    else:
+        loop, extra = dequantize_loop, ()
+    a_ = folded[0]
+    x3, out3 = x.reshape(folded), out.reshape(folded)
+
+    def piece(x_part, out_part):  # whole outer rows: contiguous
+        return _bound(loop, x_part.reshape(-1), s, z, out_part.reshape(-1), *map(_U, x_part.shape), *extra)
+    workers = threads.current()
+    if workers is not None and out.size >= threads.MIN_ELEMENTS and a_ >= workers.n:
+        steps = [piece(x3[a:b], out3[a:b]) for a, b in threads.pieces(a_, workers.n)]
+        return lambda: workers.run(steps)
+    return piece(x3, out3)
+
+
 def where_loop(cond, x, y, out):
     """out = x where cond, else y: a select LLVM vectorizes (numpy branches per element)."""
     for i in range(out.shape[0]):

@@ -1,7 +1,7 @@
 """numpy kernels of the affine quantization ops (edgeflow/ops/quantize.py)."""
 import numpy as np
 
-from . import kernel
+from . import jit, kernel
 
 
 def _along(a, axis, rank):
@@ -21,6 +21,9 @@ def _quantize_linear(ins, outs, attrs):
     info = np.iinfo(y.dtype)
     s = _along(scale, axis, x.ndim)
     z = None if zero_point is None else _along(zero_point, axis, x.ndim)  # a view: read each run
+    step = jit.bind_quantize(x, s, z, y)  # one pass where numba is
+    if step is not None:
+        return step
     work = np.empty(x.shape, np.result_type(x.dtype, np.float32))  # float64 stays float64
 
     def run():
@@ -39,6 +42,18 @@ def _dequantize_linear(ins, outs, attrs):
     y, axis = outs[0], attrs["axis"]
     s = _along(scale, axis, x.ndim)
     z = None if zero_point is None else _along(zero_point, axis, x.ndim)
+    step = jit.bind_quantize(x, s, z, y)  # one pass where numba is
+    if step is not None:
+        return step
+
+    if y.dtype == np.float32 and x.dtype.itemsize <= 2:  # q - z exact in float32; its product rounds once
+        def run():
+            if z is None:
+                np.multiply(x, s, out=y, dtype=np.float32)
+            else:
+                np.subtract(x, z, out=y, dtype=np.float32)
+                np.multiply(y, s, out=y)
+        return run
 
     def run():
         q = x.astype(np.int64) if z is None else x.astype(np.int64) - z
