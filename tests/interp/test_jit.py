@@ -187,6 +187,23 @@ def test_small_conv(mode, c, m, n, h, w, k, stride, dilation, pads, activation, 
           "small_conv_loop")
 
 
+@pytest.mark.parametrize("k, stride, m", [(3, 1, 6), (5, 2, 24), (3, 2, 32)])
+def test_small_conv_over_many_row_blocks(mode, k, stride, m):
+    """Planes of several accumulator blocks (SMALL_CONV_BLOCK), output channels four at a
+    time and the rest one at a time: a stem at a real image size, against onnxruntime."""
+    rng = np.random.default_rng(k * m)
+    x = rng.standard_normal((1, 3, 97, 131)).astype(np.float32)
+    weight = rng.standard_normal((m, 3, k, k)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    attrs = {"strides": (stride, stride), "pads": (k // 2,) * 4}
+    out_rows = (97 + 2 * (k // 2) - k) // stride + 1
+    assert out_rows * (131 // stride) > 2 * jit.SMALL_CONV_BLOCK
+    expected = np.clip(onnx_run([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], x,
+                                {"w": weight, "b": b}), 0, 6)
+    check(mode, lambda t: apply("conv", [t, weight, b], {**attrs, "activation": "relu6"}), x, expected,
+          "small_conv_loop")
+
+
 def test_small_conv_takes_rgb_stems_only(jit_mode):
     """Three input channels and a 3x3 or 5x5 kernel: the loop; a 7x7 kernel or eight
     channels: im2col and BLAS."""

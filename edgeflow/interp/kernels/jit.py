@@ -136,7 +136,11 @@ DEPTHWISE_BLOCK = 64  # channels of depthwise_channels_loop's blocks: 8 AVX2 vec
 # for 7x7 (ResNet's stem: 49 passes per channel), hence SMALL_CONV_TAPS.
 SMALL_CONV_CHANNELS = 4
 SMALL_CONV_TAPS = 25
-SMALL_CONV_BLOCK = 4096  # elements of the wide accumulator: output rows are summed in blocks
+# Elements of each of small_conv_loop's four wide accumulators, about: output rows are summed
+# in blocks of about this many (the four fit in L1 beside the taps' runs: 3->32 3x3 at 224
+# took 0.92 ms with blocks of 4096, 0.87 with 1024; a plane that barely overflows one block
+# stays one block).
+SMALL_CONV_BLOCK = 1024
 _U = np.uint64
 
 
@@ -220,6 +224,47 @@ def _add_taps(acc, length, phases, base, tap_off, w, wc, start, keep):
             acc[k] += tap * phases[o + k]
 
 
+def _add_taps4(acc, stride, length, phases, base, tap_off, w, wc, wm, b0, b1, b2, b3, keep):
+    """_add_taps for four output channels at once: acc[j * stride:][:length] (j = 0..3) =
+    bj (or, with `keep`, its own values) + the sum over taps t of w[wc + j * wm + t] times
+    the run of `phases` at base + tap_off[t]. Three taps a pass: each run loaded feeds
+    twelve products, not three (a stem's output channels share its few input runs)."""
+    one, two, three = _U(1), _U(2), _U(3)
+    taps = _U(tap_off.shape[0])
+    s1, s2, s3 = stride, stride * two, stride * three
+    if not keep:
+        for k in range(length):
+            acc[k] = b0
+            acc[s1 + k] = b1
+            acc[s2 + k] = b2
+            acc[s3 + k] = b3
+    t = _U(0)
+    while t + three <= taps:
+        o0, o1, o2 = base + tap_off[t], base + tap_off[t + one], base + tap_off[t + two]
+        q0, q1, q2, q3 = wc + t, wc + wm + t, wc + two * wm + t, wc + three * wm + t
+        a0, a1, a2 = w[q0], w[q0 + one], w[q0 + two]
+        c0, c1, c2 = w[q1], w[q1 + one], w[q1 + two]
+        d0, d1, d2 = w[q2], w[q2 + one], w[q2 + two]
+        e0, e1, e2 = w[q3], w[q3 + one], w[q3 + two]
+        for k in range(length):
+            p0, p1, p2 = phases[o0 + k], phases[o1 + k], phases[o2 + k]
+            acc[k] += a0 * p0 + a1 * p1 + a2 * p2
+            acc[s1 + k] += c0 * p0 + c1 * p1 + c2 * p2
+            acc[s2 + k] += d0 * p0 + d1 * p1 + d2 * p2
+            acc[s3 + k] += e0 * p0 + e1 * p1 + e2 * p2
+        t += three
+    while t < taps:
+        o = base + tap_off[t]
+        a, c, d, e = w[wc + t], w[wc + wm + t], w[wc + two * wm + t], w[wc + three * wm + t]
+        for k in range(length):
+            v = phases[o + k]
+            acc[k] += a * v
+            acc[s1 + k] += c * v
+            acc[s2 + k] += d * v
+            acc[s3 + k] += e * v
+        t += one
+
+
 def _crop_rows(acc, qw, out, dst, rows, ow, act):
     """out[dst:] gets `rows` rows of OW from acc's rows of QW, through the activation (0
     none, 1 relu, 2 relu6: selects that keep NaN; 3 swish, 4 hard_swish)."""
@@ -289,15 +334,25 @@ def small_conv_loop(x, w, b, out, dims, cols, phases, tap_off, acc, act):
     qw, m_ = dims[10], dims[12]
     taps = _U(tap_off.shape[0])
     block = _U(phases.shape[0]) // c_
-    rows = max(one, _U(acc.shape[0]) // qw)  # output rows per block: acc holds rows * QW
+    four = _U(4)
+    stride = _U(acc.shape[0]) // four  # acc: four blocks of rows * QW, one per output channel
+    rows = max(one, stride // qw)  # output rows per block
     for n in range(n_):
         for c in range(c_):
             _load_phases(x, (n * c_ + c) * h_ * w_, phases, c * block, dims, cols)
         for i0 in range(zero_i, oh_, rows):
             i1 = min(i0 + rows, oh_)
             start, length = i0 * qw, (i1 - i0) * qw
-            for m in range(m_):
+            m = zero_i
+            while m + four <= m_:  # four output channels a pass
                 for c in range(c_):  # the first channel's taps start from the bias, the others add
+                    _add_taps4(acc, stride, length, phases, c * block + start, tap_off, w, (m * c_ + c) * taps,
+                               c_ * taps, b[m], b[m + one], b[m + _U(2)], b[m + _U(3)], c != zero_i)
+                for j in range(four):
+                    _crop_rows(acc[j * stride:], qw, out, ((n * m_ + m + j) * oh_ + i0) * ow_, i1 - i0, ow_, act)
+                m += four
+            for m in range(m, m_):
+                for c in range(c_):
                     _add_taps(acc, length, phases, c * block + start, tap_off, w, (m * c_ + c) * taps, b[m],
                               c != zero_i)
                 _crop_rows(acc, qw, out, ((n * m_ + m) * oh_ + i0) * ow_, i1 - i0, ow_, act)
@@ -418,9 +473,10 @@ def bind_small_conv(x, w, bias, out, strides, dilations, begin, activation):
     (n, c, h, wd), (oh, ow) = x.shape, out.shape[2:]
     dims = np.array([n, c, h, wd, oh, ow, *strides, *begin[:2], qw, phases.size // math.prod(strides), w.shape[0]],
                     _U)
-    rows = max(1, min(oh, SMALL_CONV_BLOCK // qw))
+    blocks = max(1, round(oh * qw / SMALL_CONV_BLOCK))
+    rows = -(-oh // blocks)
     return _bound(small_conv_loop, x.reshape(-1), w.reshape(-1), b, out.reshape(-1), dims, cols,
-                  np.zeros(c * phases.size, x.dtype), tap_off, np.empty(rows * qw, x.dtype), act)
+                  np.zeros(c * phases.size, x.dtype), tap_off, np.empty(4 * rows * qw, x.dtype), act)
 
 
 def bind_depthwise(x, w, bias, out, strides, dilations, begin, activation):
@@ -974,7 +1030,7 @@ def _hard_swishf(v):
 
 
 SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf", "_tanhf", "_swishf", "_hard_swishf",
-           "_activate_run", "_load_phases", "_add_taps", "_crop_rows", "_matmul_nt")
+           "_activate_run", "_load_phases", "_add_taps", "_add_taps4", "_crop_rows", "_matmul_nt")
 # The activation and depthwise loops and SCALARS may contract a * b + c into one fused multiply-add where the
 # machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other
 # loops keep the arithmetic as written.
