@@ -1,4 +1,7 @@
 """conv and conv_transpose against onnxruntime's Conv and ConvTranspose (one-node models)."""
+import math
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -159,6 +162,53 @@ def conv_problems(draw):
 def test_conv_random(problem, seed):
     x_shape, w_shape, attrs, bias = problem
     check("conv", np.random.default_rng(seed), harness.run_op, x_shape, w_shape, attrs, bias, tol=1e-4)
+
+
+@st.composite
+def patch_problems(draw):
+    """A conv whose windows tile x without overlap (kernel == strides, no padding), with
+    rows and columns left past the last window; big enough, at times, to split."""
+    kernel = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    tiles = (draw(st.integers(1, 12)), draw(st.integers(1, 12)))
+    sizes = [k * t + draw(st.integers(0, k - 1)) for k, t in zip(kernel, tiles)]
+    shape = (draw(st.integers(1, 3)), draw(st.integers(5, 12)), *sizes)  # past jit's stems (1-4 channels)
+    return shape, (draw(st.integers(1, 70)), shape[1], *kernel), draw(st.booleans())
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_conv_of_patches_split_over_threads(batch):
+    """iris_landmark's 64->64 2x2 stride-2 conv at 32x32, and a ViT-style 8x8 patch embedding,
+    on two threads: one image (output channels apart) and two (images apart)."""
+    for x_shape, w_shape in (((batch, 64, 33, 32), (64, 64, 2, 2)), ((batch, 6, 64, 67), (48, 6, 8, 8))):
+        check_patches((x_shape, w_shape, True), 2, batch)
+
+
+@given(problem=patch_problems(), threads=st.sampled_from([None, 2]), seed=st.integers(0, 2**32 - 1))
+def test_conv_of_patches(problem, threads, seed):
+    check_patches(problem, threads, seed)
+
+
+def check_patches(problem, threads, seed):
+    """conv.py's _patches (one strided copy of the windows, one product) against onnxruntime,
+    on one thread and split over two; the path is the one taken."""
+    from edgeflow.format import writer
+    from edgeflow.interp.kernels import conv as conv_kernels
+    x_shape, w_shape, bias = problem
+    if math.prod(w_shape[2:]) == 1:
+        return  # a 1x1 conv takes the pointwise path
+    rng = np.random.default_rng(seed)
+    x, w, b = operands(rng, x_shape, w_shape, bias)
+    attrs = {"strides": w_shape[2:], "activation": "relu"}
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, x_shape, name="x")
+        y = apply("conv", [t, w] + ([b] if b is not None else []), attrs)
+    runner = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})),
+                            num_threads=threads).get_signature_runner("infer")
+    with mock.patch.object(conv_kernels, "_patches", wraps=conv_kernels._patches) as patches:
+        got = runner(x=x)["y"]  # planned now
+    assert_close(got, reference("conv", x, w, b, attrs), "float32", rtol=1e-4, atol=1e-4)
+    assert patches.call_count == 1
 
 
 @given(problem=conv_problems(), seed=st.integers(0, 2**32 - 1), data=st.data())
