@@ -5,13 +5,14 @@ from functools import partial
 import numpy as np
 
 from ...ops.image import col2im_geometry, resize_axes
-from ..arena import scratch
+from ..arena import outside, scratch
 from . import jit, kernel
 from .conv import reshaped, sequence
 
 
 def _pad_constant(x, out, pads, value):
-    """Fill, then copy x in; negative pads crop x."""
+    """Fill the borders (every run: the arena's tensors are shared), then copy x in;
+    negative pads crop x."""
     rank = x.ndim
     src, dst = [], []
     for i, n in enumerate(x.shape):
@@ -19,11 +20,12 @@ def _pad_constant(x, out, pads, value):
         src.append(slice(max(0, -pb), n - max(0, -pe)))
         dst.append(slice(max(0, pb), out.shape[i] - max(0, pe)))
     inner, target = x[tuple(src)], out[tuple(dst)]
+    borders = outside(out, tuple(dst))
     fill = out.dtype.type(value)
 
     def run():
-        if inner.size != out.size:
-            out.fill(fill)
+        for border in borders:
+            border.fill(fill)
         np.copyto(target, inner)
     return run
 
