@@ -411,6 +411,28 @@ def depthwise_channels_loop(x, w, b, out, dims, xt, wt, acc, act):
                                            + wt[k8 + cb] * xt[q8 + cb])
                         p += K
                         q0 += sw * K
+            elif kw_ == _U(5):  # a kernel row (five taps) a pass: acc loaded and stored once a row
+                for oi in range(oh_):
+                    p = oi * ow_ * K
+                    for oj in range(ow_):
+                        r = (oi * sh * wp + oj * sw) * K
+                        for ki in range(kh_):
+                            t0 = ki * _U(5) * K
+                            t1, t2, t3, t4 = t0 + K, t0 + K + K, t0 + three * K, t0 + _U(4) * K
+                            q0 = r
+                            q1, q2, q3, q4 = q0 + step_w, q0 + step_w + step_w, q0 + three * step_w, q0 + _U(4) * step_w
+                            if ki == zero_i:
+                                for cb in range(K):
+                                    acc[p + cb] = (wt[bias_row + cb] + wt[t0 + cb] * xt[q0 + cb]
+                                                   + wt[t1 + cb] * xt[q1 + cb] + wt[t2 + cb] * xt[q2 + cb]
+                                                   + wt[t3 + cb] * xt[q3 + cb] + wt[t4 + cb] * xt[q4 + cb])
+                            else:
+                                for cb in range(K):
+                                    acc[p + cb] += (wt[t0 + cb] * xt[q0 + cb] + wt[t1 + cb] * xt[q1 + cb]
+                                                    + wt[t2 + cb] * xt[q2 + cb] + wt[t3 + cb] * xt[q3 + cb]
+                                                    + wt[t4 + cb] * xt[q4 + cb])
+                            r += step_h
+                        p += K
             else:
                 for oi in range(oh_):
                     p = oi * ow_ * K
