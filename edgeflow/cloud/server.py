@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import socket
+import threading
 import time
 from concurrent import futures
 
@@ -109,31 +110,38 @@ class _Servicer(pb_grpc.EdgeflowServicer):
 
     def RunOnce(self, request, context):
         """Run in one message each way (small requests and replies: see edgeflow.proto)."""
-        held = []
+        held, fired, lock = [], [], threading.Lock()
 
         def release():  # once gRPC has sent the reply: until then its bytes are the request's
-            for reservation in held:
-                reservation.close()
-        if not context.add_callback(release):
-            release()  # the call is over already
+            with lock:  # the handler's thread and gRPC's may both come here
+                fired.append(True)
+                for reservation in held:
+                    reservation.close()
+        # gRPC calls back when the call ends: after the reply is sent, or at a cancellation,
+        # which may come while the handler still runs (then the handler releases the rest).
+        later = context.add_callback(release)
         with _Call(self.metrics, "Run") as call:  # the same operation as Run, in metrics too
-            size = sum(len(chunk.data) for chunk in request.tensors)
-            if size > wire.ONE_MESSAGE_BYTES:
-                call.abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                           f"the request's tensors ({size} bytes) are more than one message of RunOnce carries "
-                           f"(at most {wire.ONE_MESSAGE_BYTES} bytes of tensors): send them with Run, which "
-                           "streams them")
-            parts, size = [], 0
-            for part in self._run(lambda: _message_parts(request), context, held, call):
-                size += len(part.data) if isinstance(part, pb.TensorChunk) else 0
-                if size > wire.ONE_REPLY_BYTES:  # given up: the outputs' memory goes with it
+            try:
+                size = sum(len(chunk.data) for chunk in request.tensors)
+                if size > wire.ONE_MESSAGE_BYTES:
                     call.abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"the reply's tensors (over {wire.ONE_REPLY_BYTES} bytes) do not fit one message "
-                               "of RunOnce: ask with Run, which streams them")
-                parts.append(part)
-            if call.status != "OK":  # refused (aborted already), cancelled, or the client went away
-                return pb.RunReplyMessage()
-            return pb.RunReplyMessage(header=parts[0], tensors=parts[1:])
+                               f"the request's tensors ({size} bytes) are more than one message of RunOnce "
+                               f"carries (at most {wire.ONE_MESSAGE_BYTES} bytes of tensors): send them with Run, "
+                               "which streams them")
+                parts, size = [], 0
+                for part in self._run(lambda: _message_parts(request), context, held, call):
+                    size += len(part.data) if isinstance(part, pb.TensorChunk) else 0
+                    if size > wire.ONE_REPLY_BYTES:  # given up: the outputs' memory goes with it
+                        call.abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                   f"the reply's tensors (over {wire.ONE_REPLY_BYTES} bytes) do not fit one "
+                                   "message of RunOnce: ask with Run, which streams them")
+                    parts.append(part)
+                if call.status != "OK":  # refused (aborted already), cancelled, or the client went away
+                    return pb.RunReplyMessage()
+                return pb.RunReplyMessage(header=parts[0], tensors=parts[1:])
+            finally:
+                if not later or fired:
+                    release()
 
     def _run(self, parts, context, held, call):
         """The reply of a Run or RunOnce whose (RunHeader, TensorChunks) `parts()` gives: its

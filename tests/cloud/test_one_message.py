@@ -2,6 +2,8 @@
 answers (conftest's numpy reference), the same checks; a server without RunOnce, or a reply
 too large for one message, is asked again with Run; a server refuses a one-message request
 over the limit."""
+import time
+
 import grpc
 import numpy as np
 import pytest
@@ -10,8 +12,9 @@ import edgeflow as ef
 from edgeflow.cloud import Client, Server, client as client_module, server as server_module, wire
 from edgeflow.cloud import edgeflow_pb2 as pb
 from edgeflow.cloud import edgeflow_pb2_grpc as pb_grpc
+from edgeflow.errors import RemoteError
 
-from .conftest import reference
+from .conftest import budget_settles, reference
 from .test_server import assert_malformed_reply
 
 
@@ -63,6 +66,33 @@ def test_a_one_message_request_over_the_limit_is_refused_and_the_server_keeps_se
     e = raw_run_once(server, message)
     assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "send them with Run" in e.details(), e
     np.testing.assert_array_equal(client.run("m", {"x": x}, ["double"])["double"], 2 * x)  # streamed
+
+
+def test_cancelled_one_message_calls_give_back_what_they_reserved(model_dir):
+    """Runs that take 3 ms and deadlines of 0.2 to 12 ms: calls cancelled before, while and
+    after the server runs them (gRPC calls back at the cancellation, which may come before
+    the handler reserves) and calls answered; none keeps its reservation."""
+    server = Server(model_dir, memory_budget_bytes=1 << 30)
+    run = server.backend.run
+
+    def slow(*args, **kwargs):
+        time.sleep(0.003)
+        return run(*args, **kwargs)
+    server.backend.run = slow
+    with server, Client(f"127.0.0.1:{server.port}", timeout=30) as client:
+        x = x_of(1000)
+        client.run("m", {"x": x}, ["y"])  # the plan cached
+        outcomes = set()
+        for k in range(60):
+            try:
+                client.run("m", {"x": x}, ["y", "double"], timeout=0.0002 * (1 + k % 60))
+                outcomes.add("answered")
+            except RemoteError as e:
+                assert e.code == "DEADLINE_EXCEEDED", e
+                outcomes.add(e.code)
+        assert outcomes == {"answered", "DEADLINE_EXCEEDED"}
+        kept = budget_settles(server, "m")
+        assert server.budget.used == kept
 
 
 def test_a_server_without_run_once_is_asked_with_run_from_then_on(model_dir, monkeypatch):
