@@ -42,8 +42,8 @@ def default_bytes(fraction=DEFAULT_FRACTION):
 class MemoryBudget:
     """Bytes in use, by model, under a global limit `limit` and a per-model limit
     `model_limit` (default: the global one). Thread-safe. `on_pressure()`, if given, is
-    called (at most every RELIEVE_EVERY_S, outside the budget's lock) when a request has to
-    wait for memory: see heap_trimmer."""
+    called (at most every RELIEVE_EVERY_S, outside the budget's lock) while requests wait
+    for memory: see heap_trimmer."""
 
     def __init__(self, limit, model_limit=None, wait_s=DEFAULT_WAIT_S, on_pressure=None):
         if not limit > 0 or (model_limit is not None and not model_limit > 0):
@@ -77,16 +77,19 @@ class MemoryBudget:
             if self._fits(model, nbytes):
                 self._add(model, nbytes)
                 return
-        self._relieve()
-        with self._changed:
-            while not self._fits(model, nbytes):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise OverBudget(f"{what} needs {nbytes} bytes of memory; {self.used} of the server's "
-                                     f"budget are in use ({self.by_model.get(model, 0)} by model "
-                                     f"{model!r}; {self._limits()}): try again later")
-                self._changed.wait(left)
-            self._add(model, nbytes)
+        while True:  # waiting: relieve the pressure (every RELIEVE_EVERY_S at most) between waits
+            self._relieve()
+            with self._changed:
+                if not self._fits(model, nbytes):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise OverBudget(f"{what} needs {nbytes} bytes of memory; {self.used} of the server's "
+                                         f"budget are in use ({self.by_model.get(model, 0)} by model "
+                                         f"{model!r}; {self._limits()}): try again later")
+                    self._changed.wait(min(left, RELIEVE_EVERY_S))
+                if self._fits(model, nbytes):
+                    self._add(model, nbytes)
+                    return
 
     def _relieve(self):
         """Call on_pressure, unless another thread is, or did less than RELIEVE_EVERY_S ago."""
