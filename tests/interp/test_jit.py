@@ -335,7 +335,8 @@ def _onnx_round_trip(x, scale, zero, axis):
         [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], axis=axis),
          helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], axis=axis)], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
-        [helper.make_tensor_value_info("q", kind, x.shape), helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info("q", kind, x.shape),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)],
         [numpy_helper.from_array(scale, "s"), numpy_helper.from_array(zero, "z")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     model.ir_version = 10

@@ -11,9 +11,10 @@ what makes numpy fast: a strided window view of x would give loops of one row.
 A conv is then one batched BLAS product: the runs are gathered into columns
 (C/g * taps, L) and multiplied by w viewed as (g, M/g, C/g * taps). A 1x1 stride-1 conv
 needs no gather (w @ x); windows that tile x without overlap or padding (kernel ==
-strides) are copied into the columns at once, from a strided view of x. Without numba, a depthwise conv takes the same path, a product
-per channel of (M/C, taps) @ (taps, L): measured, that beats numpy's multiply-accumulate of
-the runs (two passes per tap, one of them a slow broadcast) by 1 to 2x. With numba,
+strides) are copied into the columns at once, from a strided view of x. Without numba, a
+depthwise conv takes the same path, a product per channel of (M/C, taps) @ (taps, L):
+measured, that beats numpy's multiply-accumulate of the runs (two passes per tap, one of
+them a slow broadcast) by 1 to 2x. With numba,
 depthwise convs and stems (1-4 input channels) run jit.py's one-pass loops.
 
 3x3 stride-1 convs of enough channels and outputs take winograd.py's path instead.
