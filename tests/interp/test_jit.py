@@ -167,6 +167,82 @@ def test_depthwise_mobilenet_layer(mode, depthwise):
     check(mode, lambda t: apply("conv", [t, w, b], {**attrs, "activation": "relu6"}), x, expected, depthwise)
 
 
+def _depthwise_grads_reference(x, w, dy, attrs):
+    """(dx, dw) of a depthwise conv in float64, tap by tap over the padded input's windows."""
+    (sh, sw), (dh, dw_), (top, left, bottom, right) = attrs["strides"], attrs["dilations"], attrs["pads"]
+    n, c, h, wd = x.shape
+    oh, ow = dy.shape[2:]
+    padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (top, bottom), (left, right)))
+    dx, dw = np.zeros_like(padded), np.zeros(w.shape)
+    for i in range(w.shape[2]):
+        for j in range(w.shape[3]):
+            window = (slice(None), slice(None), slice(i * dh, i * dh + (oh - 1) * sh + 1, sh),
+                      slice(j * dw_, j * dw_ + (ow - 1) * sw + 1, sw))
+            dw[:, 0, i, j] = (padded[window] * dy).sum(axis=(0, 2, 3))
+            dx[window] += dy * w[None, :, 0, i, j, None, None]
+    return dx[:, :, top:top + h, left:left + wd], dw
+
+
+def _depthwise_grads(x, w, dy, attrs, num_threads=None):
+    """conv_input_grad and conv_filter_grad of a depthwise conv, run by an Interpreter."""
+    dtype = ef.float64 if x.dtype == np.float64 else ef.float32
+    g = ef.Graph()
+    with g.as_default():
+        tx, tdy = ef.placeholder(dtype, x.shape, name="x"), ef.placeholder(dtype, dy.shape, name="dy")
+        dx = apply("conv_input_grad", [tdy, w, ef.constant(np.zeros(x.shape, x.dtype))], attrs)
+        dw = apply("conv_filter_grad", [tx, tdy, ef.constant(np.zeros(w.shape, w.dtype))], attrs)
+    model = writer.to_bytes(ef.to_model(g, {"infer": ({"x": tx, "dy": tdy}, {"dx": dx, "dw": dw})}))
+    got = ef.Interpreter(model, num_threads=num_threads).get_signature_runner("infer")(x=x, dy=dy)
+    return got["dx"], got["dw"]
+
+
+@FEW
+@given(case=depthwise_cases(), seed=st.integers(0, 2 ** 16))
+def test_depthwise_conv_gradients(mode, case, seed):
+    """A train step's depthwise conv backwards (strides, dilations, uneven pads, odd planes):
+    the input's and the filter's gradients against a float64 numpy reference, and under
+    the JIT (depthwise_input_grad_loop, depthwise_filter_grad_loop) the numpy path's."""
+    shape, k, attrs, _, _ = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((shape[1], 1, k, k)).astype(np.float32)
+    out = [(size + a + b - (k - 1) * d - 1) // s + 1 for size, a, b, d, s in
+           zip(shape[2:], attrs["pads"][:2], attrs["pads"][2:], attrs["dilations"], attrs["strides"])]
+    dy = rng.standard_normal(shape[:2] + tuple(out)).astype(np.float32)
+    path, bound = mode
+    bound.clear()
+    got = _depthwise_grads(x, w, dy, attrs)
+    for a, b in zip(got, _depthwise_grads_reference(x, w, dy, attrs)):
+        close(a, b)
+    if path == "jit":
+        assert {"depthwise_input_grad_loop", "depthwise_filter_grad_loop"} <= set(bound), bound
+        with pytest.MonkeyPatch.context() as m:
+            m.setenv("EDGEFLOW_JIT", "0")
+            for a, b in zip(got, _depthwise_grads(x, w, dy, attrs)):
+                close(a, b)
+    else:
+        assert not bound
+
+
+def test_depthwise_gradients_float64_and_threads(jit_mode):
+    """float64 takes the gradient loops in float64; with 2 workers the channels split between
+    them (a MobileNetV2 layer at batch 2, stride 2) and the pieces cover every channel."""
+    rng = np.random.default_rng(4)
+    attrs = {"strides": (2, 2), "dilations": (1, 1), "pads": (1, 1, 1, 1), "group": 96}
+    x, w = rng.standard_normal((2, 96, 28, 28)), rng.standard_normal((96, 1, 3, 3))
+    dy = rng.standard_normal((2, 96, 14, 14))
+    expected = _depthwise_grads_reference(x, w, dy, attrs)
+    for threads_ in (None, 2):
+        jit_mode[1].clear()
+        got = _depthwise_grads(x, w, dy, attrs, num_threads=threads_)
+        for a, b in zip(got, expected):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+        assert jit_mode[1].count("depthwise_input_grad_loop") == (2 if threads_ else 1), jit_mode[1]
+        f32 = _depthwise_grads(x.astype(np.float32), w.astype(np.float32), dy.astype(np.float32), attrs, threads_)
+        for a, b in zip(f32, expected):
+            close(a, b)
+
+
 @FEW
 @given(c=st.integers(1, 4), m=st.integers(1, 9), n=st.integers(1, 2), h=st.integers(1, 13), w=st.integers(1, 13),
        k=st.sampled_from([1, 3, 5]), stride=st.integers(1, 2), dilation=st.integers(1, 2),

@@ -394,6 +394,19 @@ def _conv_geometry(x, kernel_shape, attrs):
     return strides, dilations, out_shape, begin, pointwise
 
 
+def _jit_depthwise_grad(which, a, b, out, strides, dilations, begin):
+    """numba's one-pass gradient of a 2-D depthwise conv (jit.bind_depthwise_grad: `which`
+    "input" or "filter"), its channels split over the plan's workers; or None."""
+    dy, w = (b, out) if which == "filter" else (a, b)
+    workers = threads.current()
+    n = 1 if workers is None or 2 * dy.size * math.prod(w.shape[2:]) < threads.MIN_FLOPS else workers.n
+    parts = [jit.bind_depthwise_grad(which, a, b, out, strides, dilations, begin, c0, c1)
+             for c0, c1 in threads.pieces(w.shape[0], n)]
+    if None in parts:
+        return None
+    return (lambda: workers.run(parts)) if len(parts) > 1 else parts[0]
+
+
 @kernel("conv_input_grad")
 def _conv_input_grad(ins, outs, attrs):
     """Columns w^T @ dy (N, C, taps, L), each tap's added into its run, then unloaded."""
@@ -404,6 +417,10 @@ def _conv_input_grad(ins, outs, attrs):
     if pointwise:
         result = reshaped(dx, (n, group, c // group, -1))
         return partial(np.matmul, ws, reshaped(dy, (n, group, m // group, -1)), out=result)
+    if dx.ndim == 4 and group == c == m:
+        step = _jit_depthwise_grad("input", dy, w, dx, strides, dilations, begin)
+        if step is not None:
+            return step
     runs = tap_runs(dx, kernel_shape, strides, dilations, begin, out_shape)  # never loaded
     wide, widen = _widened(runs, dy, (n, m) + runs.wide)
     sources = runs.runs()
@@ -443,6 +460,10 @@ def _conv_filter_grad(ins, outs, attrs):
         dys = reshaped(dy, (n, group, m // group, -1))
         return sequence(partial(np.matmul, dys, xs, out=per_image),
                         partial(np.sum, per_image, axis=0, out=result))
+    if x.ndim == 4 and group == c == m:
+        step = _jit_depthwise_grad("filter", x, dy, dw, strides, dilations, begin)
+        if step is not None:
+            return step
     runs = tap_runs(x, kernel_shape, strides, dilations, begin, out_shape)
     wide, widen = _widened(runs, np.swapaxes(dy, 0, 1), (m, n) + runs.wide)
     sources = runs.runs()

@@ -527,6 +527,93 @@ def bind_depthwise(x, w, bias, out, strides, dilations, begin, activation):
                   np.zeros((kh * kw + 1) * k, x.dtype), np.empty(oh * ow * k, x.dtype), act)
 
 
+# -- depthwise convolution's gradients ----------------------------------------------------
+#
+# A train step's depthwise convs backwards, a channel at a time, one tap at a time over rows
+# of its plane (L1-sized): the numpy kernels' per-tap products and sums took 14 passes of
+# their own over dy, or gathered 9 copies of x (MobileNetV2 at batch 8: 723 of a step's
+# 1,334 ms). Each tap (kh, kw) meets the output rows oh whose input row oh * sh + kh * dh -
+# top lies inside x, and in each such row the columns whose input column does: `_tap_span`.
+
+def _tap_span(k, stride, dilation, begin, size, out_size):
+    """(first output index, count, first input index) of the outputs whose input index
+    o * stride + k * dilation - begin lies in [0, size), for tap k."""
+    off = k * dilation - begin
+    lo = 0 if off >= 0 else (-off + stride - 1) // stride
+    hi = (size - 1 - off) // stride + 1 if size - 1 - off >= 0 else 0
+    hi = min(hi, out_size)
+    if hi <= lo:
+        return 0, 0, 0
+    return lo, hi - lo, lo * stride + off
+
+
+def depthwise_filter_grad_loop(x, dy, dw, dims, c0, c1):
+    """dw (C, KH * KW) of a depthwise conv, channels c0..c1: each tap's sum over images and
+    outputs of dy times the input it met (x (N, C, H, W), dy (N, C, OH, OW), flat)."""
+    n_, c_, h_, w_, oh_, ow_, sh, sw = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7]
+    dh, dwl, top, left, kh_, kw_ = dims[8], dims[9], dims[10], dims[11], dims[12], dims[13]
+    taps = kh_ * kw_
+    for c in range(c0, c1):
+        for t in range(taps):
+            kh, kw = t // kw_, t % kw_
+            r0, rows, ih0 = _tap_span(kh, sh, dh, top, h_, oh_)
+            q0, cols, iw0 = _tap_span(kw, sw, dwl, left, w_, ow_)
+            total = dw.dtype.type(0)
+            for n in range(n_):
+                plane = n * c_ + c
+                for r in range(rows):
+                    d0 = _U((plane * oh_ + r0 + r) * ow_ + q0)
+                    x0 = _U((plane * h_ + ih0 + r * sh) * w_ + iw0)
+                    acc = dw.dtype.type(0)
+                    for j in range(_U(cols)):
+                        acc += dy[d0 + j] * x[x0 + j * _U(sw)]
+                    total += acc
+            dw[c * taps + t] = total
+
+
+def depthwise_input_grad_loop(dy, w, dx, dims, c0, c1):
+    """dx (N, C, H, W) of a depthwise conv, channels c0..c1: zeroed, then each tap's weight
+    times dy added where that tap read x (dy (N, C, OH, OW), w (C, KH * KW), flat)."""
+    n_, c_, h_, w_, oh_, ow_, sh, sw = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7]
+    dh, dwl, top, left, kh_, kw_ = dims[8], dims[9], dims[10], dims[11], dims[12], dims[13]
+    taps = kh_ * kw_
+    zero = dx.dtype.type(0)
+    for n in range(n_):
+        for c in range(c0, c1):
+            plane = n * c_ + c
+            base = _U(plane * h_ * w_)
+            for i in range(_U(h_ * w_)):
+                dx[base + i] = zero
+            for t in range(taps):
+                kh, kw = t // kw_, t % kw_
+                r0, rows, ih0 = _tap_span(kh, sh, dh, top, h_, oh_)
+                q0, cols, iw0 = _tap_span(kw, sw, dwl, left, w_, ow_)
+                wt = w[c * taps + t]
+                for r in range(rows):
+                    d0 = _U((plane * oh_ + r0 + r) * ow_ + q0)
+                    x0 = _U((plane * h_ + ih0 + r * sh) * w_ + iw0)
+                    for j in range(_U(cols)):
+                        dx[x0 + j * _U(sw)] += wt * dy[d0 + j]
+
+
+def _depthwise_grad_dims(x_shape, kernel_shape, out_shape, strides, dilations, begin):
+    return np.array([*x_shape, *out_shape, *strides, *dilations, *begin[:2], *kernel_shape], np.int64)
+
+
+def bind_depthwise_grad(which, a, b, out, strides, dilations, begin, c0, c1):
+    """A step for channels c0..c1 of a 2-D depthwise conv's gradient (group == C == M), or
+    None: which="filter" (a = x, b = dy, out = dw) or "input" (a = dy, b = w, out = dx)."""
+    if not available() or out.ndim != 4 or not _takes(a, b, out) \
+            or not all(v.flags.c_contiguous for v in (a, b, out)):
+        return None
+    if which == "filter":
+        x_shape, kernel, out_shape, loop = a.shape, out.shape[2:], b.shape[2:], depthwise_filter_grad_loop
+    else:
+        x_shape, kernel, out_shape, loop = out.shape, b.shape[2:], a.shape[2:], depthwise_input_grad_loop
+    dims = _depthwise_grad_dims(x_shape, kernel, out_shape, strides, dilations, begin)
+    return _bound(loop, a.reshape(-1), b.reshape(-1), out.reshape(-1), dims, np.int64(c0), np.int64(c1))
+
+
 # -- max pooling -----------------------------------------------------------------------------
 
 def max_pool_loop(x, out, dims, cols, phases, tap_off, acc):
@@ -1052,14 +1139,15 @@ def _hard_swishf(v):
 
 
 SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf", "_tanhf", "_swishf", "_hard_swishf",
-           "_activate_run", "_load_phases", "_add_taps", "_add_taps4", "_crop_rows", "_matmul_nt")
+           "_activate_run", "_load_phases", "_add_taps", "_add_taps4", "_crop_rows", "_matmul_nt", "_tap_span")
 # The activation and depthwise loops and SCALARS may contract a * b + c into one fused multiply-add where the
 # machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other
 # loops keep the arithmetic as written.
 _FASTMATH = dict.fromkeys(("sigmoid_loop", "swish_loop", "hard_sigmoid_loop", "hard_swish_loop",
                            "gelu_float32_loop", "depthwise_loop", "depthwise_channels_loop", "small_conv_loop"),
                           {"contract"})
-_FASTMATH["_matmul_nt"] = {"contract", "reassoc"}
+_FASTMATH["_matmul_nt"] = _FASTMATH["depthwise_filter_grad_loop"] = {"contract", "reassoc"}  # sums vectorize
+_FASTMATH["depthwise_input_grad_loop"] = {"contract"}
 _FASTMATH["bias_activation_inplace_loop"] = _FASTMATH["bias_activation_loop"] = {"contract"}
 
 
