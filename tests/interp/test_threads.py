@@ -127,6 +127,41 @@ def test_a_conv_split_over_threads_equals_one_thread(n, c, m_per, size, kernel, 
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def _conv_grads(x, w, dy, attrs, threads_):
+    from edgeflow.graph.math_ops import apply
+    g = ef.Graph()
+    with g.as_default():
+        xp, dyp = ef.placeholder(ef.float32, x.shape, name="x"), ef.placeholder(ef.float32, dy.shape, name="dy")
+        dx = apply("conv_input_grad", [dyp, ef.constant(w), ef.constant(np.zeros_like(x))], attrs)
+        dw = apply("conv_filter_grad", [xp, dyp, ef.constant(np.zeros_like(w))], attrs)
+    data = writer.to_bytes(ef.to_model(g, {"infer": ({"x": xp, "dy": dyp}, {"dx": dx, "dw": dw})}))
+    got = ef.Interpreter(data, num_threads=threads_).get_signature_runner("infer")(x=x, dy=dy)
+    return got["dx"], got["dw"]
+
+
+@settings(max_examples=16)
+@given(n=st.integers(1, 5), c=st.sampled_from([2, 4, 6]), m_per=st.sampled_from([1, 3, 17]), size=st.integers(3, 9),
+       kernel=st.sampled_from([1, 3]), stride=st.sampled_from([1, 2]), pad=st.sampled_from([0, 1]),
+       grouped=st.booleans())
+def test_conv_gradients_split_over_threads_equal_one_thread(n, c, m_per, size, kernel, stride, pad, grouped):
+    """A train step's conv backwards: the input's gradient split by images (product and the
+    taps' adds), the filter's by input channels (the gathers) and output channels (the
+    product), pointwise ones by images: each against the same gradients on one thread."""
+    group = 2 if grouped else 1
+    rng = np.random.default_rng(size * 100 + c * 10 + n)
+    x = rng.standard_normal((n, c, size, size + 1)).astype(np.float32)
+    w = rng.standard_normal((group * m_per, c // group, kernel, kernel)).astype(np.float32)
+    attrs = {"strides": (stride, stride), "pads": (pad,) * 4, "group": group}
+    out = [(d + 2 * pad - kernel) // stride + 1 for d in x.shape[2:]]
+    dy = rng.standard_normal((n, w.shape[0], *out)).astype(np.float32)
+    want = _conv_grads(x, w, dy, attrs, 1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(threads, "MIN_FLOPS", 1)  # small convs split too
+        got = _conv_grads(x, w, dy, attrs, 3)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
 @settings(max_examples=12)
 @given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), other=st.sampled_from(["same", "row", "scalar", "column"]),
        op=st.sampled_from(["add", "sub", "mul", "maximum", "relu"]))

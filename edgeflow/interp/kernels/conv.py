@@ -415,8 +415,9 @@ def _conv_input_grad(ins, outs, attrs):
     strides, dilations, out_shape, begin, pointwise = _conv_geometry(dx, kernel_shape, attrs)
     ws = np.swapaxes(reshaped(w, (group, m // group, -1)), 1, 2)
     if pointwise:
-        result = reshaped(dx, (n, group, c // group, -1))
-        return partial(np.matmul, ws, reshaped(dy, (n, group, m // group, -1)), out=result)
+        result, dys = reshaped(dx, (n, group, c // group, -1)), reshaped(dy, (n, group, m // group, -1))
+        return _by_images([partial(np.matmul, ws, dys[a:b], out=result[a:b])
+                           for a, b in _image_spans(n, result.size * (m // group))])
     if dx.ndim == 4 and group == c == m:
         step = _jit_depthwise_grad("input", dy, w, dx, strides, dilations, begin)
         if step is not None:
@@ -430,21 +431,49 @@ def _conv_input_grad(ins, outs, attrs):
     if m == group:  # one output channel per group (depthwise): the product is an outer one, slow in BLAS
         part = scratch((n, group, c // group, length), dx.dtype)
         w_taps = reshaped(w, (group, c // group, taps))[..., None]
-        parts = [(partial(np.multiply, dys, w_taps[:, :, t], out=part), part) for t in range(taps)]
-    else:
+        adds = [(partial(np.multiply, dys, w_taps[:, :, t], out=part), part, target)
+                for t, target in enumerate(targets)]
+
+        def body():
+            for multiply, product, target in adds:
+                multiply()
+                np.add(target, product, out=target)
+    else:  # the product and the taps' adds image by image, images apart on the plan's workers
         cols = scratch((n, group, c // group, taps, length), dx.dtype)
-        product = partial(np.matmul, ws, dys, out=reshaped(cols, (n, group, -1, length)))
-        parts = [(product if t == 0 else None, cols[:, :, :, t]) for t in range(taps)]
+        flat = reshaped(cols, (n, group, -1, length))
+
+        def images(a, b):
+            def step():
+                np.matmul(ws, dys[a:b], out=flat[a:b])
+                for t, target in enumerate(targets):
+                    np.add(target[a:b], cols[a:b, :, :, t], out=target[a:b])
+            return step
+        body = _by_images([images(a, b) for a, b in _image_spans(n, cols.size * (m // group))])
     unload = unload_step(runs, runs.buffers, dx, kernel_shape, strides, dilations, begin)
 
     def run():
         runs.buffers.fill(0)
-        for (make, part), target in zip(parts, targets):
-            if make is not None:
-                make()
-            np.add(target, part, out=target)
+        body()
         unload()
     return sequence(widen, run)
+
+
+def _image_spans(n, macs):
+    """(first, last) images of each piece of a gradient's product of `macs` multiply-adds:
+    one piece, or one per worker of the plan when it has some, work enough, and images
+    enough (a train step's batch)."""
+    workers = threads.current()
+    if workers is None or n < workers.n or 2 * macs < threads.MIN_FLOPS:
+        return [(0, n)]
+    return threads.pieces(n, workers.n)
+
+
+def _by_images(steps):
+    """One step running `steps` (made over _image_spans) on the plan's workers."""
+    if len(steps) == 1:
+        return steps[0]
+    workers = threads.current()
+    return lambda: workers.run(steps)
 
 
 @kernel("conv_filter_grad")
@@ -458,7 +487,8 @@ def _conv_filter_grad(ins, outs, attrs):
         per_image = scratch((n,) + result.shape, dw.dtype)
         xs = np.swapaxes(reshaped(x, (n, group, c // group, -1)), 2, 3)
         dys = reshaped(dy, (n, group, m // group, -1))
-        return sequence(partial(np.matmul, dys, xs, out=per_image),
+        return sequence(_by_images([partial(np.matmul, dys[a:b], xs[a:b], out=per_image[a:b])
+                                    for a, b in _image_spans(n, per_image.size * xs.shape[2])]),
                         partial(np.sum, per_image, axis=0, out=result))
     if x.ndim == 4 and group == c == m:
         step = _jit_depthwise_grad("filter", x, dy, dw, strides, dilations, begin)
@@ -469,14 +499,19 @@ def _conv_filter_grad(ins, outs, attrs):
     sources = runs.runs()
     cols = scratch((c, len(sources)) + sources[0].shape[::2], x.dtype)  # (C, taps, N, L)
     gathers = [(cols[:, t], np.swapaxes(run, 0, 1)) for t, run in enumerate(sources)]
-    product = partial(np.matmul, reshaped(wide, (group, m // group, -1)),
-                      np.swapaxes(reshaped(cols, (group, -1, n * cols.shape[-1])), 1, 2), out=result)
-
-    def gather():
-        runs.load()
-        for dst, src in gathers:
-            np.copyto(dst, src)
-    return sequence(gather, widen, product)
+    wides = reshaped(wide, (group, m // group, -1))
+    columns = np.swapaxes(reshaped(cols, (group, -1, n * cols.shape[-1])), 1, 2)
+    workers = threads.current()
+    if workers is None or 2 * result.size * columns.shape[1] < threads.MIN_FLOPS:
+        product = partial(np.matmul, wides, columns, out=result)
+        copies = _copies(gathers)
+    else:  # the gathers by input channels, then the product by output channels, apart on the workers
+        copies = _Split(workers, [_copies([(dst[a:b], src[a:b]) for dst, src in gathers])
+                                  for a, b in threads.pieces(c, workers.n)])
+        rows = m // group
+        product = _Split(workers, [partial(np.matmul, wides[:, a:b], columns, out=result[:, a:b])
+                                   for a, b in threads.pieces(rows, workers.n, min(8, rows))])
+    return sequence(runs.load, copies, widen, product)
 
 
 @kernel("deform_conv")
