@@ -6,7 +6,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from edgeflow import ops
 from edgeflow.errors import EdgeflowError
@@ -224,3 +224,51 @@ def test_steps_sharing_the_workspace():
             step()
         for x, w, b, step, out in layers:
             assert_near(out, reference(x, w, b, (1, 1, 1, 1), "relu"))
+
+
+def input_grad_reference(dy, w, pads, x_shape):
+    """float64 gradient of conv(x, w) (3x3, stride 1, pads) w.r.t. x for the output's dy:
+    each tap's weights times dy added into the padded input's window it read."""
+    top, left, bottom, right = pads
+    dx = np.zeros((x_shape[0], x_shape[1], x_shape[2] + top + bottom, x_shape[3] + left + right))
+    oh, ow = dy.shape[2:]
+    for i in range(3):
+        for j in range(3):
+            dx[:, :, i:i + oh, j:j + ow] += np.einsum("nmhw,mc->nchw", dy.astype(np.float64), w[:, :, i, j])
+    return dx[:, :, top:top + x_shape[2], left:left + x_shape[3]]
+
+
+@pytest.mark.parametrize("algo", ["winograd2", "winograd4"])
+@settings(max_examples=12)
+@given(problem=problems())
+def test_input_gradient_as_a_winograd_conv(algo, problem):
+    """A train step's input gradient of a 3x3 stride-1 conv runs as a conv of dy with the
+    flipped, channel-swapped weights (a variable: copied every run) on the Winograd path,
+    against a float64 reference and the im2col path (forced direct)."""
+    n, c, m, h, wd, pads, _, _, _, seed = problem
+    assume(not c == m == 1)  # one channel in and out: a depthwise conv, jit's own loop
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((n, m, h + pads[0] + pads[2] - 2, wd + pads[1] + pads[3] - 2)).astype(np.float32)
+    attrs = {name: a.default for name, a in ops.get("conv_input_grad").attrs.items()}
+    attrs.update(pads=tuple(pads))
+    like = np.zeros((n, c, h, wd), np.float32)
+    bound = []
+    original = winograd.conv
+
+    def grad(forced):
+        out = np.full(like.shape, np.nan, np.float32)
+        with mock.patch.dict(os.environ, {winograd.ENV: forced}), \
+                mock.patch.object(winograd, "conv", lambda *args: bound.append(args[-1]) or original(*args)):
+            return KERNELS["conv_input_grad"]([dy, w, like], [out], attrs), out
+    step, out = grad(algo)
+    step()
+    assert bound == [algo]
+    assert_near(out, input_grad_reference(dy, w, pads, like.shape))
+    direct_step, direct = grad("direct")
+    direct_step()
+    assert bound == [algo]
+    assert_near(out, direct.astype(np.float64))
+    w *= -0.5  # the variable changed between runs: the next run flips its new value
+    step()
+    assert_near(out, input_grad_reference(dy, w, pads, like.shape))
