@@ -105,11 +105,6 @@ def _clip(inputs, attrs):
 
 # -- gradients -----------------------------------------------------------------------------
 
-def _masked(g, dy, drop):
-    """dy with zeros where `drop` holds."""
-    return g("where", drop, g.constant(0, dy), dy)
-
-
 @gradient("clip")
 def _clip_grad(g, op, grads):
     """dy inside [min, max] (bounds included), 0 outside; 0 everywhere if min > max."""
@@ -117,11 +112,26 @@ def _clip_grad(g, op, grads):
     low, high = op.attrs["min"], op.attrs["max"]
     if low > high:
         return [g.zeros_like(x)]
-    if low > -math.inf:
-        dy = _masked(g, dy, g("less", x, g.constant(low, x)))
-    if high < math.inf:
-        dy = _masked(g, dy, g("greater", x, g.constant(high, x)))
-    return [dy]
+    if low == -math.inf and high == math.inf:
+        return [dy]
+    return [g("clip_grad", dy, x, min=low, max=high)]
+
+
+@define("clip_grad", attrs={"min": Attr(_F, -math.inf), "max": Attr(_F, math.inf)},
+        types=Types("dy: T, x: T -> T", T=dtypes.FLOATS))
+def _clip_grad_op(inputs, attrs):
+    """clip's gradient, one pass (ReLU6's in a train step, as TensorFlow's Relu6Grad): dy
+    where min <= x <= max, 0 where x is outside (a NaN x passes dy, as clip passes NaN)."""
+    dy, x = inputs
+    if dy.rank != x.rank or any(None not in (m, n) and m != n for m, n in zip(dy.shape, x.shape)):
+        raise GraphError(f"clip_grad: dy and x must have one shape, got {fmt(dy.shape)} and {fmt(x.shape)}")
+    return [TensorSpec(dy.shape, dy.dtype)]
+
+
+@gradient("clip_grad")
+def _clip_grad_grad(g, op, grads):
+    """Linear in dy, with the same mask; x's gradient is 0 wherever it exists."""
+    return [g("clip_grad", grads[0], op.inputs[1], min=op.attrs["min"], max=op.attrs["max"]), None]
 
 
 @gradient("leaky_relu")

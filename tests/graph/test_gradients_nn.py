@@ -72,6 +72,13 @@ def test_clip_gradient_is_zero_outside_and_passes_at_the_bounds():
     np.testing.assert_array_equal(empty, [0, 0, 0, 0, 0])
 
 
+def test_clip_grad_gradients():
+    """clip_grad (clip's gradient op) is linear in dy with clip's mask; x gets none."""
+    x = away_from(r(4, 10, low=-4, high=4), (-0.5, 1.0))
+    check_gradients(lambda dy: apply("clip_grad", [dy, ef.constant(x)], {"min": -0.5, "max": 1.0}), r(4, 10),
+                    rtol=1e-5, atol=1e-8)
+
+
 def test_gelu_gradients_far_out():
     x = np.array([-40.0, -8.0, 8.0, 40.0])
     for approximate in ("none", "tanh"):

@@ -224,6 +224,31 @@ def test_depthwise_conv_gradients(mode, case, seed):
         assert not bound
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("bounds", [(0.0, 6.0), (-0.5, 1.0), (0.0, np.inf), (-np.inf, 0.25)])
+@pytest.mark.parametrize("threads_", [None, 2])
+def test_clip_grad(mode, dtype, bounds, threads_):
+    """ReLU6's (clip's) gradient in one pass: dy where min <= x <= max (bounds included,
+    NaN x passes), 0 elsewhere; a numpy expression the reference; with 2 workers and 2^18
+    elements and more, in pieces."""
+    low, high = bounds
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((3, 300, 301)) * 4).astype(dtype)
+    x.flat[:6] = [low, high, np.nan, np.inf, -np.inf, 0.0]
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    g = ef.Graph()
+    with g.as_default():
+        kind = ef.float32 if dtype == np.float32 else ef.float64
+        tx, tdy = ef.placeholder(kind, x.shape, name="x"), ef.placeholder(kind, x.shape, name="dy")
+        y = apply("clip_grad", [tdy, tx], {"min": low, "max": high})
+    model = writer.to_bytes(ef.to_model(g, {"infer": ({"x": tx, "dy": tdy}, {"y": y})}))
+    path, bound = mode
+    bound.clear()
+    got = ef.Interpreter(model, num_threads=threads_).get_signature_runner("infer")(x=x, dy=dy)["y"]
+    np.testing.assert_array_equal(got, np.where((x < low) | (x > high), 0, dy))
+    assert bound.count("clip_grad_loop") == (0 if path == "numpy" else 2 if threads_ else 1), bound
+
+
 def test_depthwise_gradients_float64_and_threads(jit_mode):
     """float64 takes the gradient loops in float64; with 2 workers the channels split between
     them (a MobileNetV2 layer at batch 2, stride 2) and the pieces cover every channel."""

@@ -181,3 +181,17 @@ def _bound(value, dtype):
 def _clip(ins, outs, attrs):
     x = ins[0]
     return partial(np.clip, x, _bound(attrs["min"], x.dtype), _bound(attrs["max"], x.dtype), out=outs[0])
+
+
+def _clip_grad_numpy(dy, x, low, high, out):
+    np.copyto(out, dy)
+    np.copyto(out, 0, where=x < low)
+    np.copyto(out, 0, where=x > high)
+
+
+@kernel("clip_grad")
+def _clip_grad(ins, outs, attrs):
+    """numba's one pass where it takes the operands, else dy then zeros where x is out of bounds."""
+    dy, x = ins
+    low, high = _bound(attrs["min"], x.dtype), _bound(attrs["max"], x.dtype)
+    return jit.bind_clip_grad(dy, x, low, high, outs[0]) or partial(_clip_grad_numpy, dy, x, low, high, outs[0])
