@@ -15,7 +15,7 @@ from .harness import randn, run_both
 from edgeflow.accel.kernels import CL_KERNELS, conv, math  # noqa: F401  (registration)
 
 OURS = ("sum_to", "slice_grad", "gather_grad", "max_pool_grad", "avg_pool_grad", "conv_input_grad", "conv_filter_grad",
-        *math.COMPARISONS)
+        "clip_grad", *math.COMPARISONS)
 shapes = st.lists(st.integers(1, 5), min_size=0, max_size=4)
 
 
@@ -159,6 +159,18 @@ def test_comparisons_broadcast(delegate, op, a, b, dtype, seed):
     xa, xb = (rng.integers(-2, 3, s).astype(dtype) for s in (a, b))  # small integers: many equal pairs
     want, got, _ = run_both(delegate, op, [xa, xb])
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("bounds", [(0.0, 6.0), (-0.5, np.inf), (-np.inf, 0.25)])
+def test_clip_grad(delegate, bounds):
+    """ReLU6's (clip's) gradient: dy where min <= x <= max, the bounds themselves included."""
+    rng = np.random.default_rng(3)
+    x = randn(rng, (2, 3, 5, 7)) * 4
+    x.flat[:2] = [b for b in bounds if np.isfinite(b)][0], 0.0
+    dy = randn(rng, x.shape)
+    want, got, _ = run_both(delegate, "clip_grad", [dy, x], {"min": bounds[0], "max": bounds[1]})
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, np.where((x < bounds[0]) | (x > bounds[1]), 0, dy))
 
 
 # -- a small CNN trained on the device and off it ------------------------------------------

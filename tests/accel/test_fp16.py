@@ -166,7 +166,8 @@ def _cases():
     cases += [Case(op, [ties, np.round(r(6))], {}, "exact")
               for op in ("equal", "less", "greater", "less_equal", "greater_equal")]
     # gradients
-    cases += [Case("sum_to", [r(3, 4, 57), r(4, 1)], {}, "abs"),
+    cases += [Case("clip_grad", [r(3, 4, 57), np.round(r(3, 4, 57) * 4)], {"min": 0.0, "max": 6.0}, "exact"),
+              Case("sum_to", [r(3, 4, 57), r(4, 1)], {}, "abs"),
               Case("slice_grad", [r(3, 3), r(7, 9)], {"starts": (1, -2), "ends": (6, 0), "axes": (0, 1),
                                                        "steps": (2, -3)}, "exact"),
               Case("gather_grad", [r(2, 5, 3), np.array([1, -1, 1, 0, 3], np.int64), r(2, 4, 3)], {"axis": 1},

@@ -1,6 +1,7 @@
 """OpenCL kernels of edgeflow/ops/activations.py: swish (elementwise.cl), which the
-optimizer makes of ONNX's Sigmoid then Mul, and prelu (MediaPipe's models hold dozens):
-without them a model's OpenCL partition would end at each one."""
+optimizer makes of ONNX's Sigmoid then Mul, prelu (MediaPipe's models hold dozens) and
+clip_grad (ReLU6's gradient in a MobileNet's train step): without them a model's OpenCL
+partition would end at each one."""
 import math
 
 from . import cl_kernel, elementwise
@@ -19,3 +20,10 @@ def _swish(rt, ins, outs, attrs):
 def _prelu(rt, ins, outs, attrs):
     """x where x >= 0, else slope * x: a binary op of elementwise.cl, the slope broadcast."""
     return elementwise.binary(rt, "prelu", ins, outs[0])
+
+
+@cl_kernel("clip_grad", unsupported=elementwise.rank_supported)
+def _clip_grad(rt, ins, outs, attrs):
+    """dy where min <= x <= max, else 0: a binary op of elementwise.cl, its bounds built in."""
+    return elementwise.binary(rt, "clip_grad", ins, outs[0], LOW=elementwise.float_literal(attrs["min"]),
+                              HIGH=elementwise.float_literal(attrs["max"]))

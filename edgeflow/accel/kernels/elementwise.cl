@@ -24,6 +24,8 @@ inline float binary_op(float x, float y) {
     return fmin(x, y);
 #elif OP == 7
     return x >= 0.0f ? x : y * x;  // prelu: y the slope
+#elif OP == 8
+    return (y < (LOW) || y > (HIGH)) ? 0.0f : x;  // clip_grad: x the gradient, y clip's input
 #else
     return pow(x, y);
 #endif

@@ -1,9 +1,11 @@
 """Steps running elementwise.cl: binary ops with broadcasting and a fused activation, and
 unary math. The launchers are registered where their ops are defined (math.py, nn.py,
 activations.py)."""
+import math
+
 import numpy as np
 
-BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3, "maximum": 4, "minimum": 5, "pow": 6, "prelu": 7}
+BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3, "maximum": 4, "minimum": 5, "pow": 6, "prelu": 7, "clip_grad": 8}
 UNARY = {"neg": 0, "abs": 1, "exp": 2, "log": 3, "sqrt": 4, "relu": 5, "sigmoid": 6, "tanh": 7, "swish": 8}
 ACTIVATIONS = {"": 0, "relu": 1, "relu6": 2, "swish": 3, "hard_swish": 4}  # common.cl's fused_activation
 
@@ -22,12 +24,13 @@ def broadcast_strides(shape, out_shape):
     return np.array(strides[::-1], np.int32)
 
 
-def binary(rt, name, ins, out, activation=""):
-    """A step computing out = activation(name(a, b)), a and b broadcast to out's shape."""
+def binary(rt, name, ins, out, activation="", **defines):
+    """A step computing out = activation(name(a, b)), a and b broadcast to out's shape;
+    `defines`: the op's constants (clip_grad's LOW and HIGH), as OpenCL C expressions."""
     a, b = ins
     n = int(out.size)
     act = ACTIVATIONS[activation]
-    program = rt.program("elementwise", OP=BINARY[name], UOP=0, ACT=act)
+    program = rt.program("elementwise", OP=BINARY[name], UOP=0, ACT=act, **defines)
     if a.shape == b.shape == out.shape:
         kernel = rt.kernel(program, "binary_same")
         group = min(rt.max_group(kernel), 256)
@@ -60,3 +63,10 @@ def unary(rt, name, x, out, **defines):
     group = min(rt.max_group(kernel), 256)
     kernel.set_args(x.data, out.data, np.int32(n))
     return lambda: rt.cl.enqueue_nd_range_kernel(rt.queue, kernel, _global(n, group), (group,))
+
+
+def float_literal(value):
+    """`value` as an OpenCL C float expression (INFINITY for infinities)."""
+    if math.isinf(value):
+        return "INFINITY" if value > 0 else "(-INFINITY)"
+    return f"{float(value)!r}f"
