@@ -13,6 +13,10 @@ output against a float64 direct conv (He-initialised weights, standard normal in
 `--model` instead runs an ONNX model (its first input of shape (batch, ...), e.g. a
 torchvision ResNet-18 exported by benchmarks/zoo.py) end to end: converted, bound with
 EDGEFLOW_CONV_ALGO=auto (the rule) and =direct, against onnxruntime, interleaved.
+`--grad` instead times a train step's gradients of the same layers: conv_filter_grad and
+conv_input_grad as one-op models on each path, and torch's (torch.nn.grad, the `zoo`
+extra; left out without it), interleaved; "auto" the path the kernels pick
+(winograd.filter_grad_rule for the filter's, winograd.input_grad_rule for the input's).
 """
 import argparse
 import os
@@ -82,7 +86,13 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--error", action="store_true", help="also measure float32 errors")
     parser.add_argument("--model", help="an ONNX model to run end to end instead")
+    parser.add_argument("--grad", action="store_true", help="time the layers' gradients instead")
     args = parser.parse_args()
+    if args.grad:
+        saved = os.environ.get(winograd.ENV)
+        gradients(args.batch, args.runs, args.threads)
+        os.environ.pop(winograd.ENV, None) if saved is None else os.environ.update({winograd.ENV: saved})
+        return
     if args.model:
         saved = os.environ.get(winograd.ENV)
         model_end_to_end(args.model, args.batch, args.runs, args.threads)
@@ -133,6 +143,61 @@ def main():
     if errors:
         print("float32 max abs error / max abs output, against a float64 direct conv")
         harness.print_table(["C=M x H x W", "batch", *PATHS, "ort"], errors)
+
+
+def gradient_model(op, x_shape, w):
+    """A one-op model of a conv's gradient (padding 1): `op` conv_filter_grad (inputs x, dy)
+    or conv_input_grad (input dy, w a constant)."""
+    from edgeflow.format import writer
+    from edgeflow.graph.math_ops import apply
+    g = ef.Graph()
+    with g.as_default():
+        dy = ef.placeholder(ef.float32, x_shape, name="dy")
+        if op == "conv_filter_grad":
+            x = ef.placeholder(ef.float32, x_shape, name="x")
+            out, inputs = apply(op, [x, dy, ef.constant(np.zeros_like(w))], {"pads": (1, 1, 1, 1)}), {"x": x, "dy": dy}
+        else:
+            out = apply(op, [dy, ef.constant(w), ef.constant(np.zeros(x_shape, np.float32))], {"pads": (1, 1, 1, 1)})
+            inputs = {"dy": dy}
+    return writer.to_bytes(ef.to_model(g, {"infer": (inputs, {"out": out})}))
+
+
+def gradients(batches, runs, threads):
+    """`--grad`: each layer's filter and input gradients on each path (and torch's)."""
+    try:
+        import torch
+        torch.set_num_threads(threads)
+    except ImportError:
+        torch = None
+    rng = np.random.default_rng(0)
+    rows = []
+    for n in batches:
+        for c, hw in SHAPES:
+            x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+            dy = rng.standard_normal(x.shape).astype(np.float32)
+            w = (rng.standard_normal((c, c, 3, 3)) * np.sqrt(2 / (9 * c))).astype(np.float32)
+            for op, feeds, pick in (("conv_filter_grad", {"x": x, "dy": dy}, winograd.filter_grad_rule),
+                                    ("conv_input_grad", {"dy": dy}, winograd.input_grad_rule)):
+                model, contenders = gradient_model(op, x.shape, w), {}
+                for algo in PATHS:
+                    runner = interpreter(model, algo, threads).get_signature_runner("infer")
+                    runner(**feeds)  # binds the kernel while EDGEFLOW_CONV_ALGO is this path
+                    contenders[algo] = lambda runner=runner, feeds=feeds: runner(**feeds)
+                if torch is not None:
+                    tx, tdy, tw = (torch.from_numpy(a) for a in (x, dy, w))
+                    if op == "conv_filter_grad":
+                        contenders["torch"] = lambda: torch.nn.grad.conv2d_weight(tx, tw.shape, tdy, padding=1)
+                    else:
+                        contenders["torch"] = lambda: torch.nn.grad.conv2d_input(tx.shape, tw, tdy, padding=1)
+                t = harness.medians(contenders, runs)
+                auto = pick(x.shape, w.shape, (hw, hw))
+                peer = [harness.ms(t["torch"], 2), harness.ratio(t[auto], t["torch"])] if torch is not None else []
+                rows.append([op, f"{c}x{hw}x{hw}", str(n)] + [harness.ms(t[p], 2) for p in PATHS]
+                            + [auto, harness.ratio(t[auto], t["direct"])] + peer)
+    print(f"3x3 conv gradients, pad 1; median ms of {runs} interleaved runs on {threads} thread(s); "
+          f"auto = the kernels' pick, its time / direct's" + ("" if torch is None else " and / torch's"))
+    harness.print_table(["op", "C=M x H x W", "batch", *PATHS, "auto", "auto/direct"]
+                        + ([] if torch is None else ["torch", "auto/torch"]), rows)
 
 
 def onnx_model_relu(x_shape, w, b, attrs):

@@ -272,3 +272,86 @@ def test_input_gradient_as_a_winograd_conv(algo, problem):
     w *= -0.5  # the variable changed between runs: the next run flips its new value
     step()
     assert_near(out, input_grad_reference(dy, w, pads, like.shape))
+
+
+def filter_grad_reference(x, dy, pads):
+    """float64 gradient of conv(x, w) (3x3, stride 1, pads) w.r.t. w for the output's dy."""
+    top, left, bottom, right = pads
+    p = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (top, bottom), (left, right)))
+    windows = np.lib.stride_tricks.sliding_window_view(p, (3, 3), axis=(2, 3))  # (N, C, OH, OW, 3, 3)
+    return np.einsum("nchwij,nmhw->mcij", windows, dy.astype(np.float64))
+
+
+def filter_grad(x, dy, c_out, pads, forced, workers=None):
+    """The conv_filter_grad kernel bound with EDGEFLOW_CONV_ALGO=forced (and `workers`), its
+    step and output; the winograd.filter_grad calls made, by algorithm."""
+    attrs = {name: a.default for name, a in ops.get("conv_filter_grad").attrs.items()}
+    attrs.update(pads=tuple(pads))
+    like = np.zeros((c_out, x.shape[1], 3, 3), x.dtype)
+    out, bound = np.full(like.shape, np.nan, x.dtype), []
+    original = winograd.filter_grad
+    with mock.patch.dict(os.environ, {winograd.ENV: forced}), threads.using(workers), \
+            mock.patch.object(winograd, "filter_grad", lambda *args: bound.append(args[-1]) or original(*args)):
+        return KERNELS["conv_filter_grad"]([x, dy, like], [out], attrs), out, bound
+
+
+@pytest.mark.parametrize("algo", ["winograd2", "winograd4"])
+@settings(max_examples=12)
+@given(problem=problems())
+def test_filter_gradient_on_the_winograd_path(algo, problem):
+    """A train step's filter gradient of a 3x3 stride-1 conv with F(m x m, 3x3)'s transforms
+    run backwards (odd sizes, tiles cut by the output's edge, asymmetric pads), against a
+    float64 reference and the im2col path (forced direct); a new dy, a new gradient."""
+    n, c, m, h, wd, pads, _, _, _, seed = problem
+    assume(not c == m == 1)  # one channel in and out: a depthwise conv, jit's own loop
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, wd)).astype(np.float32)
+    dy = rng.standard_normal((n, m, h + pads[0] + pads[2] - 2, wd + pads[1] + pads[3] - 2)).astype(np.float32)
+    step, out, bound = filter_grad(x, dy, m, pads, algo)
+    step()
+    assert bound == [algo]
+    assert_near(out, filter_grad_reference(x, dy, pads))
+    direct_step, direct, none = filter_grad(x, dy, m, pads, "direct")
+    direct_step()
+    assert none == []
+    assert_near(out, direct.astype(np.float64))
+    dy *= -0.5
+    step()
+    assert_near(out, filter_grad_reference(x, dy, pads))
+
+
+@pytest.mark.parametrize("algo", ["winograd2", "winograd4"])
+def test_filter_gradient_float64_and_split_over_workers(algo):
+    """float64 to float64's precision; with 3 workers (each phase split: x's channels, dy's
+    channels, the products) the same gradient as one thread."""
+    rng = np.random.default_rng(5)
+    x, dy = rng.standard_normal((2, 24, 13, 10)), rng.standard_normal((2, 20, 13, 10))
+    step, out, _ = filter_grad(x, dy, 20, (1, 1, 1, 1), algo)
+    step()
+    np.testing.assert_allclose(out, filter_grad_reference(x, dy, (1, 1, 1, 1)), rtol=1e-10, atol=1e-10)
+    workers = threads.Workers(3)
+    try:
+        with mock.patch.object(threads, "MIN_FLOPS", 1):
+            split_step, split, _ = filter_grad(x.astype(np.float32), dy.astype(np.float32), 20, (1, 1, 1, 1), algo,
+                                               workers)
+        split_step()
+    finally:
+        workers.close()
+    assert_near(split, filter_grad_reference(x, dy, (1, 1, 1, 1)))
+
+
+@pytest.mark.parametrize("shape, algo", [((8, 64, 56, 56), "winograd4"), ((8, 128, 28, 28), "winograd4"),
+                                         ((8, 256, 14, 14), "winograd2"), ((8, 512, 7, 7), "direct"),
+                                         ((1, 128, 28, 28), "winograd2"), ((1, 256, 14, 14), "direct"),
+                                         ((8, 8, 56, 56), "direct")])
+def test_filter_gradient_rule(shape, algo):
+    """ResNet-18's layers: F(4x4) with 192 tiles or more, else F(2x2) with as many, else direct."""
+    assert winograd.filter_grad_rule(shape, (shape[1],), shape[2:]) == algo
+
+
+@pytest.mark.parametrize("shape, algo", [((8, 64, 56, 56), "winograd4"), ((8, 512, 7, 7), "winograd4"),
+                                         ((1, 128, 28, 28), "winograd4"), ((1, 256, 14, 14), "direct"),
+                                         ((1, 512, 7, 7), "direct")])
+def test_input_gradient_rule(shape, algo):
+    """The forward's pick, but direct below 64 tiles of F(2x2) (weights transformed every run)."""
+    assert winograd.input_grad_rule(shape, (shape[1],), shape[2:]) == algo

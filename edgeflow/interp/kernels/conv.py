@@ -473,7 +473,7 @@ def _input_grad_as_conv(dy, w, dx, group, strides, dilations, begin):
             or any(b > k - 1 for b, k in zip(begin, kernel)):
         return None
     flipped = scratch((w.shape[1], w.shape[0]) + kernel, w.dtype)  # rewritten whole every run
-    algo = winograd.choose(dy, flipped, 1, strides, dilations, dx.shape[2:])
+    algo = winograd.choose(dy, flipped, 1, strides, dilations, dx.shape[2:], winograd.input_grad_rule)
     if algo == "direct":
         return None
     full = tuple(k - 1 - b for b, k in zip(begin, kernel))
@@ -517,6 +517,10 @@ def _conv_filter_grad(ins, outs, attrs):
         step = _jit_depthwise_grad("filter", x, dy, dw, strides, dilations, begin)
         if step is not None:
             return step
+    if winograd.applies(x, dw, group, strides, dilations) and all(b <= 2 for b in begin):
+        algo = winograd.choose(x, dw, group, strides, dilations, out_shape, winograd.filter_grad_rule)
+        if algo != "direct":
+            return winograd.filter_grad(x, dy, begin, dw, algo)
     runs = tap_runs(x, kernel_shape, strides, dilations, begin, out_shape)
     wide, widen = _widened(runs, np.swapaxes(dy, 0, 1), (m, n) + runs.wide)
     sources = runs.runs()

@@ -97,9 +97,42 @@ def rule(x_shape, w_shape, out_shape):
     return "direct"
 
 
-def choose(x, w, group, strides, dilations, out_shape):
+# Tiles below which a filter gradient's products (inner dimension: the tiles) run too far
+# below BLAS's speed for Winograd to pay (`filter_grad_rule`).
+GRAD_TILES = 192
+
+
+def filter_grad_rule(x_shape, w_shape, out_shape):
+    """The path measured fastest for a filter gradient (benchmarks/bench_winograd.py's
+    layers, batch 1 and 8, one thread): F(4x4) where it has GRAD_TILES tiles or more
+    (ResNet-18's 56 and 28 layers at batch 8: 50 -> 39 and 38 -> 26 ms), else F(2x2) where
+    it has (its 14 layer at batch 8: 31 -> 22 ms; the 28 layer at batch 1), else direct
+    (the 7 layer: 29 ms direct, 31 F(2x2), 35 F(4x4))."""
+    n, c = x_shape[:2]
+    oh, ow = out_shape
+    if min(c, w_shape[0]) < 16:
+        return "direct"
+    for m, algo in ((4, "winograd4"), (2, "winograd2")):
+        if n * -(-oh // m) * -(-ow // m) >= GRAD_TILES:
+            return algo
+    return "direct"
+
+
+def input_grad_rule(x_shape, w_shape, out_shape):
+    """`rule`, for an input gradient run as a conv (conv.py): its weights are transformed on
+    every run, so below 64 tiles of F(2x2) (ResNet-18's 14 and 7 layers at batch 1:
+    F(2x2) 5.7 and 15.9 ms, direct 4.6 and 6.8) the direct path, else the forward's pick
+    (the 7 layer at batch 8: direct 62 ms, F(4x4) 33)."""
+    n = x_shape[0]
+    oh, ow = out_shape
+    if n * -(-oh // 2) * -(-ow // 2) < 64:
+        return "direct"
+    return rule(x_shape, w_shape, out_shape)
+
+
+def choose(x, w, group, strides, dilations, out_shape, rule_=None):
     """"direct", "winograd2" or "winograd4" for this conv: EDGEFLOW_CONV_ALGO where set and
-    a Winograd path applies, else `rule`."""
+    a Winograd path applies, else `rule_(x's shape, w's shape, out_shape)` (`rule`: a conv's)."""
     forced = os.environ.get(ENV, "").strip().lower()
     if forced and forced != "auto" and forced not in ALGOS:
         raise EdgeflowError(f"{ENV} must be one of {ALGOS + ('auto',)}, got {forced!r}")
@@ -107,7 +140,7 @@ def choose(x, w, group, strides, dilations, out_shape):
         return "direct"
     if forced in ALGOS:
         return forced
-    return rule(x.shape, w.shape, out_shape)
+    return (rule_ or rule)(x.shape, w.shape, out_shape)
 
 
 def transformed_weights(w, m, workers=None):
@@ -238,4 +271,86 @@ def conv(x, w, bias, begin, out, algo):
                 workers.run(phase)
             else:
                 phase[0]()
+    return run
+
+
+def filter_grad(x, dy, begin, dw, algo):
+    """Step computing dw (M, C, 3, 3), the gradient of conv(x, w) (3x3, stride 1, `begin`
+    its top and left padding) for the output's gradient dy, with the transforms of F(m x m,
+    3x3) run backwards: the forward's output is A^T [U * V] A per tile, so dU = sum over
+    tiles of (A dy A^T) * V, products of (M, tiles) by (tiles, C) for each of the a^2
+    positions, and dw = G^T dU G. As in `conv`: V (x's tiles, B^T d B) by one product with
+    B^T kron B^T, dy's tiles (zero past its edge, which V's padding meets) by one with
+    (A^T kron A^T)^T, dw by one with G kron G. The phases split over the plan's workers:
+    x's channels, dy's channels, the a^2 products."""
+    m = {"winograd2": 2, "winograd4": 4}[algo]
+    a = m + 2
+    n, c, h, wd = x.shape
+    mm, (oh, ow) = dy.shape[1], dy.shape[2:]
+    th, tw = -(-oh // m), -(-ow // m)
+    tiles = n * th * tw
+    dt = x.dtype
+    pt, pl = begin
+    padded = scratch((n, c, th * m + 2, tw * m + 2), dt)  # x and zeros around it, rewritten every run
+    box = (slice(None), slice(None), slice(pt, pt + h), slice(pl, pl + wd))
+    inner = padded[box]
+    s = padded.strides
+    windows = as_strided(padded, (a, a, c, n, th, tw), (s[2], s[3], s[1], s[0], m * s[2], m * s[3]))
+    d = scratch((a, a, c, n, th, tw), dt)
+    v = scratch((a * a, c, tiles), dt)
+    grid = scratch((n, mm, th * m, tw * m), dt)  # dy and zeros past its edge
+    gbox = (slice(None), slice(None), slice(0, oh), slice(0, ow))
+    g = grid.strides
+    dy_tiles = as_strided(grid, (m, m, mm, n, th, tw), (g[2], g[3], g[1], g[0], m * g[2], m * g[3]))
+    e = scratch((m, m, mm, n, th, tw), dt)
+    z = scratch((a * a, mm, tiles), dt)
+    du = scratch((a * a, mm, c), dt)
+    kb, kg = kron(m, 0, dt), kron(m, 1, dt)
+    at = TRANSFORMS[m][2]
+    ka = np.ascontiguousarray(np.kron(at, at).T, dt)  # (a^2, m^2): A kron A
+    d2, v2, e2, z2 = d.reshape(a * a, -1), v.reshape(a * a, -1), e.reshape(m * m, -1), z.reshape(a * a, -1)
+    vt = v.transpose(0, 2, 1)  # (a^2, tiles, C)
+    workers = threads.current()
+    split = workers is not None and 2 * a * a * mm * c * tiles >= threads.MIN_FLOPS
+
+    def load(c0, c1):  # x's tiles of channels c0:c1, transformed
+        copies = [(inner[:, c0:c1], x[:, c0:c1]), (d[:, :, c0:c1], windows[:, :, c0:c1])]
+        borders = outside(padded[:, c0:c1], box)
+        cols = slice(c0 * tiles, c1 * tiles)
+
+        def run():
+            for border in borders:
+                border.fill(0)
+            for dst, src in copies:
+                np.copyto(dst, src)
+            np.matmul(kb, d2[:, cols], out=v2[:, cols])
+        return run
+
+    def gradient(m0, m1):  # dy's tiles of channels m0:m1, transformed
+        copies = [(grid[:, m0:m1][gbox], dy[:, m0:m1]), (e[:, :, m0:m1], dy_tiles[:, :, m0:m1])]
+        borders = outside(grid[:, m0:m1], gbox)
+        cols = slice(m0 * tiles, m1 * tiles)
+
+        def run():
+            for border in borders:
+                border.fill(0)
+            for dst, src in copies:
+                np.copyto(dst, src)
+            np.matmul(ka, e2[:, cols], out=z2[:, cols])
+        return run
+
+    def product(k0, k1):
+        return partial(np.matmul, z[k0:k1], vt[k0:k1], out=du[k0:k1])
+
+    finish = partial(np.matmul, du.reshape(a * a, -1).T, kg, out=dw.reshape(mm * c, 9))
+    phases = [[make(lo, hi) for lo, hi in threads.pieces(length, workers.n if split else 1)]
+              for make, length in ((load, c), (gradient, mm), (product, a * a))]
+
+    def run():
+        for phase in phases:
+            if len(phase) > 1:
+                workers.run(phase)
+            else:
+                phase[0]()
+        finish()
     return run
