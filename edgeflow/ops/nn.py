@@ -45,8 +45,26 @@ def _lrn(inputs, attrs):
 @gradient("relu")
 def _relu_grad(g, op, grads):
     x = op.inputs[0]
-    zero = g.constant(0, x)
-    return [g("where", g("greater", x, zero), grads[0], zero)]
+    if x.dtype not in dtypes.FLOATS:
+        zero = g.constant(0, x)
+        return [g("where", g("greater", x, zero), grads[0], zero)]
+    return [g("relu_grad", grads[0], x)]
+
+
+@define("relu_grad", types=Types("dy: T, x: T -> T", T=dtypes.FLOATS))
+def _relu_grad_op(inputs, attrs):
+    """relu's gradient, one pass (TensorFlow's ReluGrad): dy where x > 0, else 0 (x = 0
+    and NaN included)."""
+    dy, x = inputs
+    if dy.rank != x.rank or any(None not in (m, n) and m != n for m, n in zip(dy.shape, x.shape)):
+        raise GraphError(f"relu_grad: dy and x must have one shape, got {fmt(dy.shape)} and {fmt(x.shape)}")
+    return [TensorSpec(dy.shape, dy.dtype)]
+
+
+@gradient("relu_grad")
+def _relu_grad_grad(g, op, grads):
+    """Linear in dy, with the same mask; x's gradient is 0 wherever it exists."""
+    return [g("relu_grad", grads[0], op.inputs[1]), None]
 
 
 @gradient("softmax")

@@ -15,7 +15,7 @@ from .harness import randn, run_both
 from edgeflow.accel.kernels import CL_KERNELS, conv, math  # noqa: F401  (registration)
 
 OURS = ("sum_to", "slice_grad", "gather_grad", "max_pool_grad", "avg_pool_grad", "conv_input_grad", "conv_filter_grad",
-        "clip_grad", *math.COMPARISONS)
+        "clip_grad", "relu_grad", *math.COMPARISONS)
 shapes = st.lists(st.integers(1, 5), min_size=0, max_size=4)
 
 
@@ -171,6 +171,16 @@ def test_clip_grad(delegate, bounds):
     want, got, _ = run_both(delegate, "clip_grad", [dy, x], {"min": bounds[0], "max": bounds[1]})
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(got, np.where((x < bounds[0]) | (x > bounds[1]), 0, dy))
+
+
+def test_relu_grad(delegate):
+    """ReLU's gradient: dy where x > 0 (x = 0 gets none)."""
+    rng = np.random.default_rng(4)
+    x = np.round(randn(rng, (2, 3, 5, 7)))  # many zeros
+    dy = randn(rng, x.shape)
+    want, got, _ = run_both(delegate, "relu_grad", [dy, x])
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, np.where(x > 0, dy, 0))
 
 
 # -- a small CNN trained on the device and off it ------------------------------------------

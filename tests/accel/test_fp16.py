@@ -167,6 +167,7 @@ def _cases():
               for op in ("equal", "less", "greater", "less_equal", "greater_equal")]
     # gradients
     cases += [Case("clip_grad", [r(3, 4, 57), np.round(r(3, 4, 57) * 4)], {"min": 0.0, "max": 6.0}, "exact"),
+              Case("relu_grad", [r(3, 4, 57), np.round(r(3, 4, 57))], {}, "exact"),
               Case("sum_to", [r(3, 4, 57), r(4, 1)], {}, "abs"),
               Case("slice_grad", [r(3, 3), r(7, 9)], {"starts": (1, -2), "ends": (6, 0), "axes": (0, 1),
                                                        "steps": (2, -3)}, "exact"),

@@ -79,6 +79,12 @@ def test_clip_grad_gradients():
                     rtol=1e-5, atol=1e-8)
 
 
+def test_relu_grad_gradients():
+    """relu_grad (relu's gradient op) is linear in dy with relu's mask; x gets none."""
+    x = away_from(r(4, 10, low=-4, high=4), (0.0,))
+    check_gradients(lambda dy: apply("relu_grad", [dy, ef.constant(x)], {}), r(4, 10), rtol=1e-5, atol=1e-8)
+
+
 def test_gelu_gradients_far_out():
     x = np.array([-40.0, -8.0, 8.0, 40.0])
     for approximate in ("none", "tanh"):

@@ -249,6 +249,28 @@ def test_clip_grad(mode, dtype, bounds, threads_):
     assert bound.count("clip_grad_loop") == (0 if path == "numpy" else 2 if threads_ else 1), bound
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threads_", [None, 2])
+def test_relu_grad(mode, dtype, threads_):
+    """ReLU's gradient in one pass: dy where x > 0, 0 elsewhere (x = 0, NaN, -inf included);
+    a numpy expression the reference; with 2 workers and 2^18 elements and more, in pieces."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((3, 300, 301)).astype(dtype)
+    x.flat[:5] = [0.0, -0.0, np.nan, np.inf, -np.inf]
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    g = ef.Graph()
+    with g.as_default():
+        kind = ef.float32 if dtype == np.float32 else ef.float64
+        tx, tdy = ef.placeholder(kind, x.shape, name="x"), ef.placeholder(kind, x.shape, name="dy")
+        y = apply("relu_grad", [tdy, tx], {})
+    model = writer.to_bytes(ef.to_model(g, {"infer": ({"x": tx, "dy": tdy}, {"y": y})}))
+    path, bound = mode
+    bound.clear()
+    got = ef.Interpreter(model, num_threads=threads_).get_signature_runner("infer")(x=x, dy=dy)["y"]
+    np.testing.assert_array_equal(got, np.where(x > 0, dy, 0))
+    assert bound.count("relu_grad_loop") == (0 if path == "numpy" else 2 if threads_ else 1), bound
+
+
 def test_depthwise_gradients_float64_and_threads(jit_mode):
     """float64 takes the gradient loops in float64; with 2 workers the channels split between
     them (a MobileNetV2 layer at batch 2, stride 2) and the pieces cover every channel."""

@@ -109,6 +109,7 @@ EXAMPLES = {
     # op's input, the gradient's dtype.
     "sum_to": ([S((2, 3)), S((3,), "int8")], {}),
     "clip_grad": ([S((2, 3)), S((2, 3))], {"min": 0.0, "max": 6.0}),
+    "relu_grad": ([S((2, 3)), S((2, 3))], {}),
     "slice_grad": ([S((1, 3)), S((2, 3), "int8")], {"starts": (0,), "ends": (1,)}),
     "gather_grad": ([S((2, 3)), S((2,), "int64"), S((4, 3), "int8")], {}),
     "conv_input_grad": ([S((1, 3, 3, 3)), S((3, 2, 3, 3)), S(_IMAGE)], {}),

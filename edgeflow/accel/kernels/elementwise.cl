@@ -26,6 +26,8 @@ inline float binary_op(float x, float y) {
     return x >= 0.0f ? x : y * x;  // prelu: y the slope
 #elif OP == 8
     return (y < (LOW) || y > (HIGH)) ? 0.0f : x;  // clip_grad: x the gradient, y clip's input
+#elif OP == 9
+    return y > 0.0f ? x : 0.0f;  // relu_grad: x the gradient, y relu's input
 #else
     return pow(x, y);
 #endif

@@ -5,7 +5,8 @@ import math
 
 import numpy as np
 
-BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3, "maximum": 4, "minimum": 5, "pow": 6, "prelu": 7, "clip_grad": 8}
+BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3, "maximum": 4, "minimum": 5, "pow": 6, "prelu": 7, "clip_grad": 8,
+          "relu_grad": 9}
 UNARY = {"neg": 0, "abs": 1, "exp": 2, "log": 3, "sqrt": 4, "relu": 5, "sigmoid": 6, "tanh": 7, "swish": 8}
 ACTIVATIONS = {"": 0, "relu": 1, "relu6": 2, "swish": 3, "hard_swish": 4}  # common.cl's fused_activation
 

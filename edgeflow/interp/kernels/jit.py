@@ -1294,6 +1294,22 @@ def bind_clip_grad(dy, x, low, high, out):
     return _elementwise(clip_grad_loop, (dy, x), out, low, high)
 
 
+def relu_grad_loop(dy, x, out):
+    """out = dy where x > 0, else 0 (NaN x: 0), one pass."""
+    zero = out.dtype.type(0)
+    for i in range(x.shape[0]):
+        out[i] = dy[i] if x[i] > zero else zero
+
+
+def bind_relu_grad(dy, x, out):
+    """A step for relu_grad of float operands of one shape, split over the current workers
+    where there are many elements; or None. numpy's form takes two passes (ResNet-18's train
+    step at batch 8, 1 thread: its ReLU gradients as greater and where took 89 ms)."""
+    if not _takes(dy, x, out) or not available():
+        return None
+    return _elementwise(relu_grad_loop, (dy, x), out)
+
+
 def quantize_loop(x, scale, zero, out, a_, c_, b_, lo, hi):
     """out (A, C, B) = saturate(rint(x / scale[c]) + zero[c]) to [lo, hi], all flat: the
     five passes of numpy's form (divide, round, add, clip, cast) in one. `lo`, `hi`: the

@@ -4,13 +4,25 @@ from functools import partial
 import numpy as np
 
 from .. import threads
-from . import kernel
+from . import jit, kernel
 
 
 @kernel("relu")
 def _relu(ins, outs, attrs):
     zero = outs[0].dtype.type(0)
     return threads.elementwise(np.maximum, [ins[0], zero], outs[0]) or partial(np.maximum, ins[0], zero, out=outs[0])
+
+
+def _relu_grad_numpy(dy, x, out):
+    out.fill(0)
+    np.copyto(out, dy, where=x > 0)
+
+
+@kernel("relu_grad")
+def _relu_grad(ins, outs, attrs):
+    """numba's one pass where it takes the operands, else zeros, then dy where x > 0."""
+    dy, x = ins
+    return jit.bind_relu_grad(dy, x, outs[0]) or partial(_relu_grad_numpy, dy, x, outs[0])
 
 
 def _softmax(x, axis, out):
