@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 import edgeflow as ef
 from edgeflow.format import writer
 from edgeflow.graph.math_ops import apply
+from edgeflow.interp import threads
 from edgeflow.interp.kernels import jit
 
 FEW = settings(max_examples=12)
@@ -220,6 +221,56 @@ def test_depthwise_conv_gradients(mode, case, seed):
             m.setenv("EDGEFLOW_JIT", "0")
             for a, b in zip(got, _depthwise_grads(x, w, dy, attrs)):
                 close(a, b)
+    else:
+        assert not bound
+
+
+def _max_pool_grad_reference(x, dy, k, stride, dilation, pads):
+    """Brute force: each window's dy to its first maximum in kernel order, padding excluded."""
+    dx = np.zeros(x.shape)
+    for n, c, oh, ow in np.ndindex(dy.shape):
+        taps = [(ih, iw) for i in range(k) for j in range(k)
+                for ih, iw in [(oh * stride + i * dilation - pads[0], ow * stride + j * dilation - pads[1])]
+                if 0 <= ih < x.shape[2] and 0 <= iw < x.shape[3]]
+        best = max(x[n, c, ih, iw] for ih, iw in taps)
+        ih, iw = next(t for t in taps if x[n, c, t[0], t[1]] == best)
+        dx[n, c, ih, iw] += dy[n, c, oh, ow]
+    return dx
+
+
+@FEW
+@given(n=st.integers(1, 3), c=st.integers(1, 5), h=st.integers(1, 12), w=st.integers(1, 12), k=st.integers(1, 3),
+       stride=st.integers(1, 3), dilation=st.integers(1, 2), pads=st.lists(st.integers(0, 1), min_size=4, max_size=4),
+       ceil_mode=st.booleans(), threads_=st.sampled_from([None, 2]), seed=st.integers(0, 2 ** 16))
+def test_max_pool_grad(mode, n, c, h, w, k, stride, dilation, pads, ceil_mode, threads_, seed):
+    """A train step's max pool backwards: each window's gradient to its first maximum in
+    kernel order (inputs rounded: many ties), against brute force; under the JIT
+    (max_pool_grad_loop; images apart with 2 workers) as under numpy."""
+    reach = (k - 1) * dilation + 1
+    assume(h + pads[0] + pads[2] >= reach and w + pads[1] + pads[3] >= reach and max(pads) < reach)
+    rng = np.random.default_rng(seed)
+    x = np.round(rng.standard_normal((n, c, h, w)) * 2).astype(np.float32)
+    attrs = {"kernel_shape": (k, k), "strides": (stride, stride), "dilations": (dilation, dilation),
+             "pads": tuple(pads), "ceil_mode": ceil_mode}
+    g = ef.Graph()
+    with g.as_default():
+        out_shape = apply("max_pool", [ef.placeholder(ef.float32, x.shape)], attrs).shape
+    assume(all(any(0 <= o * stride + i * dilation - pads[a] < (h, w)[a] for i in range(k)) for a, o in
+               ((0, out_shape[2] - 1), (1, out_shape[3] - 1))))  # ceil_mode's last window reaches x
+    dy = rng.standard_normal(out_shape).astype(np.float32)
+    g = ef.Graph()
+    with g.as_default():
+        tx, tdy = ef.placeholder(ef.float32, x.shape, name="x"), ef.placeholder(ef.float32, dy.shape, name="dy")
+        y = apply("max_pool_grad", [tx, tdy], attrs)
+    model = writer.to_bytes(ef.to_model(g, {"infer": ({"x": tx, "dy": tdy}, {"y": y})}))
+    path, bound = mode
+    bound.clear()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(threads, "MIN_ELEMENTS", 1)
+        got = ef.Interpreter(model, num_threads=threads_).get_signature_runner("infer")(x=x, dy=dy)["y"]
+    close(got, _max_pool_grad_reference(x, dy, k, stride, dilation, pads))
+    if path == "jit":
+        assert bound.count("max_pool_grad_loop") == (min(2, n) if threads_ and n >= 2 else 1), bound
     else:
         assert not bound
 

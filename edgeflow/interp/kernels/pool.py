@@ -8,6 +8,7 @@ the average).
 import numpy as np
 
 from ...ops.conv import window_geometry, window_params
+from .. import threads
 from ..arena import scratch
 from . import jit, kernel
 from .conv import reshaped, tap_runs, unload_step
@@ -118,6 +119,16 @@ def _max_pool_grad(ins, outs, attrs):
     """Each tap in kernel order takes the gradient of the windows it wins and have not yet
     routed theirs: that is the first maximum on ties, as onnxruntime's and PyTorch's indices."""
     x, dy, dx = ins[0], ins[1], outs[0]
+    if x.ndim == 4:
+        strides, dilations, _ = window_params("pool", attrs, 2)
+        _, begin, _ = window_geometry("pool", x.shape[2:], attrs["kernel_shape"], attrs, attrs["ceil_mode"])
+        workers, n = threads.current(), x.shape[0]
+        spans = threads.pieces(n, workers.n) if workers is not None and n >= workers.n \
+            and x.size >= threads.MIN_ELEMENTS else [(0, n)]  # images apart on the plan's workers
+        parts = [jit.bind_max_pool_grad(x[a:b], dy[a:b], dx[a:b], attrs["kernel_shape"], strides, dilations,
+                                        begin) for a, b in spans]
+        if None not in parts:
+            return (lambda: workers.run(parts)) if len(parts) > 1 else parts[0]
     runs, grads, targets, unload = _pool_adjoint(x, dx, attrs, -np.inf)
     inputs = runs.long_runs()
     peak, _ = _long(runs, x.dtype)
