@@ -291,19 +291,24 @@ def filter_grad(x, dy, begin, dw, algo):
     tiles = n * th * tw
     dt = x.dtype
     pt, pl = begin
-    padded = scratch((n, c, th * m + 2, tw * m + 2), dt)  # x and zeros around it, rewritten every run
+    # Scratch, rewritten every run; x's phase (padded, d) done before dy's (e, z) begins,
+    # so that e shares padded's memory and z d's.
+    rows, cols = th * m + 2, tw * m + 2
+    first = scratch(max(n * c * rows * cols, m * m * mm * tiles), dt)
+    second = scratch(a * a * max(c, mm) * tiles, dt)
+    padded = first[:n * c * rows * cols].reshape(n, c, rows, cols)  # x and zeros around it
     box = (slice(None), slice(None), slice(pt, pt + h), slice(pl, pl + wd))
     inner = padded[box]
     s = padded.strides
     windows = as_strided(padded, (a, a, c, n, th, tw), (s[2], s[3], s[1], s[0], m * s[2], m * s[3]))
-    d = scratch((a, a, c, n, th, tw), dt)
+    d = second[:a * a * c * tiles].reshape(a, a, c, n, th, tw)
     v = scratch((a * a, c, tiles), dt)
     grid = scratch((n, mm, th * m, tw * m), dt)  # dy and zeros past its edge
     gbox = (slice(None), slice(None), slice(0, oh), slice(0, ow))
     g = grid.strides
     dy_tiles = as_strided(grid, (m, m, mm, n, th, tw), (g[2], g[3], g[1], g[0], m * g[2], m * g[3]))
-    e = scratch((m, m, mm, n, th, tw), dt)
-    z = scratch((a * a, mm, tiles), dt)
+    e = first[:m * m * mm * tiles].reshape(m, m, mm, n, th, tw)
+    z = second[:a * a * mm * tiles].reshape(a * a, mm, tiles)
     du = scratch((a * a, mm, c), dt)
     kb, kg = kron(m, 0, dt), kron(m, 1, dt)
     at = TRANSFORMS[m][2]
