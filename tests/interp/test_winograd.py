@@ -165,21 +165,27 @@ def test_forcing_where_winograd_does_not_apply_and_bad_values():
 
 
 @pytest.mark.parametrize("algo", ["winograd2", "winograd4"])
-def test_split_over_workers(algo):
-    """Bound with 3 intra-op workers (each phase split over them), on an odd layer."""
+@pytest.mark.parametrize("constant", [True, False])
+def test_split_over_workers(algo, constant):
+    """Bound with 3 intra-op workers (each phase split over them, and a variable's weight
+    transform at each run), on an odd layer."""
     rng = np.random.default_rng(4)
     x = rng.standard_normal((2, 24, 23, 19)).astype(np.float32)
     w = rng.standard_normal((40, 24, 3, 3)).astype(np.float32)
-    w.setflags(write=False)
+    w.setflags(write=not constant)
     b = rng.standard_normal(40).astype(np.float32)
     workers = threads.Workers(3)
     try:
-        with threads.using(workers):
+        with threads.using(workers), mock.patch.object(threads, "MIN_FLOPS", 1):
             step, out = conv(x, w, b, (1, 0, 2, 1), "relu", algo)
         step()
+        assert_near(out, reference(x, w, b, (1, 0, 2, 1), "relu"))
+        if not constant:
+            w *= -0.5
+            step()
+            assert_near(out, reference(x, w, b, (1, 0, 2, 1), "relu"))
     finally:
         workers.close()
-    assert_near(out, reference(x, w, b, (1, 0, 2, 1), "relu"))
 
 
 @pytest.mark.parametrize("m, shape", [(4, (170, 160)), (2, (250, 240)), (4, (5, 3))])

@@ -200,12 +200,15 @@ def conv(x, w, bias, begin, out, algo):
     p2, z2, y3 = products.reshape(a, -1), z.reshape(m, -1), y.reshape(m, mm * tiles, m)
     zt = z.transpose(0, 2, 1)
     at_rows, at_cols = at.astype(dt), np.ascontiguousarray(at.T, dt)
-    if w.flags.writeable:  # a variable: transformed at each run, into scratch
+    workers = threads.current()
+    if w.flags.writeable:  # a variable (a train step's): transformed at each run, into scratch
         u = scratch((a * a, mm, c), dt)
-        kg = kron(m, 1, dt)
-        weights = (kg, w.reshape(mm * c, 9).T, u.reshape(a * a, -1))
+        kg, src, dst = kron(m, 1, dt), w.reshape(mm * c, 9).T, u.reshape(a * a, -1)
+        n_parts = workers.n if workers is not None and 2 * kg.size * mm * c >= threads.MIN_FLOPS else 1
+        weights = [partial(np.matmul, kg, src[:, lo:hi], out=dst[:, lo:hi])
+                   for lo, hi in threads.pieces(mm * c, n_parts)]  # the M * C columns apart
     else:
-        u = transformed_weights(w, m, workers=threads.current())
+        u = transformed_weights(w, m, workers=workers)
         weights = None
     # Scatter: y (r, M, N, t, s, c) -> out[N, M, t*m + r, s*m + c], in whole tiles and the
     # cropped last tile row / column; each output row is read from one run of y.
@@ -223,7 +226,6 @@ def conv(x, w, bias, begin, out, algo):
     # Four phases, each split over the plan's workers (see interp/threads.py) when the
     # product is worth it: input channels (copy, gather, transform), the a^2 products,
     # the tile rows of the output transform, output channels (its columns, the scatter).
-    workers = threads.current()
     split = workers is not None and 2 * a * a * mm * c * tiles >= threads.MIN_FLOPS
 
     def load(c0, c1):
@@ -265,7 +267,10 @@ def conv(x, w, bias, begin, out, algo):
 
     def run():
         if weights is not None:
-            np.matmul(*weights[:2], out=weights[2])
+            if len(weights) > 1:
+                workers.run(weights)
+            else:
+                weights[0]()
         for phase in phases:
             if len(phase) > 1:
                 workers.run(phase)
