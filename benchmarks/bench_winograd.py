@@ -16,7 +16,7 @@ EDGEFLOW_CONV_ALGO=auto (the rule) and =direct, against onnxruntime, interleaved
 `--grad` instead times a train step's gradients of the same layers: conv_filter_grad and
 conv_input_grad as one-op models on each path, and torch's (torch.nn.grad, the `zoo`
 extra; left out without it), interleaved; "auto" the path the kernels pick
-(winograd.filter_grad_rule for the filter's, winograd.input_grad_rule for the input's).
+(winograd.filter_grad_rule for the filter's, winograd.variable_rule for the input's).
 """
 import argparse
 import os
@@ -177,7 +177,7 @@ def gradients(batches, runs, threads):
             dy = rng.standard_normal(x.shape).astype(np.float32)
             w = (rng.standard_normal((c, c, 3, 3)) * np.sqrt(2 / (9 * c))).astype(np.float32)
             for op, feeds, pick in (("conv_filter_grad", {"x": x, "dy": dy}, winograd.filter_grad_rule),
-                                    ("conv_input_grad", {"dy": dy}, winograd.input_grad_rule)):
+                                    ("conv_input_grad", {"dy": dy}, winograd.variable_rule)):
                 model, contenders = gradient_model(op, x.shape, w), {}
                 for algo in PATHS:
                     runner = interpreter(model, algo, threads).get_signature_runner("infer")

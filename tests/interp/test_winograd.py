@@ -358,6 +358,26 @@ def test_filter_gradient_rule(shape, algo):
 @pytest.mark.parametrize("shape, algo", [((8, 64, 56, 56), "winograd4"), ((8, 512, 7, 7), "winograd4"),
                                          ((1, 128, 28, 28), "winograd4"), ((1, 256, 14, 14), "direct"),
                                          ((1, 512, 7, 7), "direct")])
-def test_input_gradient_rule(shape, algo):
-    """The forward's pick, but direct below 64 tiles of F(2x2) (weights transformed every run)."""
-    assert winograd.input_grad_rule(shape, (shape[1],), shape[2:]) == algo
+def test_variable_rule(shape, algo):
+    """Weights transformed every run (an input gradient's, a variable's): the constant's pick,
+    but direct below 64 tiles of F(2x2)."""
+    assert winograd.variable_rule(shape, (shape[1],), shape[2:]) == algo
+
+
+def test_a_variable_layer_takes_the_variable_rule(monkeypatch):
+    """ResNet-18's 7x7 layer at batch 1: constant weights (transformed once) take F(2x2);
+    a variable's (transformed every run, a train step's) the direct path."""
+    bound = []
+    original = winograd.conv
+    monkeypatch.setattr(winograd, "conv", lambda *args: bound.append(args[-1]) or original(*args))
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, 512, 7, 7)).astype(np.float32)
+    w = (rng.standard_normal((512, 512, 3, 3)) * np.sqrt(2 / (9 * 512))).astype(np.float32)
+    b = np.zeros(512, np.float32)
+    step, out = conv(x, w, b, (1, 1, 1, 1))
+    step()
+    assert bound == []
+    assert_near(out, reference(x, w, b, (1, 1, 1, 1)))
+    w.setflags(write=False)
+    conv(x, w, b, (1, 1, 1, 1))
+    assert bound == ["winograd2"]

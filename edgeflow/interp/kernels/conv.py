@@ -283,7 +283,8 @@ def _conv(ins, outs, attrs):
         step = _jit_conv(bind, x, w, bias, out, strides, dilations, begin, attrs["activation"])
         if step is not None:
             return step
-    algo = winograd.choose(x, w, group, strides, dilations, out_shape)  # see winograd.py
+    algo = winograd.choose(x, w, group, strides, dilations, out_shape,  # see winograd.py
+                           winograd.variable_rule if w.flags.writeable else winograd.rule)
     if algo != "direct":
         return with_activation(winograd.conv(x, w, bias, begin, out, algo), attrs["activation"], out)
     if math.prod(kernel_shape) == 1 and set(strides) == {1} and not any(begin + end):
@@ -473,7 +474,7 @@ def _input_grad_as_conv(dy, w, dx, group, strides, dilations, begin):
             or any(b > k - 1 for b, k in zip(begin, kernel)):
         return None
     flipped = scratch((w.shape[1], w.shape[0]) + kernel, w.dtype)  # rewritten whole every run
-    algo = winograd.choose(dy, flipped, 1, strides, dilations, dx.shape[2:], winograd.input_grad_rule)
+    algo = winograd.choose(dy, flipped, 1, strides, dilations, dx.shape[2:], winograd.variable_rule)
     if algo == "direct":
         return None
     full = tuple(k - 1 - b for b, k in zip(begin, kernel))

@@ -118,11 +118,11 @@ def filter_grad_rule(x_shape, w_shape, out_shape):
     return "direct"
 
 
-def input_grad_rule(x_shape, w_shape, out_shape):
-    """`rule`, for an input gradient run as a conv (conv.py): its weights are transformed on
-    every run, so below 64 tiles of F(2x2) (ResNet-18's 14 and 7 layers at batch 1:
-    F(2x2) 5.7 and 15.9 ms, direct 4.6 and 6.8) the direct path, else the forward's pick
-    (the 7 layer at batch 8: direct 62 ms, F(4x4) 33)."""
+def variable_rule(x_shape, w_shape, out_shape):
+    """`rule`, for weights transformed on every run (a variable's, in a train step; an input
+    gradient run as a conv, conv.py): below 64 tiles of F(2x2) the direct path (ResNet-18's
+    14 and 7 layers' input gradients at batch 1: F(2x2) 5.7 and 15.9 ms, direct 4.6 and
+    6.8), else the forward's pick (the 7 layer's at batch 8: direct 62 ms, F(4x4) 33)."""
     n = x_shape[0]
     oh, ow = out_shape
     if n * -(-oh // 2) * -(-ow // 2) < 64:
