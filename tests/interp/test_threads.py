@@ -164,7 +164,7 @@ def test_conv_gradients_split_over_threads_equal_one_thread(n, c, m_per, size, k
 
 @settings(max_examples=12)
 @given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), other=st.sampled_from(["same", "row", "scalar", "column"]),
-       op=st.sampled_from(["add", "sub", "mul", "maximum", "relu"]))
+       op=st.sampled_from(["add", "sub", "mul", "maximum", "relu", "clip"]))
 @example(shape=[1, 4, 3], other="column", op="add")  # split along axis 1, which y broadcasts along
 def test_elementwise_ops_split_over_threads_equal_numpy(shape, other, op):
     """Split along the first axis long enough; the other operand broadcasts along it or not."""
@@ -177,13 +177,47 @@ def test_elementwise_ops_split_over_threads_equal_numpy(shape, other, op):
     g = ef.Graph()
     with g.as_default():
         xp, yp = ef.placeholder(ef.float32, x.shape, name="x"), ef.placeholder(ef.float32, y.shape, name="y")
-        out = apply("relu", [xp + yp]) if op == "relu" else apply(op, [xp, yp])
+        out = apply("relu", [xp + yp]) if op == "relu" else apply("clip", [xp + yp], {"min": 0.0, "max": 0.5}) \
+            if op == "clip" else apply(op, [xp, yp])
     data = writer.to_bytes(ef.to_model(g, {"infer": ({"x": xp, "y": yp}, {"out": out})}))
-    want = {"add": x + y, "sub": x - y, "mul": x * y, "maximum": np.maximum(x, y), "relu": np.maximum(x + y, 0)}[op]
+    want = {"add": x + y, "sub": x - y, "mul": x * y, "maximum": np.maximum(x, y), "relu": np.maximum(x + y, 0),
+            "clip": np.clip(x + y, 0, 0.5)}[op]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(threads, "MIN_ELEMENTS", 1)
         got = ef.Interpreter(data, num_threads=2).get_signature_runner("infer")(x=x, y=y)["out"]
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@settings(max_examples=16)
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), data=st.data(),
+       op=st.sampled_from(["reduce_sum", "reduce_mean", "reduce_max"]), keepdims=st.booleans())
+def test_reductions_split_over_threads_equal_numpy(shape, data, op, keepdims):
+    """Reductions split along their first kept axis long enough (a bias gradient's sum over
+    all but the channels, by channels), against numpy."""
+    axes = tuple(sorted(data.draw(st.sets(st.integers(0, len(shape) - 1), min_size=1, max_size=len(shape)))))
+    _check_reduction(shape, axes, op, keepdims)
+
+
+@pytest.mark.parametrize("shape, axes", [((2, 3, 4), (0,)), ((8, 6, 5, 5), (0, 2, 3)), ((3, 1, 4), (0, 1))])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_a_bias_gradient_splits_by_channels(shape, axes, keepdims):
+    """Reduced axes before the kept one: out's axis is x's less those (keepdims or not)."""
+    _check_reduction(list(shape), axes, "reduce_sum", keepdims)
+
+
+def _check_reduction(shape, axes, op, keepdims):
+    from edgeflow.graph.math_ops import apply
+    x = np.random.default_rng(len(shape) + len(axes)).standard_normal(shape).astype(np.float32)
+    g = ef.Graph()
+    with g.as_default():
+        xp = ef.placeholder(ef.float32, x.shape, name="x")
+        out = apply(op, [xp], {"axes": axes, "keepdims": int(keepdims)})
+    data_ = writer.to_bytes(ef.to_model(g, {"infer": ({"x": xp}, {"out": out})}))
+    want = {"reduce_sum": np.sum, "reduce_mean": np.mean, "reduce_max": np.max}[op](x, axis=axes, keepdims=keepdims)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(threads, "MIN_ELEMENTS", 1)
+        got = ef.Interpreter(data_, num_threads=2).get_signature_runner("infer")(x=x)["out"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("kind", ["depthwise", "stem"])

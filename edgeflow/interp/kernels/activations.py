@@ -3,6 +3,7 @@ from functools import partial
 
 import numpy as np
 
+from .. import threads
 from . import jit, kernel
 
 # Chebyshev coefficients, computed offline from mpmath's erf at 40 digits (interpolation
@@ -180,7 +181,8 @@ def _bound(value, dtype):
 @kernel("clip")
 def _clip(ins, outs, attrs):
     x = ins[0]
-    return partial(np.clip, x, _bound(attrs["min"], x.dtype), _bound(attrs["max"], x.dtype), out=outs[0])
+    low, high = _bound(attrs["min"], x.dtype), _bound(attrs["max"], x.dtype)
+    return threads.elementwise(np.clip, [x, low, high], outs[0]) or partial(np.clip, x, low, high, out=outs[0])
 
 
 def _clip_grad_numpy(dy, x, low, high, out):

@@ -4,6 +4,7 @@ from functools import partial
 
 import numpy as np
 
+from .. import threads
 from . import kernel
 
 
@@ -29,8 +30,28 @@ def _reduction(fn, scale=None):
                 and x.flags.c_contiguous and out.flags.c_contiguous:
             return partial(np.matmul, x.reshape(-1, count), np.full(count, scale(count), x.dtype),
                            out=out.reshape(-1))
-        return partial(fn, x, axis=axes, keepdims=attrs["keepdims"], out=out)
+        return _split_kept(fn, x, axes, attrs["keepdims"], out) \
+            or partial(fn, x, axis=axes, keepdims=attrs["keepdims"], out=out)
     return make
+
+
+def _split_kept(fn, x, axes, keepdims, out):
+    """A step reducing x in pieces along its first kept axis long enough, on the plan's
+    workers (a train step's bias gradients: (N, C, H, W) summed but for C, by channels); or
+    None: one thread, few elements, or no such axis."""
+    workers = threads.current()
+    if workers is None or x.size < threads.MIN_ELEMENTS:
+        return None
+    kept = next((k for k in range(x.ndim) if k not in axes and x.shape[k] >= workers.n), None)
+    if kept is None:
+        return None
+    at = kept if keepdims else kept - sum(1 for a in axes if a < kept)  # the axis in out
+
+    def piece(a, b):
+        return partial(fn, x[(slice(None),) * kept + (slice(a, b),)], axis=axes, keepdims=keepdims,
+                       out=out[(slice(None),) * at + (slice(a, b),)])
+    parts = [piece(a, b) for a, b in threads.pieces(x.shape[kept], workers.n)]
+    return lambda: workers.run(parts)
 
 
 def _mean(x, axis, keepdims, out):
