@@ -3,7 +3,7 @@ import math
 
 from .. import dtypes
 from ..errors import GraphError
-from .dims import broadcast, fmt
+from .dims import broadcast, fmt, one_shape
 from .registry import Attr, AttrKind, TensorSpec, Types, define, gradient
 
 _F = AttrKind.FLOAT
@@ -79,9 +79,7 @@ def _swiglu(inputs, attrs):
     """swish(a) * b = a * sigmoid(alpha * a) * b, elementwise (ONNX's SwiGLU: a and b of one
     shape, no broadcasting)."""
     a, b = inputs
-    if a.rank != b.rank or any(None not in (m, n) and m != n for m, n in zip(a.shape, b.shape)):
-        raise GraphError(f"swiglu: a and b must have one shape, got {fmt(a.shape)} and {fmt(b.shape)}")
-    return [TensorSpec(tuple(m if m is not None else n for m, n in zip(a.shape, b.shape)), a.dtype)]
+    return [TensorSpec(one_shape("swiglu", a, b, ("a", "b")), a.dtype)]
 
 
 @define("clip", attrs={"min": Attr(_F, -math.inf), "max": Attr(_F, math.inf)},
@@ -123,9 +121,7 @@ def _clip_grad_op(inputs, attrs):
     """clip's gradient, one pass (ReLU6's in a train step, as TensorFlow's Relu6Grad): dy
     where min <= x <= max, 0 where x is outside (a NaN x passes dy, as clip passes NaN)."""
     dy, x = inputs
-    if dy.rank != x.rank or any(None not in (m, n) and m != n for m, n in zip(dy.shape, x.shape)):
-        raise GraphError(f"clip_grad: dy and x must have one shape, got {fmt(dy.shape)} and {fmt(x.shape)}")
-    return [TensorSpec(dy.shape, dy.dtype)]
+    return [TensorSpec(one_shape("clip_grad", dy, x, ("dy", "x")), dy.dtype)]
 
 
 @gradient("clip_grad")

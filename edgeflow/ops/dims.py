@@ -49,6 +49,14 @@ def fmt(shape):
     return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
 
 
+def one_shape(op, a, b, names):
+    """The shape of specs a and b, which must agree where both are known (no broadcasting):
+    their dimensions, unknown ones filled from the other; GraphError naming `names` else."""
+    if a.rank != b.rank or any(None not in (m, n) and m != n for m, n in zip(a.shape, b.shape)):
+        raise GraphError(f"{op}: {names[0]} and {names[1]} must have one shape, got {fmt(a.shape)} and {fmt(b.shape)}")
+    return tuple(m if m is not None else n for m, n in zip(a.shape, b.shape))
+
+
 def check_gradient_shape(op, forward, inputs, attrs, dy):
     """GraphError unless gradient op `op`'s gradient operand dy has the dtype and (where
     known) the shape of forward op `forward`'s output on `inputs` (its checks included)."""

@@ -2,7 +2,7 @@
 from .. import dtypes
 from ..errors import GraphError
 from .registry import Attr, AttrKind, TensorSpec, Types, define, gradient
-from .dims import fmt, normalize_axis
+from .dims import fmt, normalize_axis, one_shape
 
 
 @define("relu", types=Types("x: T -> T", T=dtypes.NUMERIC))
@@ -56,9 +56,7 @@ def _relu_grad_op(inputs, attrs):
     """relu's gradient, one pass (TensorFlow's ReluGrad): dy where x > 0, else 0 (x = 0
     and NaN included)."""
     dy, x = inputs
-    if dy.rank != x.rank or any(None not in (m, n) and m != n for m, n in zip(dy.shape, x.shape)):
-        raise GraphError(f"relu_grad: dy and x must have one shape, got {fmt(dy.shape)} and {fmt(x.shape)}")
-    return [TensorSpec(dy.shape, dy.dtype)]
+    return [TensorSpec(one_shape("relu_grad", dy, x, ("dy", "x")), dy.dtype)]
 
 
 @gradient("relu_grad")

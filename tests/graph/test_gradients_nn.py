@@ -85,6 +85,16 @@ def test_relu_grad_gradients():
     check_gradients(lambda dy: apply("relu_grad", [dy, ef.constant(x)], {}), r(4, 10), rtol=1e-5, atol=1e-8)
 
 
+@pytest.mark.parametrize("op, attrs", [("relu_grad", {}), ("clip_grad", {"min": 0.0, "max": 6.0})])
+def test_mask_gradient_ops_take_operands_of_one_shape(op, attrs):
+    g = ef.Graph()
+    with g.as_default():
+        with pytest.raises(GraphError, match=f"{op}: dy and x must have one shape, got \\(2, 3\\) and \\(3, 2\\)"):
+            apply(op, [ef.placeholder(ef.float32, (2, 3)), ef.placeholder(ef.float32, (3, 2))], attrs)
+        assert apply(op, [ef.placeholder(ef.float32, (None, 3)), ef.placeholder(ef.float32, (2, None))],
+                     attrs).shape == (2, 3)
+
+
 def test_gelu_gradients_far_out():
     x = np.array([-40.0, -8.0, 8.0, 40.0])
     for approximate in ("none", "tanh"):

@@ -616,26 +616,31 @@ def bind_depthwise_grad(which, a, b, out, strides, dilations, begin, c0, c1):
 
 # -- max pooling -----------------------------------------------------------------------------
 
+def _window_maxima(phases, tap_off, acc, length):
+    """acc[:length] = each window's maximum over the taps' runs of the phases (tap t's run
+    starts at tap_off[t]), by a select that keeps NaN, as numpy's maximum (and keeps the
+    running value on ties: maximum(-0.0, 0.0) is -0.0)."""
+    o = tap_off[0]
+    for k in range(length):
+        acc[k] = phases[o + k]
+    for t in range(_U(1), _U(tap_off.shape[0])):
+        o = tap_off[t]
+        for k in range(length):
+            a = phases[o + k]
+            m = acc[k]
+            acc[k] = a if a > m or a != a else m
+
+
 def max_pool_loop(x, out, dims, cols, phases, tap_off, acc):
     """out (N, C, OH, OW) = the maximum of each window of x (N, C, H, W), both flat, a
     channel at a time over depthwise_loop's layout (phases bordered with -inf): each tap
-    folds one long run of its phase into `acc` by a select that keeps NaN, as numpy's
-    maximum (and keeps the running value on ties: maximum(-0.0, 0.0) is -0.0)."""
+    folds one long run of its phase into `acc` (_window_maxima)."""
     zero_i = _U(0)
     n_, c_, h_, w_, oh_, ow_, qw = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[10]
-    taps = _U(tap_off.shape[0])
     length = oh_ * qw
     for nc in range(n_ * c_):
         _load_phases(x, nc * h_ * w_, phases, zero_i, dims, cols)
-        o = tap_off[0]
-        for k in range(length):
-            acc[k] = phases[o + k]
-        for t in range(_U(1), taps):
-            o = tap_off[t]
-            for k in range(length):
-                a = phases[o + k]
-                m = acc[k]
-                acc[k] = a if a > m or a != a else m
+        _window_maxima(phases, tap_off, acc, length)
         _crop_rows(acc, qw, out, nc * oh_ * ow_, oh_, ow_, 0)
 
 
@@ -671,15 +676,7 @@ def max_pool_grad_loop(x, dy, dx, dims, cols, phases, grads, tap_off, peak, left
     length = oh_ * qw
     for nc in range(n_ * c_):
         _load_phases(x, nc * h_ * w_, phases, zero_i, dims, cols)
-        o = tap_off[0]
-        for k in range(length):
-            peak[k] = phases[o + k]
-        for t in range(_U(1), taps):
-            o = tap_off[t]
-            for k in range(length):
-                a = phases[o + k]
-                m = peak[k]
-                peak[k] = a if a > m or a != a else m
+        _window_maxima(phases, tap_off, peak, length)
         src = nc * oh_ * ow_
         for r in range(oh_):
             for j in range(ow_):
@@ -1213,8 +1210,8 @@ def _hard_swishf(v):
 
 
 SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf", "_tanhf", "_swishf", "_hard_swishf",
-           "_activate_run", "_load_phases", "_unload_phases", "_add_taps", "_add_taps4", "_crop_rows", "_matmul_nt",
-           "_tap_span")
+           "_activate_run", "_load_phases", "_unload_phases", "_window_maxima", "_add_taps", "_add_taps4", "_crop_rows",
+           "_matmul_nt", "_tap_span")
 # The activation and depthwise loops and SCALARS may contract a * b + c into one fused multiply-add where the
 # machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other
 # loops keep the arithmetic as written.

@@ -229,17 +229,9 @@ def conv(x, w, bias, begin, out, algo):
     split = workers is not None and 2 * a * a * mm * c * tiles >= threads.MIN_FLOPS
 
     def load(c0, c1):
-        copies = [(inner[:, c0:c1], x[:, c0:c1]), (d[:, :, c0:c1], windows[:, :, c0:c1])]
-        borders = outside(padded[:, c0:c1], box)
         cols = slice(c0 * tiles, c1 * tiles)
-
-        def run():
-            for border in borders:
-                border.fill(0)
-            for dst, src in copies:
-                np.copyto(dst, src)
-            np.matmul(kb, d2[:, cols], out=v2[:, cols])
-        return run
+        return _transformed_tiles([(inner[:, c0:c1], x[:, c0:c1]), (d[:, :, c0:c1], windows[:, :, c0:c1])],
+                                  outside(padded[:, c0:c1], box), kb, d2[:, cols], v2[:, cols])
 
     def product(k0, k1):
         return partial(np.matmul, u[k0:k1], v[k0:k1], out=products[k0:k1])
@@ -262,21 +254,32 @@ def conv(x, w, bias, begin, out, algo):
                     np.add(src, bias_part, out=dst)
         return run
 
-    phases = [[make(lo, hi) for lo, hi in threads.pieces(length, workers.n if split else 1)]
-              for make, length in ((load, c), (product, a * a), (rows, a), (finish, mm))]
+    phases = ([weights] if weights is not None else []) \
+        + [[make(lo, hi) for lo, hi in threads.pieces(length, workers.n if split else 1)]
+           for make, length in ((load, c), (product, a * a), (rows, a), (finish, mm))]
+    return partial(_run_phases, phases, workers)
 
+
+def _transformed_tiles(copies, borders, transform, tiles, out):
+    """A step transforming a piece of a conv's tiles: `borders` of the padded copy zeroed,
+    the `copies` made (the padded copy, then the tiles gathered from its strided view), then
+    out = transform @ tiles (a Kronecker product of the transform with itself)."""
     def run():
-        if weights is not None:
-            if len(weights) > 1:
-                workers.run(weights)
-            else:
-                weights[0]()
-        for phase in phases:
-            if len(phase) > 1:
-                workers.run(phase)
-            else:
-                phase[0]()
+        for border in borders:
+            border.fill(0)
+        for dst, src in copies:
+            np.copyto(dst, src)
+        np.matmul(transform, tiles, out=out)
     return run
+
+
+def _run_phases(phases, workers):
+    """Run each phase (a list of steps) in turn, its steps on the workers where several."""
+    for phase in phases:
+        if len(phase) > 1:
+            workers.run(phase)
+        else:
+            phase[0]()
 
 
 def filter_grad(x, dy, begin, dw, algo):
@@ -324,43 +327,19 @@ def filter_grad(x, dy, begin, dw, algo):
     split = workers is not None and 2 * a * a * mm * c * tiles >= threads.MIN_FLOPS
 
     def load(c0, c1):  # x's tiles of channels c0:c1, transformed
-        copies = [(inner[:, c0:c1], x[:, c0:c1]), (d[:, :, c0:c1], windows[:, :, c0:c1])]
-        borders = outside(padded[:, c0:c1], box)
         cols = slice(c0 * tiles, c1 * tiles)
-
-        def run():
-            for border in borders:
-                border.fill(0)
-            for dst, src in copies:
-                np.copyto(dst, src)
-            np.matmul(kb, d2[:, cols], out=v2[:, cols])
-        return run
+        return _transformed_tiles([(inner[:, c0:c1], x[:, c0:c1]), (d[:, :, c0:c1], windows[:, :, c0:c1])],
+                                  outside(padded[:, c0:c1], box), kb, d2[:, cols], v2[:, cols])
 
     def gradient(m0, m1):  # dy's tiles of channels m0:m1, transformed
-        copies = [(grid[:, m0:m1][gbox], dy[:, m0:m1]), (e[:, :, m0:m1], dy_tiles[:, :, m0:m1])]
-        borders = outside(grid[:, m0:m1], gbox)
         cols = slice(m0 * tiles, m1 * tiles)
-
-        def run():
-            for border in borders:
-                border.fill(0)
-            for dst, src in copies:
-                np.copyto(dst, src)
-            np.matmul(ka, e2[:, cols], out=z2[:, cols])
-        return run
+        return _transformed_tiles([(grid[:, m0:m1][gbox], dy[:, m0:m1]), (e[:, :, m0:m1], dy_tiles[:, :, m0:m1])],
+                                  outside(grid[:, m0:m1], gbox), ka, e2[:, cols], z2[:, cols])
 
     def product(k0, k1):
         return partial(np.matmul, z[k0:k1], vt[k0:k1], out=du[k0:k1])
 
     finish = partial(np.matmul, du.reshape(a * a, -1).T, kg, out=dw.reshape(mm * c, 9))
     phases = [[make(lo, hi) for lo, hi in threads.pieces(length, workers.n if split else 1)]
-              for make, length in ((load, c), (gradient, mm), (product, a * a))]
-
-    def run():
-        for phase in phases:
-            if len(phase) > 1:
-                workers.run(phase)
-            else:
-                phase[0]()
-        finish()
-    return run
+              for make, length in ((load, c), (gradient, mm), (product, a * a))] + [[finish]]
+    return partial(_run_phases, phases, workers)
