@@ -405,7 +405,7 @@ def _jit_depthwise_grad(which, a, b, out, strides, dilations, begin):
              for c0, c1 in threads.pieces(w.shape[0], n)]
     if None in parts:
         return None
-    return (lambda: workers.run(parts)) if len(parts) > 1 else parts[0]
+    return _Split(workers, parts) if len(parts) > 1 else parts[0]
 
 
 @kernel("conv_input_grad")
@@ -473,10 +473,12 @@ def _input_grad_as_conv(dy, w, dx, group, strides, dilations, begin):
     if dx.ndim != 4 or group != 1 or set(strides) != {1} or set(dilations) != {1} \
             or any(b > k - 1 for b, k in zip(begin, kernel)):
         return None
-    flipped = scratch((w.shape[1], w.shape[0]) + kernel, w.dtype)  # rewritten whole every run
-    algo = winograd.choose(dy, flipped, 1, strides, dilations, dx.shape[2:], winograd.variable_rule)
+    shape = (w.shape[1], w.shape[0]) + kernel
+    algo = winograd.choose(dy, np.empty(shape, w.dtype), 1, strides, dilations, dx.shape[2:],  # pages untouched
+                           winograd.variable_rule)
     if algo == "direct":
         return None
+    flipped = scratch(shape, w.dtype)  # rewritten whole every run
     full = tuple(k - 1 - b for b, k in zip(begin, kernel))
     return sequence(partial(np.copyto, flipped, np.swapaxes(w, 0, 1)[:, :, ::-1, ::-1]),
                     winograd.conv(dy, flipped, None, full, dx, algo))
@@ -494,10 +496,7 @@ def _image_spans(n, macs):
 
 def _by_images(steps):
     """One step running `steps` (made over _image_spans) on the plan's workers."""
-    if len(steps) == 1:
-        return steps[0]
-    workers = threads.current()
-    return lambda: workers.run(steps)
+    return steps[0] if len(steps) == 1 else _Split(threads.current(), steps)
 
 
 @kernel("conv_filter_grad")
