@@ -80,5 +80,5 @@ def evaluate(opcode, attrs, values, specs):
     return outs
 
 
-from . import (activations, array, attention, conv, einsum, image, loss, math, nn, norm, pool,  # noqa: E402,F401
-               quantize, random, reduce, rnn, select, shape, signal, state)  # (registration)
+from . import (activations, array, attention, conv, einsum, geometry, image, loss, math, nn, norm,  # noqa: E402,F401
+               pool, quantize, random, reduce, rnn, select, shape, signal, state)  # (registration)
