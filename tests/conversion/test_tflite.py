@@ -171,6 +171,48 @@ def test_a_custom_op_is_reported_with_its_name_and_node():
     assert [(op, name) for op, _, name, _ in info.value.ops] == [("CUSTOM:MyCustomOp", "custom")]
 
 
+def test_mediapipe_landmark_ops_match_their_kernels(tmp_path):
+    """MediaPipe's three landmark custom ops (version 2), which LiteRT cannot run: against
+    MediaPipe's kernels written again as loops, on a conv's NHWC output, with landmarks
+    placed so the crop falls partly inside the feature map."""
+    from tests.ops import mediapipe_reference as mp
+    path = DATA / "mediapipe_landmarks.tflite"
+    tflite_converter.convert(path, tmp_path / "m.efl")
+    runner = ef.Interpreter(tmp_path / "m.efl").get_signature_runner("infer")
+    sg = reader.read(path).subgraphs[0]
+    w, b = (next(t.data for t in sg.tensors if t.name == name) for name in ("conv/w", "conv/b"))
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        feeds = {"features": rng.standard_normal((1, 6, 7, 3)).astype(np.float32),
+                 "mesh": rng.uniform(-1, 8, (1, 12, 3)).astype(np.float32),
+                 "points": rng.uniform(-2, 6, (1, 5, 2)).astype(np.float32)}
+        got = runner(**feeds)
+        matrix = mp.landmarks_to_transform_matrix(feeds["mesh"][0], 1, 4, (0, 2, 3, 5, 7, 9, 11), (4, 5),
+                                                  (1.25, 1.5), 0.3)
+        conv = np.einsum("hwc,mc->hwm", feeds["features"][0], w.reshape(4, 3)) + b
+        np.testing.assert_allclose(got["matrix"][0], matrix, rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(got["crop"][0], mp.transform_tensor_bilinear(conv, got["matrix"][0], (4, 5)),
+                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got["points_back"][0], mp.transform_landmarks(feeds["points"][0], got["matrix"][0]),
+                                   rtol=1e-5, atol=1e-5)
+        assert got["crop"].shape == (1, 4, 5, 4) and got["crop"].any()
+
+
+def test_a_landmark_op_of_another_version_is_reported(tmp_path):
+    """Version 1 of TransformLandmarks has other semantics (rank 4, a scale): named, not guessed."""
+    data = bytearray((DATA / "mediapipe_landmarks.tflite").read_bytes())
+    model = reader.read(bytes(data))
+    assert any(op.opcode == "CUSTOM:TransformLandmarks" and op.version == 2 for op in model.subgraphs[0].operators)
+    from tflite.Model import Model
+    root = Model.GetRootAsModel(data, 0)
+    code = next(root.OperatorCodes(k) for k in range(root.OperatorCodesLength())
+                if root.OperatorCodes(k).CustomCode() == b"TransformLandmarks")
+    at = code._tab.Pos + code._tab.Offset(8)  # OperatorCode.version (field 2)
+    data[at:at + 4] = np.int32(1).tobytes()
+    with pytest.raises(UnsupportedOpError, match="version 1"):
+        tflite_converter.convert(bytes(data), tmp_path / "m.efl")
+
+
 @pytest.mark.parametrize("block", [False, True])
 def test_densify_matches_the_dense_tensor(block):
     """TFLite's sparse encoding (CSR, and 2x2 blocks as MediaPipe's sparse models use),
@@ -223,7 +265,8 @@ def _mutants(data, rng, count):
         yield bytes(mutant)
 
 
-@pytest.mark.parametrize("name", ["conv_float", "int8_conv", "slicing", "while_loop", "batch_matmul_sig"])
+@pytest.mark.parametrize("name", ["conv_float", "int8_conv", "slicing", "while_loop", "batch_matmul_sig",
+                                  "mediapipe_landmarks"])
 def test_hostile_files_give_a_clear_error_never_a_crash(name, tmp_path):
     """Every mutant either converts (and then loads and runs, or refuses its input with an
     edgeflow error) or fails with ConversionError / UnsupportedOpError."""

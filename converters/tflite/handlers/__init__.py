@@ -67,4 +67,4 @@ def axes_of(value, rank):
     return tuple(sorted({int(a) % rank for a in np.asarray(value).reshape(-1)})) if rank else ()
 
 
-from . import activations, array, control, conv, image, math, nn, no_op, pool, quantize, reduce, shape  # noqa: E402,F401
+from . import activations, array, control, conv, geometry, image, math, nn, no_op, pool, quantize, reduce, shape  # noqa: E402,F401,E501

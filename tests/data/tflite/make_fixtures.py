@@ -14,7 +14,8 @@ construct used (int8 CONV_2D 3, int8 FULLY_CONNECTED 4, float16 DEQUANTIZE 3...)
 
 At the end every fixture is loaded and invoked on random inputs by LiteRT
 (``ai_edge_litert.interpreter.Interpreter``), each signature of ``batch_matmul_sig`` through its
-signature runner; ``custom_op.tflite`` must be refused as an unresolved custom op instead.
+signature runner; ``custom_op.tflite`` and ``mediapipe_landmarks.tflite`` must be refused as
+unresolved custom ops instead.
 Needs numpy, flatbuffers, tflite and ai-edge-litert; the tests read only the files written here.
 """
 
@@ -722,6 +723,30 @@ def custom_op():
     return m
 
 
+# -- 8b. MediaPipe's landmark custom ops ---------------------------------------------------------
+def mediapipe_landmarks():
+    """The attention face mesh's crop step: a matrix fitted around landmarks
+    (Landmarks2TransformMatrix), a conv's feature map sampled through it
+    (TransformTensorBilinear), points mapped back (TransformLandmarks); version 2 of each,
+    their options as MediaPipe's converter writes them."""
+    rng = np.random.default_rng(113)
+    m = ModelBuilder()
+    g = m.add_subgraph("main")
+    features, mesh, points = _f(g, "features", [1, 6, 7, 3]), _f(g, "mesh", [1, 12, 3]), _f(g, "points", [1, 5, 2])
+    conv = g.add_op("CONV_2D", [features, g.const("conv/w", _weights(rng, 4, 1, 1, 3)), g.const("conv/b", _weights(rng, 4))],
+                    [_f(g, "conv", [1, 6, 7, 4])], _conv_opts(VALID))
+    fit = bytes(flexbuffers.Dumps({"left_rotation_idx": 1, "right_rotation_idx": 4, "subset_idxs": [0, 2, 3, 5, 7, 9, 11],
+                                   "output_height": 4, "output_width": 5, "scale_x": 1.5, "scale_y": 1.25,
+                                   "target_rotation_radians": 0.3}))
+    matrix = g.add_op("Landmarks2TransformMatrix", [mesh], [_f(g, "matrix", [1, 4, 4])], custom_options=fit, version=2)
+    size = bytes(flexbuffers.Dumps({"output_height": 4, "output_width": 5}))
+    crop = g.add_op("TransformTensorBilinear", [conv, matrix], [_f(g, "crop", [1, 4, 5, 4])], custom_options=size,
+                    version=2)
+    back = g.add_op("TransformLandmarks", [points, matrix], [_f(g, "points_back", [1, 5, 2])], version=2)
+    g.inputs, g.outputs = [features, mesh, points], [matrix, crop, back]
+    return m
+
+
 # -- 9. WHILE with cond and body subgraphs -----------------------------------------------------
 def while_loop():
     m = ModelBuilder()
@@ -746,8 +771,10 @@ def while_loop():
     return m
 
 
+# fixture -> the custom op LiteRT names refusing it (MediaPipe registers its own in its graphs)
+REFUSED = {"custom_op": "MyCustomOp", "mediapipe_landmarks": "Landmarks2TransformMatrix"}
 FIXTURES = [conv_float, conv_dilated, transpose_conv, slicing, batch_matmul_sig, fp16_weights,
-            external_buffers, custom_op, while_loop, global_pool]
+            external_buffers, custom_op, while_loop, global_pool, mediapipe_landmarks]
 
 
 def _random_inputs(rng, details):
@@ -794,14 +821,14 @@ def main():
     from ai_edge_litert.interpreter import Interpreter
     rng = np.random.default_rng(0)
     for path in written:
-        if path.stem == "custom_op":
+        if path.stem in REFUSED:
             try:
                 Interpreter(model_path=str(path)).allocate_tensors()
             except RuntimeError as e:
-                assert "MyCustomOp" in str(e), e
+                assert REFUSED[path.stem] in str(e), e
                 print(f"{path.name:26s} {path.stat().st_size:7d} B  refused by LiteRT as expected (unresolved custom op)")
                 continue
-            raise AssertionError("LiteRT ran custom_op.tflite")
+            raise AssertionError(f"LiteRT ran {path.name}")
         shapes = check_with_litert(path, rng)
         print(f"{path.name:26s} {path.stat().st_size:7d} B  LiteRT ok, outputs {[list(s) for s in shapes]}")
     total = sum(p.stat().st_size for p in written)
