@@ -471,6 +471,28 @@ EDGEFLOW_ONLY = {
     "swish": (lambda x: {"y": apply("swish", [x], {"alpha": 0.5})}, {"x": R.standard_normal((4,), F32)}),
     "split-even": (lambda x: dict(zip("pq", apply("split", [x], {"axis": 1, "num_outputs": 2}))),
                    {"x": R.standard_normal((2, 6), F32)}),
+    # MediaPipe's landmark ops (tests/ops/test_geometry.py checks the interpreter against its kernels)
+    "landmarks_to_transform_matrix": (
+        lambda x: {"y": apply("landmarks_to_transform_matrix", [x], {
+            "left": 1, "right": 4, "subset": (0, 2, 3, 5, 7), "output_size": (4, 6), "scale": (1.5, 1.25),
+            "target_rotation": 0.4})},
+        {"x": R.uniform(-5, 20, (3, 9, 3)).astype(F32)}),
+    "landmarks_to_transform_matrix-one-point": (  # left and right on one point: atan2(0, 0) = 0
+        lambda x: {"y": apply("landmarks_to_transform_matrix", [x], {
+            "left": 1, "right": 2, "subset": (0, 1, 3), "output_size": (4, 4)})},
+        {"x": np.array([[[0, 0], [2, 3], [2, 3], [5, 1]]], F32)}),
+    "transform_landmarks": (lambda x, m: {"y": apply("transform_landmarks", [x, m])},
+                            {"x": R.standard_normal((2, 7, 3), F32), "m": R.standard_normal((1, 4, 4), F32)}),
+    "transform_landmarks-2d": (lambda x, m: {"y": apply("transform_landmarks", [x, m])},
+                               {"x": R.standard_normal((2, 7, 2), F32), "m": R.standard_normal((2, 4, 4), F32)}),
+    "transform_tensor_bilinear": (
+        lambda x, m: {"y": apply("transform_tensor_bilinear", [x, m], {"output_size": (4, 5)})},
+        {"x": R.standard_normal((2, 3, 6, 7), F32),
+         "m": np.array([[[0.9, -0.4, 0, 1.5], [0.4, 0.9, 0, 0.5], [0, 0, 1, 0], [0, 0, 0, 1]]], F32)}),
+    "transform_tensor_bilinear-corners": (
+        lambda x, m: {"y": apply("transform_tensor_bilinear", [x, m], {"output_size": (5, 3), "half_pixel": False})},
+        {"x": R.standard_normal((1, 2, 4, 1), F32),
+         "m": np.array([[[0.5, 0, 0, -0.25], [0, 1.1, 0, -0.5], [0, 0, 1, 0], [0, 0, 0, 1]]], F32)}),
 }
 
 

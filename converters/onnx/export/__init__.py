@@ -445,8 +445,8 @@ def export(src, dst=None, signature=None):
     return proto
 
 
-from . import (activations, array, attention, control, conv, einsum, image, loss, math, nn, norm, pool,  # noqa: E402
-               quantize, random, reduce, rnn, select, shape, signal)
+from . import (activations, array, attention, control, conv, einsum, geometry, image, loss, math, nn, norm,  # noqa: E402
+               pool, quantize, random, reduce, rnn, select, shape, signal)
 
 for _module in (activations, array, attention, control, conv, einsum, image, loss, math, nn, norm, pool, quantize,
                 random, reduce, rnn, select, shape, signal):
