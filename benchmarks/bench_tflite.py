@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_tflite.py [--models a,b] [--runs N] [--threads 1,2]
                                                 [--converts N] [--no-xnnpack] [--cache DIR]
+                                                [--mediapipe-python PATH]
 
 The models are the 14 that MediaPipe's 0.10.14 wheel ships (face detection short range and
 full range sparse, face landmark with and without attention, hand landmark lite and full,
@@ -22,7 +23,14 @@ of both (interleaved, inputs set and outputs read on both sides), their ratio, a
 agreement on the same seeded random inputs (uniform in [-1, 1)): for each output
 max|edgeflow - LiteRT| / max|LiteRT|, the worst output shown, beside LiteRT's own spread
 (the same figure for its builtin kernels against XNNPACK's). A model that does not
-convert is listed with its error's first line. Last, a summary: how many convert, how many
+convert is listed with its error's first line.
+
+LiteRT cannot run face_landmark_with_attention: its three custom ops are MediaPipe's.
+With `--mediapipe-python PATH` (a Python with mediapipe==0.10.14 installed, e.g. a venv
+of its own: its pins need not suit edgeflow's), such a model's reference is MediaPipe's
+own inference graph (benchmarks/mediapipe_reference.py, run by that Python) on a seeded
+random image, which both get as the tensor image / 255; its row has no LiteRT latency.
+Last, a summary: how many convert, how many
 agree within 1e-4 (and how many more within LiteRT's own spread), the median
 edgeflow/LiteRT ratio at each thread count.
 """
@@ -38,6 +46,7 @@ import zipfile
 
 import numpy as np
 
+import edgeflow as ef
 import harness
 from bench_models import first_run
 
@@ -154,10 +163,43 @@ def first_line(exc):
     return f"{line} {', '.join(ops)}" if ops else line
 
 
-def measure(path, efl, threads, runs, xnnpack):
+def mediapipe_reference(python, path, efl):
+    """(feeds, {output name: array}): MediaPipe's own outputs for model `path`
+    (benchmarks/mediapipe_reference.py run by `python`), on the input tensor it made."""
+    runner = ef.Interpreter(efl).get_signature_runner("infer")
+    ins, outs = runner.get_input_details(), runner.get_output_details()  # {signature name: details}
+    if len(ins) != 1 or [len(d["shape"]) for d in ins.values()] != [4] or next(iter(ins.values()))["shape"][-1] != 3:
+        raise ValueError(f"the MediaPipe reference takes one RGB image input, the model has {len(ins)} input(s)")
+    name, shape = next((k, d["shape"]) for k, d in ins.items())
+    height, width = int(shape[1]), int(shape[2])
+    with tempfile.TemporaryDirectory() as tmp:
+        out = pathlib.Path(tmp) / "reference.npz"
+        subprocess.run([python, str(pathlib.Path(__file__).with_name("mediapipe_reference.py")), str(path), str(out),
+                        "--outputs", str(len(outs)), "--height", str(height), "--width", str(width)],
+                       check=True, capture_output=True)
+        with np.load(out) as data:
+            feeds = {name: data["input"]}
+            theirs = {k: data[f"output_{i}"].reshape(d["shape"]) for i, (k, d) in enumerate(outs.items())}
+    return feeds, theirs
+
+
+def measure(path, efl, threads, runs, xnnpack, mediapipe_python=None):
     """(cells of the table from "cold plan ms" to the worst output, edgeflow/LiteRT ratio,
-    max rel err, LiteRT spread) of one converted model at `threads`."""
-    lite_first, lite_run, details = litert(path, threads, xnnpack)
+    max rel err, LiteRT spread) of one converted model at `threads`; against MediaPipe's
+    own graph (no ratio) where LiteRT cannot run it and `mediapipe_python` is given."""
+    try:
+        lite_first, lite_run, details = litert(path, threads, xnnpack)
+    except RuntimeError:  # "Encountered unresolved custom op"
+        if not mediapipe_python:
+            raise
+        feeds, theirs = mediapipe_reference(mediapipe_python, path, efl)
+        cold = first_run(efl, threads, feeds)[0]
+        plan, first, runner = first_run(efl, threads, feeds)
+        output, worst = agreement(runner(**feeds), theirs)
+        t = harness.medians({"edgeflow": lambda: runner(**feeds)}, runs, warmup=2)
+        cells = [harness.ms(cold, 1), harness.ms(plan, 1), harness.ms(first, 1), "-", harness.ms(t["edgeflow"], 2),
+                 "-", "-", f"{worst:.1e}", "-", "yes" if worst <= AGREE else "NO", f"{output} (against MediaPipe)"]
+        return cells, None, worst, None
     feeds = random_inputs(details)
     cold = first_run(efl, threads, feeds)[0]  # this model's kernels new to the process
     plan, first, runner = first_run(efl, threads, feeds)
@@ -171,7 +213,7 @@ def measure(path, efl, threads, runs, xnnpack):
     return cells, t["edgeflow"] / t["litert"], worst, spread
 
 
-def bench(models, runs, threads_list, converts, folder, xnnpack=True):
+def bench(models, runs, threads_list, converts, folder, xnnpack=True, mediapipe_python=None):
     """models: {name: .tflite path}. (table rows, models converted, models agreeing within
     AGREE at every thread count, models within LiteRT's own spread only, {threads: ratios})."""
     from edgeflow.converters import tflite
@@ -197,7 +239,7 @@ def bench(models, runs, threads_list, converts, folder, xnnpack=True):
         for threads in threads_list:
             head = [name, threads, f"{convert:.2f}", *sizes]
             try:
-                cells, r, worst, spread = measure(path, efl, threads, runs, xnnpack)
+                cells, r, worst, spread = measure(path, efl, threads, runs, xnnpack, mediapipe_python)
             except Exception as exc:  # noqa: BLE001 -- a model that fails to run is a row, not a crash
                 rows.append([*head, *["-"] * 10, first_line(exc)])
                 harness.log(f"  {threads} thread(s): {first_line(exc)}")
@@ -205,7 +247,8 @@ def bench(models, runs, threads_list, converts, folder, xnnpack=True):
                 continue
             agrees &= worst <= AGREE
             within_spread &= worst <= AGREE or (spread is not None and worst <= spread)
-            ratios[threads].append(r)
+            if r is not None:
+                ratios[threads].append(r)
             rows.append(head + cells)
             harness.log("  " + "  ".join(str(c) for c in rows[-1]))
         agreed += agrees
@@ -223,6 +266,9 @@ def main():
                         help="LiteRT with its builtin kernels alone, not its default XNNPACK delegate")
     parser.add_argument("--cache", default=None, help="folder of the wheel's .tflite files (default "
                         f"$EDGEFLOW_BENCH_CACHE or ~/.cache/edgeflow-bench, then mediapipe-{MEDIAPIPE})")
+    parser.add_argument("--mediapipe-python", default=None, metavar="PATH",
+                        help="a Python with mediapipe==0.10.14: the reference for models LiteRT cannot run "
+                             "(MediaPipe's custom ops)")
     args = parser.parse_args()
     names = [m for m in args.models.split(",") if m] or list(MODELS)
     unknown = [m for m in names if m not in MODELS]
@@ -245,7 +291,8 @@ def main():
           "max|edgeflow - LiteRT| / max|LiteRT| of the worst output\n", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         rows, converted, agreed, spreads, ratios = bench({m: available[m] for m in names}, args.runs, threads_list,
-                                                args.converts, pathlib.Path(tmp), not args.no_xnnpack)
+                                                args.converts, pathlib.Path(tmp), not args.no_xnnpack,
+                                                args.mediapipe_python)
     columns = ["model", "threads", "convert s", ".tflite MB", ".efl MB", "efl/tflite", "cold plan ms", "plan ms",
                "first run ms", "LiteRT first ms", "edgeflow ms", "LiteRT ms", "ratio", "max rel err", "LiteRT spread",
                f"within {AGREE:g}", "worst output / error"]
