@@ -618,8 +618,8 @@ def bind_depthwise_grad(which, a, b, out, strides, dilations, begin, c0, c1):
 
 def _window_maxima(phases, tap_off, acc, length):
     """acc[:length] = each window's maximum over the taps' runs of the phases (tap t's run
-    starts at tap_off[t]), by a select that keeps NaN, as numpy's maximum (and keeps the
-    running value on ties: maximum(-0.0, 0.0) is -0.0)."""
+    starts at tap_off[t]), by a select that keeps NaN, as numpy's maximum, and keeps the
+    running value on ties (numpy's maximum(-0.0, 0.0) takes the later zero on x86)."""
     o = tap_off[0]
     for k in range(length):
         acc[k] = phases[o + k]
@@ -642,6 +642,30 @@ def max_pool_loop(x, out, dims, cols, phases, tap_off, acc):
         _load_phases(x, nc * h_ * w_, phases, zero_i, dims, cols)
         _window_maxima(phases, tap_off, acc, length)
         _crop_rows(acc, qw, out, nc * oh_ * ow_, oh_, ow_, 0)
+
+
+def max_pool_tiles_loop(x, out, dims):
+    """out (N, C, OH, OW) = the maximum of each 2x2 window of x (N, C, H, W), both flat,
+    where the windows tile x (stride 2, no padding; MediaPipe's downsamplings): read in
+    place, no phases (1.5-3x faster than max_pool_loop there; for 3x3 windows at stride 3
+    the phases' vectorized runs were faster). The taps in kernel order through
+    _window_maxima's select (NaN kept, ties to the earlier tap), bit for bit
+    max_pool_loop. dims (uint64): N * C, H, W, OH, OW."""
+    one, two = _U(1), _U(2)
+    planes, h_, w_, oh_, ow_ = dims[0], dims[1], dims[2], dims[3], dims[4]
+    for p in range(planes):
+        src, dst = p * h_ * w_, p * oh_ * ow_
+        for r in range(oh_):
+            b = src + two * r * w_
+            d = dst + r * ow_
+            for j in range(ow_):
+                m = x[b + two * j]
+                a = x[b + two * j + one]
+                m = a if a > m or a != a else m
+                a = x[b + w_ + two * j]
+                m = a if a > m or a != a else m
+                a = x[b + w_ + two * j + one]
+                out[d + j] = a if a > m or a != a else m
 
 
 def _unload_phases(phases, base, dx, dst, dims, cols):
@@ -711,16 +735,19 @@ def bind_max_pool_grad(x, dy, dx, kernel_shape, strides, dilations, begin):
 
 
 def bind_max_pool(x, out, kernel_shape, strides, dilations, begin):
-    """A step for a 2-D max pool of floats (max_pool_loop), or None: also where numba is
-    not loaded yet (a pool gains less than loading numba costs a first run: ResNet's one
+    """A step for a 2-D max pool of floats (max_pool_tiles_loop or max_pool_loop), or None:
+    also where numba is not loaded yet (a pool gains less than loading numba costs a first run: ResNet's one
     pool would load it)."""
     if not loaded() or x.ndim != 4 or not _takes(x, out) or not out.size \
             or not (x.flags.c_contiguous and out.flags.c_contiguous):
         return None
+    (n, c, h, wd), (oh, ow) = x.shape, out.shape[2:]
+    if tuple(kernel_shape) == tuple(strides) == (2, 2) and tuple(dilations) == (1, 1) \
+            and tuple(begin[:2]) == (0, 0) and 2 * oh <= h and 2 * ow <= wd:  # 2x2 windows tile x
+        return _bound(max_pool_tiles_loop, x.reshape(-1), out.reshape(-1), np.array([n * c, h, wd, oh, ow], _U))
     phases, tap_off, acc, cols, qw = depthwise_layout(x.shape[2:], kernel_shape, strides, dilations, begin,
                                                       out.shape[2:], x.dtype)
     phases.fill(-np.inf)  # padding never wins
-    (n, c, h, wd), (oh, ow) = x.shape, out.shape[2:]
     dims = np.array([n, c, h, wd, oh, ow, *strides, *begin[:2], qw, phases.size // math.prod(strides)], _U)
     return _bound(max_pool_loop, x.reshape(-1), out.reshape(-1), dims, cols, phases, tap_off, acc)
 
