@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import GraphError
 from .gradients import gradients
 from .graph import Tensor, constant
-from .math_ops import cast, pow, sqrt  # noqa: A004
+from .math_ops import apply, cast, pow, sqrt  # noqa: A004
 from .save import needed_nodes
 from .variables import VARIABLE, Variable, group, is_variable
 
@@ -154,13 +154,12 @@ class Adam(Optimizer):
         # counted in float32 at least: a float16 counter stops at 2048
         step = self._slot(var, "step", dtype=np.promote_types(var.dtype, np.float32), shape=())
         t = step + _const(1.0, step)
-        b1, b2, lr, one = _const(self.beta1, var), _const(self.beta2, var), self._lr(var), _const(1.0, var)
-        new_m = b1 * m + (one - b1) * grad
-        new_v = b2 * v + (one - b2) * grad * grad
         correction1, correction2 = _bias_correction(self.beta1, t, var), _bias_correction(self.beta2, t, var)
-        delta = lr * (new_m / correction1) / (sqrt(new_v / correction2) + _const(self.epsilon, var))
-        if self.weight_decay:
-            delta = delta + lr * _const(self.weight_decay, var) * var
+        # the elementwise step in one op, one pass (its unfused ops' arithmetic and rounding)
+        new_m, new_v, delta = apply("adam_update", [m, v, grad, self._lr(var), correction1, correction2]
+                                    + ([var] if self.weight_decay else []),
+                                    {"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon,
+                                     "weight_decay": self.weight_decay}, name=f"{var.node.name}/{self.name}/update")
         return [m.assign(new_m), v.assign(new_v), step.assign(t), var.assign_sub(delta)]
 
 

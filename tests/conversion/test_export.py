@@ -542,11 +542,13 @@ def test_a_package_trained_on_the_device_exports_its_trained_weights(tmp_path):
 
 def test_every_op_exports_or_says_why_not():
     """Every op of edgeflow/ops has an exporter, but those that write variables, talk to the
-    cloud, only train, or are ONNX ops of a later opset; each of those says why."""
+    cloud, only train (gradients, an optimizer's step), or are ONNX ops of a later opset;
+    each of those says why."""
     missing = {name for name in ops.names() if name not in exporter.EXPORTERS}
     stateful = {name for name in missing if ops.get(name).stateful}
     remote = {name for name in missing if ops.get(name).remote}
     gradients = {name for name in missing if name.endswith("_grad") or name == "sum_to"}
+    gradients |= set(exporter.TRAINING_OPS)
     assert stateful == {"assign", "assign_add", "assign_sub"} and remote == {"send", "recv"}
     assert missing - stateful - remote - gradients == set(exporter.NOT_AT_OPSET) == {"bitcast", "cumprod"}
     assert all(exporter.why_not(name) != exporter.why_not("no such op") for name in missing)

@@ -62,6 +62,7 @@ EXAMPLES = {
     "affine_grid": ([S((1, 2, 3))], {"size": (1, 3, 4, 5)}),
     "col2im": ([S((1, 8, 9))], {"image_shape": (4, 4), "block_shape": (2, 2)}),
     "roi_align": ([S((1, 2, 6, 6)), S((3, 4)), S((3,), "int64")], {}),
+    "adam_update": ([S((2, 3))] * 3 + [S(())] * 3, {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8}),
     "landmarks_to_transform_matrix": ([S((1, 6, 3))], {"left": 0, "right": 1, "subset": (2, 3), "output_size": (4, 4)}),
     "transform_landmarks": ([S((1, 6, 2)), S((1, 4, 4))], {}),
     "transform_tensor_bilinear": ([S(_IMAGE), S((1, 4, 4))], {"output_size": (2, 3)}),

@@ -34,6 +34,7 @@ MODULES = {}  # edgeflow op name -> the module whose exporter writes it
 # or, for the others, why.
 NOT_AT_OPSET = {"bitcast": "ONNX's BitCast is opset 26", "cumprod": "ONNX's CumProd is opset 26"}
 GRADIENT_OPS = ("sum_to",)  # gradient ops not named <forward>_grad
+TRAINING_OPS = ("adam_update",)  # an optimizer's step (edgeflow/ops/optim.py)
 
 
 def why_not(name):
@@ -45,6 +46,8 @@ def why_not(name):
         return "exchanges tensors with the cloud (export the whole model, not a split device package)"
     if name.endswith("_grad") or name in GRADIENT_OPS:
         return "a gradient op, which only training signatures run (export infer)"
+    if name in TRAINING_OPS:
+        return "an optimizer's step, which only training signatures run (export infer)"
     return NOT_AT_OPSET.get(name, "no ONNX form in this exporter")
 
 

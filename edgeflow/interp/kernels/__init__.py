@@ -81,4 +81,4 @@ def evaluate(opcode, attrs, values, specs):
 
 
 from . import (activations, array, attention, conv, einsum, geometry, image, loss, math, nn, norm,  # noqa: E402,F401
-               pool, quantize, random, reduce, rnn, select, shape, signal, state)  # (registration)
+               optim, pool, quantize, random, reduce, rnn, select, shape, signal, state)  # (registration)
