@@ -16,7 +16,7 @@ from ..ops.registry import TensorSpec
 from ..ops.dims import fmt
 from .arena import (Arena, TooLarge, Workspace, bounded, default_max_tensor_bytes, lower_bound, nbytes,
                     place, size_text)
-from .kernels import KERNELS, evaluate
+from .kernels import KERNELS, evaluate, jit
 
 
 class ShapeDependsOnValues(InvalidInputError):
@@ -276,6 +276,8 @@ class Plan:
     def _bind(self, indices=None):
         """Numpy kernel steps for ops `indices` (default: all), bound to their arrays."""
         steps, step_ops = [], []
+        if self.update_ops:  # a train step: its gradients' kernels load numba anyway; loaded first, the
+            jit.available()  # forward's pools and bias passes bind their loops too (kernels/jit.py's loaded())
         for i in self.order if indices is None else indices:
             op = self.subgraph.operators[i]
             if ops.get(op.opcode).view:
