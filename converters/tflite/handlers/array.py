@@ -162,6 +162,15 @@ def _gather(ctx, op):
     ctx.set(op.outputs[0], y, exact=True)
 
 
+@handler("EMBEDDING_LOOKUP", op="gather")
+def _embedding_lookup(ctx, op):
+    """EMBEDDING_LOOKUP(ids, table): the table's rows at ids (litert-torch's torch.nn.Embedding),
+    GATHER along axis 0 with the operands the other way round."""
+    table = op.inputs[1]
+    y = apply("gather", [ctx.get(table), ctx.get(op.inputs[0])], {"axis": 0}, name=f"{op.name}/lookup")
+    ctx.set(op.outputs[0], y, exact=ctx.same_grid(table, op.outputs[0]))
+
+
 @handler("GATHER_ND", op="gather_nd")
 def _gather_nd(ctx, op):
     y = apply("gather_nd", [ctx.get(op.inputs[0]), ctx.get(op.inputs[1])], name=f"{op.name}/gather_nd")

@@ -429,6 +429,8 @@ def slicing():
                       ("GatherOptions", dict(axis=1)))
     outs.append(g.add_op("GATHER_ND", [x, g.const("gather_nd/indices", [[0, 1], [1, 5], [1, 0]], I32)],
                          [_f(g, "gather_nd", [3, 8, 4])]))
+    # rows of y (the table) at ids, as litert-torch writes torch.nn.Embedding
+    outs.append(g.add_op("EMBEDDING_LOOKUP", [g.const("lookup/ids", [1, 0, 1], I32), y], [_f(g, "embedding_lookup", [3, 6, 8, 3])]))
     outs.append(g.add_op("CONCATENATION", [x, y], [_f(g, "concat_last", [2, 6, 8, 7])], ("ConcatenationOptions", dict(axis=-1))))
     outs.append(g.add_op("CONCATENATION", [x, gather], [_f(g, "concat_axis1", [2, 9, 8, 4])], ("ConcatenationOptions", dict(axis=1))))
     outs.append(g.add_op("PAD", [x, g.const("pad/paddings", [[0, 0], [1, 2], [0, 1], [0, 0]], I32)], [_f(g, "pad", [2, 9, 9, 4])]))
