@@ -159,13 +159,14 @@ def batched(inputs, batch, seed=0):
 
 
 # -- the benchmark ----------------------------------------------------------------------------------
-def first_run(efl, threads, feeds):
+def first_run(efl, threads, feeds, key="infer"):
     """(seconds to make the plan, seconds of the first call including that, runner) of a new
-    Interpreter: the plan is made through the tensor API (resize_input_tensor,
-    allocate_tensors), for the same key as the runner's, which then finds it cached."""
+    Interpreter's signature `key` (its first: the tensor API's): the plan is made through
+    the tensor API (resize_input_tensor, allocate_tensors), for the same key as the
+    runner's, which then finds it cached."""
     interp = ef.Interpreter(efl, num_threads=threads)
-    runner = interp.get_signature_runner("infer")
-    inputs = {d["name"]: d["index"] for d in interp.get_input_details()}
+    runner = interp.get_signature_runner(key)
+    inputs = {name: d["index"] for name, d in runner.get_input_details().items()}
     start = time.perf_counter()
     for name, value in feeds.items():
         interp.resize_input_tensor(inputs[name], value.shape)

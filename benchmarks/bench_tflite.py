@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_tflite.py [--models a,b] [--runs N] [--threads 1,2]
                                                 [--converts N] [--no-xnnpack] [--cache DIR]
                                                 [--mediapipe-python PATH]
+                                                [--suite litert-torch --litert-torch-python PATH]
 
 The models are the 14 that MediaPipe's 0.10.14 wheel ships (face detection short range and
 full range sparse, face landmark with and without attention, hand landmark lite and full,
@@ -30,7 +31,12 @@ With `--mediapipe-python PATH` (a Python with mediapipe==0.10.14 installed, e.g.
 of its own: its pins need not suit edgeflow's), such a model's reference is MediaPipe's
 own inference graph (benchmarks/mediapipe_reference.py, run by that Python) on a seeded
 random image, which both get as the tensor image / 255; its row has no LiteRT latency.
-Last, a summary: how many convert, how many
+`--suite litert-torch` runs the same on PyTorch models exported by litert-torch
+(formerly ai-edge-torch, Google's PyTorch -> LiteRT converter): eight torchvision
+classifiers and a BERT-like encoder from Hugging Face transformers
+(benchmarks/litert_torch_export.py, run by `--litert-torch-python PATH`, a Python with
+litert-torch installed, once; the files cached in litert-torch-0.10.0 beside the
+MediaPipe folder). Last, a summary: how many convert, how many
 agree within 1e-4 (and how many more within LiteRT's own spread), the median
 edgeflow/LiteRT ratio at each thread count.
 """
@@ -56,12 +62,28 @@ MODELS = ("face_detection_short_range", "face_detection_full_range_sparse", "fac
           "iris_landmark", "palm_detection_lite", "palm_detection_full", "pose_detection",
           "pose_landmark_full", "selfie_segmentation", "selfie_segmentation_landscape")
 AGREE = 1e-4
+LITERT_TORCH = "0.10.0"
 
 
 # -- the models ------------------------------------------------------------------------------
-def default_cache():
+def default_cache(suite="mediapipe"):
     return (pathlib.Path(os.environ.get("EDGEFLOW_BENCH_CACHE") or pathlib.Path.home() / ".cache" / "edgeflow-bench")
-            / f"mediapipe-{MEDIAPIPE}")
+            / (f"mediapipe-{MEDIAPIPE}" if suite == "mediapipe" else f"litert-torch-{LITERT_TORCH}"))
+
+
+def export_litert_torch(cache, names, python):
+    """{name: path} of litert-torch's exports of `names` in `cache`, exporting those not
+    there yet with `python` (benchmarks/litert_torch_export.py)."""
+    cache = pathlib.Path(cache)
+    missing = [n for n in names if not (cache / f"{n}.tflite").exists()]
+    if missing:
+        if not python:
+            sys.exit(f"{missing} not exported yet in {cache}: give --litert-torch-python PATH (a Python with "
+                     f"litert-torch=={LITERT_TORCH})")
+        harness.log(f"exporting {missing} with litert-torch into {cache}...")
+        subprocess.run([python, str(pathlib.Path(__file__).with_name("litert_torch_export.py")), str(cache),
+                        "--models", ",".join(missing)], check=True)
+    return {n: cache / f"{n}.tflite" for n in names}
 
 
 def fetch_models(cache):
@@ -111,6 +133,12 @@ def litert(path, threads, xnnpack=True):
     start = time.perf_counter()
     interp = Interpreter(model_path=str(path), num_threads=threads, experimental_op_resolver_type=resolver)
     interp.allocate_tensors()
+    signatures = interp.get_signature_list()
+    if signatures:  # its first signature def, by the names edgeflow's signature has too
+        runner = interp.get_signature_runner(next(iter(signatures)))
+        ins = [dict(d, name=name) for name, d in runner.get_input_details().items()]
+        runner(**{d["name"]: np.zeros(d["shape"], d["dtype"]) for d in ins})
+        return time.perf_counter() - start, lambda feeds: runner(**feeds), ins
     ins, outs = interp.get_input_details(), interp.get_output_details()
     for d in ins:
         interp.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
@@ -201,8 +229,9 @@ def measure(path, efl, threads, runs, xnnpack, mediapipe_python=None):
                  "-", "-", f"{worst:.1e}", "-", "yes" if worst <= AGREE else "NO", f"{output} (against MediaPipe)"]
         return cells, None, worst, None
     feeds = random_inputs(details)
-    cold = first_run(efl, threads, feeds)[0]  # this model's kernels new to the process
-    plan, first, runner = first_run(efl, threads, feeds)
+    key = next(iter(ef.Interpreter(efl).get_signature_list()))  # TFLite's first signature def, or infer
+    cold = first_run(efl, threads, feeds, key)[0]  # this model's kernels new to the process
+    plan, first, runner = first_run(efl, threads, feeds, key)
     theirs = lite_run(feeds)
     output, worst = agreement(runner(**feeds), theirs)
     spread = litert_spread(path, threads, xnnpack, feeds, theirs)
@@ -264,28 +293,42 @@ def main():
     parser.add_argument("--converts", type=int, default=3, help="conversions timed per model (default 3)")
     parser.add_argument("--no-xnnpack", action="store_true",
                         help="LiteRT with its builtin kernels alone, not its default XNNPACK delegate")
-    parser.add_argument("--cache", default=None, help="folder of the wheel's .tflite files (default "
-                        f"$EDGEFLOW_BENCH_CACHE or ~/.cache/edgeflow-bench, then mediapipe-{MEDIAPIPE})")
+    parser.add_argument("--cache", default=None, help="folder of the suite's .tflite files (default "
+                        f"$EDGEFLOW_BENCH_CACHE or ~/.cache/edgeflow-bench, then mediapipe-{MEDIAPIPE} or "
+                        f"litert-torch-{LITERT_TORCH})")
     parser.add_argument("--mediapipe-python", default=None, metavar="PATH",
                         help="a Python with mediapipe==0.10.14: the reference for models LiteRT cannot run "
                              "(MediaPipe's custom ops)")
+    parser.add_argument("--suite", choices=("mediapipe", "litert-torch"), default="mediapipe",
+                        help="MediaPipe's models (default), or PyTorch models exported by litert-torch")
+    parser.add_argument("--litert-torch-python", default=None, metavar="PATH",
+                        help=f"a Python with litert-torch=={LITERT_TORCH}, torchvision and transformers: exports "
+                             "the litert-torch suite's models (once)")
     args = parser.parse_args()
-    names = [m for m in args.models.split(",") if m] or list(MODELS)
-    unknown = [m for m in names if m not in MODELS]
+    from litert_torch_export import MODELS as TORCH_MODELS
+    known = MODELS if args.suite == "mediapipe" else TORCH_MODELS
+    names = [m for m in args.models.split(",") if m] or list(known)
+    unknown = [m for m in names if m not in known]
     if unknown:
-        parser.error(f"unknown model(s) {unknown}: of {','.join(MODELS)}")
+        parser.error(f"unknown model(s) {unknown}: of {','.join(known)}")
     threads_list = [int(x) for x in args.threads.split(",") if x]
-    available = fetch_models(pathlib.Path(args.cache) if args.cache else default_cache())
-    missing = [m for m in names if m not in available]
-    if missing:
-        sys.exit(f"not in the mediapipe {MEDIAPIPE} wheel's files: {missing}")
+    cache = pathlib.Path(args.cache) if args.cache else default_cache(args.suite)
+    if args.suite == "mediapipe":
+        available = fetch_models(cache)
+        missing = [m for m in names if m not in available]
+        if missing:
+            sys.exit(f"not in the mediapipe {MEDIAPIPE} wheel's files: {missing}")
+    else:
+        available = export_litert_torch(cache, names, args.litert_torch_python)
     start = time.perf_counter()
     try:
         importlib.import_module("numba")  # edgeflow's JIT kernels import it at their first plan, once per process
         numba_note = f"numba's import, once per process and in no plan: {harness.ms(time.perf_counter() - start, 0)} ms"
     except ImportError:
         numba_note = "numba not installed"
-    print(f"MediaPipe {MEDIAPIPE}'s models, edgeflow against LiteRT "
+    source = f"MediaPipe {MEDIAPIPE}'s models" if args.suite == "mediapipe" else \
+        f"PyTorch models exported by litert-torch {LITERT_TORCH}"
+    print(f"{source}, edgeflow against LiteRT "
           f"({'builtin kernels' if args.no_xnnpack else 'its default XNNPACK delegate'}); medians of {args.runs} "
           f"interleaved runs, convert time the median of {args.converts}; {numba_note}; agreement "
           "max|edgeflow - LiteRT| / max|LiteRT| of the worst output\n", flush=True)
