@@ -151,6 +151,13 @@ class Context:
             raise ConversionError(f"{op.where()}: {what} (input {k}) must be a constant")
         return value
 
+    def integers(self, op, k, what):
+        """op input k, a constant of integers (slice bounds, sizes), as a flat int64 array."""
+        value = np.asarray(self.constant(op, k, what))
+        if value.dtype.kind not in "iu":
+            raise ConversionError(f"{op.where()}: {what} (input {k}) must hold integers, got {value.dtype}")
+        return value.astype(np.int64).reshape(-1)
+
     def get(self, i, perm=None):
         """Tensor i as an edgeflow Tensor in layout `perm` (None: TFLite's own)."""
         rank = self.rank(i)

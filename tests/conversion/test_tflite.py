@@ -268,8 +268,9 @@ def _mutants(data, rng, count):
 @pytest.mark.parametrize("name", ["conv_float", "int8_conv", "slicing", "while_loop", "batch_matmul_sig",
                                   "mediapipe_landmarks"])
 def test_hostile_files_give_a_clear_error_never_a_crash(name, tmp_path):
-    """Every mutant either converts (and then loads and runs, or refuses its input with an
-    edgeflow error) or fails with ConversionError / UnsupportedOpError."""
+    """Every mutant either converts (and then loads and runs, or is refused with an edgeflow
+    error: a tensor past the interpreter's max_tensor_bytes when loaded, an input it cannot
+    take when run) or fails with ConversionError / UnsupportedOpError."""
     data = (DATA / f"{name}.tflite").read_bytes()
     rng = np.random.default_rng(7)
     converted = 0
@@ -280,7 +281,10 @@ def test_hostile_files_give_a_clear_error_never_a_crash(name, tmp_path):
             assert str(e)
             continue
         converted += 1
-        interp = ef.Interpreter(tmp_path / "m.efl")
+        try:
+            interp = ef.Interpreter(tmp_path / "m.efl")
+        except ef.errors.EdgeflowError:  # a size the converter keeps, the loader's limit refuses
+            continue
         for key in [s.key for s in result.model.signatures]:
             runner = interp.get_signature_runner(key)
             feeds = {n: np.zeros([1 if d is None or d < 0 else d for d in spec["shape"]], spec["dtype"])

@@ -123,15 +123,14 @@ def _masks(op, rank, begin, end, strides):
 def _strided_slice(ctx, op):
     i = op.inputs[0]
     rank = ctx.rank(i)
-    begin = np.asarray(ctx.constant(op, 1, "begin"), np.int64).reshape(-1)
+    begin = ctx.integers(op, 1, "begin")
     if op.opcode == "SLICE":
-        size = np.asarray(ctx.constant(op, 2, "size"), np.int64).reshape(-1)
+        size = ctx.integers(op, 2, "size")
         specs = [(int(b), BIG if s == -1 else int(b + s), 1) for b, s in zip(begin, size)]
         new_axes, shrink = [], []
     else:
-        end = np.asarray(ctx.constant(op, 2, "end"), np.int64).reshape(-1)
-        strides = np.asarray(ctx.constant(op, 3, "strides"), np.int64).reshape(-1) if op.has(3) else \
-            np.ones_like(begin)
+        end = ctx.integers(op, 2, "end")
+        strides = ctx.integers(op, 3, "strides") if op.has(3) else np.ones_like(begin)
         specs, new_axes, shrink = _masks(op, rank, begin, end, strides)
     if len(specs) != rank:
         raise unsupported(op, f"{len(specs)} slice specs for a rank-{rank} input")
@@ -160,6 +159,20 @@ def _gather(ctx, op):
         raise unsupported(op, "batch_dims")
     y = apply("gather", [ctx.get(i), ctx.get(op.inputs[1])], {"axis": axis}, name=f"{op.name}/gather")
     ctx.set(op.outputs[0], y, exact=True)
+
+
+@handler("REVERSE_V2", op="slice")
+def _reverse(ctx, op):
+    """x reversed along the given axes (litert-torch writes torch.flip so, as in a backward
+    GRU): a slice with step -1 over each, in x's layout."""
+    i = op.inputs[0]
+    perm = ctx.perm(i) or tuple(range(ctx.rank(i)))
+    axes = tuple(sorted(perm.index(a) for a in axes_of(ctx.constant(op, 1, "axis"), len(perm))))
+    y = ctx.get(i, perm)
+    if axes:
+        y = apply("slice", [y], {"starts": (-1,) * len(axes), "ends": (-BIG,) * len(axes), "axes": axes,
+                                 "steps": (-1,) * len(axes)}, name=f"{op.name}/reverse")
+    ctx.set(op.outputs[0], y, perm, exact=True)
 
 
 @handler("EMBEDDING_LOOKUP", op="gather")

@@ -30,6 +30,13 @@ def _binary(ctx, op):
     ctx.set(op.outputs[0], fused(op, y), perm)
 
 
+@handler({"NOT_EQUAL": "equal"})
+def _not_equal(ctx, op):
+    """Not equal: equal, negated (edgeflow, as ONNX, has no not_equal of its own)."""
+    same, perm = elementwise(ctx, op, "equal", op.inputs[:2])
+    ctx.set(op.outputs[0], apply("logical_not", [same], name=f"{op.name}/not"), perm)
+
+
 @handler({"SQUARED_DIFFERENCE": "mul"})
 def _squared_difference(ctx, op):
     d, perm = elementwise(ctx, op, "sub", op.inputs[:2])

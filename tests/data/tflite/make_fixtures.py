@@ -354,7 +354,9 @@ def conv_dilated():
     mean = g.add_op("MEAN", [th, g.const("mean/axes", [1, 2], I32)], [_f(g, "mean", [1, 1, 1, 8])],
                     ("ReducerOptions", dict(keep_dims=True)))
     lr = g.add_op("LEAKY_RELU", [pr], [_f(g, "leaky_relu", [1, 6, 6, 8])], ("LeakyReluOptions", dict(alpha=0.2)))
-    g.inputs, g.outputs = [x], [mean, lr]
+    # torch.flip of a conv's output (held in NCHW) along W and C, as litert-torch writes it
+    flip = g.add_op("REVERSE_V2", [c, g.const("flip/axes", [2, -1], I32)], [_f(g, "flip", [1, 12, 12, 8])])
+    g.inputs, g.outputs = [x], [mean, lr, flip]
     return m
 
 
@@ -456,6 +458,8 @@ def slicing():
                          ("ReducerOptions", dict(keep_dims=False))))
     outs.append(g.add_op("TILE", [y, g.const("tile/multiples", [1, 2, 1, 2], I32)], [_f(g, "tile", [2, 12, 8, 6])]))
     cond = g.add_op("GREATER", [x, g.const("zero", np.float32(0.0))], [g.add_tensor("positive", [2, 6, 8, 4], np.bool_)])
+    relu = g.add_op("MAXIMUM", [x, g.const("zero_too", np.float32(0.0))], [_f(g, "relu", [2, 6, 8, 4])])
+    outs.append(g.add_op("NOT_EQUAL", [relu, x], [g.add_tensor("negative", [2, 6, 8, 4], np.bool_)]))
     outs.append(g.add_op("SELECT_V2", [cond, x, g.const("minus_one", np.float32(-1.0))], [_f(g, "select_v2", [2, 6, 8, 4])]))
     outs.append(g.add_op("CAST", [x], [g.add_tensor("cast", [2, 6, 8, 4], I32)],
                          ("CastOptions", dict(in_data_type=TensorType.FLOAT32, out_data_type=TensorType.INT32))))
