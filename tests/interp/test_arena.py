@@ -21,12 +21,12 @@ def _overlapping_pairs(requests, offsets):
 
 
 @st.composite
-def _requests(draw):
+def _requests(draw, most=5000):
     n = draw(st.integers(1, 40))
     out = []
     for _ in range(n):
         first = draw(st.integers(0, 30))
-        out.append((draw(st.integers(0, 5000)), first, first + draw(st.integers(0, 10))))
+        out.append((draw(st.integers(0, most)), first, first + draw(st.integers(0, 10))))
     return out
 
 
@@ -41,6 +41,26 @@ def test_place_never_overlaps_live_tensors(requests):
     peak = max(sum(-(-n // 64) * 64 for n, f, l in requests if f <= s <= l) for s in steps)
     assert total >= peak
     assert arena.lower_bound(requests) == peak
+
+
+@given(_requests(most=1 << 20))
+def test_place_tries_another_order_only_far_from_the_bound(requests):
+    """The orders are tried until one is near the lower bound (1/64 of it, or 256 KiB);
+    the best of those tried is kept, and the search goes on only while none is near."""
+    results = []
+    real = arena._place_in_order
+
+    def counting(requests_, order):
+        results.append(real(requests_, order))
+        return results[-1]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(arena, "_place_in_order", counting)
+        offsets, total = arena.place(requests)
+    bound = arena.lower_bound(requests)
+    near = [t <= bound + max(bound // 64, 1 << 18) for _, t in results]
+    assert near[:-1] == [False] * (len(results) - 1) and (near[-1] or len(results) == len(arena._ORDERS))
+    assert total == min(t for _, t in results) and (offsets, total) in results
+    assert _overlapping_pairs(requests, offsets) == []
 
 
 def _branchy(rng, width=6, depth=5):
