@@ -103,8 +103,8 @@ def _fully_connected(ctx, op):
     out_shape = op.output_tensor().shape
     if not (op.option("keep_num_dims", False) and len(x.shape) >= 2):
         x = apply("reshape", [x], {"shape": (-1, k)}, name=f"{op.name}/flat")
-    w = ctx.get(op.inputs[1], (1, 0))  # [K, O]
-    y = apply("matmul", [x, w], name=f"{op.name}/matmul")
+    w = ctx.get(op.inputs[1])  # [O, K] as TFLite holds it: one copy where an embedding shares it (tied weights)
+    y = apply("matmul", [x, w], {"transpose_b": True}, name=f"{op.name}/matmul")
     if op.has(2):
         y = apply("add", [y, ctx.get(op.inputs[2])], name=f"{op.name}/bias")
     y = fused(op, y)
