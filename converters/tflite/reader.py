@@ -12,6 +12,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+import flatbuffers
 import numpy as np
 
 from edgeflow.errors import ConversionError
@@ -190,7 +191,7 @@ class _Decoder:
         return _vector(b.DataAsNumpy())
 
     def opcode(self, code):
-        builtin = max(code.BuiltinCode(), code.DeprecatedBuiltinCode())
+        builtin = max(_builtin_code(code), code.DeprecatedBuiltinCode())  # TFLite's own rule
         if builtin == CUSTOM:
             return f"CUSTOM:{_text(code.CustomCode())}", code.Version()
         name = builtin_names().get(builtin)
@@ -334,3 +335,13 @@ class _Decoder:
             return found
         return Signature(key, index, names(s.InputsLength(), s.Inputs, "input"),
                          names(s.OutputsLength(), s.Outputs, "output"))
+
+
+def _builtin_code(code):
+    """OperatorCode.builtin_code as stored (0 where absent). The binding's BuiltinCode()
+    returns deprecated_builtin_code for a stored code under 127, and that field's default, 0
+    (ADD), where a writer left it out, as ai-edge-quantizer does: its DEQUANTIZE (6) read
+    as ADD."""
+    tab = code._tab
+    o = tab.Offset(10)
+    return tab.Get(flatbuffers.number_types.Int32Flags, o + tab.Pos) if o else 0

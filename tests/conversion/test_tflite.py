@@ -198,6 +198,33 @@ def test_mediapipe_landmark_ops_match_their_kernels(tmp_path):
         assert got["crop"].shape == (1, 4, 5, 4) and got["crop"].any()
 
 
+def test_an_operator_code_without_its_deprecated_field_is_read_as_tflite_reads_it(tmp_path):
+    """TFLite takes max(builtin_code, deprecated_builtin_code); the binding's BuiltinCode()
+    gives the deprecated field (0, ADD, where a writer zeroed or left it out, as
+    ai-edge-quantizer does) for codes under 127. fp16_weights' DEQUANTIZE with its
+    deprecated code zeroed: LiteRT still runs it as DEQUANTIZE, and so must the converter."""
+    from tflite.Model import Model
+    data = bytearray((DATA / "fp16_weights.tflite").read_bytes())
+    root = Model.GetRootAsModel(data, 0)
+    code = next(root.OperatorCodes(k) for k in range(root.OperatorCodesLength())
+                if root.OperatorCodes(k).BuiltinCode() == 6)  # DEQUANTIZE
+    at = code._tab.Pos + code._tab.Offset(4)  # OperatorCode.deprecated_builtin_code (field 0, int8)
+    data[at] = 0
+    path = tmp_path / "zeroed.tflite"
+    path.write_bytes(bytes(data))
+    assert [op.opcode for op in reader.read(path).subgraphs[0].operators].count("DEQUANTIZE") > 0
+    tflite_converter.convert(path, tmp_path / "m.efl")
+    litert = LiteRT(model_path=str(path))
+    litert.allocate_tensors()
+    (d,) = litert.get_input_details()
+    x = np.random.default_rng(2).standard_normal(d["shape"]).astype(np.float32)
+    litert.set_tensor(d["index"], x)
+    litert.invoke()
+    want = litert.get_tensor(litert.get_output_details()[0]["index"])
+    got = next(iter(ef.Interpreter(tmp_path / "m.efl").get_signature_runner("infer")(**{d["name"]: x}).values()))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
 def test_a_landmark_op_of_another_version_is_reported(tmp_path):
     """Version 1 of TransformLandmarks has other semantics (rank 4, a scale): named, not guessed."""
     data = bytearray((DATA / "mediapipe_landmarks.tflite").read_bytes())
