@@ -8,7 +8,9 @@ torchvision classifiers at 224x224 and its LR-ASPP MobileNetV3 segmenter at 256x
 Hugging Face transformers a BERT-like encoder (4 layers, hidden 256, 4 heads, sequence 128;
 inputs token ids and an attention mask), a small ViT (4 layers, hidden 192, 224x224) and a
 small GPT-2 language model (4 layers, hidden 256, 64 tokens); torch.nn recurrences as
-bench_models.py has them (a 2-layer LSTM, a bidirectional GRU, 50 steps of 64 features).
+bench_models.py has them (a 2-layer LSTM, a bidirectional GRU, 50 steps of 64 features);
+ResNet-18 and the BERT-like encoder through litert-torch's quantization recipes (int8
+weights, int8 weights with dynamically quantized activations, float16 weights).
 It runs under a Python with litert-torch, torch, torchvision and transformers installed
 (`pip install litert-torch==0.10.0 torch==2.14.1 torchvision==0.29.1`), which edgeflow's
 own environment need not have; it imports nothing of edgeflow.
@@ -18,7 +20,14 @@ import pathlib
 
 VISION = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "shufflenet_v2_x1_0",
           "squeezenet1_1", "regnet_y_400mf", "convnext_tiny", "swin_t")
-MODELS = VISION + ("lraspp_mobilenet_v3", "bert_encoder", "vit_encoder", "gpt2_lm", "lstm2", "bigru")
+# litert-torch's quantization recipes (ai-edge-quantizer): int8 weights with float
+# activations, int8 weights with activations quantized on the fly (LiteRT's integer GEMMs),
+# float16 weights
+RECIPES = {"_int8_weights": "full_weight_only_recipe", "_int8_dynamic": "full_dynamic_recipe",
+           "_fp16": "full_fp16_recipe"}
+MODELS = VISION + ("lraspp_mobilenet_v3", "bert_encoder", "vit_encoder", "gpt2_lm", "lstm2", "bigru",
+                   "resnet18_int8_weights", "resnet18_int8_dynamic", "resnet18_fp16", "bert_encoder_int8_weights",
+                   "bert_encoder_int8_dynamic", "bert_encoder_fp16")
 
 
 def _module(name):
@@ -84,9 +93,14 @@ def main():
         target = out / f"{name}.tflite"
         if target.exists():
             continue
-        module, example = _module(name)
+        suffix = next((k for k in RECIPES if name.endswith(k)), "")
+        module, example = _module(name[:len(name) - len(suffix)])
+        options = {}
+        if suffix:
+            from litert_torch.generative.quantize import quant_recipes
+            options["quant_config"] = getattr(quant_recipes, RECIPES[suffix])()
         part = target.with_suffix(".part")
-        litert_torch.convert(module, example).export(str(part))
+        litert_torch.convert(module, example, **options).export(str(part))
         part.replace(target)
         print(f"exported {target}", flush=True)
 
