@@ -1435,19 +1435,10 @@ def bind_adam(m, v, grad, var, outs, scalars):
     corrections before each run), split over the current workers where there are many
     elements; or None. Its unfused ops took ~13 passes over each variable's size (a
     ResNet-18 train step's Adam ~170 ms at batch 8)."""
-    arrays = (m, v, grad, *outs) + ((var,) if var is not None else ())
-    if not _takes(*arrays, scalars) or not available() or not m.size \
-            or any(a.shape != m.shape or not a.flags.c_contiguous for a in arrays):
+    ins = (m, v, grad, m if var is None else var)  # m stands in for var where the loop reads none
+    if not _takes(*ins, *outs, scalars) or not available():
         return None
-    flat = [a.reshape(-1) for a in (m, v, grad, m if var is None else var, *outs)]
-    decays = var is not None
-    workers = threads.current()
-    if workers is None or m.size < threads.MIN_ELEMENTS:
-        return _bound(adam_loop, *flat, scalars, decays)
-    edges = [[a * 16, b * 16] for a, b in threads.pieces(m.size // 16, workers.n)]  # whole cache lines
-    edges[-1][1] = m.size
-    steps = [_bound(adam_loop, *(x[a:b] for x in flat), scalars, decays) for a, b in edges]
-    return lambda: workers.run(steps)
+    return _elementwise(adam_loop, ins, tuple(outs), scalars, var is not None)
 
 
 def quantize_loop(x, scale, zero, out, a_, c_, b_, lo, hi):
@@ -1535,16 +1526,18 @@ def bind_where(cond, x, y, out):
 
 
 def _elementwise(loop, ins, out, *args):
-    """A step running loop(*ins, out, *args) over the elements of `ins` and out (C-contiguous,
-    of one shape), in pieces on the current workers where they are many; or None."""
-    if any(x.shape != out.shape or not x.flags.c_contiguous for x in ins) or not out.flags.c_contiguous \
-            or not out.size:
+    """A step running loop(*ins, *outs, *args) over the elements of `ins` and `out` (an array,
+    or a tuple of them; all C-contiguous, of one shape), in pieces on the current workers
+    where they are many; or None."""
+    arrays = (*ins, *(out if isinstance(out, tuple) else (out,)))
+    size, shape = arrays[-1].size, arrays[-1].shape
+    if any(x.shape != shape or not x.flags.c_contiguous for x in arrays) or not size:
         return None
-    ins, out = [x.reshape(-1) for x in ins], out.reshape(-1)
+    flat = [x.reshape(-1) for x in arrays]
     workers = threads.current()
-    if workers is None or out.size < threads.MIN_ELEMENTS:
-        return _bound(loop, *ins, out, *args)
-    edges = [[a * 16, b * 16] for a, b in threads.pieces(out.size // 16, workers.n)]  # whole cache lines
-    edges[-1][1] = out.size
-    steps = [_bound(loop, *(x[a:b] for x in ins), out[a:b], *args) for a, b in edges]
+    if workers is None or size < threads.MIN_ELEMENTS:
+        return _bound(loop, *flat, *args)
+    edges = [[a * 16, b * 16] for a, b in threads.pieces(size // 16, workers.n)]  # whole cache lines
+    edges[-1][1] = size
+    steps = [_bound(loop, *(x[a:b] for x in flat), *args) for a, b in edges]
     return lambda: workers.run(steps)
