@@ -120,6 +120,7 @@ def depthwise_cases(draw):
 def depthwise(request, monkeypatch):
     """Which of the two depthwise loops binds, whatever the plane's width: the name."""
     monkeypatch.setattr(jit, "DEPTHWISE_PLANE_MIN", 0 if request.param == "depthwise_loop" else 1 << 30)
+    monkeypatch.setattr(jit, "DEPTHWISE_SAME_MIN", 1 << 30)
     return request.param
 
 
@@ -155,6 +156,72 @@ def test_depthwise_float64(jit_mode, depthwise):
     expected = sum(w[None, :, 0, i, j, None, None] * padded[:, :, i:i + 9, j:j + 11]
                    for i in range(3) for j in range(3))
     np.testing.assert_allclose(got, np.maximum(expected + b[None, :, None, None], 0), rtol=1e-12, atol=1e-12)
+
+
+@st.composite
+def same_cases(draw):
+    """Stride-1 depthwise convs whose output plane is the input's (K x K, (K - 1) / 2 zeros
+    on every side): depthwise_same_loop's, on planes from the smallest it takes."""
+    k = draw(st.sampled_from([3, 5]))
+    c, n = draw(st.sampled_from([2, 5, 64, 67])), draw(st.integers(1, 2))
+    shape = (n, c, draw(st.integers(k + 1, 17)), draw(st.integers(k, 17)))
+    attrs = {"pads": (k // 2,) * 4, "group": c}
+    return shape, k, attrs, draw(st.sampled_from(list(ACTIVATIONS))), draw(st.booleans())
+
+
+@FEW
+@given(case=same_cases(), seed=st.integers(0, 2 ** 16))
+def test_depthwise_same_conv(mode, case, seed):
+    """depthwise_same_loop (taken here whatever the plane's width) against onnxruntime and
+    the numpy path, on planes whose rows and bands are a few elements long."""
+    shape, k, attrs, activation, with_bias = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((shape[1], 1, k, k)).astype(np.float32)
+    b = rng.standard_normal(shape[1]).astype(np.float32) if with_bias else None
+    inits = {"w": w, **({"b": b} if with_bias else {})}
+    expected = ACTIVATIONS[activation](onnx_run([helper.make_node("Conv", ["x", *inits], ["y"], **attrs)], x, inits))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(jit, "DEPTHWISE_SAME_MIN", 0)
+        check(mode, lambda t: apply("conv", [t, *inits.values()], {**attrs, "activation": activation}), x,
+              expected, "depthwise_same_loop")
+
+
+@pytest.mark.parametrize("k", [3, 5])
+def test_depthwise_same_keeps_rows_apart(jit_mode, k):
+    """The long run reads a row's neighbours past its ends and drops them by mask: an inf or
+    a NaN at the end of a row (or of a channel) reaches only the outputs whose windows hold
+    it, as in onnxruntime; the default width threshold picks the loop for a 16-wide plane."""
+    rng = np.random.default_rng(k)
+    x = rng.standard_normal((1, 3, 12, 16)).astype(np.float32)
+    x[0, 0, 4, -1], x[0, 1, 7, 0], x[0, 2, -1, -1], x[0, 1, 0, 0] = np.inf, -np.inf, np.nan, np.inf
+    w = rng.standard_normal((3, 1, k, k)).astype(np.float32)
+    attrs = {"pads": (k // 2,) * 4, "group": 3}
+    expected = onnx_run([helper.make_node("Conv", ["x", "w"], ["y"], **attrs)], x, {"w": w})
+    assert np.isfinite(expected).sum() > expected.size // 2
+    jit_mode[1].clear()
+    got = run(lambda t: apply("conv", [t, w], {**attrs, "activation": ""}), x)
+    assert "depthwise_same_loop" in jit_mode[1]
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(expected))
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected[np.isfinite(expected)]).max())
+
+
+def test_depthwise_same_float64(jit_mode):
+    """float64 operands take depthwise_same_loop too, in float64."""
+    rng = np.random.default_rng(2)
+    x, w, b = rng.standard_normal((2, 5, 11, 12)), rng.standard_normal((5, 1, 5, 5)), rng.standard_normal(5)
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float64, x.shape, name="x")
+        y = apply("conv", [t, w, b], {"pads": (2, 2, 2, 2), "group": 5, "activation": "relu6"})
+    jit_mode[1].clear()
+    got = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})}))) \
+        .get_signature_runner("infer")(x=x)["y"]
+    assert "depthwise_same_loop" in jit_mode[1]
+    padded = np.pad(x, ((0, 0), (0, 0), (2, 2), (2, 2)))
+    expected = sum(w[None, :, 0, i, j, None, None] * padded[:, :, i:i + 11, j:j + 12]
+                   for i in range(5) for j in range(5))
+    np.testing.assert_allclose(got, np.clip(expected + b[None, :, None, None], 0, 6), rtol=1e-12, atol=1e-12)
 
 
 def test_depthwise_mobilenet_layer(mode, depthwise):

@@ -118,18 +118,25 @@ def _rows(a, length):
 
 # -- depthwise convolution ------------------------------------------------------------------
 #
-# Two loops, both one pass over x and out per call, indexing flat arrays with unsigned
+# Three loops, each one pass over x and out per call, indexing flat arrays with unsigned
 # integers: numba checks every signed index for a negative one to wrap, which keeps LLVM from
 # vectorizing a loop whose index is an offset plus the loop counter, and a slice per row costs
-# ~8 ns. `depthwise_loop` runs a channel at a time over its plane's long runs (wide planes);
-# `depthwise_channels_loop` runs blocks of DEPTHWISE_BLOCK channels at every output position
-# (small planes, whose rows are too short to vectorize: 7x7 in MobileNetV2's last layers).
-# benchmarks/bench_conv.py times both against onnxruntime.
+# ~8 ns. `depthwise_same_loop` runs stride-1 3x3 and 5x5 convs whose output plane is the
+# input's (MobileNet's, EfficientNet's and MediaPipe's stride-1 layers) over x in place, a
+# channel's inner rows as one long run; `depthwise_loop` runs a channel at a time over the
+# long runs of its plane's zero-bordered copy (other wide planes: strides, dilations, other
+# pads); `depthwise_channels_loop` runs blocks of DEPTHWISE_BLOCK channels at every output
+# position (small planes, whose rows are too short to vectorize: 7x7 in MobileNetV2's last
+# layers). benchmarks/bench_conv.py times them against onnxruntime.
 
 # Planes at least this wide (output columns) run depthwise_loop, narrower ones
-# depthwise_channels_loop: the crossover measured on MobileNet's and EfficientNet's layers
-# (at 7 columns the channel blocks take 0.6x the plane loop's time, at 10-14 1.2-1.4x).
-DEPTHWISE_PLANE_MIN = 10
+# depthwise_channels_loop: the crossover measured on 3x3 and 5x5 layers (at 10-14 columns
+# the channel blocks take 0.5-0.7x the plane loop's time, at 16 1.6x, at 27-28 1.5-2.2x).
+DEPTHWISE_PLANE_MIN = 16
+# Stride-1 "same" convs on planes at least this wide run depthwise_same_loop: against the
+# other two, 1.5-2.5x faster on 3x3 planes of 14-112, 1.2-1.5x on 5x5 ones of 14-28, even
+# at 12, slower on 7-10 (its border rows are most of such a plane).
+DEPTHWISE_SAME_MIN = 12
 DEPTHWISE_BLOCK = 64  # channels of depthwise_channels_loop's blocks: 8 AVX2 vectors of float32
 # Convs of one group and at most this many input channels run small_conv_loop (stems of RGB
 # images): up to 1.5x faster than im2col and a BLAS product for 3x3 and 5x5 kernels, slower
@@ -463,6 +470,80 @@ def depthwise_channels_loop(x, w, b, out, dims, xt, wt, acc, act):
                     _activate_run(out, dst, ohw, act)
 
 
+def _same_run(x, s, out, d, length, masks, m, w, wc, bias, k_, w_, hw, act):
+    """out[d + i] (i < length) = act(bias + the sum over taps (a, c) of w[wc + a * K + c] times
+    x[s + i + a * W + c]), a K x K window (3 or 5) read from x's rows of W as one long run:
+    the window of an output in column j reads from x's next or previous row where j + c
+    falls outside the row, so kernel column c's sum counts only where masks[c * HW + m + i]."""
+    zero = out.dtype.type(0)
+    six = out.dtype.type(6)
+    one, two = _U(1), _U(2)
+    if k_ == _U(3):
+        w0, w1, w2, w3, w4 = w[wc], w[wc + one], w[wc + two], w[wc + _U(3)], w[wc + _U(4)]
+        w5, w6, w7, w8 = w[wc + _U(5)], w[wc + _U(6)], w[wc + _U(7)], w[wc + _U(8)]
+        r1, r2, m2 = s + w_, s + w_ + w_, m + hw + hw
+        for k in range(length):
+            col0 = w0 * x[s + k] + w3 * x[r1 + k] + w6 * x[r2 + k]
+            col1 = w1 * x[s + k + one] + w4 * x[r1 + k + one] + w7 * x[r2 + k + one]
+            col2 = w2 * x[s + k + two] + w5 * x[r1 + k + two] + w8 * x[r2 + k + two]
+            v = bias + col1 + (col0 if masks[m + k] else zero) + (col2 if masks[m2 + k] else zero)
+            if act == 1:
+                v = zero if v < zero else v
+            elif act == 2:
+                v = zero if v < zero else v
+                v = six if v > six else v
+            out[d + k] = v
+    else:
+        r1, r2, r3, r4 = s + w_, s + two * w_, s + _U(3) * w_, s + _U(4) * w_
+        m1, m3, m4 = m + hw, m + _U(3) * hw, m + _U(4) * hw
+        t00, t01, t02, t03, t04, t10, t11, t12, t13, t14, t20, t21, t22, t23, t24, t30, t31, t32, t33, t34, t40, t41, t42, t43, t44 = \
+            w[wc + _U(0)], w[wc + _U(1)], w[wc + _U(2)], w[wc + _U(3)], w[wc + _U(4)], w[wc + _U(5)], w[wc + _U(6)], w[wc + _U(7)], w[wc + _U(8)], w[wc + _U(9)], w[wc + _U(10)], w[wc + _U(11)], w[wc + _U(12)], w[wc + _U(13)], w[wc + _U(14)], w[wc + _U(15)], w[wc + _U(16)], w[wc + _U(17)], w[wc + _U(18)], w[wc + _U(19)], w[wc + _U(20)], w[wc + _U(21)], w[wc + _U(22)], w[wc + _U(23)], w[wc + _U(24)]
+        for k in range(length):
+            col0 = t00 * x[s + k + _U(0)] + t10 * x[r1 + k + _U(0)] + t20 * x[r2 + k + _U(0)] + t30 * x[r3 + k + _U(0)] + t40 * x[r4 + k + _U(0)]
+            col1 = t01 * x[s + k + _U(1)] + t11 * x[r1 + k + _U(1)] + t21 * x[r2 + k + _U(1)] + t31 * x[r3 + k + _U(1)] + t41 * x[r4 + k + _U(1)]
+            col2 = t02 * x[s + k + _U(2)] + t12 * x[r1 + k + _U(2)] + t22 * x[r2 + k + _U(2)] + t32 * x[r3 + k + _U(2)] + t42 * x[r4 + k + _U(2)]
+            col3 = t03 * x[s + k + _U(3)] + t13 * x[r1 + k + _U(3)] + t23 * x[r2 + k + _U(3)] + t33 * x[r3 + k + _U(3)] + t43 * x[r4 + k + _U(3)]
+            col4 = t04 * x[s + k + _U(4)] + t14 * x[r1 + k + _U(4)] + t24 * x[r2 + k + _U(4)] + t34 * x[r3 + k + _U(4)] + t44 * x[r4 + k + _U(4)]
+            v = (bias + col2 + (col0 if masks[m + k] else zero) + (col1 if masks[m1 + k] else zero)
+                 + (col3 if masks[m3 + k] else zero) + (col4 if masks[m4 + k] else zero))
+            if act == 1:
+                v = zero if v < zero else v
+            elif act == 2:
+                v = zero if v < zero else v
+                v = six if v > six else v
+            out[d + k] = v
+
+
+def depthwise_same_loop(x, w, b, out, dims, masks, top_band, bottom_band, act):
+    """out = act(depthwise conv of x by w (C * K * K) + b) for a K x K kernel (3 or 5),
+    stride 1, dilation 1 and P = (K - 1) / 2 zeros on every side (the output plane the
+    input's, H x W), x and out (N, C, H, W) flat, a channel at a time with no copy of the
+    plane: output rows P + 1 to H - P - 2 are one `_same_run` over x in place (masks: H * W
+    per kernel column, 1 where its column falls inside the row); the first and last P + 1
+    rows are runs over `top_band` and `bottom_band`, each x's K rows next to them between
+    zero rows (P of them) and P zeros at either end. dims (uint64): N, C, H, W, K."""
+    one, zero_i = _U(1), _U(0)
+    n_, c_, h_, w_, k_ = dims[0], dims[1], dims[2], dims[3], dims[4]
+    p = k_ // _U(2)
+    hw, taps = h_ * w_, k_ * k_
+    band = (p + one) * w_  # outputs of a band
+    rows = k_ * w_  # x's elements in a band
+    top_at, bottom_at = p + p * w_, p  # where a band's rows of x start
+    middle = hw - band - band
+    c = c_ - one
+    for nc in range(n_ * c_):
+        c = zero_i if c + one == c_ else c + one
+        base, wc, bias = nc * hw, c * taps, b[c]
+        for i in range(rows):
+            top_band[top_at + i] = x[base + i]
+            bottom_band[bottom_at + i] = x[base + hw - rows + i]
+        _same_run(top_band, zero_i, out, base, band, masks, zero_i, w, wc, bias, k_, w_, hw, act)
+        _same_run(x, base + band - p * w_ - p, out, base + band, middle, masks, band, w, wc, bias, k_, w_, hw, act)
+        _same_run(bottom_band, zero_i, out, base + hw - band, band, masks, hw - band, w, wc, bias, k_, w_, hw, act)
+        if act >= 3:
+            _activate_run(out, base, hw, act)
+
+
 def depthwise_layout(x_shape, kernel_shape, strides, dilations, begin, out_shape, dtype):
     """(phases, tap_off, acc, cols, QW) of depthwise_loop: tap (kh, kw) reads phase
     (kh * dh % sh, kw * dw % sw) from row kh * dh // sh, column kw * dw // sw; a phase holds
@@ -514,6 +595,14 @@ def bind_depthwise(x, w, bias, out, strides, dilations, begin, activation):
         return None
     (n, c, h, wd), (kh, kw), (oh, ow) = x.shape, w.shape[2:], out.shape[2:]
     flat = (x.reshape(-1), w.reshape(-1), b, out.reshape(-1))
+    if tuple(strides) == (1, 1) and tuple(dilations) == (1, 1) and (oh, ow) == (h, wd) and kh == kw \
+            and kh in (3, 5) and tuple(begin[:2]) == (kh // 2, kw // 2) and h > kh and wd >= kw \
+            and ow >= DEPTHWISE_SAME_MIN:
+        p, columns = kh // 2, np.arange(h * wd) % wd
+        masks = np.stack([(columns + j - p >= 0) & (columns + j - p < wd) for j in range(kw)]).astype(np.uint8)
+        band = np.zeros(2 * p + (kh + p) * wd, x.dtype)
+        dims = np.array([n, c, h, wd, kh], _U)
+        return _bound(depthwise_same_loop, *flat, dims, masks.reshape(-1), band, band.copy(), act)
     if ow >= DEPTHWISE_PLANE_MIN:
         phases, tap_off, acc, cols, qw = depthwise_layout(x.shape[2:], w.shape[2:], strides, dilations, begin,
                                                           out.shape[2:], x.dtype)
@@ -1238,12 +1327,13 @@ def _hard_swishf(v):
 
 SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf", "_tanhf", "_swishf", "_hard_swishf",
            "_activate_run", "_load_phases", "_unload_phases", "_window_maxima", "_add_taps", "_add_taps4", "_crop_rows",
-           "_matmul_nt", "_tap_span")
+           "_matmul_nt", "_tap_span", "_same_run")
 # The activation and depthwise loops and SCALARS may contract a * b + c into one fused multiply-add where the
 # machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other
 # loops keep the arithmetic as written.
 _FASTMATH = dict.fromkeys(("sigmoid_loop", "swish_loop", "hard_sigmoid_loop", "hard_swish_loop",
-                           "gelu_float32_loop", "depthwise_loop", "depthwise_channels_loop", "small_conv_loop"),
+                           "gelu_float32_loop", "depthwise_loop", "depthwise_channels_loop", "depthwise_same_loop",
+                           "small_conv_loop"),
                           {"contract"})
 _FASTMATH["_matmul_nt"] = _FASTMATH["depthwise_filter_grad_loop"] = {"contract", "reassoc"}  # sums vectorize
 _FASTMATH["depthwise_input_grad_loop"] = {"contract"}
