@@ -134,8 +134,8 @@ def _rows(a, length):
 # the channel blocks take 0.5-0.7x the plane loop's time, at 16 1.6x, at 27-28 1.5-2.2x).
 DEPTHWISE_PLANE_MIN = 16
 # Stride-1 "same" convs on planes at least this wide run depthwise_same_loop: against the
-# other two, 1.5-2.5x faster on 3x3 planes of 14-112, 1.2-1.5x on 5x5 ones of 14-28, even
-# at 12, slower on 7-10 (its border rows are most of such a plane).
+# other two, 1.5-3x faster on 3x3 planes of 12-112 and 5x5 ones of 14-28, 1.2x on 5x5 at 12,
+# even at 10, slower on 7 (its border rows are most of such a plane).
 DEPTHWISE_SAME_MIN = 12
 DEPTHWISE_BLOCK = 64  # channels of depthwise_channels_loop's blocks: 8 AVX2 vectors of float32
 # Convs of one group and at most this many input channels run small_conv_loop (stems of RGB
@@ -470,13 +470,14 @@ def depthwise_channels_loop(x, w, b, out, dims, xt, wt, acc, act):
                     _activate_run(out, dst, ohw, act)
 
 
-def _same_run(x, s, out, d, length, masks, m, w, wc, bias, k_, w_, hw, act):
-    """out[d + i] (i < length) = act(bias + the sum over taps (a, c) of w[wc + a * K + c] times
+def _same_run(x, s, out, d, length, masks, m, w, wc, bias, k_, w_, hw, lo, hi):
+    """out[d + i] (i < length) = clip(bias + the sum over taps (a, c) of w[wc + a * K + c] times
     x[s + i + a * W + c]), a K x K window (3 or 5) read from x's rows of W as one long run:
     the window of an output in column j reads from x's next or previous row where j + c
-    falls outside the row, so kernel column c's sum counts only where masks[c * HW + m + i]."""
+    falls outside the row, so kernel column c's sum counts only where masks[c * HW + m + i].
+    The clip to [lo, hi] is relu's or relu6's, or none (infinite bounds): one loop for all
+    three, with no branch in it."""
     zero = out.dtype.type(0)
-    six = out.dtype.type(6)
     one, two = _U(1), _U(2)
     if k_ == _U(3):
         w0, w1, w2, w3, w4 = w[wc], w[wc + one], w[wc + two], w[wc + _U(3)], w[wc + _U(4)]
@@ -487,12 +488,8 @@ def _same_run(x, s, out, d, length, masks, m, w, wc, bias, k_, w_, hw, act):
             col1 = w1 * x[s + k + one] + w4 * x[r1 + k + one] + w7 * x[r2 + k + one]
             col2 = w2 * x[s + k + two] + w5 * x[r1 + k + two] + w8 * x[r2 + k + two]
             v = bias + col1 + (col0 if masks[m + k] else zero) + (col2 if masks[m2 + k] else zero)
-            if act == 1:
-                v = zero if v < zero else v
-            elif act == 2:
-                v = zero if v < zero else v
-                v = six if v > six else v
-            out[d + k] = v
+            v = lo if v < lo else v  # NaN stays NaN, as in relu's and relu6's loops
+            out[d + k] = hi if v > hi else v
     else:
         r1, r2, r3, r4 = s + w_, s + two * w_, s + _U(3) * w_, s + _U(4) * w_
         m1, m3, m4 = m + hw, m + _U(3) * hw, m + _U(4) * hw
@@ -506,12 +503,8 @@ def _same_run(x, s, out, d, length, masks, m, w, wc, bias, k_, w_, hw, act):
             col4 = t04 * x[s + k + _U(4)] + t14 * x[r1 + k + _U(4)] + t24 * x[r2 + k + _U(4)] + t34 * x[r3 + k + _U(4)] + t44 * x[r4 + k + _U(4)]
             v = (bias + col2 + (col0 if masks[m + k] else zero) + (col1 if masks[m1 + k] else zero)
                  + (col3 if masks[m3 + k] else zero) + (col4 if masks[m4 + k] else zero))
-            if act == 1:
-                v = zero if v < zero else v
-            elif act == 2:
-                v = zero if v < zero else v
-                v = six if v > six else v
-            out[d + k] = v
+            v = lo if v < lo else v  # NaN stays NaN, as in relu's and relu6's loops
+            out[d + k] = hi if v > hi else v
 
 
 def depthwise_same_loop(x, w, b, out, dims, masks, top_band, bottom_band, act):
@@ -530,6 +523,9 @@ def depthwise_same_loop(x, w, b, out, dims, masks, top_band, bottom_band, act):
     rows = k_ * w_  # x's elements in a band
     top_at, bottom_at = p + p * w_, p  # where a band's rows of x start
     middle = hw - band - band
+    inf = out.dtype.type(np.inf)
+    lo = out.dtype.type(0) if act == 1 or act == 2 else -inf
+    hi = out.dtype.type(6) if act == 2 else inf
     c = c_ - one
     for nc in range(n_ * c_):
         c = zero_i if c + one == c_ else c + one
@@ -537,9 +533,9 @@ def depthwise_same_loop(x, w, b, out, dims, masks, top_band, bottom_band, act):
         for i in range(rows):
             top_band[top_at + i] = x[base + i]
             bottom_band[bottom_at + i] = x[base + hw - rows + i]
-        _same_run(top_band, zero_i, out, base, band, masks, zero_i, w, wc, bias, k_, w_, hw, act)
-        _same_run(x, base + band - p * w_ - p, out, base + band, middle, masks, band, w, wc, bias, k_, w_, hw, act)
-        _same_run(bottom_band, zero_i, out, base + hw - band, band, masks, hw - band, w, wc, bias, k_, w_, hw, act)
+        _same_run(top_band, zero_i, out, base, band, masks, zero_i, w, wc, bias, k_, w_, hw, lo, hi)
+        _same_run(x, base + band - p * w_ - p, out, base + band, middle, masks, band, w, wc, bias, k_, w_, hw, lo, hi)
+        _same_run(bottom_band, zero_i, out, base + hw - band, band, masks, hw - band, w, wc, bias, k_, w_, hw, lo, hi)
         if act >= 3:
             _activate_run(out, base, hw, act)
 
