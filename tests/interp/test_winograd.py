@@ -11,7 +11,7 @@ from hypothesis import assume, given, settings, strategies as st
 from edgeflow import ops
 from edgeflow.errors import EdgeflowError
 from edgeflow.interp import threads
-from edgeflow.interp.kernels import KERNELS, winograd
+from edgeflow.interp.kernels import KERNELS, jit, winograd
 
 
 def onnx_conv(x, w, b, pads):
@@ -65,6 +65,28 @@ def assert_near(got, want, tol=TOL):
     assert err <= tol, f"max abs error {err:.2e} of the output scale {scale:.3g}"
 
 
+@pytest.fixture(params=["numpy", "jit"])
+def transforms(request, monkeypatch):
+    """Which path the tiles' transforms take: numpy's products (numba not loaded, as a plan
+    that loaded nothing else runs them), or jit.py's loops (the jit extra is installed with
+    the tests: a broken numba fails here). Returns (path, the names of the loops bound)."""
+    bound = []
+    if request.param == "numpy":
+        monkeypatch.setattr(jit, "loaded", lambda: False)
+    else:
+        assert jit.available(), "numba does not import"
+        monkeypatch.setattr(jit, "SMALL_CONV_CHANNELS", 0)  # convs of 1-4 channels take Winograd too, not the stem loop
+        compiled = jit.compiled
+        monkeypatch.setattr(jit, "compiled", lambda loop, *args: bound.append(loop.__name__) or compiled(loop, *args))
+    return request.param, bound
+
+
+def check_transforms(transforms, *loops):
+    """Under the JIT, `loops` were bound (and under numpy none of them)."""
+    path, bound = transforms
+    assert set(loops) <= set(bound) if path == "jit" else not set(loops) & set(bound), bound
+
+
 @st.composite
 def problems(draw):
     n, c, m = draw(st.integers(1, 3)), draw(st.integers(1, 5)), draw(st.integers(1, 5))
@@ -78,10 +100,12 @@ def problems(draw):
 @pytest.mark.parametrize("algo", ["winograd2", "winograd4"])
 @settings(max_examples=12)
 @given(problem=problems())
-def test_winograd_matches_references(algo, problem):
+def test_winograd_matches_references(algo, problem, transforms):
     """Odd sizes (tiles cut by the output's edge, H or W below a tile), asymmetric pads, bias
-    or none, relu or none, w a constant (transformed once) or a variable (at each run)."""
+    or none, relu or none, w a constant (transformed once) or a variable (at each run); the
+    tiles' transforms in numpy and in jit.py's loops."""
     n, c, m, h, wd, pads, bias, activation, constant, seed = problem
+    transforms[1].clear()
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, c, h, wd)).astype(np.float32)
     w = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
@@ -90,6 +114,7 @@ def test_winograd_matches_references(algo, problem):
         w.setflags(write=False)
     step, out = conv(x, w, b, pads, activation, algo)
     step()
+    check_transforms(transforms, "winograd_input_loop", "winograd_output_loop")
     want = reference(x, w, b, pads, activation)
     assert_near(out, want)
     direct_step, direct = conv(x, w, b, pads, activation, "direct")
@@ -104,16 +129,40 @@ def test_winograd_matches_references(algo, problem):
 
 
 @pytest.mark.parametrize("algo", ["winograd2", "winograd4"])
-def test_winograd_float64(algo):
+@pytest.mark.parametrize("activation", ["", "relu6", "hard_swish"])
+def test_winograd_float64(algo, activation, transforms):
+    """float64 to float64's precision, with the activations the output loop clips to (relu6)
+    or runs after the tiles (hard_swish: float32 alone in the loops, so numpy's here)."""
     rng = np.random.default_rng(3)
     x, w, b = rng.standard_normal((2, 6, 9, 10)), rng.standard_normal((7, 6, 3, 3)), rng.standard_normal(7)
-    step, out = conv(x, w, b, (1, 0, 2, 1), "", algo)
+    step, out = conv(x, w, b, (1, 0, 2, 1), activation, algo)
     step()
-    assert_near(out, reference(x, w, b, (1, 0, 2, 1)), 1e-12)
+    check_transforms(transforms, "winograd_input_loop", *(["winograd_output_loop"] if activation != "hard_swish" else []))
+    y = reference(x, w, b, (1, 0, 2, 1))
+    want = {"": y, "relu6": np.clip(y, 0, 6), "hard_swish": y * np.clip(y + 3, 0, 6) / 6}[activation]
+    assert_near(out, want, 1e-12)
 
 
 @pytest.mark.parametrize("algo", ["winograd2", "winograd4"])
-def test_error_on_a_resnet_like_layer(algo):
+def test_winograd_output_loop_activations(algo, transforms):
+    """float32's fused activations through the output loop: relu6 clipped in it, swish and
+    hard_swish after its tiles, against float64."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 9, 13, 11)).astype(np.float32)
+    w, b = rng.standard_normal((10, 9, 3, 3)).astype(np.float32), rng.standard_normal(10).astype(np.float32)
+    w.setflags(write=False)
+    y = reference(x, w, b, (1, 1, 1, 1))
+    for activation, f in (("relu6", lambda v: np.clip(v, 0, 6)), ("swish", lambda v: v / (1 + np.exp(-v))),
+                          ("hard_swish", lambda v: v * np.clip(v + 3, 0, 6) / 6)):
+        transforms[1].clear()
+        step, out = conv(x, w, b, (1, 1, 1, 1), activation, algo)
+        step()
+        check_transforms(transforms, "winograd_input_loop", "winograd_output_loop")
+        assert_near(out, f(y))
+
+
+@pytest.mark.parametrize("algo", ["winograd2", "winograd4"])
+def test_error_on_a_resnet_like_layer(algo, transforms):
     """He-initialised weights, inputs of magnitude ~1, 128 channels: the bound of the module doc."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 128, 16, 16)).astype(np.float32)
@@ -136,7 +185,7 @@ def test_resnet_layer_takes_the_winograd_path(monkeypatch):
     the path the rule picks, F(4x4), and computes the conv; forced direct, it does not."""
     bound = []
     original = winograd.conv
-    monkeypatch.setattr(winograd, "conv", lambda *args: bound.append(args[-1]) or original(*args))
+    monkeypatch.setattr(winograd, "conv", lambda *args: bound.append(args[5]) or original(*args))
     rng = np.random.default_rng(1)
     x = rng.standard_normal((1, 64, 56, 56)).astype(np.float32)
     w = (rng.standard_normal((64, 64, 3, 3)) * np.sqrt(2 / (9 * 64))).astype(np.float32)
@@ -166,7 +215,7 @@ def test_forcing_where_winograd_does_not_apply_and_bad_values():
 
 @pytest.mark.parametrize("algo", ["winograd2", "winograd4"])
 @pytest.mark.parametrize("constant", [True, False])
-def test_split_over_workers(algo, constant):
+def test_split_over_workers(algo, constant, transforms):
     """Bound with 3 intra-op workers (each phase split over them, and a variable's weight
     transform at each run), on an odd layer."""
     rng = np.random.default_rng(4)
@@ -247,7 +296,7 @@ def input_grad_reference(dy, w, pads, x_shape):
 @pytest.mark.parametrize("algo", ["winograd2", "winograd4"])
 @settings(max_examples=12)
 @given(problem=problems())
-def test_input_gradient_as_a_winograd_conv(algo, problem):
+def test_input_gradient_as_a_winograd_conv(algo, problem, transforms):
     """A train step's input gradient of a 3x3 stride-1 conv runs as a conv of dy with the
     flipped, channel-swapped weights (a variable: copied every run) on the Winograd path,
     against a float64 reference and the im2col path (forced direct)."""
@@ -304,7 +353,7 @@ def filter_grad(x, dy, c_out, pads, forced, workers=None):
 @pytest.mark.parametrize("algo", ["winograd2", "winograd4"])
 @settings(max_examples=12)
 @given(problem=problems())
-def test_filter_gradient_on_the_winograd_path(algo, problem):
+def test_filter_gradient_on_the_winograd_path(algo, problem, transforms):
     """A train step's filter gradient of a 3x3 stride-1 conv with F(m x m, 3x3)'s transforms
     run backwards (odd sizes, tiles cut by the output's edge, asymmetric pads), against a
     float64 reference and the im2col path (forced direct); a new dy, a new gradient."""
@@ -313,9 +362,11 @@ def test_filter_gradient_on_the_winograd_path(algo, problem):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, c, h, wd)).astype(np.float32)
     dy = rng.standard_normal((n, m, h + pads[0] + pads[2] - 2, wd + pads[1] + pads[3] - 2)).astype(np.float32)
+    transforms[1].clear()
     step, out, bound = filter_grad(x, dy, m, pads, algo)
     step()
     assert bound == [algo]
+    check_transforms(transforms, "winograd_input_loop", "winograd_gradient_loop")
     assert_near(out, filter_grad_reference(x, dy, pads))
     direct_step, direct, none = filter_grad(x, dy, m, pads, "direct")
     direct_step()
@@ -327,7 +378,7 @@ def test_filter_gradient_on_the_winograd_path(algo, problem):
 
 
 @pytest.mark.parametrize("algo", ["winograd2", "winograd4"])
-def test_filter_gradient_float64_and_split_over_workers(algo):
+def test_filter_gradient_float64_and_split_over_workers(algo, transforms):
     """float64 to float64's precision; with 3 workers (each phase split: x's channels, dy's
     channels, the products) the same gradient as one thread."""
     rng = np.random.default_rng(5)
@@ -369,7 +420,7 @@ def test_a_variable_layer_takes_the_variable_rule(monkeypatch):
     a variable's (transformed every run, a train step's) the direct path."""
     bound = []
     original = winograd.conv
-    monkeypatch.setattr(winograd, "conv", lambda *args: bound.append(args[-1]) or original(*args))
+    monkeypatch.setattr(winograd, "conv", lambda *args: bound.append(args[5]) or original(*args))
     rng = np.random.default_rng(2)
     x = rng.standard_normal((1, 512, 7, 7)).astype(np.float32)
     w = (rng.standard_normal((512, 512, 3, 3)) * np.sqrt(2 / (9 * 512))).astype(np.float32)

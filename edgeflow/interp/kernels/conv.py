@@ -286,7 +286,7 @@ def _conv(ins, outs, attrs):
     algo = winograd.choose(x, w, group, strides, dilations, out_shape,  # see winograd.py
                            winograd.variable_rule if w.flags.writeable else winograd.rule)
     if algo != "direct":
-        return with_activation(winograd.conv(x, w, bias, begin, out, algo), attrs["activation"], out)
+        return winograd.conv(x, w, bias, begin, out, algo, attrs["activation"])
     if math.prod(kernel_shape) == 1 and set(strides) == {1} and not any(begin + end):
         step, runs, acc = _pointwise(x, w, group, out), None, out
     elif _tiles_without_overlap(x, kernel_shape, group, strides, dilations, begin, end):

@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from .. import threads
+from ..arena import scratch
 
 # Fused activation codes of the loops (edgeflow.ops.registry.ACTIVATIONS).
 ACTIVATION_CODES = {"": 0, None: 0, "relu": 1, "relu6": 2, "swish": 3, "hard_swish": 4}
@@ -837,6 +838,282 @@ def bind_max_pool(x, out, kernel_shape, strides, dilations, begin):
     return _bound(max_pool_loop, x.reshape(-1), out.reshape(-1), dims, cols, phases, tap_off, acc)
 
 
+# -- Winograd transforms ----------------------------------------------------------------------
+#
+# winograd.py's tile transforms in numba, where numpy takes more passes and work: the
+# input's V = B^T d B for each a x a tile d of x (numpy: a padded copy of x, a strided
+# gather of the tiles and a product with B^T kron B^T, a^4 multiply-adds a tile and
+# channel) and the output's Y = A^T P A with the bias and the activation, into the output
+# plane (numpy: two products, a scatter, an activation pass). A channel at a time: its
+# tiles are gathered into `pbuf` (a^2 runs of its tiles), then each transform is two
+# passes of a-term sums (the rows', then the columns'), every sum one run across the
+# channel's tiles, written to one place (LLVM vectorizes such a loop; with several outputs
+# it cannot rule out their overlap, and stays scalar). The runs go on across a block of
+# channels (and all images): one image's tiles of a small plane (7x7) make runs too short
+# for the loops' vectors.
+
+WINOGRAD_RUN = 1024  # tiles of a block's runs, about (a whole number of channels)
+
+def _combine2(dst, at, src, o, stride, k, kat, n):
+    """dst[at + t] = sum over i < 2 of k[kat + i] * src[o + i * stride + t], for t < n."""
+    k0, k1 = k[kat], k[kat + _U(1)]
+    o1 = o + stride
+    for t in range(n):
+        dst[at + t] = k0 * src[o + t] + k1 * src[o1 + t]
+
+
+def _combine4(dst, at, src, o, stride, k, kat, n):
+    """dst[at + t] = sum over i < 4 of k[kat + i] * src[o + i * stride + t], for t < n."""
+    one, two = _U(1), _U(2)
+    k0, k1, k2, k3 = k[kat], k[kat + one], k[kat + two], k[kat + _U(3)]
+    o1, o2 = o + stride, o + stride + stride
+    o3 = o2 + stride
+    for t in range(n):
+        dst[at + t] = k0 * src[o + t] + k1 * src[o1 + t] + k2 * src[o2 + t] + k3 * src[o3 + t]
+
+
+def _combine6(dst, at, src, o, stride, k, kat, n):
+    """dst[at + t] = sum over i < 6 of k[kat + i] * src[o + i * stride + t], for t < n."""
+    one, two = _U(1), _U(2)
+    k0, k1, k2, k3, k4, k5 = k[kat], k[kat + one], k[kat + two], k[kat + _U(3)], k[kat + _U(4)], k[kat + _U(5)]
+    o1, o2 = o + stride, o + stride + stride
+    o3, o4 = o2 + stride, o2 + stride + stride
+    o5 = o4 + stride
+    for t in range(n):
+        dst[at + t] = (k0 * src[o + t] + k1 * src[o1 + t] + k2 * src[o2 + t] + k3 * src[o3 + t]
+                       + k4 * src[o4 + t] + k5 * src[o5 + t])
+
+
+def _combine(dst, at, src, o, stride, k, kat, n, a):
+    """_combine2, _combine4 or _combine6, for a = 2, 4 or 6 terms."""
+    if a == _U(2):
+        _combine2(dst, at, src, o, stride, k, kat, n)
+    elif a == _U(4):
+        _combine4(dst, at, src, o, stride, k, kat, n)
+    else:
+        _combine6(dst, at, src, o, stride, k, kat, n)
+
+
+def winograd_input_loop(x, v, bt, pbuf, tbuf, row, dims):
+    """v (a^2, C, tiles) = B^T d B for each a x a tile d of x (N, C, H, W; zeros past its
+    edges), a = m + 2, tile (n, i, j) at x's row i * m - top and column j * m - left, for
+    channels c0 to c1; bt: B^T (a, a), flat. A block of channels at a time, whose tiles
+    run on in v: pbuf, tbuf hold a^2 runs of the block's tiles (d's elements, then d B's:
+    element (r, s) of every tile in run r * a + s; pbuf.size / a^2 tiles a run, a whole
+    number of channels); row: a row of x between zeros (left of them before it, the tiles'
+    reach past it after). dims (uint64): N, C, H, W, tile rows, tile columns, top, left,
+    m, c0, c1."""
+    one = _U(1)
+    n_, c_, h_, w_, th, tw, top, left, m, c0, c1 = (dims[0], dims[1], dims[2], dims[3], dims[4], dims[5],
+                                                    dims[6], dims[7], dims[8], dims[9], dims[10])
+    zero = v.dtype.type(0)
+    a = m + _U(2)
+    per = th * tw  # an image's tiles
+    run_ = _U(pbuf.shape[0]) // (a * a)  # pbuf's stride from one run to the next
+    block = run_ // (n_ * per)  # channels a block
+    p2, p3, p4 = _U(2) * run_, _U(3) * run_, _U(4) * run_
+    plane = c_ * n_ * per  # v's stride from one of the a^2 positions to the next
+    for cs in range(c0, c1, block):
+        ce = min(c1, cs + block)
+        for c in range(cs, ce):
+            for n in range(n_):
+                xb = (n * c_ + c) * h_ * w_
+                blk = ((c - cs) * n_ + n) * per
+                for r in range(a):  # the gather: tile j's column s is x's column j * m + s - left
+                    for i in range(th):
+                        y = i * m + r  # x's row + top
+                        d = r * a * run_ + blk + i * tw
+                        if top <= y < h_ + top:  # the row into `row` (zeros around it), then its tiles' columns
+                            at = xb + (y - top) * w_
+                            for k in range(w_):
+                                row[left + k] = x[at + k]
+                            if m == _U(4):  # a tile's six columns a step (one loop a row: the rows are short)
+                                for j in range(tw):
+                                    q = j * m
+                                    pbuf[d + j], pbuf[d + run_ + j] = row[q], row[q + one]
+                                    pbuf[d + p2 + j], pbuf[d + p3 + j] = row[q + _U(2)], row[q + _U(3)]
+                                    pbuf[d + p4 + j], pbuf[d + p4 + run_ + j] = row[q + _U(4)], row[q + _U(5)]
+                            else:
+                                for j in range(tw):
+                                    q = j * m
+                                    pbuf[d + j], pbuf[d + run_ + j] = row[q], row[q + one]
+                                    pbuf[d + p2 + j], pbuf[d + p3 + j] = row[q + _U(2)], row[q + _U(3)]
+                        else:
+                            for s in range(a):
+                                for j in range(tw):
+                                    pbuf[d + s * run_ + j] = zero
+        length = (ce - cs) * n_ * per
+        for r in range(a):  # d B: row r of each tile, column s = sum over s' of d[r, s'] B[s', s]
+            for s in range(a):
+                _combine(tbuf, (r * a + s) * run_, pbuf, r * a * run_, run_, bt, s * a, length, a)
+        for k in range(a):  # B^T (d B): element (k, s) = sum over r of B^T[k, r] (d B)[r, s]
+            for s in range(a):
+                _combine(v, (k * a + s) * plane + cs * n_ * per, tbuf, s * run_, a * run_, bt, k * a, length, a)
+
+
+def winograd_gradient_loop(dy, z, a_, pbuf, tbuf, row, dims):
+    """z (a^2, M, tiles) = A g A^T for each m x m tile g of dy (N, M, OH, OW; zeros past its
+    edge), tile (n, i, j) at dy's row i * m and column j * m, for channels m0 to m1: the
+    filter gradient's transform of dy (winograd.filter_grad), a block of channels at a time
+    as in winograd_input_loop; a_: A (a, m), flat; pbuf: m^2 runs of a block's tiles, tbuf:
+    m * a; row: a row of dy with zeros after it. dims (uint64): N, M, OH, OW, tile rows,
+    tile columns, m, m0, m1."""
+    one = _U(1)
+    n_, mm_, oh_, ow_, th, tw, m, m0, m1 = (dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6],
+                                            dims[7], dims[8])
+    zero = z.dtype.type(0)
+    a = m + _U(2)
+    per = th * tw
+    run_ = _U(pbuf.shape[0]) // (m * m)
+    block = run_ // (n_ * per)
+    p2, p3 = _U(2) * run_, _U(3) * run_
+    plane = mm_ * n_ * per
+    for ms in range(m0, m1, block):
+        me = min(m1, ms + block)
+        for mm in range(ms, me):
+            for n in range(n_):
+                src = (n * mm_ + mm) * oh_ * ow_
+                blk = ((mm - ms) * n_ + n) * per
+                for r in range(m):  # the gather: tile j's column s is dy's column j * m + s
+                    for i in range(th):
+                        y = i * m + r
+                        d = r * m * run_ + blk + i * tw
+                        if y < oh_:
+                            for k in range(ow_):
+                                row[k] = dy[src + y * ow_ + k]
+                            if m == _U(4):
+                                for j in range(tw):
+                                    q = j * m
+                                    pbuf[d + j], pbuf[d + run_ + j] = row[q], row[q + one]
+                                    pbuf[d + p2 + j], pbuf[d + p3 + j] = row[q + _U(2)], row[q + _U(3)]
+                            else:
+                                for j in range(tw):
+                                    q = j * m
+                                    pbuf[d + j], pbuf[d + run_ + j] = row[q], row[q + one]
+                        else:
+                            for s in range(m):
+                                for j in range(tw):
+                                    pbuf[d + s * run_ + j] = zero
+        length = (me - ms) * n_ * per
+        for r in range(m):  # g A^T: element (r, j) = sum over s of g[r, s] A[j, s]
+            for j in range(a):
+                _combine(tbuf, (r * a + j) * run_, pbuf, r * m * run_, run_, a_, j * m, length, m)
+        for k in range(a):  # A (g A^T): element (k, j) = sum over r of A[k, r] (g A^T)[r, j]
+            for j in range(a):
+                _combine(z, (k * a + j) * plane + ms * n_ * per, tbuf, j * run_, a * run_, a_, k * m, length, m)
+
+
+def winograd_output_loop(p, b, at_, zbuf, ybuf, out, dims, act):
+    """out (N, M, OH, OW) = act(A^T P A + b) for each tile's a x a products P (p: (a^2, M,
+    tiles)), the m x m outputs of tile (n, i, j) at out's row i * m and column j * m (cropped
+    at the plane's edge), for output channels m0 to m1, a block of them at a time as in
+    winograd_input_loop; at_: A^T (m, a), flat; zbuf, ybuf: runs of a block's tiles (A^T P's
+    m * a elements, Y's m * m). The activation: 0 none,
+    1 relu, 2 relu6, 3 swish, 4 hard_swish. dims (uint64): N, M, OH, OW, tile rows, tile
+    columns, m, m0, m1."""
+    n_, mm_, oh_, ow_, th, tw, m, m0, m1 = (dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6],
+                                            dims[7], dims[8])
+    act = _U(act)
+    inf = out.dtype.type(np.inf)
+    lo = out.dtype.type(0) if act == _U(1) or act == _U(2) else -inf
+    hi = out.dtype.type(6) if act == _U(2) else inf
+    a = m + _U(2)
+    per = th * tw
+    run_ = _U(ybuf.shape[0]) // (m * m)
+    block = run_ // (n_ * per)
+    plane = mm_ * n_ * per
+    whole = ow_ // m  # tile columns inside out; a last one, if any, is cropped
+    for ms in range(m0, m1, block):
+        me = min(m1, ms + block)
+        length = (me - ms) * n_ * per
+        src = ms * n_ * per
+        for r in range(m):  # A^T P: element (r, j) = sum over i of A^T[r, i] P[i, j]
+            for j in range(a):
+                _combine(zbuf, (r * a + j) * run_, p, j * plane + src, a * plane, at_, r * a, length, a)
+        for r in range(m):  # (A^T P) A: element (r, s) = sum over j of (A^T P)[r, j] A^T[s, j]
+            for s in range(m):
+                _combine(ybuf, (r * m + s) * run_, zbuf, r * a * run_, run_, at_, s * a, length, a)
+        for mm in range(ms, me):
+            bias = b[mm]
+            for n in range(n_):
+                ob = (n * mm_ + mm) * oh_ * ow_
+                blk = ((mm - ms) * n_ + n) * per
+                for i in range(th):  # into out's rows, with the bias and the clip: a tile's m columns a step
+                    for r in range(min(m, oh_ - i * m)):
+                        d = ob + (i * m + r) * ow_
+                        q = r * m * run_ + blk + i * tw
+                        if m == _U(4):
+                            for j in range(whole):
+                                y0, y1 = ybuf[q + j] + bias, ybuf[q + run_ + j] + bias
+                                y2, y3 = ybuf[q + run_ + run_ + j] + bias, ybuf[q + _U(3) * run_ + j] + bias
+                                y0, y1 = lo if y0 < lo else y0, lo if y1 < lo else y1
+                                y2, y3 = lo if y2 < lo else y2, lo if y3 < lo else y3
+                                e = d + j * m
+                                out[e], out[e + _U(1)] = hi if y0 > hi else y0, hi if y1 > hi else y1
+                                out[e + _U(2)], out[e + _U(3)] = hi if y2 > hi else y2, hi if y3 > hi else y3
+                        else:
+                            for j in range(whole):
+                                y0, y1 = ybuf[q + j] + bias, ybuf[q + run_ + j] + bias
+                                y0, y1 = lo if y0 < lo else y0, lo if y1 < lo else y1
+                                e = d + j * m
+                                out[e], out[e + _U(1)] = hi if y0 > hi else y0, hi if y1 > hi else y1
+                        if whole < tw:
+                            for s in range(ow_ - whole * m):
+                                v = ybuf[q + s * run_ + whole] + bias
+                                v = lo if v < lo else v
+                                out[d + whole * m + s] = hi if v > hi else v
+                if act >= _U(3):
+                    _activate_run(out, ob, oh_ * ow_, act)
+
+
+def bind_winograd_input(x, v, m, begin, tile_rows, tile_cols, c0, c1):
+    """A step for winograd_input_loop over channels c0:c1 of x into v (a^2, C, tiles), or
+    None: numba not loaded (see `loaded`), or operands it does not take."""
+    if not loaded() or x.ndim != 4 or not _takes(x, v) or not (x.flags.c_contiguous and v.flags.c_contiguous):
+        return None
+    from .winograd import TRANSFORMS
+    a, run = m + 2, _winograd_run(x.shape[0] * tile_rows * tile_cols, c1 - c0)
+    dims = np.array([*x.shape, tile_rows, tile_cols, *begin[:2], m, c0, c1], _U)
+    bt = np.ascontiguousarray(TRANSFORMS[m][0], x.dtype).reshape(-1)
+    return _bound(winograd_input_loop, x.reshape(-1), v.reshape(-1), bt, scratch(a * a * run, x.dtype),
+                  scratch(a * a * run, x.dtype), np.zeros(max(tile_cols * m + 2, begin[1] + x.shape[3]), x.dtype),
+                  dims)
+
+
+def _winograd_run(tiles, channels):
+    """Tiles of a run of the Winograd loops' blocks: as many channels' tiles as fit in
+    WINOGRAD_RUN (one channel's at least, all `channels` at most)."""
+    return tiles * max(1, min(channels, WINOGRAD_RUN // tiles))
+
+
+def bind_winograd_gradient(dy, z, m, tile_rows, tile_cols, m0, m1):
+    """A step for winograd_gradient_loop over channels m0:m1 of dy into z (a^2, M, tiles),
+    or None."""
+    if not loaded() or dy.ndim != 4 or not _takes(dy, z) or not (dy.flags.c_contiguous and z.flags.c_contiguous):
+        return None
+    from .winograd import TRANSFORMS
+    a, run = m + 2, _winograd_run(dy.shape[0] * tile_rows * tile_cols, m1 - m0)
+    dims = np.array([*dy.shape, tile_rows, tile_cols, m, m0, m1], _U)
+    a_ = np.ascontiguousarray(TRANSFORMS[m][2].T, dy.dtype).reshape(-1)
+    return _bound(winograd_gradient_loop, dy.reshape(-1), z.reshape(-1), a_, scratch(m * m * run, dy.dtype),
+                  scratch(m * a * run, dy.dtype), np.zeros(tile_cols * m, dy.dtype), dims)
+
+
+def bind_winograd_output(p, bias, out, m, tile_rows, tile_cols, activation, m0, m1):
+    """A step for winograd_output_loop over output channels m0:m1 of the products p (a^2,
+    M, tiles) into out, with the bias (or none) and the fused activation, or None."""
+    b = np.zeros(out.shape[1], out.dtype) if bias is None else bias
+    act = _act_code(activation, out.dtype)
+    if not loaded() or out.ndim != 4 or not _takes(p, b, out) or act is None \
+            or not all(a.flags.c_contiguous for a in (p, b, out)):
+        return None
+    from .winograd import TRANSFORMS
+    a, run = m + 2, _winograd_run(out.shape[0] * tile_rows * tile_cols, m1 - m0)
+    dims = np.array([*out.shape, tile_rows, tile_cols, m, m0, m1], _U)
+    at_ = np.ascontiguousarray(TRANSFORMS[m][2], out.dtype).reshape(-1)
+    return _bound(winograd_output_loop, p.reshape(-1), b, at_, scratch(m * a * run, out.dtype),
+                  scratch(m * m * run, out.dtype), out.reshape(-1), dims, act)
+
 # -- resizing ---------------------------------------------------------------------------------
 
 def interpolate_loop(src, dst, index, weight, dims):
@@ -1323,13 +1600,14 @@ def _hard_swishf(v):
 
 SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf", "_tanhf", "_swishf", "_hard_swishf",
            "_activate_run", "_load_phases", "_unload_phases", "_window_maxima", "_add_taps", "_add_taps4", "_crop_rows",
-           "_matmul_nt", "_tap_span", "_same_run")
+           "_matmul_nt", "_tap_span", "_same_run", "_combine2", "_combine4", "_combine6", "_combine")
 # The activation and depthwise loops and SCALARS may contract a * b + c into one fused multiply-add where the
 # machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other
 # loops keep the arithmetic as written.
 _FASTMATH = dict.fromkeys(("sigmoid_loop", "swish_loop", "hard_sigmoid_loop", "hard_swish_loop",
                            "gelu_float32_loop", "depthwise_loop", "depthwise_channels_loop", "depthwise_same_loop",
-                           "small_conv_loop"),
+                           "small_conv_loop", "winograd_input_loop", "winograd_gradient_loop",
+                           "winograd_output_loop"),
                           {"contract"})
 _FASTMATH["_matmul_nt"] = _FASTMATH["depthwise_filter_grad_loop"] = {"contract", "reassoc"}  # sums vectorize
 _FASTMATH["depthwise_input_grad_loop"] = {"contract"}

@@ -42,6 +42,8 @@ from numpy.lib.stride_tricks import as_strided
 from ...errors import EdgeflowError
 from .. import threads
 from ..arena import outside, scratch
+from . import jit
+from .fused import with_activation
 
 ENV = "EDGEFLOW_CONV_ALGO"
 ALGOS = ("direct", "winograd2", "winograd4")
@@ -169,9 +171,11 @@ def _tiled(out, row0, rows, height, col0, cols, width, m):
                       (s[0], s[1], m * s[2], s[2], m * s[3], s[3]), writeable=True)
 
 
-def conv(x, w, bias, begin, out, algo):
-    """Step computing out = conv(x, w) + bias with F(m x m, 3x3), m = 2 for "winograd2", 4 for
-    "winograd4"; `begin` the (top, left) padding (the end padding follows from out's shape)."""
+def conv(x, w, bias, begin, out, algo, activation=""):
+    """Step computing out = activation(conv(x, w) + bias) with F(m x m, 3x3), m = 2 for
+    "winograd2", 4 for "winograd4"; `begin` the (top, left) padding (the end padding follows
+    from out's shape). Where numba is loaded (jit.loaded), the tiles' transforms run as
+    jit.py's loops (the input's, and the output's with the bias and the activation)."""
     m = {"winograd2": 2, "winograd4": 4}[algo]
     at = TRANSFORMS[m][2]
     a = m + 2
@@ -254,10 +258,19 @@ def conv(x, w, bias, begin, out, algo):
                     np.add(src, bias_part, out=dst)
         return run
 
-    phases = ([weights] if weights is not None else []) \
-        + [[make(lo, hi) for lo, hi in threads.pieces(length, workers.n if split else 1)]
-           for make, length in ((load, c), (product, a * a), (rows, a), (finish, mm))]
-    return partial(_run_phases, phases, workers)
+    n_parts = workers.n if split else 1
+    loaded = [jit.bind_winograd_input(x, v, m, begin, th, tw, lo, hi) for lo, hi in threads.pieces(c, n_parts)]
+    outputs = [jit.bind_winograd_output(products, bias, out, m, th, tw, activation, lo, hi)
+               for lo, hi in threads.pieces(mm, n_parts)]
+    transforms = [loaded if None not in loaded else [load(lo, hi) for lo, hi in threads.pieces(c, n_parts)],
+                  [product(lo, hi) for lo, hi in threads.pieces(a * a, n_parts)]]
+    if None not in outputs:
+        transforms.append(outputs)
+    else:
+        transforms += [[make(lo, hi) for lo, hi in threads.pieces(length, n_parts)] for make, length in
+                       ((rows, a), (finish, mm))]
+    step = partial(_run_phases, ([weights] if weights is not None else []) + transforms, workers)
+    return step if None not in outputs else with_activation(step, activation, out)
 
 
 def _transformed_tiles(copies, borders, transform, tiles, out):
@@ -340,6 +353,10 @@ def filter_grad(x, dy, begin, dw, algo):
         return partial(np.matmul, z[k0:k1], vt[k0:k1], out=du[k0:k1])
 
     finish = partial(np.matmul, du.reshape(a * a, -1).T, kg, out=dw.reshape(mm * c, 9))
-    phases = [[make(lo, hi) for lo, hi in threads.pieces(length, workers.n if split else 1)]
-              for make, length in ((load, c), (gradient, mm), (product, a * a))] + [[finish]]
+    n_parts = workers.n if split else 1
+    loops = ([jit.bind_winograd_input(x, v, m, begin, th, tw, lo, hi) for lo, hi in threads.pieces(c, n_parts)],
+             [jit.bind_winograd_gradient(dy, z, m, th, tw, lo, hi) for lo, hi in threads.pieces(mm, n_parts)])
+    phases = [bound if None not in bound else [make(lo, hi) for lo, hi in threads.pieces(length, n_parts)]
+              for bound, (make, length) in zip(loops, ((load, c), (gradient, mm)))]
+    phases += [[product(lo, hi) for lo, hi in threads.pieces(a * a, n_parts)], [finish]]
     return partial(_run_phases, phases, workers)
