@@ -153,14 +153,27 @@ def transformed_weights(w, m, workers=None):
     kg = kron(m, 1, w.dtype)  # (a^2, 9)
     mm, c = w.shape[:2]
     out = np.empty((len(kg), mm, c), w.dtype)
-    src, dst = np.asarray(w).reshape(mm * c, 9).T, out.reshape(len(kg), mm * c)
     n = workers.n if workers is not None and 2 * kg.size * mm * c >= threads.MIN_FLOPS else 1
-    parts = [partial(np.matmul, kg, src[:, a:b], out=dst[:, a:b]) for a, b in threads.pieces(mm * c, n)]
+    parts = _weight_steps(w, out, m, n)
     if len(parts) > 1:
         workers.run(parts)
     else:
         parts[0]()
     return out
+
+
+def _weight_steps(w, u, m, n_parts):
+    """Steps writing U = G g G^T of w (M, C, 3, 3) into u (a^2, M, C), its M * C kernels
+    split in `n_parts`: jit.py's loop where numba is loaded, else one product each with G
+    kron G."""
+    mm, c = w.shape[:2]
+    pieces = threads.pieces(mm * c, n_parts)
+    loops = [jit.bind_winograd_weights(w, u, m, lo, hi) for lo, hi in pieces]
+    if None not in loops:
+        return loops
+    kg = kron(m, 1, w.dtype)
+    src, dst = np.asarray(w).reshape(mm * c, 9).T, u.reshape(len(kg), mm * c)
+    return [partial(np.matmul, kg, src[:, lo:hi], out=dst[:, lo:hi]) for lo, hi in pieces]
 
 
 def _tiled(out, row0, rows, height, col0, cols, width, m):
@@ -207,10 +220,8 @@ def conv(x, w, bias, begin, out, algo, activation=""):
     workers = threads.current()
     if w.flags.writeable:  # a variable (a train step's): transformed at each run, into scratch
         u = scratch((a * a, mm, c), dt)
-        kg, src, dst = kron(m, 1, dt), w.reshape(mm * c, 9).T, u.reshape(a * a, -1)
-        n_parts = workers.n if workers is not None and 2 * kg.size * mm * c >= threads.MIN_FLOPS else 1
-        weights = [partial(np.matmul, kg, src[:, lo:hi], out=dst[:, lo:hi])
-                   for lo, hi in threads.pieces(mm * c, n_parts)]  # the M * C columns apart
+        n_parts = workers.n if workers is not None and 2 * a * a * 9 * mm * c >= threads.MIN_FLOPS else 1
+        weights = _weight_steps(w, u, m, n_parts)  # the M * C kernels apart
     else:
         u = transformed_weights(w, m, workers=workers)
         weights = None
