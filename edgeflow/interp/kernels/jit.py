@@ -903,6 +903,54 @@ def _combine(dst, at, src, o, stride, k, kat, n, a):
         _combine6(dst, at, src, o, stride, k, kat, n)
 
 
+def _gather_tiles(x, xb, h_, w_, top, left, m, k, th, tw, pbuf, blk, run_, row):
+    """The k x k tiles (k = m + 2: an input's, overlapping; k = m: dy's) of the (H, W) plane
+    of x at xb, tile (i, j) at the plane's row i * m - top and column j * m - left (zeros
+    past its edges), into k^2 runs of pbuf (element (r, s) of the tiles in run r * k + s,
+    runs run_ apart), from blk on. row: a row of the plane between zeros (left of them
+    before it, the tiles' reach past it after), written here but for those zeros."""
+    one, zero = _U(1), pbuf.dtype.type(0)
+    p2, p3 = _U(2) * run_, _U(3) * run_
+    p4 = p2 + p2
+    for r in range(k):
+        for i in range(th):
+            y = i * m + r  # the plane's row + top
+            d = r * k * run_ + blk + i * tw
+            if top <= y < h_ + top:  # the row into `row`, then its tiles' columns: a tile's k a step
+                at = xb + (y - top) * w_
+                for c in range(w_):
+                    row[left + c] = x[at + c]
+                if k == _U(6):
+                    for j in range(tw):
+                        q = j * m
+                        pbuf[d + j], pbuf[d + run_ + j] = row[q], row[q + one]
+                        pbuf[d + p2 + j], pbuf[d + p3 + j] = row[q + _U(2)], row[q + _U(3)]
+                        pbuf[d + p4 + j], pbuf[d + p4 + run_ + j] = row[q + _U(4)], row[q + _U(5)]
+                elif k == _U(4):
+                    for j in range(tw):
+                        q = j * m
+                        pbuf[d + j], pbuf[d + run_ + j] = row[q], row[q + one]
+                        pbuf[d + p2 + j], pbuf[d + p3 + j] = row[q + _U(2)], row[q + _U(3)]
+                else:
+                    for j in range(tw):
+                        q = j * m
+                        pbuf[d + j], pbuf[d + run_ + j] = row[q], row[q + one]
+            else:
+                for s in range(k):
+                    for j in range(tw):
+                        pbuf[d + s * run_ + j] = zero
+
+
+def _gather_block(x, c0, c1, n_, c_, h_, w_, top, left, m, k, th, tw, pbuf, run_, row):
+    """_gather_tiles of channels c0 to c1 of x (N, C, H, W), every image's, into pbuf's
+    runs: channel c's image n from ((c - c0) * N + n) * tiles per image on."""
+    per = th * tw
+    for c in range(c0, c1):
+        for n in range(n_):
+            _gather_tiles(x, (n * c_ + c) * h_ * w_, h_, w_, top, left, m, k, th, tw, pbuf, ((c - c0) * n_ + n) * per,
+                          run_, row)
+
+
 def winograd_input_loop(x, v, bt, pbuf, tbuf, row, dims):
     """v (a^2, C, tiles) = B^T d B for each a x a tile d of x (N, C, H, W; zeros past its
     edges), a = m + 2, tile (n, i, j) at x's row i * m - top and column j * m - left, for
@@ -912,45 +960,16 @@ def winograd_input_loop(x, v, bt, pbuf, tbuf, row, dims):
     number of channels); row: a row of x between zeros (left of them before it, the tiles'
     reach past it after). dims (uint64): N, C, H, W, tile rows, tile columns, top, left,
     m, c0, c1."""
-    one = _U(1)
     n_, c_, h_, w_, th, tw, top, left, m, c0, c1 = (dims[0], dims[1], dims[2], dims[3], dims[4], dims[5],
                                                     dims[6], dims[7], dims[8], dims[9], dims[10])
-    zero = v.dtype.type(0)
     a = m + _U(2)
     per = th * tw  # an image's tiles
     run_ = _U(pbuf.shape[0]) // (a * a)  # pbuf's stride from one run to the next
     block = run_ // (n_ * per)  # channels a block
-    p2, p3, p4 = _U(2) * run_, _U(3) * run_, _U(4) * run_
     plane = c_ * n_ * per  # v's stride from one of the a^2 positions to the next
     for cs in range(c0, c1, block):
         ce = min(c1, cs + block)
-        for c in range(cs, ce):
-            for n in range(n_):
-                xb = (n * c_ + c) * h_ * w_
-                blk = ((c - cs) * n_ + n) * per
-                for r in range(a):  # the gather: tile j's column s is x's column j * m + s - left
-                    for i in range(th):
-                        y = i * m + r  # x's row + top
-                        d = r * a * run_ + blk + i * tw
-                        if top <= y < h_ + top:  # the row into `row` (zeros around it), then its tiles' columns
-                            at = xb + (y - top) * w_
-                            for k in range(w_):
-                                row[left + k] = x[at + k]
-                            if m == _U(4):  # a tile's six columns a step (one loop a row: the rows are short)
-                                for j in range(tw):
-                                    q = j * m
-                                    pbuf[d + j], pbuf[d + run_ + j] = row[q], row[q + one]
-                                    pbuf[d + p2 + j], pbuf[d + p3 + j] = row[q + _U(2)], row[q + _U(3)]
-                                    pbuf[d + p4 + j], pbuf[d + p4 + run_ + j] = row[q + _U(4)], row[q + _U(5)]
-                            else:
-                                for j in range(tw):
-                                    q = j * m
-                                    pbuf[d + j], pbuf[d + run_ + j] = row[q], row[q + one]
-                                    pbuf[d + p2 + j], pbuf[d + p3 + j] = row[q + _U(2)], row[q + _U(3)]
-                        else:
-                            for s in range(a):
-                                for j in range(tw):
-                                    pbuf[d + s * run_ + j] = zero
+        _gather_block(x, cs, ce, n_, c_, h_, w_, top, left, m, a, th, tw, pbuf, run_, row)
         length = (ce - cs) * n_ * per
         for r in range(a):  # d B: row r of each tile, column s = sum over s' of d[r, s'] B[s', s]
             for s in range(a):
@@ -989,42 +1008,16 @@ def winograd_gradient_loop(dy, z, a_, pbuf, tbuf, row, dims):
     as in winograd_input_loop; a_: A (a, m), flat; pbuf: m^2 runs of a block's tiles, tbuf:
     m * a; row: a row of dy with zeros after it. dims (uint64): N, M, OH, OW, tile rows,
     tile columns, m, m0, m1."""
-    one = _U(1)
     n_, mm_, oh_, ow_, th, tw, m, m0, m1 = (dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6],
                                             dims[7], dims[8])
-    zero = z.dtype.type(0)
     a = m + _U(2)
     per = th * tw
     run_ = _U(pbuf.shape[0]) // (m * m)
     block = run_ // (n_ * per)
-    p2, p3 = _U(2) * run_, _U(3) * run_
     plane = mm_ * n_ * per
     for ms in range(m0, m1, block):
         me = min(m1, ms + block)
-        for mm in range(ms, me):
-            for n in range(n_):
-                src = (n * mm_ + mm) * oh_ * ow_
-                blk = ((mm - ms) * n_ + n) * per
-                for r in range(m):  # the gather: tile j's column s is dy's column j * m + s
-                    for i in range(th):
-                        y = i * m + r
-                        d = r * m * run_ + blk + i * tw
-                        if y < oh_:
-                            for k in range(ow_):
-                                row[k] = dy[src + y * ow_ + k]
-                            if m == _U(4):
-                                for j in range(tw):
-                                    q = j * m
-                                    pbuf[d + j], pbuf[d + run_ + j] = row[q], row[q + one]
-                                    pbuf[d + p2 + j], pbuf[d + p3 + j] = row[q + _U(2)], row[q + _U(3)]
-                            else:
-                                for j in range(tw):
-                                    q = j * m
-                                    pbuf[d + j], pbuf[d + run_ + j] = row[q], row[q + one]
-                        else:
-                            for s in range(m):
-                                for j in range(tw):
-                                    pbuf[d + s * run_ + j] = zero
+        _gather_block(dy, ms, me, n_, mm_, oh_, ow_, _U(0), _U(0), m, m, th, tw, pbuf, run_, row)
         length = (me - ms) * n_ * per
         for r in range(m):  # g A^T: element (r, j) = sum over s of g[r, s] A[j, s]
             for j in range(a):
@@ -1645,7 +1638,8 @@ def _hard_swishf(v):
 
 SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf", "_tanhf", "_swishf", "_hard_swishf",
            "_activate_run", "_load_phases", "_unload_phases", "_window_maxima", "_add_taps", "_add_taps4", "_crop_rows",
-           "_matmul_nt", "_tap_span", "_same_run", "_combine2", "_combine3", "_combine4", "_combine6", "_combine")
+           "_matmul_nt", "_tap_span", "_same_run", "_combine2", "_combine3", "_combine4", "_combine6", "_combine",
+           "_gather_tiles", "_gather_block")
 # The activation and depthwise loops and SCALARS may contract a * b + c into one fused multiply-add where the
 # machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other
 # loops keep the arithmetic as written.
