@@ -188,7 +188,15 @@ def test_conv_of_patches(problem, threads, seed):
     check_patches(problem, threads, seed)
 
 
-def check_patches(problem, threads, seed):
+@pytest.mark.parametrize("x_shape, w_shape, strides", [((1, 128, 2, 2), (213, 128, 2, 2), (1, 1)),
+                                                     ((2, 6, 5, 4), (7, 6, 4, 3), (2, 2))])
+def test_conv_of_one_window(x_shape, w_shape, strides):
+    """A conv with one window (a 1x1 output; iris_landmark's 2x2 conv over a 2x2 plane, and
+    a window with rows left past it) takes _patches too, whatever its strides."""
+    check_patches((x_shape, w_shape, True), None, 3, strides)
+
+
+def check_patches(problem, threads, seed, strides=None):
     """conv.py's _patches (one strided copy of the windows, one product) against onnxruntime,
     on one thread and split over two; the path is the one taken."""
     from edgeflow.format import writer
@@ -198,7 +206,7 @@ def check_patches(problem, threads, seed):
         return  # a 1x1 conv takes the pointwise path
     rng = np.random.default_rng(seed)
     x, w, b = operands(rng, x_shape, w_shape, bias)
-    attrs = {"strides": w_shape[2:], "activation": "relu"}
+    attrs = {"strides": strides or w_shape[2:], "activation": "relu"}
     g = ef.Graph()
     with g.as_default():
         t = ef.placeholder(ef.float32, x_shape, name="x")

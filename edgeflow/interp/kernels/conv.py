@@ -173,10 +173,12 @@ def _patches(x, w, out):
     return _Split(workers, parts)
 
 
-def _tiles_without_overlap(x, kernel_shape, group, strides, dilations, begin, end):
-    """Whether _patches computes this conv."""
-    return x.ndim == 4 and group == 1 and tuple(kernel_shape) == tuple(strides) and math.prod(kernel_shape) > 1 \
-        and set(dilations) == {1} and not any(begin + end)
+def _tiles_without_overlap(x, kernel_shape, group, strides, dilations, begin, end, out_shape):
+    """Whether _patches computes this conv: its windows tile x (kernel == strides), or it has
+    one window (a 1x1 output: iris_landmark's last 2x2 convs over 2x2 planes, 52 -> 34 us and
+    17 -> 7)."""
+    return x.ndim == 4 and group == 1 and math.prod(kernel_shape) > 1 and set(dilations) == {1} \
+        and not any(begin + end) and (tuple(kernel_shape) == tuple(strides) or set(out_shape) == {1})
 
 
 def _im2col(runs, w, group, acc):
@@ -289,7 +291,7 @@ def _conv(ins, outs, attrs):
         return winograd.conv(x, w, bias, begin, out, algo, attrs["activation"])
     if math.prod(kernel_shape) == 1 and set(strides) == {1} and not any(begin + end):
         step, runs, acc = _pointwise(x, w, group, out), None, out
-    elif _tiles_without_overlap(x, kernel_shape, group, strides, dilations, begin, end):
+    elif _tiles_without_overlap(x, kernel_shape, group, strides, dilations, begin, end, out_shape):
         step, runs, acc = _patches(x, w, out), None, out
     else:
         runs = tap_runs(x, kernel_shape, strides, dilations, begin, out_shape)
