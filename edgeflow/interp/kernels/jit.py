@@ -471,6 +471,20 @@ def depthwise_channels_loop(x, w, b, out, dims, xt, wt, acc, act):
                     _activate_run(out, dst, ohw, act)
 
 
+def _column5(w, at):
+    """A column of a 5x5 kernel (row-major in w), from its first tap at `at`: w[at + 5r]."""
+    five = _U(5)
+    return w[at], w[at + five], w[at + _U(10)], w[at + _U(15)], w[at + _U(20)]
+
+
+def _sum5(x, at, w_, taps):
+    """The sum over r < 5 of taps[r] times x[at + r * W]: a 5x5 kernel column's taps."""
+    w2 = w_ + w_
+    w4 = w2 + w2
+    return (taps[0] * x[at] + taps[1] * x[at + w_] + taps[2] * x[at + w2] + taps[3] * x[at + w2 + w_]
+            + taps[4] * x[at + w4])
+
+
 def _same_run(x, s, out, d, length, masks, m, w, wc, bias, k_, w_, hw, lo, hi):
     """out[d + i] (i < length) = clip(bias + the sum over taps (a, c) of w[wc + a * K + c] times
     x[s + i + a * W + c]), a K x K window (3 or 5) read from x's rows of W as one long run:
@@ -492,16 +506,12 @@ def _same_run(x, s, out, d, length, masks, m, w, wc, bias, k_, w_, hw, lo, hi):
             v = lo if v < lo else v  # NaN stays NaN, as in relu's and relu6's loops
             out[d + k] = hi if v > hi else v
     else:
-        r1, r2, r3, r4 = s + w_, s + two * w_, s + _U(3) * w_, s + _U(4) * w_
         m1, m3, m4 = m + hw, m + _U(3) * hw, m + _U(4) * hw
-        t00, t01, t02, t03, t04, t10, t11, t12, t13, t14, t20, t21, t22, t23, t24, t30, t31, t32, t33, t34, t40, t41, t42, t43, t44 = \
-            w[wc + _U(0)], w[wc + _U(1)], w[wc + _U(2)], w[wc + _U(3)], w[wc + _U(4)], w[wc + _U(5)], w[wc + _U(6)], w[wc + _U(7)], w[wc + _U(8)], w[wc + _U(9)], w[wc + _U(10)], w[wc + _U(11)], w[wc + _U(12)], w[wc + _U(13)], w[wc + _U(14)], w[wc + _U(15)], w[wc + _U(16)], w[wc + _U(17)], w[wc + _U(18)], w[wc + _U(19)], w[wc + _U(20)], w[wc + _U(21)], w[wc + _U(22)], w[wc + _U(23)], w[wc + _U(24)]
+        k0, k1, k2 = _column5(w, wc), _column5(w, wc + one), _column5(w, wc + two)
+        k3, k4 = _column5(w, wc + _U(3)), _column5(w, wc + _U(4))
         for k in range(length):
-            col0 = t00 * x[s + k + _U(0)] + t10 * x[r1 + k + _U(0)] + t20 * x[r2 + k + _U(0)] + t30 * x[r3 + k + _U(0)] + t40 * x[r4 + k + _U(0)]
-            col1 = t01 * x[s + k + _U(1)] + t11 * x[r1 + k + _U(1)] + t21 * x[r2 + k + _U(1)] + t31 * x[r3 + k + _U(1)] + t41 * x[r4 + k + _U(1)]
-            col2 = t02 * x[s + k + _U(2)] + t12 * x[r1 + k + _U(2)] + t22 * x[r2 + k + _U(2)] + t32 * x[r3 + k + _U(2)] + t42 * x[r4 + k + _U(2)]
-            col3 = t03 * x[s + k + _U(3)] + t13 * x[r1 + k + _U(3)] + t23 * x[r2 + k + _U(3)] + t33 * x[r3 + k + _U(3)] + t43 * x[r4 + k + _U(3)]
-            col4 = t04 * x[s + k + _U(4)] + t14 * x[r1 + k + _U(4)] + t24 * x[r2 + k + _U(4)] + t34 * x[r3 + k + _U(4)] + t44 * x[r4 + k + _U(4)]
+            col0, col1, col2 = _sum5(x, s + k, w_, k0), _sum5(x, s + k + one, w_, k1), _sum5(x, s + k + two, w_, k2)
+            col3, col4 = _sum5(x, s + k + _U(3), w_, k3), _sum5(x, s + k + _U(4), w_, k4)
             v = (bias + col2 + (col0 if masks[m + k] else zero) + (col1 if masks[m1 + k] else zero)
                  + (col3 if masks[m3 + k] else zero) + (col4 if masks[m4 + k] else zero))
             v = lo if v < lo else v  # NaN stays NaN, as in relu's and relu6's loops
@@ -1637,9 +1647,9 @@ def _hard_swishf(v):
 
 
 SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf", "_tanhf", "_swishf", "_hard_swishf",
-           "_activate_run", "_load_phases", "_unload_phases", "_window_maxima", "_add_taps", "_add_taps4", "_crop_rows",
-           "_matmul_nt", "_tap_span", "_same_run", "_combine2", "_combine3", "_combine4", "_combine6", "_combine",
-           "_gather_tiles", "_gather_block")
+           "_activate_run", "_load_phases", "_unload_phases", "_window_maxima", "_add_taps", "_add_taps4",
+           "_crop_rows", "_matmul_nt", "_tap_span", "_same_run", "_column5", "_sum5", "_combine2", "_combine3",
+           "_combine4", "_combine6", "_combine", "_gather_tiles", "_gather_block")
 # The activation and depthwise loops and SCALARS may contract a * b + c into one fused multiply-add where the
 # machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other
 # loops keep the arithmetic as written.

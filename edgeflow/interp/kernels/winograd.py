@@ -162,18 +162,23 @@ def transformed_weights(w, m, workers=None):
     return out
 
 
+def _loops_or(bind, make, length, n_parts):
+    """The steps of a phase over range(length) split in `n_parts`: bind(lo, hi) for each
+    piece (jit.py's loops, None where numba is not loaded) where every piece binds, else
+    make(lo, hi) (numpy's)."""
+    pieces = threads.pieces(length, n_parts)
+    loops = [bind(lo, hi) for lo, hi in pieces]
+    return loops if None not in loops else [make(lo, hi) for lo, hi in pieces]
+
+
 def _weight_steps(w, u, m, n_parts):
     """Steps writing U = G g G^T of w (M, C, 3, 3) into u (a^2, M, C), its M * C kernels
-    split in `n_parts`: jit.py's loop where numba is loaded, else one product each with G
-    kron G."""
+    split in `n_parts`: jit.py's loop, else one product each with G kron G."""
     mm, c = w.shape[:2]
-    pieces = threads.pieces(mm * c, n_parts)
-    loops = [jit.bind_winograd_weights(w, u, m, lo, hi) for lo, hi in pieces]
-    if None not in loops:
-        return loops
     kg = kron(m, 1, w.dtype)
     src, dst = np.asarray(w).reshape(mm * c, 9).T, u.reshape(len(kg), mm * c)
-    return [partial(np.matmul, kg, src[:, lo:hi], out=dst[:, lo:hi]) for lo, hi in pieces]
+    return _loops_or(partial(jit.bind_winograd_weights, w, u, m),
+                     lambda lo, hi: partial(np.matmul, kg, src[:, lo:hi], out=dst[:, lo:hi]), mm * c, n_parts)
 
 
 def _tiled(out, row0, rows, height, col0, cols, width, m):
@@ -270,18 +275,16 @@ def conv(x, w, bias, begin, out, algo, activation=""):
         return run
 
     n_parts = workers.n if split else 1
-    loaded = [jit.bind_winograd_input(x, v, m, begin, th, tw, lo, hi) for lo, hi in threads.pieces(c, n_parts)]
+    phases = ([weights] if weights is not None else []) \
+        + [_loops_or(partial(jit.bind_winograd_input, x, v, m, begin, th, tw), load, c, n_parts),
+           [product(lo, hi) for lo, hi in threads.pieces(a * a, n_parts)]]
     outputs = [jit.bind_winograd_output(products, bias, out, m, th, tw, activation, lo, hi)
-               for lo, hi in threads.pieces(mm, n_parts)]
-    transforms = [loaded if None not in loaded else [load(lo, hi) for lo, hi in threads.pieces(c, n_parts)],
-                  [product(lo, hi) for lo, hi in threads.pieces(a * a, n_parts)]]
+               for lo, hi in threads.pieces(mm, n_parts)]  # with the bias and the activation
     if None not in outputs:
-        transforms.append(outputs)
-    else:
-        transforms += [[make(lo, hi) for lo, hi in threads.pieces(length, n_parts)] for make, length in
-                       ((rows, a), (finish, mm))]
-    step = partial(_run_phases, ([weights] if weights is not None else []) + transforms, workers)
-    return step if None not in outputs else with_activation(step, activation, out)
+        return partial(_run_phases, phases + [outputs], workers)
+    phases += [[make(lo, hi) for lo, hi in threads.pieces(length, n_parts)]
+               for make, length in ((rows, a), (finish, mm))]
+    return with_activation(partial(_run_phases, phases, workers), activation, out)
 
 
 def _transformed_tiles(copies, borders, transform, tiles, out):
@@ -365,9 +368,7 @@ def filter_grad(x, dy, begin, dw, algo):
 
     finish = partial(np.matmul, du.reshape(a * a, -1).T, kg, out=dw.reshape(mm * c, 9))
     n_parts = workers.n if split else 1
-    loops = ([jit.bind_winograd_input(x, v, m, begin, th, tw, lo, hi) for lo, hi in threads.pieces(c, n_parts)],
-             [jit.bind_winograd_gradient(dy, z, m, th, tw, lo, hi) for lo, hi in threads.pieces(mm, n_parts)])
-    phases = [bound if None not in bound else [make(lo, hi) for lo, hi in threads.pieces(length, n_parts)]
-              for bound, (make, length) in zip(loops, ((load, c), (gradient, mm)))]
-    phases += [[product(lo, hi) for lo, hi in threads.pieces(a * a, n_parts)], [finish]]
+    phases = [_loops_or(partial(jit.bind_winograd_input, x, v, m, begin, th, tw), load, c, n_parts),
+              _loops_or(partial(jit.bind_winograd_gradient, dy, z, m, th, tw), gradient, mm, n_parts),
+              [product(lo, hi) for lo, hi in threads.pieces(a * a, n_parts)], [finish]]
     return partial(_run_phases, phases, workers)
