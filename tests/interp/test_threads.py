@@ -145,8 +145,10 @@ def _conv_grads(x, w, dy, attrs, threads_):
        grouped=st.booleans())
 def test_conv_gradients_split_over_threads_equal_one_thread(n, c, m_per, size, kernel, stride, pad, grouped):
     """A train step's conv backwards: the input's gradient split by images (product and the
-    taps' adds), the filter's by input channels (the gathers) and output channels (the
-    product), pointwise ones by images: each against the same gradients on one thread."""
+    taps' adds), the filter's by images where there are as many as workers (dy's widening,
+    the gathers and a product each, then their sum), else by input channels (the gathers)
+    and output channels (the product), pointwise ones by images: each against the same
+    gradients on one thread."""
     group = 2 if grouped else 1
     rng = np.random.default_rng(size * 100 + c * 10 + n)
     x = rng.standard_normal((n, c, size, size + 1)).astype(np.float32)
