@@ -533,20 +533,19 @@ def _conv_filter_grad(ins, outs, attrs):
             return winograd.filter_grad(x, dy, begin, dw, algo)
     runs = tap_runs(x, kernel_shape, strides, dilations, begin, out_shape)
     sources = runs.runs()
-    cols = scratch((c, len(sources)) + sources[0].shape[::2], x.dtype)  # (C, taps, N, L)
-    gathers = [(cols[:, t], np.swapaxes(run, 0, 1)) for t, run in enumerate(sources)]
-    length = cols.shape[-1]
+    length = sources[0].shape[-1]
     spans = _image_spans(n, result.size * n * length)
+    wide, widening = _widened(runs, np.swapaxes(dy, 0, 1), (m, n) + runs.wide, spans if len(spans) > 1 else None)
+    cols = scratch((c, len(sources), n, length), x.dtype)
+    gathers = [(cols[:, t], np.swapaxes(run, 0, 1)) for t, run in enumerate(sources)]
     if len(spans) > 1:  # images apart: each worker widens its dy, gathers its columns, sums its product
-        wide, widens = _widened(runs, np.swapaxes(dy, 0, 1), (m, n) + runs.wide, spans)
         partials = scratch((len(spans),) + result.shape, dw.dtype)
         parts = [sequence(widen, _copies([(dst[:, a:b], src[:, a:b]) for dst, src in gathers]),
                           partial(np.matmul, reshaped(wide[:, a:b], (group, m // group, -1)),
                                   np.swapaxes(reshaped(cols[:, :, a:b], (group, -1, (b - a) * length)), 1, 2),
                                   out=partials[k]))
-                 for k, ((a, b), widen) in enumerate(zip(spans, widens))]
+                 for k, ((a, b), widen) in enumerate(zip(spans, widening))]
         return sequence(runs.load, _by_images(parts), partial(np.sum, partials, axis=0, out=result))
-    wide, widen = _widened(runs, np.swapaxes(dy, 0, 1), (m, n) + runs.wide)
     wides = reshaped(wide, (group, m // group, -1))
     columns = np.swapaxes(reshaped(cols, (group, -1, n * length)), 1, 2)
     workers = threads.current()
@@ -559,7 +558,7 @@ def _conv_filter_grad(ins, outs, attrs):
         rows = m // group
         product = _Split(workers, [partial(np.matmul, wides[:, a:b], columns, out=result[:, a:b])
                                    for a, b in threads.pieces(rows, workers.n, min(8, rows))])
-    return sequence(runs.load, copies, widen, product)
+    return sequence(runs.load, copies, widening, product)
 
 
 @kernel("deform_conv")
