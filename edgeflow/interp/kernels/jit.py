@@ -471,6 +471,14 @@ def depthwise_channels_loop(x, w, b, out, dims, xt, wt, acc, act):
                     _activate_run(out, dst, ohw, act)
 
 
+def _clip_bounds(out, act):
+    """(lo, hi) of the clip a loop applies for activation code `act`, in out's type: relu's
+    [0, inf], relu6's [0, 6], else [-inf, inf] (no clip: swish and hard_swish run after)."""
+    inf = out.dtype.type(np.inf)
+    lo = out.dtype.type(0) if act == 1 or act == 2 else -inf
+    return lo, (out.dtype.type(6) if act == 2 else inf)
+
+
 def _column5(w, at):
     """A column of a 5x5 kernel (row-major in w), from its first tap at `at`: w[at + 5r]."""
     five = _U(5)
@@ -534,9 +542,7 @@ def depthwise_same_loop(x, w, b, out, dims, masks, top_band, bottom_band, act):
     rows = k_ * w_  # x's elements in a band
     top_at, bottom_at = p + p * w_, p  # where a band's rows of x start
     middle = hw - band - band
-    inf = out.dtype.type(np.inf)
-    lo = out.dtype.type(0) if act == 1 or act == 2 else -inf
-    hi = out.dtype.type(6) if act == 2 else inf
+    lo, hi = _clip_bounds(out, act)
     c = c_ - one
     for nc in range(n_ * c_):
         c = zero_i if c + one == c_ else c + one
@@ -1048,9 +1054,7 @@ def winograd_output_loop(p, b, at_, zbuf, ybuf, out, dims, act):
     n_, mm_, oh_, ow_, th, tw, m, m0, m1 = (dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6],
                                             dims[7], dims[8])
     act = _U(act)
-    inf = out.dtype.type(np.inf)
-    lo = out.dtype.type(0) if act == _U(1) or act == _U(2) else -inf
-    hi = out.dtype.type(6) if act == _U(2) else inf
+    lo, hi = _clip_bounds(out, act)
     a = m + _U(2)
     per = th * tw
     run_ = _U(ybuf.shape[0]) // (m * m)
@@ -1105,13 +1109,19 @@ def bind_winograd_input(x, v, m, begin, tile_rows, tile_cols, c0, c1):
     None: numba not loaded (see `loaded`), or operands it does not take."""
     if not loaded() or x.ndim != 4 or not _takes(x, v) or not (x.flags.c_contiguous and v.flags.c_contiguous):
         return None
-    from .winograd import TRANSFORMS
     a, run = m + 2, _winograd_run(x.shape[0] * tile_rows * tile_cols, c1 - c0)
     dims = np.array([*x.shape, tile_rows, tile_cols, *begin[:2], m, c0, c1], _U)
-    bt = np.ascontiguousarray(TRANSFORMS[m][0], x.dtype).reshape(-1)
-    return _bound(winograd_input_loop, x.reshape(-1), v.reshape(-1), bt, scratch(a * a * run, x.dtype),
-                  scratch(a * a * run, x.dtype), np.zeros(max(tile_cols * m + 2, begin[1] + x.shape[3]), x.dtype),
-                  dims)
+    row = np.zeros(max(tile_cols * m + 2, begin[1] + x.shape[3]), x.dtype)
+    return _bound(winograd_input_loop, x.reshape(-1), v.reshape(-1), _transform(m, 0, x.dtype),
+                  scratch(a * a * run, x.dtype), scratch(a * a * run, x.dtype), row, dims)
+
+
+def _transform(m, which, dtype, transposed=False):
+    """winograd.TRANSFORMS[m][which] (B^T, G or A^T; transposed, or not) flat, contiguous, in
+    `dtype`: the coefficients of the Winograd loops' sums."""
+    from .winograd import TRANSFORMS
+    t = TRANSFORMS[m][which]
+    return np.ascontiguousarray(t.T if transposed else t, dtype).reshape(-1)
 
 
 def _winograd_run(tiles, channels):
@@ -1126,12 +1136,10 @@ def bind_winograd_weights(w, u, m, j0, j1):
     while it binds, outside any step's scratch)."""
     if not loaded() or not _takes(w, u) or not (w.flags.c_contiguous and u.flags.c_contiguous):
         return None
-    from .winograd import TRANSFORMS
     a, run = m + 2, max(1, min(j1 - j0, WINOGRAD_RUN))
     dims = np.array([w.shape[0] * w.shape[1], a, j0, j1], _U)
-    g = np.ascontiguousarray(TRANSFORMS[m][1], w.dtype).reshape(-1)
-    return _bound(winograd_weights_loop, w.reshape(-1), u.reshape(-1), g, np.empty(9 * run, w.dtype),
-                  np.empty(3 * a * run, w.dtype), dims)
+    return _bound(winograd_weights_loop, w.reshape(-1), u.reshape(-1), _transform(m, 1, w.dtype),
+                  np.empty(9 * run, w.dtype), np.empty(3 * a * run, w.dtype), dims)
 
 
 def bind_winograd_gradient(dy, z, m, tile_rows, tile_cols, m0, m1):
@@ -1139,10 +1147,9 @@ def bind_winograd_gradient(dy, z, m, tile_rows, tile_cols, m0, m1):
     or None."""
     if not loaded() or dy.ndim != 4 or not _takes(dy, z) or not (dy.flags.c_contiguous and z.flags.c_contiguous):
         return None
-    from .winograd import TRANSFORMS
     a, run = m + 2, _winograd_run(dy.shape[0] * tile_rows * tile_cols, m1 - m0)
     dims = np.array([*dy.shape, tile_rows, tile_cols, m, m0, m1], _U)
-    a_ = np.ascontiguousarray(TRANSFORMS[m][2].T, dy.dtype).reshape(-1)
+    a_ = _transform(m, 2, dy.dtype, transposed=True)  # A, (a, m)
     return _bound(winograd_gradient_loop, dy.reshape(-1), z.reshape(-1), a_, scratch(m * m * run, dy.dtype),
                   scratch(m * a * run, dy.dtype), np.zeros(tile_cols * m, dy.dtype), dims)
 
@@ -1155,12 +1162,11 @@ def bind_winograd_output(p, bias, out, m, tile_rows, tile_cols, activation, m0, 
     if not loaded() or out.ndim != 4 or not _takes(p, b, out) or act is None \
             or not all(a.flags.c_contiguous for a in (p, b, out)):
         return None
-    from .winograd import TRANSFORMS
     a, run = m + 2, _winograd_run(out.shape[0] * tile_rows * tile_cols, m1 - m0)
     dims = np.array([*out.shape, tile_rows, tile_cols, m, m0, m1], _U)
-    at_ = np.ascontiguousarray(TRANSFORMS[m][2], out.dtype).reshape(-1)
-    return _bound(winograd_output_loop, p.reshape(-1), b, at_, scratch(m * a * run, out.dtype),
+    return _bound(winograd_output_loop, p.reshape(-1), b, _transform(m, 2, out.dtype), scratch(m * a * run, out.dtype),
                   scratch(m * m * run, out.dtype), out.reshape(-1), dims, act)
+
 
 # -- resizing ---------------------------------------------------------------------------------
 
@@ -1648,8 +1654,8 @@ def _hard_swishf(v):
 
 SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf", "_tanhf", "_swishf", "_hard_swishf",
            "_activate_run", "_load_phases", "_unload_phases", "_window_maxima", "_add_taps", "_add_taps4",
-           "_crop_rows", "_matmul_nt", "_tap_span", "_same_run", "_column5", "_sum5", "_combine2", "_combine3",
-           "_combine4", "_combine6", "_combine", "_gather_tiles", "_gather_block")
+           "_crop_rows", "_matmul_nt", "_tap_span", "_clip_bounds", "_same_run", "_column5", "_sum5", "_combine2",
+           "_combine3", "_combine4", "_combine6", "_combine", "_gather_tiles", "_gather_block")
 # The activation and depthwise loops and SCALARS may contract a * b + c into one fused multiply-add where the
 # machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other
 # loops keep the arithmetic as written.
