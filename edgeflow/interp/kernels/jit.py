@@ -878,15 +878,6 @@ def _combine2(dst, at, src, o, stride, k, kat, n):
         dst[at + t] = k0 * src[o + t] + k1 * src[o1 + t]
 
 
-def _combine3(dst, at, src, o, stride, k, kat, n):
-    """dst[at + t] = sum over i < 3 of k[kat + i] * src[o + i * stride + t], for t < n."""
-    k0, k1, k2 = k[kat], k[kat + _U(1)], k[kat + _U(2)]
-    o1 = o + stride
-    o2 = o1 + stride
-    for t in range(n):
-        dst[at + t] = k0 * src[o + t] + k1 * src[o1 + t] + k2 * src[o2 + t]
-
-
 def _combine4(dst, at, src, o, stride, k, kat, n):
     """dst[at + t] = sum over i < 4 of k[kat + i] * src[o + i * stride + t], for t < n."""
     one, two = _U(1), _U(2)
@@ -993,28 +984,6 @@ def winograd_input_loop(x, v, bt, pbuf, tbuf, row, dims):
         for k in range(a):  # B^T (d B): element (k, s) = sum over r of B^T[k, r] (d B)[r, s]
             for s in range(a):
                 _combine(v, (k * a + s) * plane + cs * n_ * per, tbuf, s * run_, a * run_, bt, k * a, length, a)
-
-
-def winograd_weights_loop(w, u, g, wbuf, tbuf, dims):
-    """u (a^2, M * C) = G g G^T for each 3x3 kernel g of w (M * C, 9), columns j0 to j1: the
-    weights' transform (winograd.transformed_weights), blocks of kernels at a time (wbuf:
-    their nine taps as nine runs; tbuf: G g's a * 3); g: G (a, 3), flat. dims (uint64):
-    M * C, a, j0, j1."""
-    mc, a, j0, j1 = dims[0], dims[1], dims[2], dims[3]
-    three, nine = _U(3), _U(9)
-    run_ = _U(wbuf.shape[0]) // nine
-    for b0 in range(j0, j1, run_):
-        length = min(run_, j1 - b0)
-        for t in range(length):  # the block's kernels, tap by tap
-            src = (b0 + t) * nine
-            for k in range(nine):
-                wbuf[k * run_ + t] = w[src + k]
-        for r in range(a):  # G g: element (r, s) = sum over k of G[r, k] g[k, s]
-            for s in range(three):
-                _combine3(tbuf, (r * three + s) * run_, wbuf, s * run_, three * run_, g, r * three, length)
-        for r in range(a):  # (G g) G^T: element (r, j) = sum over s of (G g)[r, s] G[j, s]
-            for j in range(a):
-                _combine3(u, (r * a + j) * mc + b0, tbuf, r * three * run_, run_, g, j * three, length)
 
 
 def winograd_gradient_loop(dy, z, a_, pbuf, tbuf, row, dims):
@@ -1128,18 +1097,6 @@ def _winograd_run(tiles, channels):
     """Tiles of a run of the Winograd loops' blocks: as many channels' tiles as fit in
     WINOGRAD_RUN (one channel's at least, all `channels` at most)."""
     return tiles * max(1, min(channels, WINOGRAD_RUN // tiles))
-
-
-def bind_winograd_weights(w, u, m, j0, j1):
-    """A step for winograd_weights_loop over kernels j0:j1 of w (M, C, 3, 3) into u (a^2,
-    M, C), or None. Its buffers are its own (a plan's constant weights are transformed
-    while it binds, outside any step's scratch)."""
-    if not loaded() or not _takes(w, u) or not (w.flags.c_contiguous and u.flags.c_contiguous):
-        return None
-    a, run = m + 2, max(1, min(j1 - j0, WINOGRAD_RUN))
-    dims = np.array([w.shape[0] * w.shape[1], a, j0, j1], _U)
-    return _bound(winograd_weights_loop, w.reshape(-1), u.reshape(-1), _transform(m, 1, w.dtype),
-                  np.empty(9 * run, w.dtype), np.empty(3 * a * run, w.dtype), dims)
 
 
 def bind_winograd_gradient(dy, z, m, tile_rows, tile_cols, m0, m1):
@@ -1655,14 +1612,14 @@ def _hard_swishf(v):
 SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_wide", "_sigmoidf", "_tanhf", "_swishf", "_hard_swishf",
            "_activate_run", "_load_phases", "_unload_phases", "_window_maxima", "_add_taps", "_add_taps4",
            "_crop_rows", "_matmul_nt", "_tap_span", "_clip_bounds", "_same_run", "_column5", "_sum5", "_combine2",
-           "_combine3", "_combine4", "_combine6", "_combine", "_gather_tiles", "_gather_block")
+           "_combine4", "_combine6", "_combine", "_gather_tiles", "_gather_block")
 # The activation and depthwise loops and SCALARS may contract a * b + c into one fused multiply-add where the
 # machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other
 # loops keep the arithmetic as written.
 _FASTMATH = dict.fromkeys(("sigmoid_loop", "swish_loop", "hard_sigmoid_loop", "hard_swish_loop",
                            "gelu_float32_loop", "depthwise_loop", "depthwise_channels_loop", "depthwise_same_loop",
                            "small_conv_loop", "winograd_input_loop", "winograd_gradient_loop",
-                           "winograd_output_loop", "winograd_weights_loop"),
+                           "winograd_output_loop"),
                           {"contract"})
 _FASTMATH["_matmul_nt"] = _FASTMATH["depthwise_filter_grad_loop"] = {"contract", "reassoc"}  # sums vectorize
 _FASTMATH["depthwise_input_grad_loop"] = {"contract"}

@@ -146,20 +146,30 @@ def choose(x, w, group, strides, dilations, out_shape, rule_=None):
 
 
 def transformed_weights(w, m, workers=None):
-    """U = G g G^T of w (M, C, 3, 3), shaped (a^2, M, C): one product with G kron G, in w's
+    """U = G g G^T of w (M, C, 3, 3), shaped (a^2, M, C) (see `weights_buffer`), in w's
     dtype (a model's first run makes them all; float64 would double its cost for an error
-    far below the transforms' own). With `workers` (interp/threads.py), the M * C columns
+    far below the transforms' own). With `workers` (interp/threads.py), the output channels
     are split over them."""
-    kg = kron(m, 1, w.dtype)  # (a^2, 9)
     mm, c = w.shape[:2]
-    out = np.empty((len(kg), mm, c), w.dtype)
-    n = workers.n if workers is not None and 2 * kg.size * mm * c >= threads.MIN_FLOPS else 1
+    a2 = (m + 2) ** 2
+    out = weights_buffer(np.empty((mm, a2, c), w.dtype))
+    n = workers.n if workers is not None and 2 * a2 * 9 * mm * c >= threads.MIN_FLOPS else 1
     parts = _weight_steps(w, out, m, n)
     if len(parts) > 1:
         workers.run(parts)
     else:
         parts[0]()
     return out
+
+
+def weights_buffer(memory):
+    """U's (a^2, M, C) view of `memory` (M, a^2, C): each U[k] an (M, C) matrix whose rows
+    are a^2 * C apart, as BLAS takes it. Laid out so, the transform is a product for each
+    output channel, G kron G (a^2, 9) by its C kernels (9, C), read from w in place: 1.5-2.3x
+    faster than one product over all M * C kernels, whose (9, M * C) view of w strides across
+    memory (ResNet-18's 512-channel F(2x2) layer: 7.1 -> 4.7 ms), the products that use U
+    as fast."""
+    return memory.transpose(1, 0, 2)
 
 
 def _loops_or(bind, make, length, n_parts):
@@ -172,13 +182,14 @@ def _loops_or(bind, make, length, n_parts):
 
 
 def _weight_steps(w, u, m, n_parts):
-    """Steps writing U = G g G^T of w (M, C, 3, 3) into u (a^2, M, C), its M * C kernels
-    split in `n_parts`: jit.py's loop, else one product each with G kron G."""
+    """Steps writing U = G g G^T of w (M, C, 3, 3) into u (`weights_buffer`'s view), its
+    output channels split in `n_parts`: one product each with G kron G."""
     mm, c = w.shape[:2]
     kg = kron(m, 1, w.dtype)
-    src, dst = np.asarray(w).reshape(mm * c, 9).T, u.reshape(len(kg), mm * c)
-    return _loops_or(partial(jit.bind_winograd_weights, w, u, m),
-                     lambda lo, hi: partial(np.matmul, kg, src[:, lo:hi], out=dst[:, lo:hi]), mm * c, n_parts)
+    kernels = np.asarray(w).reshape(mm, c, 9).transpose(0, 2, 1)  # (M, 9, C)
+    memory = u.transpose(1, 0, 2)
+    assert memory.flags.c_contiguous, "U is weights_buffer's view"
+    return [partial(np.matmul, kg, kernels[lo:hi], out=memory[lo:hi]) for lo, hi in threads.pieces(mm, n_parts)]
 
 
 def _tiled(out, row0, rows, height, col0, cols, width, m):
@@ -224,9 +235,9 @@ def conv(x, w, bias, begin, out, algo, activation=""):
     at_rows, at_cols = at.astype(dt), np.ascontiguousarray(at.T, dt)
     workers = threads.current()
     if w.flags.writeable:  # a variable (a train step's): transformed at each run, into scratch
-        u = scratch((a * a, mm, c), dt)
+        u = weights_buffer(scratch((mm, a * a, c), dt))
         n_parts = workers.n if workers is not None and 2 * a * a * 9 * mm * c >= threads.MIN_FLOPS else 1
-        weights = _weight_steps(w, u, m, n_parts)  # the M * C kernels apart
+        weights = _weight_steps(w, u, m, n_parts)  # the output channels apart
     else:
         u = transformed_weights(w, m, workers=workers)
         weights = None
