@@ -47,9 +47,9 @@ def _bind_mode(path, monkeypatch):
         assert jit.available(), "numba does not import"  # loaded: the loops of small gains bind too
     bound, compiled = [], jit.compiled
 
-    def recording(loop, *args):
+    def recording(loop, *args, **kwargs):
         bound.append(loop.__name__)
-        return compiled(loop, *args)
+        return compiled(loop, *args, **kwargs)
     monkeypatch.setattr(jit, "compiled", recording)
     return path, bound
 
@@ -946,3 +946,40 @@ def test_kernels_run_without_numba(how):
     imported_jit, out_jit = _in_fresh_interpreter(DEPTHWISE_RUN, {"EDGEFLOW_JIT": "1"})
     assert imported_jit
     close(np.float32(out), np.float32(out_jit))
+
+
+def _arguments():
+    """Arguments of the kinds the loops take: arrays of two dtypes, 0-3 dimensions, C- or
+    F-ordered or strided, read-only or not, aligned or not; numpy and Python scalars."""
+    def array(dtype, shape, order, step, writeable, aligned):
+        base = np.zeros([d * step for d in shape] or [1], dtype, order=order)
+        a = base[tuple(slice(None, None, step) for _ in shape)] if shape else base.reshape(())
+        if not aligned and a.size:
+            raw = np.zeros(a.nbytes + 1, np.uint8)[1:]
+            a = raw.view(dtype)[:a.size].reshape(a.shape)
+        a.setflags(write=writeable)
+        return a
+    arrays = st.builds(array, st.sampled_from([np.float32, np.float64]),
+                       st.lists(st.integers(1, 3), max_size=3), st.sampled_from("CF"), st.sampled_from([1, 2]),
+                       st.booleans(), st.booleans())
+    scalars = st.one_of(st.integers(-2 ** 64 + 1, 2 ** 64 - 1), st.floats(allow_nan=False), st.booleans(),
+                        st.integers(0, 2 ** 64 - 1).map(np.uint64), st.floats(width=32).map(np.float32))
+    return st.one_of(arrays, scalars)
+
+
+@settings(max_examples=200)
+@given(a=_arguments(), b=_arguments())
+def test_kinds_part_arguments_as_numba_types_them(a, b):
+    """Arguments of one kind (the key under which `compiled` keeps a loop's entry point,
+    called without type checks) have one numba type; arrays of one numba type have one kind
+    (a scalar may have two: np.uint64 and a Python int past int64's range)."""
+    assert jit.available(), "numba does not import"
+    import numba
+    try:
+        ta, tb = numba.typeof(a), numba.typeof(b)
+    except ValueError:  # a Python int past uint64's range: numba types none, nor do the loops take it
+        return
+    if jit._kind(a) == jit._kind(b):
+        assert ta == tb
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and ta == tb:
+        assert jit._kind(a) == jit._kind(b), (a.flags, b.flags)

@@ -77,7 +77,7 @@ def transforms(request, monkeypatch):
         assert jit.available(), "numba does not import"
         monkeypatch.setattr(jit, "SMALL_CONV_CHANNELS", 0)  # convs of 1-4 channels take Winograd too, not the stem loop
         compiled = jit.compiled
-        monkeypatch.setattr(jit, "compiled", lambda loop, *args: bound.append(loop.__name__) or compiled(loop, *args))
+        monkeypatch.setattr(jit, "compiled", lambda loop, *args, **kwargs: bound.append(loop.__name__) or compiled(loop, *args, **kwargs))
     return request.param, bound
 
 
