@@ -176,31 +176,37 @@ def patch_problems(draw):
 
 
 @pytest.mark.parametrize("batch", [1, 2])
-def test_conv_of_patches_split_over_threads(batch):
+@pytest.mark.parametrize("copy", ["numpy", "jit"])
+def test_conv_of_patches_split_over_threads(batch, copy):
     """iris_landmark's 64->64 2x2 stride-2 conv at 32x32, and a ViT-style 8x8 patch embedding,
     on two threads: one image (output channels apart) and two (images apart)."""
     for x_shape, w_shape in (((batch, 64, 33, 32), (64, 64, 2, 2)), ((batch, 6, 64, 67), (48, 6, 8, 8))):
-        check_patches((x_shape, w_shape, True), 2, batch)
+        check_patches((x_shape, w_shape, True), 2, batch, copy=copy)
 
 
-@given(problem=patch_problems(), threads=st.sampled_from([None, 2]), seed=st.integers(0, 2**32 - 1))
-def test_conv_of_patches(problem, threads, seed):
-    check_patches(problem, threads, seed)
+@given(problem=patch_problems(), threads=st.sampled_from([None, 2]), seed=st.integers(0, 2**32 - 1),
+       copy=st.sampled_from(["numpy", "jit"]))
+def test_conv_of_patches(problem, threads, seed, copy):
+    check_patches(problem, threads, seed, copy=copy)
 
 
 @pytest.mark.parametrize("x_shape, w_shape, strides", [((1, 128, 2, 2), (213, 128, 2, 2), (1, 1)),
                                                      ((2, 6, 5, 4), (7, 6, 4, 3), (2, 2))])
-def test_conv_of_one_window(x_shape, w_shape, strides):
+@pytest.mark.parametrize("copy", ["numpy", "jit"])
+def test_conv_of_one_window(x_shape, w_shape, strides, copy):
     """A conv with one window (a 1x1 output; iris_landmark's 2x2 conv over a 2x2 plane, and
     a window with rows left past it) takes _patches too, whatever its strides."""
-    check_patches((x_shape, w_shape, True), None, 3, strides)
+    check_patches((x_shape, w_shape, True), None, 3, strides, copy)
 
 
-def check_patches(problem, threads, seed, strides=None):
-    """conv.py's _patches (one strided copy of the windows, one product) against onnxruntime,
-    on one thread and split over two; the path is the one taken."""
+def check_patches(problem, threads, seed, strides=None, copy="numpy"):
+    """conv.py's _patches (the windows copied into columns, one product) against onnxruntime,
+    on one thread and split over two; the path is the one taken, the copy `copy`'s: numpy's
+    strided copy, or jit.py's patches_loop (numba loaded, as it is once a plan used it)."""
     from edgeflow.format import writer
-    from edgeflow.interp.kernels import conv as conv_kernels
+    from edgeflow.interp.kernels import conv as conv_kernels, jit
+    if copy == "jit":
+        assert jit.available(), "numba does not import"
     x_shape, w_shape, bias = problem
     if math.prod(w_shape[2:]) == 1:
         return  # a 1x1 conv takes the pointwise path
@@ -213,10 +219,14 @@ def check_patches(problem, threads, seed, strides=None):
         y = apply("conv", [t, w] + ([b] if b is not None else []), attrs)
     runner = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})),
                             num_threads=threads).get_signature_runner("infer")
-    with mock.patch.object(conv_kernels, "_patches", wraps=conv_kernels._patches) as patches:
+    loops, bind = [], jit.bind_patches
+    with mock.patch.object(conv_kernels, "_patches", wraps=conv_kernels._patches) as patches, \
+            mock.patch.object(jit, "loaded", lambda: copy == "jit"), \
+            mock.patch.object(jit, "bind_patches", lambda *args: loops.append(bind(*args)) or loops[-1]):
         got = runner(x=x)["y"]  # planned now
     assert_close(got, reference("conv", x, w, b, attrs), "float32", rtol=1e-4, atol=1e-4)
     assert patches.call_count == 1
+    assert loops and all(loop is not None for loop in loops) if copy == "jit" else not any(loops)
 
 
 @given(problem=conv_problems(), seed=st.integers(0, 2**32 - 1), data=st.data())

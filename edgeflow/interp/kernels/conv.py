@@ -151,9 +151,10 @@ def _pointwise(x, w, group, out):
 def _patches(x, w, out):
     """A conv whose windows tile x without overlap or padding (kernel == strides, dilation
     1, one group: a 2x2 stride-2 downsampling, a ViT's patch embedding): x's windows copied
-    once in im2col's order (C, kh, kw) by one strided copy, then (M, C * kh * kw) @ columns.
-    The tap runs would copy x twice (into one phase per tap, then into the columns): a
-    64->64 2x2 stride-2 conv at 32x32 took 285 us that way, 210 this one."""
+    once in im2col's order (C, kh, kw) by one strided copy (jit.py's patches_loop where numba
+    is loaded), then (M, C * kh * kw) @ columns. The tap runs would copy x twice (into one
+    phase per tap, then into the columns): a 64->64 2x2 stride-2 conv at 32x32 took 285 us
+    that way, 210 this one, 132 with the loop (iris_landmark's eight such convs 582 -> 365)."""
     n, c = x.shape[:2]
     m, (kh, kw), (oh, ow) = w.shape[0], w.shape[2:], out.shape[2:]
     s = x.strides
@@ -161,15 +162,18 @@ def _patches(x, w, out):
     cols = scratch((n, c * kh * kw, oh * ow), x.dtype)  # rewritten whole every run
     cols6 = reshaped(cols, (n, c, kh, kw, oh, ow))
     ws, result = w.reshape(m, -1), reshaped(out, (n, m, oh * ow))
+
+    def copy(a, b):  # images a:b's windows into their columns: jit.py's loop where numba is loaded
+        return jit.bind_patches(x, cols, (kh, kw), (oh, ow), a, b) or partial(np.copyto, cols6[a:b], windows[a:b])
     workers = threads.current()
     if workers is None or 2 * result.size * ws.shape[1] < threads.MIN_FLOPS:
-        return sequence(partial(np.copyto, cols6, windows), partial(np.matmul, ws, cols, out=result))
+        return sequence(copy(0, n), partial(np.matmul, ws, cols, out=result))
     if n >= workers.n:  # images apart: each worker copies and multiplies its own
-        parts = [sequence(partial(np.copyto, cols6[a:b], windows[a:b]),
-                          partial(np.matmul, ws, cols[a:b], out=result[a:b])) for a, b in threads.pieces(n, workers.n)]
+        parts = [sequence(copy(a, b), partial(np.matmul, ws, cols[a:b], out=result[a:b]))
+                 for a, b in threads.pieces(n, workers.n)]
     else:  # the copy, then output channels apart
         parts = [partial(np.matmul, ws[a:b], cols, out=result[:, a:b]) for a, b in threads.pieces(m, workers.n, 8)]
-        return sequence(partial(np.copyto, cols6, windows), _Split(workers, parts, rows=True))
+        return sequence(copy(0, n), _Split(workers, parts, rows=True))
     return _Split(workers, parts)
 
 

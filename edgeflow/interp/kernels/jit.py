@@ -1207,6 +1207,44 @@ def bind_interpolate(src, dst, axis, index, weight):
                   np.ascontiguousarray(weight.T, dst.dtype), dims)
 
 
+# -- a conv's windows that tile its input ----------------------------------------------------
+
+def patches_loop(x, cols, dims):
+    """cols (N, C, kh, kw, OH, OW) = x (N, C, H, W)'s windows of kh x kw at stride (kh, kw),
+    all flat: im2col's columns of a conv whose windows tile x (conv.py's _patches), one pass
+    over x's rows, each read once and dealt to its kw columns (two by literal stride 2, which
+    LLVM vectorizes as an interleaved load, where numpy's strided copy took 69 us of
+    iris_landmark's 64-channel 2x2 conv at 32x32). dims (uint64): N * C, H, W, kh, kw, OH, OW."""
+    planes, h_, w_, kh, kw, oh, ow = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6]
+    two = _U(2)
+    per = kh * kw * oh * ow
+    for p in range(planes):
+        for i in range(kh):
+            for r in range(oh):
+                src = (p * h_ + r * kh + i) * w_
+                dst = p * per + (i * kw * oh + r) * ow
+                if kw == two:
+                    d1 = dst + oh * ow
+                    for t in range(ow):
+                        cols[dst + t] = x[src + two * t]
+                        cols[d1 + t] = x[src + two * t + _U(1)]
+                else:
+                    for j in range(kw):
+                        d = dst + j * oh * ow
+                        for t in range(ow):
+                            cols[d + t] = x[src + t * kw + j]
+
+
+def bind_patches(x, cols, kernel, out_shape, lo, hi):
+    """A step for patches_loop over images lo:hi of x (N, C, H, W) into cols (N, C * kh * kw,
+    OH * OW), or None: numba not loaded (a copy numpy does in one call gains too little to
+    load it), or operands it does not take."""
+    if not loaded() or x.ndim != 4 or not _takes(x, cols) or not (x.flags.c_contiguous and cols.flags.c_contiguous):
+        return None
+    dims = np.array([(hi - lo) * x.shape[1], *x.shape[2:], *kernel, *out_shape], _U)
+    return _bound(patches_loop, x[lo:hi].reshape(-1), cols[lo:hi].reshape(-1), dims)
+
+
 # -- bias, residual and activation in one pass ----------------------------------------------
 
 def bias_activation_loop(acc, b, out, dims, act):
