@@ -676,6 +676,64 @@ def test_layer_norm(mode, shape, last, with_bias, seed):
           "layer_norm_loop")
 
 
+def _softmax64(x, axis=-1):
+    """float64 softmax, numpy's formula (NaN where a row holds NaN or +inf)."""
+    x = x.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(x - x.max(axis=axis, keepdims=True))
+        return e / e.sum(axis=axis, keepdims=True)
+
+
+@FEW
+@given(shape=st.lists(st.integers(1, 37), min_size=1, max_size=3), seed=st.integers(0, 2 ** 16))
+def test_softmax(mode, shape, seed):
+    """Over the last axis, rows of 1-37 (a remainder past the eight running maxima), against
+    onnxruntime's Softmax."""
+    x = (np.random.default_rng(seed).standard_normal(shape) * 5).astype(np.float32)
+    expected = onnx_run([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], x, {}, opset=13)
+    check(mode, lambda t: apply("softmax", [t], {"axis": -1}), x, expected, "softmax_loop")
+    close(run(lambda t: apply("softmax", [t], {"axis": -1}), x), _softmax64(x))
+
+
+def test_softmax_special_rows(mode):
+    """Rows holding NaN, +inf, -inf, only -inf, and a far larger last element (past the eight
+    maxima's stride): NaN where numpy's formula gives NaN, its values elsewhere."""
+    x = np.array([[1, np.nan, 3, 0, 0, 0, 0, 0, 0], [1, np.inf, 3, 0, 0, 0, 0, 0, 0],
+                  [-np.inf, 0, 1, 2, 3, 4, 5, 6, 7], [-np.inf] * 9, [np.nan] + [1] * 8,
+                  [0, 0, 0, 0, 0, 0, 0, 0, 100]], np.float32)
+    got = run(lambda t: apply("softmax", [t], {"axis": -1}), x)
+    want = _softmax64(x)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got[~np.isnan(want)], want[~np.isnan(want)], rtol=1e-6, atol=1e-30)
+
+
+def test_softmax_split_over_threads(jit_mode):
+    """An attention's softmax past threads.MIN_ELEMENTS, its rows split over two workers."""
+    x = (np.random.default_rng(4).standard_normal((4, 130, 513)) * 3).astype(np.float32)
+    assert x.size >= threads.MIN_ELEMENTS
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, x.shape, name="x")
+        y = apply("softmax", [t], {"axis": -1})
+    runner = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})), num_threads=2) \
+        .get_signature_runner("infer")
+    close(runner(x=x)["y"], _softmax64(x))
+    assert "softmax_loop" in jit_mode[1]
+
+
+def test_softmax_loads_numba_when_large(monkeypatch):
+    """A softmax of SOFTMAX_LOADS elements or more binds the loop where numba is not loaded
+    yet (and loads it); a smaller one only where it is; another axis, or float64, never."""
+    assert jit.available(), "numba does not import"
+    monkeypatch.setattr(jit, "loaded", lambda: False)
+    small = np.zeros((2, 8), np.float32)
+    large = np.zeros((jit.SOFTMAX_LOADS // 64, 64), np.float32)
+    assert jit.bind_softmax(small, np.empty_like(small), -1) is None
+    assert jit.bind_softmax(large, np.empty_like(large), 1) is not None
+    assert jit.bind_softmax(large, np.empty_like(large), 0) is None
+    assert jit.bind_softmax(large.astype(np.float64), np.empty(large.shape), -1) is None
+
+
 @FEW
 @given(shape=st.lists(st.integers(1, 17), min_size=0, max_size=3), approximate=st.sampled_from(["none", "tanh"]),
        seed=st.integers(0, 2 ** 16))

@@ -38,7 +38,7 @@ def _log_softmax(x, axis, out):
 
 @kernel("softmax")
 def _softmax_kernel(ins, outs, attrs):
-    return partial(_softmax, ins[0], attrs["axis"], outs[0])
+    return jit.bind_softmax(ins[0], outs[0], attrs["axis"]) or partial(_softmax, ins[0], attrs["axis"], outs[0])
 
 
 @kernel("log_softmax")
