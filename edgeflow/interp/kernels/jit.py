@@ -1516,7 +1516,8 @@ def bind_recurrence(kind, *args):
 
 def layer_norm_loop(x, scale, bias, out, eps):
     """Each row of out (R, K): (x - mean) / sqrt(var + eps) * scale + bias, the statistics
-    accumulated in float64 over the row (two passes over it, in cache)."""
+    accumulated in float64 over the row (two passes over it, in cache; the sums reassociated,
+    so that they vectorize)."""
     r_, k_ = x.shape
     for r in range(r_):
         xr = x[r]
@@ -1758,6 +1759,9 @@ _FASTMATH = dict.fromkeys(("sigmoid_loop", "swish_loop", "hard_sigmoid_loop", "h
                           {"contract"})
 _FASTMATH["_matmul_nt"] = _FASTMATH["depthwise_filter_grad_loop"] = {"contract", "reassoc"}  # sums vectorize
 _FASTMATH["softmax_loop"] = {"contract", "reassoc"}
+# layer_norm_loop's float64 sums vectorize too: a BERT-like encoder's (128, 256) 62 -> 32 us, as accurate (float32
+# sums took 9 us, but a row of mean 1000 and deviation 0.01 came out 1e-2 off, against 2e-7).
+_FASTMATH["layer_norm_loop"] = {"contract", "reassoc"}
 _FASTMATH["depthwise_input_grad_loop"] = {"contract"}
 _FASTMATH["bias_activation_inplace_loop"] = _FASTMATH["bias_activation_loop"] = {"contract"}
 
