@@ -575,6 +575,24 @@ def test_add_activation(mode, shape, row, activation, seed):
     check(mode, lambda t: apply("add", [t, other], {"activation": activation}), x, expected, "add_activation_loop")
 
 
+@pytest.mark.parametrize("shape, split", [((1, 24, 28, 28), False), ((1, 64, 64, 65), True)])
+def test_add_activation_at_two_threads(jit_mode, shape, split):
+    """On two threads an add too small to split (under threads.MIN_ELEMENTS) still takes the
+    one-pass loop with its relu; one large enough runs numpy's add in pieces, then the relu."""
+    rng = np.random.default_rng(6)
+    x, other = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    assert (x.size >= threads.MIN_ELEMENTS) == split
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, x.shape, name="x")
+        y = apply("add", [t, other], {"activation": "relu"})
+    jit_mode[1].clear()
+    runner = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})), num_threads=2) \
+        .get_signature_runner("infer")
+    np.testing.assert_array_equal(runner(x=x)["y"], np.maximum(x + other, 0))
+    assert ("add_activation_loop" in jit_mode[1]) != split, jit_mode[1]
+
+
 @FEW
 @given(channels=st.integers(8, 12), size=st.integers(24, 40), seed=st.integers(0, 2 ** 16))
 def test_where_as_a_prelu(mode, channels, size, seed):

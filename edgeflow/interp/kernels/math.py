@@ -74,9 +74,11 @@ def _truncating_divide(a, b, out):
 
 @kernel("add")
 def _add(ins, outs, attrs):
-    fused = None if threads.current() else jit.bind_add_activation(*ins, outs[0], attrs["activation"])
-    return fused or with_activation(threads.elementwise(np.add, ins, outs[0]) or partial(np.add, *ins, out=outs[0]),
-                                    attrs["activation"], outs[0])
+    """With an activation, jit.py's one pass (add_activation_loop) unless the workers split
+    the add (numpy's add in pieces, then the activation's pass)."""
+    split = threads.elementwise(np.add, ins, outs[0])
+    fused = None if split else jit.bind_add_activation(*ins, outs[0], attrs["activation"])
+    return fused or with_activation(split or partial(np.add, *ins, out=outs[0]), attrs["activation"], outs[0])
 
 
 @kernel("div")
