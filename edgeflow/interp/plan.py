@@ -131,7 +131,7 @@ class Plan:
         specs = {t: TensorSpec(tuple(shape), tensors[t].dtype, known.get(t))
                  for t, shape in input_shapes.items()}
         for t, spec in specs.items():
-            self._bound(f"input {tensors[t].name[:40]!r}", spec)
+            self._bound(lambda: f"input {tensors[t].name[:40]!r}", spec)
         # A fed value the plan assumes is held outside the arena, so that kernels bound now
         # read it (the caller copies the same value in before each run).
         self.arrays.update((t, np.array(v, tensors[t].dtype).reshape(input_shapes[t])) for t, v in known.items())
@@ -165,7 +165,7 @@ class Plan:
                 outs = self.program.specs(i, op, ins, self.unread[i])
                 for t, spec in zip(op.outputs, outs):
                     _check_declared(t, tensors[t], spec, op.opcode)
-                    self._bound(f"op {i} ({op.opcode}) output {tensors[t].name[:40]!r}", spec)
+                    self._bound(lambda: f"op {i} ({op.opcode}) output {tensors[t].name[:40]!r}", spec)
                 self.order.append(i)
                 specs.update(zip(op.outputs, outs))
                 continue
@@ -189,7 +189,7 @@ class Plan:
                         f"op {i} ({op.opcode}): the shape of {tensors[t].name!r} depends on input "
                         f"values, not only on input shapes", op=i)
                 _check_declared(t, tensors[t], spec, op.opcode)
-                self._bound(f"op {i} ({op.opcode}) output {tensors[t].name[:40]!r}", spec)
+                self._bound(lambda: f"op {i} ({op.opcode}) output {tensors[t].name[:40]!r}", spec)
             if not (opdef.stateful or opdef.random or opdef.remote) and (all(s.value is not None for s in ins)
                                                          or all(s.value is not None for s in outs)):
                 is_static = all(t in static for t in read)
@@ -205,9 +205,13 @@ class Plan:
         return specs
 
     def _bound(self, what, spec):
-        """FormatError or InvalidInputError (see the class) if `spec` needs more than max_bytes."""
+        """FormatError or InvalidInputError (see the class) if `spec` needs more than max_bytes;
+        what() names the tensor (formatted only then: 17 us a tensor, a sixth of a MediaPipe
+        model's shape inference, when every tensor's message was made)."""
         if None not in spec.shape:
-            self._refuse(what, f"{spec.dtype}{list(spec.shape)}", nbytes(spec.shape, spec.dtype))
+            size = nbytes(spec.shape, spec.dtype)
+            if size > self.max_bytes:
+                self._refuse(what(), f"{spec.dtype}{list(spec.shape)}", size)
 
     def _refuse(self, what, thing, size):
         if size > self.max_bytes:

@@ -182,6 +182,14 @@ class Types:
         self.signature = signature
         self.inputs, self.outputs = _slots(ins), _slots(outs)
         self.sets = {k: frozenset(dtypes.as_dtype(d) for d in v) for k, v in sets.items()}
+        self._spreads = {}  # (outputs?, count) -> _spread's slots: a plan checks every op
+
+    def spread(self, outputs, n):
+        """The slot of each of `n` inputs (or outputs), as _spread gives them, made once."""
+        slots = self._spreads.get((outputs, n))
+        if slots is None:
+            slots = self._spreads[(outputs, n)] = _spread(self.outputs if outputs else self.inputs, n)
+        return slots
 
     def __repr__(self):
         sets = "".join(f", {k}=({', '.join(map(dtypes.name, (d for d in dtypes.ALL if d in v)))})"
@@ -217,14 +225,14 @@ class Types:
             return dtypes.INDEX
         if constraint in attrs:
             return frozenset((attrs[constraint],))
-        return frozenset((dtypes.as_dtype(constraint),))
+        return _named(constraint)
 
     def input_dtypes(self, n, attrs):
         """The dtypes each of `n` inputs may have, one set per input (type variables unbound)."""
-        return [self.allowed(s.constraint, attrs) for s in _spread(self.inputs, n)]
+        return [self.allowed(s.constraint, attrs) for s in self.spread(False, n)]
 
     def output_dtypes(self, n, attrs):
-        return [self.allowed(s.constraint, attrs) for s in _spread(self.outputs, n)]
+        return [self.allowed(s.constraint, attrs) for s in self.spread(True, n)]
 
     def check_inputs(self, op, dts, attrs):
         """The type variables bound by input dtypes `dts`: {name: dtype}; GraphError naming
@@ -234,23 +242,24 @@ class Types:
                 raise GraphError(f"{op}: attribute {key!r} is {dtypes.name(attrs[key])}; expected "
                                  f"{dtype_names(allowed)}")
         bound, where = {}, {}
-        for i, (slot, dt) in enumerate(zip(_spread(self.inputs, len(dts)), dts)):
-            label, c = slot.label or f"input {i}", slot.constraint
+        for i, (slot, dt) in enumerate(zip(self.spread(False, len(dts)), dts)):
+            c = slot.constraint
             if c in bound and bound[c] != dt:
-                raise GraphError(f"{op}: {label} must be {dtypes.name(bound[c])}, got {dtypes.name(dt)} (inputs of "
-                                 f"type {c} share one dtype, and {where[c]} is {dtypes.name(bound[c])})")
+                raise GraphError(f"{op}: {slot.label or f'input {i}'} must be {dtypes.name(bound[c])}, got "
+                                 f"{dtypes.name(dt)} (inputs of type {c} share one dtype, and {where[c]} is "
+                                 f"{dtypes.name(bound[c])})")
             allowed = self.allowed(c, attrs)
             if dt not in allowed:
-                raise GraphError(f"{op}: {label}: dtype {dtypes.name(dt)} not supported; expected "
-                                 f"{dtype_names(allowed)}")
+                raise GraphError(f"{op}: {slot.label or f'input {i}'}: dtype {dtypes.name(dt)} not supported; "
+                                 f"expected {dtype_names(allowed)}")
             if c[0].isupper() and c not in bound:
-                bound[c], where[c] = dt, label
+                bound[c], where[c] = dt, slot.label or f"input {i}"
         return bound
 
     def check_outputs(self, op, bound, dts, attrs):
         """AssertionError unless output dtypes `dts` are the declared ones: the op's
         inference and its declaration disagree."""
-        for i, (slot, dt) in enumerate(zip(_spread(self.outputs, len(dts)), dts)):
+        for i, (slot, dt) in enumerate(zip(self.spread(True, len(dts)), dts)):
             c = slot.constraint
             allowed = {bound[c]} if c in bound else self.allowed(c, attrs)
             if dt not in allowed:
@@ -388,6 +397,13 @@ class OpDef:
 
 
 _REGISTRY = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _named(name):
+    """The dtypes a constraint naming one admits ("float32"): made once per name (a plan
+    checks every op's inputs)."""
+    return frozenset((dtypes.as_dtype(name),))
 
 
 def _count(name, given, slots):
