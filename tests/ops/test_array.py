@@ -80,6 +80,24 @@ def test_transpose_dtypes_and_dynamic_dims(run_op, rng, dtype):
     assert_close(out, x.T, dtype)
 
 
+@given(shape=st.lists(st.integers(1, 9), min_size=2, max_size=6), data=st.data(),
+       dtype=st.sampled_from(["float32", "int8", "float64"]))
+def test_transpose_random(shape, data, dtype):
+    """Random permutations of 2-6 axes, many short (a depth-to-space's 2s, an NCHW -> NHWC
+    of 1-3 channels: the kernel copies those in pieces), against numpy's transpose."""
+    perm = tuple(data.draw(st.permutations(range(len(shape)))))
+    x = np.arange(np.prod(shape)).reshape(shape).astype(dtype)
+    out = run_in_memory(lambda t: ef.transpose(t, perm), x)
+    np.testing.assert_array_equal(out, np.transpose(x, perm))
+
+
+def test_transpose_depth_to_space():
+    """pose_detection's depth-to-space (1, 2, 2, C, H, W) by (0, 3, 4, 1, 5, 2)."""
+    x = np.random.default_rng(1).standard_normal((1, 2, 2, 24, 28, 28)).astype(np.float32)
+    out = run_in_memory(lambda t: ef.transpose(t, (0, 3, 4, 1, 5, 2)), x)
+    np.testing.assert_array_equal(out, x.transpose(0, 3, 4, 1, 5, 2))
+
+
 @pytest.mark.parametrize("perm", [(0, 0, 1), (0, 1), (0, 1, 2, 3), (0, 1, 3), (-1, 0, 1)])
 def test_transpose_bad_perm(graph, perm):
     with pytest.raises(GraphError):
