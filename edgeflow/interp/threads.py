@@ -7,7 +7,10 @@ each piece on one BLAS thread (the interpreter caps BLAS at one thread while it 
 BLAS threads of its own would compete with the workers, and on busy cores they spin).
 
 A kernel factory asks `current()` for the workers while a plan binds it, and splits its
-work then, once: a kernel of a plan made without workers runs as before.
+work then, once: a kernel of a plan made without workers runs as before. Pieces that are
+all matrix products (`Workers.split`) go to native_threads.py's workers where numba and
+scipy are installed: there no lock or GIL is handed over, which on this project's 2-core VM
+cost more than a 100 us piece.
 """
 import contextlib
 import contextvars
@@ -28,6 +31,13 @@ MIN_FLOPS = 1 << 18
 # Columns below which a piece of a matrix product is not worth a thread: narrower blocks
 # run far below BLAS's speed.
 MIN_COLUMNS = 64
+# Output rows from which a matrix product splits by rows rather than by columns. Each worker
+# packs the whole operand on the other side of its cut, and two workers writing the halves
+# of the same rows ran slow at some shapes. Measured on the native workers (2 threads, time
+# against one): rows won from 160 rows up (192x32 @ 32x784 0.63 against 1.06 by columns,
+# 1280x320 @ 320x49 0.50 against 0.66), columns up to 128 (24x144 @ 144x3136 0.59 against
+# 1.21, BERT's 128x256 @ 256x1024 0.55 against 0.65), both alike at 144.
+ROWS_FIRST = 144
 
 
 def available_cores():
@@ -65,10 +75,12 @@ def _serve(slot):
             slot.done.release()
 
 
-def _stop(slots):
+def _stop(slots, native=None):
     for slot in slots:
         slot.stop = True
         slot.go.release()
+    if native is not None:
+        native.close()
 
 
 def _each(tasks):
@@ -77,19 +89,56 @@ def _each(tasks):
 
 
 class Workers:
-    """`n` threads of intra-op work: `run(tasks)` runs callables, some on the caller's thread.
+    """`n` threads of intra-op work: `run(tasks)` runs callables, some on the caller's thread;
+    `split(tasks)` makes a step of them.
 
     n - 1 daemon threads wait on their own locks; they end when the Workers are closed or
-    collected. A second caller while a `run` is under way (two threads sharing one
-    interpreter) runs its tasks on its own thread."""
+    collected. With `native` (numba and scipy import, EDGEFLOW_NATIVE_THREADS is not "0"),
+    n - 1 more are native_threads.py's: they spin for work a while and run matrix products
+    without the GIL (Python's callables stay on the lock workers: measured on MobileNetV2
+    at 2 threads, handing them to the native workers was 5% slower). A second caller while
+    a `run` is under way (two threads sharing one interpreter) runs its tasks on its own
+    thread."""
 
-    def __init__(self, n):
+    def __init__(self, n, native=True):
         self.n = int(n)
-        self._slots = [_Slot() for _ in range(self.n - 1)]
         self._busy = threading.Lock()
+        self.native = None
+        if native and self.n > 1 and os.environ.get("EDGEFLOW_NATIVE_THREADS", "1") != "0":
+            from . import native_threads
+            if native_threads.available():
+                self.native = native_threads.Pool(self.n - 1)
+        self._slots = [_Slot() for _ in range(self.n - 1)]
         for slot in self._slots:
             threading.Thread(target=_serve, args=(slot,), name="edgeflow-worker", daemon=True).start()
-        self._stop = weakref.finalize(self, _stop, self._slots)
+        self._stop = weakref.finalize(self, _stop, self._slots, self.native)
+
+    def split(self, tasks):
+        """A step running `tasks` (callables) on the workers: on the native ones where every
+        task is a float32 matrix product BLAS takes as is (native_threads.gemms), task k on
+        worker k % n; else through `run`."""
+        if self.native is not None and 1 < len(tasks):
+            from . import native_threads
+            rows = [native_threads.gemms(task) for task in tasks]
+            if None not in rows:
+                table, spans = [], []
+                for k in range(self.n):
+                    first = len(table)
+                    for found in rows[k::self.n]:
+                        table += found
+                    spans.append((first, len(table)))
+                if 0 < len(table) <= native_threads.CAPACITY:
+                    return functools.partial(self._run_native, np.array(table, np.int64), spans, tasks)
+        return functools.partial(self.run, tasks)
+
+    def _run_native(self, table, spans, tasks):
+        if not self._busy.acquire(blocking=False):
+            _each(tasks)  # another thread's run is under way
+            return
+        try:
+            self.native.run(table, spans)
+        finally:
+            self._busy.release()
 
     def run(self, tasks):
         """Run every callable of `tasks`, the first on this thread; re-raise the first error."""

@@ -1,5 +1,8 @@
 """Intra-op threads (edgeflow/interp/threads.py): ops split over an interpreter's workers
-give numpy's results, on odd shapes, and the workers' errors reach the caller."""
+give numpy's results, on odd shapes, and the workers' errors reach the caller; each test
+runs with the native workers (native_threads.py) and with the lock hand-off."""
+import os
+
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
@@ -8,6 +11,25 @@ from hypothesis import strategies as st
 import edgeflow as ef
 from edgeflow.format import writer
 from edgeflow.interp import threads
+
+
+@pytest.fixture(scope="module", params=["native", "locks"], autouse=True)
+def workers_kind(request):
+    """EDGEFLOW_NATIVE_THREADS for the module's tests (module-scoped: hypothesis's tests take
+    no function-scoped fixtures)."""
+    had = os.environ.get("EDGEFLOW_NATIVE_THREADS")
+    os.environ["EDGEFLOW_NATIVE_THREADS"] = "1" if request.param == "native" else "0"
+    yield request.param
+    if had is None:
+        del os.environ["EDGEFLOW_NATIVE_THREADS"]
+    else:
+        os.environ["EDGEFLOW_NATIVE_THREADS"] = had
+
+
+def test_the_workers_are_of_the_kind_asked(workers_kind):
+    workers = threads.Workers(2)
+    assert (workers.native is not None) == (workers_kind == "native")
+    workers.close()
 
 
 @pytest.mark.parametrize("length,parts,minimum", [(10, 3, 1), (7, 4, 2), (3, 8, 1), (0, 2, 1), (100, 2, 64)])

@@ -225,18 +225,19 @@ class _Split:
     """A step running `parts` on `workers`; `rows`: the parts split output channels."""
 
     def __init__(self, workers, parts, rows=False):
-        self.workers, self.parts, self.rows = workers, parts, rows
+        self.run, self.rows = workers.split(parts), rows
 
     def __call__(self):
-        self.workers.run(self.parts)
+        self.run()
 
 
 def _split(piece, group, result, depth, rows=None, images=None):
     """A step running the product over the plan's workers, or None (one thread, little
     work): `images(batch)` (a slice; a step) for a batch of as many images as workers or
     more (each worker's operands and output stay contiguous), else `piece(groups, columns)`
-    (slices; each a step) for groups apart when there are several, else for columns when
-    there are enough, else `rows(output channels)`."""
+    (slices; each a step) for groups apart when there are several, else `rows(output
+    channels)` when there are threads.ROWS_FIRST of them (or too few columns), else for
+    columns."""
     workers = threads.current()
     if workers is None or 2 * result.size * depth < threads.MIN_FLOPS:
         return None
@@ -244,12 +245,13 @@ def _split(piece, group, result, depth, rows=None, images=None):
         parts = [images(slice(a, b)) for a, b in threads.pieces(result.shape[0], workers.n)]
     elif group >= workers.n:
         parts = [piece(slice(a, b), slice(None)) for a, b in threads.pieces(group, workers.n)]
-    elif result.shape[-1] >= threads.MIN_COLUMNS * workers.n or rows is None:
-        parts = [piece(slice(0, group), slice(a, b))
-                 for a, b in threads.pieces(result.shape[-1], workers.n, threads.MIN_COLUMNS)]
-    else:
+    elif rows is not None and (result.shape[-2] >= threads.ROWS_FIRST or result.shape[-1] < threads.MIN_COLUMNS * workers.n) \
+            and result.shape[-2] >= 8 * workers.n:
         parts = [rows(slice(a, b)) for a, b in threads.pieces(result.shape[-2], workers.n, 8)]
         return _Split(workers, parts, rows=True) if len(parts) > 1 else None
+    else:
+        parts = [piece(slice(0, group), slice(a, b))
+                 for a, b in threads.pieces(result.shape[-1], workers.n, threads.MIN_COLUMNS)]
     return _Split(workers, parts) if len(parts) > 1 else None
 
 

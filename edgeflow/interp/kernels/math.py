@@ -165,17 +165,19 @@ def _view(a, shape):
 
 def _split_matmul(a, b, out):
     """A step computing a @ b into `out` in pieces on the plan's workers (rows of the
-    product, or its columns when it has few rows), or None: one thread, or too little work."""
+    product where it has threads.ROWS_FIRST or too few columns, else its columns), or None:
+    one thread, or too little work."""
     workers = threads.current()
     if workers is None or a.ndim < 2 or b.ndim < 2 or 2 * out.size * a.shape[-1] < threads.MIN_FLOPS:
         return None
     rows, columns = out.shape[-2], out.shape[-1]
-    if rows >= 4 * workers.n:
+    wide = columns >= threads.MIN_COLUMNS * workers.n
+    if rows >= 4 * workers.n and (rows >= threads.ROWS_FIRST or not wide):
         parts = [partial(np.matmul, a[..., i:j, :], b, out=out[..., i:j, :])
                  for i, j in threads.pieces(rows, workers.n)]
-    elif columns >= threads.MIN_COLUMNS * workers.n:
+    elif wide:
         parts = [partial(np.matmul, a, b[..., :, i:j], out=out[..., :, i:j])
                  for i, j in threads.pieces(columns, workers.n, threads.MIN_COLUMNS)]
     else:
         return None
-    return lambda: workers.run(parts)
+    return workers.split(parts)

@@ -156,7 +156,7 @@ def transformed_weights(w, m, workers=None):
     n = workers.n if workers is not None and 2 * a2 * 9 * mm * c >= threads.MIN_FLOPS else 1
     parts = _weight_steps(w, out, m, n)
     if len(parts) > 1:
-        workers.run(parts)
+        workers.split(parts)()  # products: on the native workers where there are
     else:
         parts[0]()
     return out
@@ -292,10 +292,10 @@ def conv(x, w, bias, begin, out, algo, activation=""):
     outputs = [jit.bind_winograd_output(products, bias, out, m, th, tw, activation, lo, hi)
                for lo, hi in threads.pieces(mm, n_parts)]  # with the bias and the activation
     if None not in outputs:
-        return partial(_run_phases, phases + [outputs], workers)
+        return _phases(phases + [outputs], workers)
     phases += [[make(lo, hi) for lo, hi in threads.pieces(length, n_parts)]
                for make, length in ((rows, a), (finish, mm))]
-    return with_activation(partial(_run_phases, phases, workers), activation, out)
+    return with_activation(_phases(phases, workers), activation, out)
 
 
 def _transformed_tiles(copies, borders, transform, tiles, out):
@@ -311,13 +311,16 @@ def _transformed_tiles(copies, borders, transform, tiles, out):
     return run
 
 
-def _run_phases(phases, workers):
-    """Run each phase (a list of steps) in turn, its steps on the workers where several."""
-    for phase in phases:
-        if len(phase) > 1:
-            workers.run(phase)
-        else:
-            phase[0]()
+def _phases(phases, workers):
+    """A step running each phase (a list of steps) in turn, its steps on the workers where
+    several (the products on the native ones: Workers.split)."""
+    steps = [workers.split(phase) if len(phase) > 1 else phase[0] for phase in phases]
+    return partial(_each, steps)
+
+
+def _each(steps):
+    for step in steps:
+        step()
 
 
 def filter_grad(x, dy, begin, dw, algo):
@@ -382,4 +385,4 @@ def filter_grad(x, dy, begin, dw, algo):
     phases = [_loops_or(partial(jit.bind_winograd_input, x, v, m, begin, th, tw), load, c, n_parts),
               _loops_or(partial(jit.bind_winograd_gradient, dy, z, m, th, tw), gradient, mm, n_parts),
               [product(lo, hi) for lo, hi in threads.pieces(a * a, n_parts)], [finish]]
-    return partial(_run_phases, phases, workers)
+    return _phases(phases, workers)

@@ -1,0 +1,166 @@
+"""Native intra-op workers (edgeflow/interp/native_threads.py): the sgemm rows they run give
+numpy's products for every layout they accept, they refuse the others, and the workers
+sleep, wake and stop."""
+import functools
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edgeflow.interp import native_threads, threads
+
+
+
+@pytest.fixture(scope="module")
+def pool():
+    assert native_threads.available(), "numba (the jit extra) or scipy does not import"
+    p = native_threads.Pool(2)
+    yield p
+    p.close()
+
+
+def _layout(rng, shape, how):
+    """An array of `shape` in memory laid out `how`: rows, columns (transposed), or a strided
+    view of a wider array."""
+    if how == "columns":  # each matrix's elements down its columns
+        return np.swapaxes(rng.standard_normal(shape[:-2] + shape[:-3:-1]).astype(np.float32), -1, -2)
+    if how == "view":
+        wide = rng.standard_normal(shape[:-1] + (shape[-1] + 5,)).astype(np.float32)
+        return wide[..., 2:2 + shape[-1]]
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+@settings(max_examples=30, deadline=None)
+@given(batch=st.sampled_from([(), (1,), (3,), (2, 2)]), m=st.integers(1, 40), k=st.integers(1, 30),
+       n=st.integers(1, 50), a_how=st.sampled_from(["rows", "columns", "view"]),
+       b_how=st.sampled_from(["rows", "columns", "view"]), broadcast_a=st.booleans(),
+       out_view=st.booleans(), cut=st.integers(0, 3))
+def test_posted_products_equal_numpy(pool, batch, m, k, n, a_how, b_how, broadcast_a, out_view, cut):
+    rng = np.random.default_rng(m * 10007 + n * 101 + k)
+    a = _layout(rng, (m, k) if broadcast_a else batch + (m, k), a_how)
+    b = _layout(rng, batch + (k, n), b_how)
+    wide = np.full(batch + (m, n + 3), np.nan, np.float32)
+    out = wide[..., 1:1 + n] if out_view else np.full(batch + (m, n), np.nan, np.float32)
+    # The output's rows in up to three pieces, on this thread and the two workers.
+    edges = sorted({0, m, min(m, cut), min(m, 2 * cut)})
+    parts = [functools.partial(np.matmul, a[..., r0:r1, :], b, out=out[..., r0:r1, :]) for r0, r1 in zip(edges, edges[1:])]
+    rows = [native_threads.gemms(part) for part in parts]
+    assert None not in rows
+    table = np.array([r for found in rows for r in found], np.int64)
+    spans, first = [], 0
+    for found in rows + [[]] * (3 - len(rows)):
+        spans.append((first, first + len(found)))
+        first += len(found)
+    pool.run(table, spans)
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+    if out_view:  # nothing written outside the output
+        assert np.isnan(wide[..., 0]).all() and np.isnan(wide[..., -2:]).all()
+
+
+def test_products_blas_cannot_read_are_left_to_numpy():
+    a = np.ones((4, 6), np.float32)
+    b = np.ones((6, 5), np.float32)
+    out = np.empty((4, 5), np.float32)
+    assert native_threads.gemms(functools.partial(np.matmul, a, b, out=out)) is not None
+    refused = [
+        functools.partial(np.matmul, a.astype(np.float64), b.astype(np.float64), out=out.astype(np.float64)),
+        functools.partial(np.matmul, np.ones((4, 12), np.float32)[:, ::2], b, out=out),  # strided both ways
+        functools.partial(np.matmul, a, b, out=np.empty((5, 4), np.float32).T),  # output down its columns
+        functools.partial(np.matmul, a, np.ones(6, np.float32), out=np.empty(4, np.float32)),  # a vector
+        functools.partial(np.add, a, a, out=a),
+        functools.partial(np.matmul, a, b),  # no output
+    ]
+    square = np.ones((5, 5), np.float32)
+    refused.append(functools.partial(np.matmul, square, square, out=square))  # in place
+    for part in refused:
+        assert native_threads.gemms(part) is None, part
+
+
+def _halves(a, b, out):
+    """A table computing a @ b into out, its rows' halves apart, and its spans for a pool of one."""
+    h = len(a) // 2
+    rows = native_threads.gemms(functools.partial(np.matmul, a[:h], b, out=out[:h])) \
+        + native_threads.gemms(functools.partial(np.matmul, a[h:], b, out=out[h:]))
+    return np.array(rows, np.int64), [(0, 1), (1, 2)]
+
+
+def test_sleeping_workers_wake_for_the_next_post(monkeypatch):
+    monkeypatch.setattr(native_threads, "SPIN_YIELDS", 10)
+    p = native_threads.Pool(1)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((40, 30)).astype(np.float32), rng.standard_normal((30, 20)).astype(np.float32)
+    try:
+        for _ in range(3):
+            deadline = time.monotonic() + 5
+            while p.slots[native_threads.STATE] != native_threads.SLEEPING:
+                assert time.monotonic() < deadline, "the worker never went to sleep"
+                time.sleep(0.001)
+            out = np.full((40, 20), np.nan, np.float32)
+            p.run(*_halves(a, b, out))
+            np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
+    finally:
+        p.close()
+
+
+def test_closed_pools_threads_end():
+    def ours():
+        return {t for t in threading.enumerate() if t.name == "edgeflow-native-worker"}
+    before = ours()
+    pools = [native_threads.Pool(2) for _ in range(3)]
+    assert len(ours() - before) == 6
+    for p in pools:
+        p.close()
+    deadline = time.monotonic() + 5
+    while ours() - before:
+        assert time.monotonic() < deadline, "native workers still running after close"
+        time.sleep(0.01)
+
+
+def test_workers_of_an_interpreter_are_native_unless_told_not(monkeypatch):
+    w = threads.Workers(2)
+    assert w.native is not None and w.native.n == 1
+    w.close()
+    monkeypatch.setenv("EDGEFLOW_NATIVE_THREADS", "0")
+    w = threads.Workers(2)
+    assert w.native is None
+    w.close()
+
+
+def test_a_split_of_products_runs_on_the_native_workers():
+    w = threads.Workers(2)
+    a = np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal((48, 30)).astype(np.float32)
+    out = np.zeros((64, 30), np.float32)
+    parts = [functools.partial(np.matmul, a[r0:r1], b, out=out[r0:r1]) for r0, r1 in threads.pieces(64, 2)]
+    step = w.split(parts)
+    assert step.func == w._run_native
+    step()
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
+    assert w.split(parts + [lambda: None]).func == w.run  # not every task a product: Python's
+    w.close()
+
+
+def test_a_forked_child_runs_the_products_itself():
+    """The child of a fork has none of the pool's threads: its posts run on its own thread."""
+    import multiprocessing
+    p = native_threads.Pool(1)
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((40, 30)).astype(np.float32), rng.standard_normal((30, 20)).astype(np.float32)
+
+    def child(conn):
+        out = np.full((40, 20), np.nan, np.float32)
+        p.run(*_halves(a, b, out))
+        conn.send(out)
+    try:
+        ours, theirs = multiprocessing.get_context("fork").Pipe()
+        proc = multiprocessing.get_context("fork").Process(target=child, args=(theirs,))
+        proc.start()
+        assert ours.poll(30), "the forked child did not answer"
+        np.testing.assert_allclose(ours.recv(), a @ b, rtol=1e-5, atol=1e-4)
+        proc.join(10)
+    finally:
+        p.close()
