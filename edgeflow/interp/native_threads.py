@@ -48,6 +48,12 @@ STATE, DONE, FIRST, LAST = range(4)
 # sched_yield calls a worker makes looking for work before it sleeps (~0.3-1 us each here:
 # a few hundred us, enough to bridge the ops of a run that are not split).
 SPIN_YIELDS = 1000
+# sched_yield calls the caller makes waiting for a worker before it sleeps WAIT_SLEEP_US
+# between looks: a spinning caller kept a worker that shared its core with another busy
+# thread (OpenBLAS's, which spin some 0.1 s after a product) from running for milliseconds
+# (a 1x512 @ 512x1000 product split in two: 87 us on one thread, 3.8 ms).
+WAIT_YIELDS = 200
+WAIT_SLEEP_US = 20
 
 _built = []
 # numba intrinsics, set by _compile (the loops below name them, for numba to compile).
@@ -68,10 +74,10 @@ def _build():
     try:
         from scipy.linalg import cython_blas
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        sched_yield = ctypes.cast(libc.sched_yield, ctypes.c_void_p).value
+        sched_yield, usleep = (ctypes.cast(f, ctypes.c_void_p).value for f in (libc.sched_yield, libc.usleep))
     except (ImportError, OSError, AttributeError, TypeError):
         return None
-    _built[0] = _compile(jit._numba[0], _capsule_address(cython_blas.__pyx_capi__["sgemm"]), sched_yield)
+    _built[0] = _compile(jit._numba[0], _capsule_address(cython_blas.__pyx_capi__["sgemm"]), sched_yield, usleep)
     return _built[0]
 
 
@@ -180,13 +186,17 @@ def _post(slots, workers, asleep):
             _store_release(slots, at + STATE, POSTED)
 
 
-def _finish(slots, workers, done, sched_yield):
-    """Wait until workers 0..workers-1 have done their post number done[k]."""
+def _finish(slots, workers, done, sched_yield, usleep):
+    """Wait until workers 0..workers-1 have done their post number done[k]: spinning, then
+    sched_yield between looks, then (after WAIT_YIELDS) sleeping WAIT_SLEEP_US between looks,
+    which frees this core for the worker where another thread holds the other one."""
     for k in range(workers):
         spins = 0
         while _load_acquire(slots, k * SLOT + DONE) < done[k]:
             spins += 1
-            if spins >= 64:
+            if spins >= 64 + WAIT_YIELDS:
+                _call(usleep, (WAIT_SLEEP_US,))
+            elif spins >= 64:
                 _call(sched_yield, ())
 
 
@@ -199,7 +209,7 @@ def _stop(slots, k):
             return state == SLEEPING
 
 
-def _compile(numba, sgemm, sched_yield):
+def _compile(numba, sgemm, sched_yield, usleep):
     """The pool's functions compiled (or loaded from numba's cache), as a namespace."""
     from numba import types
     from numba.core import cgutils
@@ -215,12 +225,12 @@ def _compile(numba, sgemm, sched_yield):
     slots, table = types.Array(i64, 1, "C"), types.Array(i64, 2, "C")
     blas = (types.Array(types.int32, 1, "C"), types.Array(types.float32, 1, "C"), types.Array(types.uint8, 1, "C"))
     signatures = {_run_rows: (table, i64, i64, i64) + blas, _serve: (slots, i64, table, i64) + blas + (i64, i64),
-                  _post: (slots, i64, flags), _finish: (slots, i64, slots, i64),
+                  _post: (slots, i64, flags), _finish: (slots, i64, slots, i64, i64),
                   _stop: (slots, i64)}
 
     class Native:
         pass
-    Native.sgemm, Native.sched_yield = sgemm, sched_yield
+    Native.sgemm, Native.sched_yield, Native.usleep = sgemm, sched_yield, usleep
     for f, signature in signatures.items():
         dispatcher = f if f is _run_rows else njit(f)
         setattr(Native, f.__name__.lstrip("_"), staticmethod(dispatcher.compile(signature)))
@@ -262,7 +272,7 @@ class Pool:
         try:
             self.native.run_rows(self.table, spans[0][0], spans[0][1], self.native.sgemm, *self.mine)
         finally:
-            self.native.finish(self.slots, len(spans) - 1, self.posted, self.native.sched_yield)
+            self.native.finish(self.slots, len(spans) - 1, self.posted, self.native.sched_yield, self.native.usleep)
 
     def _post(self, workers):
         self.posted[:workers] += 1

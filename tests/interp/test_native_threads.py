@@ -164,3 +164,14 @@ def test_a_forked_child_runs_the_products_itself():
         proc.join(10)
     finally:
         p.close()
+
+
+def test_a_caller_waiting_long_sleeps_between_looks(pool):
+    """A worker's share long enough that the caller's wait passes WAIT_YIELDS and sleeps
+    (usleep through its address) between looks: the product still comes back whole."""
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((600, 600)).astype(np.float32), rng.standard_normal((600, 600)).astype(np.float32)
+    out = np.full((600, 600), np.nan, np.float32)
+    rows = native_threads.gemms(functools.partial(np.matmul, a, b, out=out))
+    pool.run(np.array(rows, np.int64), [(0, 0), (0, 1), (1, 1)])  # all on worker 0; the caller only waits
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
