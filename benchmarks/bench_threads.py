@@ -12,8 +12,10 @@ and N threads with either kind of worker, in one process.
   after each product), the one call on OpenBLAS's N threads (numpy's matmul: the peer);
 - models: the real-size models of bench_models.py (the `zoo` extra exports them once) at
   batch 1, edgeflow on 1 thread and on N with each kind of worker
-  (EDGEFLOW_NATIVE_THREADS=0 or 1 when the interpreter is made).
-Medians of interleaved runs; ratios to one thread's time.
+  (EDGEFLOW_NATIVE_THREADS=0 or 1), each contender in processes of its own, alternating.
+Medians; ratios to one thread's time. In the products' interleaved set the native workers
+spin for a while after their run, into the next contender's (the lock workers'), which
+the models' separate processes avoid.
 """
 import argparse
 import functools
@@ -98,28 +100,47 @@ def bench_products(runs, n):
     harness.print_table(["product", "1 thread", f"OpenBLAS {n} threads", "lock workers", "native workers"], rows)
 
 
-def bench_models(runs, n, names, folder):
+def child(efl, threads_, native, runs):
+    """One contender in a process of its own: median seconds of `runs` invokes at batch 1."""
+    os.environ["EDGEFLOW_NATIVE_THREADS"] = native
+    import bench_models as models
+    inputs = models.batched(models._cached_inputs(pathlib.Path(efl).with_suffix(".onnx")), 1)
+    runner = ef.Interpreter(efl, num_threads=int(threads_)).get_signature_runner("infer")
+    for _ in range(3):
+        runner(**inputs)
+    t = harness.interleaved({"run": functools.partial(runner, **inputs)}, runs, warmup=0)["run"]
+    print(harness.median(t))
+
+
+def bench_models(runs, n, names, folder, rounds):
+    """Each contender in processes of its own, alternating (`rounds` processes each): in one
+    process the native workers of one interpreter spin on a core for a while after its run,
+    into the next contender's."""
+    import shutil
+    import subprocess
+    import sys
     import bench_models as models
     from edgeflow.converters import onnx as onnx_converter
     cache = models.default_cache()
+    configs = {"1 thread": (1, "1"), "locks": (n, "0"), "native": (n, "1")}
     rows = []
     for name in names:
-        path, inputs = models.real_model(name, cache)
+        path, _ = models.real_model(name, cache)
         efl = pathlib.Path(folder) / f"{name}.efl"
+        shutil.copy(path, efl.with_suffix(".onnx"))
         onnx_converter.convert(path, efl)
-        feeds = models.batched(inputs, 1)
-        contenders = {}
-        for label, count, native in (("1 thread", 1, True), ("locks", n, False), ("native", n, True)):
-            os.environ["EDGEFLOW_NATIVE_THREADS"] = "1" if native else "0"
-            runner = ef.Interpreter(str(efl), num_threads=count).get_signature_runner("infer")
-            runner(**feeds)
-            contenders[label] = functools.partial(runner, **feeds)
-        del os.environ["EDGEFLOW_NATIVE_THREADS"]
-        t = harness.medians(contenders, runs, warmup=2)
+        times = {label: [] for label in configs}
+        for _ in range(rounds):
+            for label, (count, native) in configs.items():
+                out = subprocess.run([sys.executable, __file__, "--child", str(efl), str(count), native, str(runs)],
+                                     check=True, capture_output=True, text=True).stdout
+                times[label].append(float(out.split()[-1]))
+        t = {label: harness.median(v) for label, v in times.items()}
         one = t["1 thread"]
         rows.append([name, harness.ms(one, 2)] + [f"{harness.ms(t[c], 2)} ({t[c] / one:.2f})" for c in ("locks", "native")])
         harness.log("  " + "  ".join(rows[-1]))
-    print(f"\nmodels at batch 1, ms (time against one thread's), {n} threads, medians of {runs} interleaved runs")
+    print(f"\nmodels at batch 1, ms (time against one thread's), {n} threads: medians over {rounds} processes "
+          f"each, alternating, of the medians of {runs} runs")
     harness.print_table(["model", "1 thread", "lock workers", "native workers"], rows)
 
 
@@ -128,15 +149,20 @@ def main():
     parser.add_argument("--runs", type=int, default=30, help="timed runs of each contender (default 30)")
     parser.add_argument("--threads", type=int, default=2, help="threads of the split contenders (default 2)")
     parser.add_argument("--part", choices=("products", "models", "all"), default="all")
+    parser.add_argument("--rounds", type=int, default=5, help="processes per model contender (default 5)")
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--models", default="resnet18,mobilenet_v2,mobilenet_v3_small,bert_encoder",
                         help="real-size models of bench_models.py (default resnet18,mobilenet_v2,"
                              "mobilenet_v3_small,bert_encoder)")
     args = parser.parse_args()
+    if args.child:
+        child(*args.child[:3], int(args.child[3]))
+        return
     if args.part in ("products", "all"):
         bench_products(args.runs, args.threads)
     if args.part in ("models", "all"):
         with tempfile.TemporaryDirectory() as folder:
-            bench_models(max(args.runs // 2, 5), args.threads, [m for m in args.models.split(",") if m], folder)
+            bench_models(args.runs, args.threads, [m for m in args.models.split(",") if m], folder, args.rounds)
 
 
 if __name__ == "__main__":
