@@ -100,15 +100,17 @@ def _matmul_model(a_shape, b_shape, transpose_a, transpose_b):
 
 
 @settings(max_examples=12)
-@given(batch=st.sampled_from([(), (1,), (3,)]), m=st.integers(1, 70), k=st.integers(1, 40),
-       n=st.integers(1, 700), transpose_a=st.booleans(), transpose_b=st.booleans())
-def test_a_matmul_split_over_threads_equals_numpy(batch, m, k, n, transpose_a, transpose_b):
+@given(batch=st.sampled_from([(), (1,), (3,), (2, 3)]), m=st.integers(1, 70), k=st.integers(1, 40),
+       n=st.integers(1, 700), transpose_a=st.booleans(), transpose_b=st.booleans(),
+       b_batch=st.sampled_from(["none", "same", "broadcast"]))
+def test_a_matmul_split_over_threads_equals_numpy(batch, m, k, n, transpose_a, transpose_b, b_batch):
     rng = np.random.default_rng(m * 1000 + n)
     a = rng.standard_normal(batch + ((k, m) if transpose_a else (m, k))).astype(np.float32)
-    b = rng.standard_normal((k, n) if not transpose_b else (n, k)).astype(np.float32)
+    lead = {"none": (), "same": batch, "broadcast": (1,) * len(batch)}[b_batch]
+    b = rng.standard_normal(lead + ((k, n) if not transpose_b else (n, k))).astype(np.float32)
     data = _matmul_model(a.shape, b.shape, transpose_a, transpose_b)
-    want = np.maximum(np.matmul(np.swapaxes(a, -1, -2) if transpose_a else a, b.T if transpose_b else b,
-                                dtype=np.float64), 0)
+    want = np.maximum(np.matmul(np.swapaxes(a, -1, -2) if transpose_a else a,
+                                np.swapaxes(b, -1, -2) if transpose_b else b, dtype=np.float64), 0)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(threads, "MIN_FLOPS", 1)  # small products split too (by default they stay whole)
         patch.setattr(threads, "MIN_COLUMNS", 1)
