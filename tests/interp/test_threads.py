@@ -73,12 +73,41 @@ def test_workers_shared_by_two_callers_run_every_task_once():
     assert counts == [1] * 400
 
 
+def test_a_split_shared_by_two_callers_computes_every_product():
+    """A caller that finds the workers busy runs the split's products itself (native or not)."""
+    import functools
+    import threading
+    workers = threads.Workers(2)
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((64, 40)).astype(np.float32), rng.standard_normal((40, 50)).astype(np.float32)
+    outs = [np.zeros((64, 50), np.float32) for _ in range(2)]
+    steps = [workers.split([functools.partial(np.matmul, a[i:j], b, out=out[i:j]) for i, j in threads.pieces(64, 2)])
+             for out in outs]
+    gate = threading.Barrier(2)
+    wrong = []
+
+    def caller(k):
+        gate.wait()
+        for _ in range(200):
+            outs[k].fill(np.nan)
+            steps[k]()
+            if not np.allclose(outs[k], a @ b, rtol=1e-5, atol=1e-4):
+                wrong.append(k)
+    callers = [threading.Thread(target=caller, args=(k,)) for k in range(2)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    workers.close()
+    assert not wrong
+
+
 def test_workers_threads_end_when_the_workers_are_collected():
     import gc
     import threading
 
     def ours():
-        return {t for t in threading.enumerate() if t.name == "edgeflow-worker"}
+        return {t for t in threading.enumerate() if t.name in ("edgeflow-worker", "edgeflow-native-worker")}
     before = ours()
     for _ in range(20):
         threads.Workers(3).run([lambda: None] * 3)
