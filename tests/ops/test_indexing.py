@@ -153,9 +153,20 @@ def test_scatter_nd_dtypes(run_op, rng, dtype):
     assert_close(out, scatter_nd_reference(data, indices, updates, "none"), dtype)
 
 
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+@pytest.mark.parametrize("index", [0, 2, -1, -3])
+def test_gather_of_one_index_is_numpys_take(run_op, rng, axis, index):
+    data = random_array(rng, (3, 4, 5), "float32")
+    out = run_op(lambda d, i: apply("gather", [d, i], {"axis": axis}), data, np.array(index, np.int64))
+    assert_close(out, np.take(data, index, axis=axis), np.float32)
+
+
 # -- hostile indices -----------------------------------------------------------------------
 
 HOSTILE = [
+    ("gather", lambda d, i: [d, i], {"axis": 0}, (4, 3), 4),  # one index
+    ("gather", lambda d, i: [d, i], {"axis": 1}, (4, 3), -4),
+    ("gather", lambda d, i: [d, i], {"axis": 1}, (4, 3), [[-4, 0]]),
     ("gather_elements", lambda d, i: [d, i], {"axis": 0}, (4, 3), [[0, 4, 1]]),
     ("gather_elements", lambda d, i: [d, i], {"axis": 1}, (4, 3), [[-4, 0, 1]]),
     ("gather_nd", lambda d, i: [d, i], {}, (4, 3), [[0, 3]]),
