@@ -255,6 +255,7 @@ class Pool:
         self.wakes = [threading.Lock() for _ in range(n)]
         self.mine = _blas_args()
         self.pid = os.getpid()  # a forked child has none of these threads
+        self.closed = False
         for k, wake in enumerate(self.wakes):
             wake.acquire()
             threading.Thread(target=_work, args=(self, k), name="edgeflow-native-worker", daemon=True).start()
@@ -262,7 +263,7 @@ class Pool:
     def run(self, table, spans):
         """Run `table`'s rows: spans[0] (first, last) on this thread, spans[1 + k] on worker k."""
         self.table[:len(table)] = table
-        if os.getpid() != self.pid:
+        if self.closed or os.getpid() != self.pid:  # no workers to post to
             self.native.run_rows(self.table, 0, len(table), self.native.sgemm, *self.mine)
             return
         for k, (first, last) in enumerate(spans[1:]):
@@ -281,6 +282,7 @@ class Pool:
             self.wakes[k].release()
 
     def close(self):
+        self.closed = True
         for k, wake in enumerate(self.wakes):
             if self.native.stop(self.slots, k):
                 wake.release()

@@ -106,6 +106,16 @@ def test_sleeping_workers_wake_for_the_next_post(monkeypatch):
         p.close()
 
 
+def test_a_closed_pool_runs_the_products_itself():
+    p = native_threads.Pool(1)
+    p.close()
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((40, 30)).astype(np.float32), rng.standard_normal((30, 20)).astype(np.float32)
+    out = np.full((40, 20), np.nan, np.float32)
+    p.run(*_halves(a, b, out))
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
+
+
 def test_closed_pools_threads_end():
     def ours():
         return {t for t in threading.enumerate() if t.name == "edgeflow-native-worker"}
