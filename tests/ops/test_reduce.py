@@ -65,6 +65,20 @@ def test_reduction_dtypes(run_op, rng, name, dtype):
         assert_close(out, reduce_by_loops(x, axis, False, combine), dtype, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("shape", [(3, 64, 64), (2, 5, 112, 112), (2, 4099), (1, 3, 8191)], ids=str)
+@pytest.mark.parametrize("name", ["reduce_sum", "reduce_mean"])
+def test_long_sums_over_the_last_axes(run_op, rng, name, shape):
+    """Sums and means over the last axes past BLAS's 4096 elements a row (in pieces of a
+    divisor of the count, or numpy's where none fits): float64's sums within 1e-5 of the
+    largest, the values offset so that a running float32 sum would drift."""
+    builder = REDUCTIONS[name][0]
+    x = random_array(rng, shape, "float32") + 3
+    axes = tuple(range(1, len(shape)))
+    out = run_op(lambda t: builder(t, axis=list(axes)), x)
+    want = getattr(x.astype(np.float64), "sum" if name == "reduce_sum" else "mean")(axis=axes)
+    np.testing.assert_allclose(out, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
 @pytest.mark.parametrize("dtype", INTS)
 def test_integer_mean_truncates_toward_zero(run_op, dtype):
     x = np.array([[1, 2, 4], [-1, -2, -4], [3, 3, 4], [-3, -3, -4]], dtype)
