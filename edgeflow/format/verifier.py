@@ -87,11 +87,16 @@ class _Field(NamedTuple):
     size: int  # bytes the field occupies inside its table
     read: object  # (walker, position of the field) -> value
     absent: object  # the value when the vtable omits the field
+    index: int  # the field's entry among the vtable's uint16s (2 + its slot number)
+    align: int  # the alignment its position must have: min(size, 8)
+    unpack: object  # a scalar's struct unpack_from (read without a call through the walker), else None
 
 
 def _compile_field(slot, name, type_, default=None):
-    size, read, absent = _field_reader(ENUMS.get(type_, type_), default)
-    return _Field(name, 4 + 2 * slot, size, read, absent)
+    type_ = ENUMS.get(type_, type_)
+    size, read, absent = _field_reader(type_, default)
+    unpack = struct.Struct("<" + _SCALAR_CODES[type_]).unpack_from if type_ in _SCALAR_CODES else None
+    return _Field(name, 4 + 2 * slot, size, read, absent, 2 + slot, min(size, 8), unpack)
 
 
 def _field_reader(type_, default):
@@ -170,19 +175,24 @@ class _Walker:
         if tsize < 4 or pos + tsize > self.end:
             raise FormatError(f"{name} table at byte {pos} has a bad size {tsize}")
         self.spend(tsize)
-        return {f.name: self.field(pos, vtable, vsize, tsize, f, name)
-                for f in _LAYOUT[name] if only in (None, f.name)}
-
-    def field(self, pos, vtable, vsize, tsize, f, table):
-        at = _U16(self.buf, vtable + f.slot)[0] if f.slot + 2 <= vsize else 0
-        if at == 0:
-            return f.absent
-        if at < 4 or at + f.size > tsize:
-            raise FormatError(f"field {table}.{f.name} of the table at byte {pos} lies "
-                              f"outside the table ({tsize} bytes)")
-        if (pos + at) % min(f.size, 8):
-            raise FormatError(f"field {table}.{f.name} at byte {pos + at} is misaligned")
-        return f.read(self, pos + at)
+        # The whole vtable in one read, and the fields in a loop here rather than a call each
+        # (iris_landmark's 1,125 tables and 7,119 fields: its verify 27.2 -> 21.4 ms).
+        entries = struct.unpack_from(f"<{vsize // 2}H", self.buf, vtable)
+        count, buf, fields = len(entries), self.buf, {}
+        for f in _LAYOUT[name]:
+            if only is not None and only != f.name:
+                continue
+            at = entries[f.index] if f.index < count else 0
+            if at == 0:
+                fields[f.name] = f.absent
+                continue
+            if at < 4 or at + f.size > tsize:
+                raise FormatError(f"field {name}.{f.name} of the table at byte {pos} lies "
+                                  f"outside the table ({tsize} bytes)")
+            if (pos + at) % f.align:
+                raise FormatError(f"field {name}.{f.name} at byte {pos + at} is misaligned")
+            fields[f.name] = f.unpack(buf, pos + at)[0] if f.unpack is not None else f.read(self, pos + at)
+        return fields
 
     def length(self, pos, elem_size, elem_align, what):
         """Element count of the vector at `pos`, checked against the bytes left."""
