@@ -30,6 +30,7 @@ import ctypes.util
 import functools
 import os
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -228,13 +229,11 @@ def _compile(numba, sgemm, sched_yield, usleep):
                   _post: (slots, i64, flags), _finish: (slots, i64, slots, i64, i64),
                   _stop: (slots, i64)}
 
-    class Native:
-        pass
-    Native.sgemm, Native.sched_yield, Native.usleep = sgemm, sched_yield, usleep
+    native = SimpleNamespace(sgemm=sgemm, sched_yield=sched_yield, usleep=usleep)
     for f, signature in signatures.items():
         dispatcher = f if f is _run_rows else njit(f)
-        setattr(Native, f.__name__.lstrip("_"), staticmethod(dispatcher.compile(signature)))
-    return Native
+        setattr(native, f.__name__.lstrip("_"), dispatcher.compile(signature))
+    return native
 
 
 def _blas_args():
