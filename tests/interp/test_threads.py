@@ -213,8 +213,8 @@ def test_conv_gradients_split_over_threads_equal_one_thread(n, c, m_per, size, k
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(threads, "MIN_FLOPS", 1)  # small convs split too
         got = _conv_grads(x, w, dy, attrs, 3)
-    for a, b in zip(got, want):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    for a, b in zip(got, want):  # sums of many products: an error in float32 of the sum's scale
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(b).max())) * np.sqrt(n * size * size))
 
 
 @settings(max_examples=12)
