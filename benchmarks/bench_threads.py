@@ -11,8 +11,11 @@ and N threads with either kind of worker, in one process.
   and the native ones, interleaved; then, in a pass of its own (its threads spin long
   after each product), the one call on OpenBLAS's N threads (numpy's matmul: the peer);
 - models: the real-size models of bench_models.py (the `zoo` extra exports them once) at
-  batch 1, edgeflow on 1 thread and on N with each kind of worker
-  (EDGEFLOW_NATIVE_THREADS=0 or 1), each contender in processes of its own, alternating.
+  batch 1, edgeflow on 1 thread and on N with each kind of worker always splitting
+  (EDGEFLOW_NATIVE_THREADS=0 or 1, EDGEFLOW_ADAPTIVE_THREADS=0), and on N as it runs by
+  default (native workers, each split step and each whole run choosing between its split
+  and one thread by timing itself: threads.Adaptive), each contender in processes of its
+  own, alternating.
 Medians; ratios to one thread's time. In the products' interleaved set the native workers
 spin for a while after their run, into the next contender's (the lock workers'), which
 the models' separate processes avoid.
@@ -38,7 +41,7 @@ PRODUCTS = [(16, 32, 12544), (96, 16, 12544), (24, 144, 3136), (144, 24, 3136), 
 def workers(n, native):
     os.environ["EDGEFLOW_NATIVE_THREADS"] = "1" if native else "0"
     try:
-        return threads.Workers(n)
+        return threads.Workers(n, adaptive=False)  # the split itself, every time
     finally:
         del os.environ["EDGEFLOW_NATIVE_THREADS"]
 
@@ -100,9 +103,10 @@ def bench_products(runs, n):
     harness.print_table(["product", "1 thread", f"OpenBLAS {n} threads", "lock workers", "native workers"], rows)
 
 
-def child(efl, threads_, native, runs):
+def child(efl, threads_, native, adaptive, runs):
     """One contender in a process of its own: median seconds of `runs` invokes at batch 1."""
     os.environ["EDGEFLOW_NATIVE_THREADS"] = native
+    os.environ["EDGEFLOW_ADAPTIVE_THREADS"] = adaptive
     import bench_models as models
     inputs = models.batched(models._cached_inputs(pathlib.Path(efl).with_suffix(".onnx")), 1)
     runner = ef.Interpreter(efl, num_threads=int(threads_)).get_signature_runner("infer")
@@ -122,7 +126,7 @@ def bench_models(runs, n, names, folder, rounds):
     import bench_models as models
     from edgeflow.converters import onnx as onnx_converter
     cache = models.default_cache()
-    configs = {"1 thread": (1, "1"), "locks": (n, "0"), "native": (n, "1")}
+    configs = {"1 thread": (1, "1", "1"), "locks": (n, "0", "0"), "native": (n, "1", "0"), "adaptive": (n, "1", "1")}
     rows = []
     for name in names:
         path, _ = models.real_model(name, cache)
@@ -131,17 +135,20 @@ def bench_models(runs, n, names, folder, rounds):
         onnx_converter.convert(path, efl)
         times = {label: [] for label in configs}
         for _ in range(rounds):
-            for label, (count, native) in configs.items():
-                out = subprocess.run([sys.executable, __file__, "--child", str(efl), str(count), native, str(runs)],
+            for label, (count, native, adaptive) in configs.items():
+                out = subprocess.run([sys.executable, __file__, "--child", str(efl), str(count), native, adaptive,
+                                      str(runs)],
                                      check=True, capture_output=True, text=True).stdout
                 times[label].append(float(out.split()[-1]))
         t = {label: harness.median(v) for label, v in times.items()}
         one = t["1 thread"]
-        rows.append([name, harness.ms(one, 2)] + [f"{harness.ms(t[c], 2)} ({t[c] / one:.2f})" for c in ("locks", "native")])
+        rows.append([name, harness.ms(one, 2)] + [f"{harness.ms(t[c], 2)} ({t[c] / one:.2f})"
+                                                  for c in ("locks", "native", "adaptive")])
         harness.log("  " + "  ".join(rows[-1]))
     print(f"\nmodels at batch 1, ms (time against one thread's), {n} threads: medians over {rounds} processes "
           f"each, alternating, of the medians of {runs} runs")
-    harness.print_table(["model", "1 thread", "lock workers", "native workers"], rows)
+    harness.print_table(["model", "1 thread", "lock workers, split", "native workers, split",
+                         "native, adaptive (default)"], rows)
 
 
 def main():
@@ -150,13 +157,13 @@ def main():
     parser.add_argument("--threads", type=int, default=2, help="threads of the split contenders (default 2)")
     parser.add_argument("--part", choices=("products", "models", "all"), default="all")
     parser.add_argument("--rounds", type=int, default=5, help="processes per model contender (default 5)")
-    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--models", default="resnet18,mobilenet_v2,mobilenet_v3_small,bert_encoder",
                         help="real-size models of bench_models.py (default resnet18,mobilenet_v2,"
                              "mobilenet_v3_small,bert_encoder)")
     args = parser.parse_args()
     if args.child:
-        child(*args.child[:3], int(args.child[3]))
+        child(*args.child[:4], int(args.child[4]))
         return
     if args.part in ("products", "all"):
         bench_products(args.runs, args.threads)

@@ -1,6 +1,7 @@
 """The Interpreter: loads a `.efl` model and runs its signatures, with TFLite's API."""
 import contextlib
 import logging
+from functools import partial
 
 import numpy as np
 
@@ -117,6 +118,12 @@ class Interpreter:
         with self._threads(), threads.using(self._workers):  # subgraphs may be planned while running
             if self.profiler is not None:
                 self.profiler.run(plan)
+            elif self._workers is not None and self._workers.adaptive:
+                choice = getattr(plan, "threads_choice", None)
+                if choice is None:  # whole runs with the workers against runs on this thread alone
+                    choice = plan.threads_choice = threads.Adaptive(partial(self._workers.running, plan.run, False),
+                                                                    partial(self._workers.running, plan.run, True))
+                choice()
             else:
                 plan.run()
 

@@ -274,6 +274,10 @@ class Pool:
         finally:
             self.native.finish(self.slots, len(spans) - 1, self.posted, self.native.sched_yield, self.native.usleep)
 
+    def run_here(self, table):
+        """Run `table`'s rows on this thread alone."""
+        self.native.run_rows(table, 0, len(table), self.native.sgemm, *self.mine)
+
     def _post(self, workers):
         self.posted[:workers] += 1
         self.native.post(self.slots, workers, self.asleep)

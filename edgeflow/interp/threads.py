@@ -11,6 +11,11 @@ work then, once: a kernel of a plan made without workers runs as before. Pieces 
 all matrix products (`Workers.split`) go to native_threads.py's workers where numba and
 scipy are installed: there no lock or GIL is handed over, which on this project's 2-core VM
 cost more than a 100 us piece.
+
+An interpreter times its runs with the workers and on its own thread alone (`Workers.running`),
+and keeps to the faster (`Adaptive`): a piece handed to a core that another tenant holds
+(a VM's stolen time, a phone's little core or its throttling) can make a split run slower
+than one thread.
 """
 import contextlib
 import contextvars
@@ -18,6 +23,7 @@ import functools
 import os
 import threading
 import weakref
+from time import perf_counter
 
 import numpy as np
 
@@ -38,6 +44,16 @@ MIN_COLUMNS = 64
 # 1280x320 @ 320x49 0.50 against 0.66), columns up to 128 (24x144 @ 144x3136 0.59 against
 # 1.21, BERT's 128x256 @ 256x1024 0.55 against 0.65), both alike at 144.
 ROWS_FIRST = 144
+
+
+# Adaptive: the first TRIALS calls of each variant alternate (the threaded first, so that a
+# single call runs it); after that the faster so far runs, and the other is timed again once
+# every EXPLORE calls, the gap doubling (to EXPLORE_MAX) each time it loses again.
+TRIALS = 2
+EXPLORE = 16
+EXPLORE_MAX = 1024
+# The weight of each new time in the chosen variant's moving average.
+SMOOTHING = 0.125
 
 
 def available_cores():
@@ -88,6 +104,55 @@ def _each(tasks):
         task()
 
 
+class Adaptive:
+    """Two ways of doing the same thing, `threaded` and `serial` (an interpreter's run with
+    its workers, and on its thread alone: the same pieces, so the same bits); each call runs
+    the one that has been faster, and times it.
+
+    The first 2 * TRIALS calls alternate, threaded first; each variant's time is then its
+    fastest. Afterwards the chosen variant's time is a moving average of its calls (weight
+    SMOOTHING), and the other is tried once every `gap` calls (EXPLORE, doubled up to
+    EXPLORE_MAX each time it is still the slower), its time that call's: the choice follows a
+    core that becomes busy or free again, at the cost of one run in `gap`. On this project's
+    2-core VM, while the second core was being taken back by the host, mobilenet_v3_small
+    took 2.3x its 1-thread time at 2 threads: a 16x16 @ 16x3136 pointwise conv waited 393 us
+    for its worker against 54 us alone."""
+
+    __slots__ = ("variants", "seconds", "pick", "calls", "gap", "explore")
+
+    def __init__(self, threaded, serial):
+        self.variants = (threaded, serial)
+        self.seconds = [float("inf"), float("inf")]
+        self.pick = 0  # the variant in use: 0 threaded, 1 serial
+        self.calls = 0
+        self.gap = EXPLORE
+        self.explore = -1  # the call that times the other variant next (set when the trials end)
+
+    def __call__(self):
+        calls = self.calls
+        self.calls = calls + 1
+        pick = self.pick
+        which = calls & 1 if calls < 2 * TRIALS else (1 - pick if calls == self.explore else pick)
+        start = perf_counter()
+        self.variants[which]()
+        took = perf_counter() - start
+        seconds = self.seconds
+        if calls < 2 * TRIALS:
+            seconds[which] = min(seconds[which], took)
+        elif which == pick:
+            seconds[which] += (took - seconds[which]) * SMOOTHING
+        else:
+            seconds[which] = took
+        if calls < 2 * TRIALS - 1:
+            return
+        best = 0 if seconds[0] <= seconds[1] else 1
+        if calls == self.explore:  # the other variant was timed: try it again soon if it won
+            self.gap = EXPLORE if best != pick else min(2 * self.gap, EXPLORE_MAX)
+        if calls == self.explore or calls == 2 * TRIALS - 1:
+            self.explore = calls + self.gap
+        self.pick = best
+
+
 class Workers:
     """`n` threads of intra-op work: `run(tasks)` runs callables, some on the caller's thread;
     `split(tasks)` makes a step of them.
@@ -100,8 +165,12 @@ class Workers:
     a `run` is under way (two threads sharing one interpreter) runs its tasks on its own
     thread."""
 
-    def __init__(self, n, native=True):
+    def __init__(self, n, native=True, adaptive=None):
         self.n = int(n)
+        # Whether an interpreter's runs choose between the workers and its thread alone by
+        # timing them (Adaptive); EDGEFLOW_ADAPTIVE_THREADS=0 (or adaptive=False) always splits.
+        self.adaptive = os.environ.get("EDGEFLOW_ADAPTIVE_THREADS", "1") != "0" if adaptive is None else adaptive
+        self.alone = False  # set while a whole run goes on the caller's thread alone (`running`)
         self._busy = threading.Lock()
         self.native = None
         if native and self.n > 1 and os.environ.get("EDGEFLOW_NATIVE_THREADS", "1") != "0":
@@ -116,7 +185,7 @@ class Workers:
     def split(self, tasks):
         """A step running `tasks` (callables) on the workers: on the native ones where every
         task is a float32 matrix product BLAS takes as is (native_threads.gemms), task k on
-        worker k % n; else through `run`."""
+        worker k % n; else through `run`. While `alone`, all on the caller's thread."""
         if self.native is not None and 1 < len(tasks):
             from . import native_threads
             rows = [native_threads.gemms(task) for task in tasks]
@@ -136,13 +205,25 @@ class Workers:
             _each(tasks)  # another thread's run is under way
             return
         try:
-            self.native.run(table, spans)
+            if self.alone:  # the same BLAS calls on this thread: the same bits
+                self.native.run_here(table)
+            else:
+                self.native.run(table, spans)
         finally:
             self._busy.release()
 
+    def running(self, run, alone):
+        """run(), every split of it on the caller's thread alone if `alone` (the same pieces
+        in turn, so the same bits)."""
+        self.alone = alone
+        try:
+            run()
+        finally:
+            self.alone = False
+
     def run(self, tasks):
         """Run every callable of `tasks`, the first on this thread; re-raise the first error."""
-        if not self._slots or len(tasks) < 2 or not self._busy.acquire(blocking=False):
+        if not self._slots or len(tasks) < 2 or self.alone or not self._busy.acquire(blocking=False):
             _each(tasks)
             return
         try:

@@ -1,6 +1,7 @@
 """Intra-op threads (edgeflow/interp/threads.py): ops split over an interpreter's workers
 give numpy's results, on odd shapes, and the workers' errors reach the caller; each test
 runs with the native workers (native_threads.py) and with the lock hand-off."""
+import functools
 import os
 
 import numpy as np
@@ -100,6 +101,107 @@ def test_a_split_shared_by_two_callers_computes_every_product():
         t.join()
     workers.close()
     assert not wrong
+
+
+class _Clock:
+    """A stand-in for threads.perf_counter that only the variants below advance."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_adaptive_runs_the_variant_that_has_been_faster(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(threads, "perf_counter", clock)
+    cost = {"threaded": 5.0, "serial": 1.0}
+    ran = []
+
+    def variant(name):
+        def run():
+            ran.append(name)
+            clock.now += cost[name]
+        return run
+    choice = threads.Adaptive(variant("threaded"), variant("serial"))
+    for _ in range(2 * threads.TRIALS):
+        choice()
+    assert ran == ["threaded", "serial"] * threads.TRIALS  # trials alternate, the split first
+    ran.clear()
+    for _ in range(200):
+        choice()
+    # serial from then on, but for the threaded variant tried again at growing gaps
+    explored = [k for k, name in enumerate(ran) if name == "threaded"]
+    assert explored and explored[0] == threads.EXPLORE - 1
+    gaps = np.diff(explored)
+    assert all(g2 == min(2 * g1, threads.EXPLORE_MAX) for g1, g2 in zip(gaps, gaps[1:])) and gaps[0] == 2 * threads.EXPLORE
+    # the serial variant slows down (its core taken): the choice follows within a few calls
+    # of the next exploration, and keeps to threaded once it is the faster
+    cost["serial"] = 20.0
+    ran.clear()
+    for _ in range(threads.EXPLORE_MAX + 64):
+        choice()
+    assert ran[-32:] == ["threaded"] * 32
+    assert choice.seconds[0] == cost["threaded"] and choice.seconds[1] > cost["threaded"]
+
+
+def test_a_run_alone_runs_every_split_on_the_callers_thread_with_the_same_bits():
+    """Workers.running(run, alone=True): the same pieces in turn on this thread (products and
+    Python's callables alike), so the same bits as split over the workers."""
+    import threading
+    workers = threads.Workers(2)
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((300, 70)).astype(np.float32), rng.standard_normal((70, 90)).astype(np.float32)
+    out = np.zeros((300, 90), np.float32)
+    product = workers.split([functools.partial(np.matmul, a[i:j], b, out=out[i:j]) for i, j in threads.pieces(300, 2)])
+    x = rng.standard_normal((64, 5000)).astype(np.float32)
+    y = np.zeros_like(x)
+    where = []
+
+    def tanh(i, j):
+        where.append(threading.get_ident())
+        np.tanh(x[i:j], out=y[i:j])
+    elementwise = workers.split([functools.partial(tanh, i, j) for i, j in threads.pieces(64, 2)])
+
+    def run():
+        out.fill(np.nan)
+        y.fill(np.nan)
+        product()
+        elementwise()
+        return out.copy(), y.copy()
+    results = {}
+    for alone in (False, True, False, True):
+        where.clear()
+        workers.running(lambda: results.setdefault(alone, []).append(run()), alone)
+        assert (set(where) == {threading.get_ident()}) == alone
+    assert not workers.alone
+    for got in results[False] + results[True]:
+        np.testing.assert_array_equal(got[0], results[False][0][0])
+        np.testing.assert_array_equal(got[1], results[False][0][1])
+    np.testing.assert_allclose(results[True][0][0], a @ b, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(results[True][0][1], np.tanh(x), rtol=1e-6, atol=1e-6)
+    workers.close()
+
+
+def test_an_interpreter_at_two_threads_gives_the_same_bits_on_every_run():
+    """Its runs go with the workers or on its thread alone as they time themselves."""
+    from edgeflow.graph.math_ops import apply
+    rng = np.random.default_rng(2)
+    w, bias = rng.standard_normal((64, 16, 1, 1)).astype(np.float32), rng.standard_normal(64).astype(np.float32)
+    g = ef.Graph()
+    with g.as_default():
+        x = ef.placeholder(ef.float32, (1, 16, 40, 40), name="x")
+        y = apply("conv", [x, ef.constant(w), ef.constant(bias)],
+                  {"strides": (1, 1), "pads": (0, 0, 0, 0), "group": 1, "activation": "relu"})
+    runner = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": x}, {"y": y})})), num_threads=2) \
+        .get_signature_runner("infer")
+    feed = rng.standard_normal((1, 16, 40, 40)).astype(np.float32)
+    first = runner(x=feed)["y"]
+    want = np.maximum(np.einsum("mc,nchw->nmhw", w[:, :, 0, 0].astype(np.float64), feed) + bias[:, None, None], 0)
+    np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-4)
+    for _ in range(3 * threads.EXPLORE):
+        np.testing.assert_array_equal(runner(x=feed)["y"], first)
 
 
 def test_workers_threads_end_when_the_workers_are_collected():
