@@ -828,22 +828,31 @@ def _accurate(got, expected, rtol):
     np.testing.assert_array_equal(g[rest], expected[rest])
 
 
-def test_tanhf_over_float32_range(jit_mode):
-    """_tanhf, the recurrent loops' tanh: within 3e-7 relative of float64 tanh over every
-    float32 magnitude (a dense sweep of -12..12, where it bends, and SPECIAL), signs of zero
-    and NaN kept."""
+def _each_element(name):
+    """jit.py's scalar function `name` (compiled) applied to each element of a 1-D array."""
     import numba
     jit._compile_scalars(numba)
-    tanhf = jit._tanhf
+    scalar = getattr(jit, name)
 
     @numba.njit
     def each(x, out):
         for i in range(x.shape[0]):
-            out[i] = tanhf(x[i])
+            out[i] = scalar(x[i])
+
+    def run(x):
+        out = np.empty_like(x)
+        each(x, out)
+        return out
+    return run
+
+
+def test_tanhf_over_float32_range(jit_mode):
+    """_tanhf, the recurrent loops' tanh: within 3e-7 relative of float64 tanh over every
+    float32 magnitude (a dense sweep of -12..12, where it bends, and SPECIAL), signs of zero
+    and NaN kept."""
     x = np.concatenate([np.linspace(-12, 12, 200_001, dtype=np.float32), SPECIAL,
                         np.float32([0.6249999, 0.625, -0.625, 1e-8, -1e-8])])
-    got = np.empty_like(x)
-    each(x, got)
+    got = _each_element("_tanhf")(x)
     _accurate(got, np.tanh(x.astype(np.float64)), 3e-7)
     assert np.array_equal(np.signbit(got[x == 0]), np.signbit(x[x == 0]))
 
@@ -852,18 +861,9 @@ def test_exp_nonpositive_over_float32_range(jit_mode):
     """_exp_nonpositive, sigmoid's and softmax's exp: within 2e-7 relative (1.5 ulp) of float64
     exp over every float32 x <= 0 (a dense sweep of -110..0, where its results turn
     subnormal below -87.3 and 0 below -104, and SPECIAL's), NaN kept."""
-    import numba
-    jit._compile_scalars(numba)
-    exp = jit._exp_nonpositive
-
-    @numba.njit
-    def each(x, out):
-        for i in range(x.shape[0]):
-            out[i] = exp(x[i])
     x = np.concatenate([np.linspace(-110, 0, 400_001, dtype=np.float32), SPECIAL[~(SPECIAL > 0)],
                         -np.float32([1e-8, 1e-38, 1e-45, 87.33654, 87.33655, 103.97208, 103.97209])])
-    got = np.empty_like(x)
-    each(x, got)
+    got = _each_element("_exp_nonpositive")(x)
     with np.errstate(under="ignore"):
         _accurate(got, np.exp(x.astype(np.float64)), 2e-7)
 
