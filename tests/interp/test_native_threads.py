@@ -62,6 +62,24 @@ def test_posted_products_equal_numpy(pool, batch, m, k, n, a_how, b_how, broadca
         assert np.isnan(wide[..., 0]).all() and np.isnan(wide[..., -2:]).all()
 
 
+def test_the_workers_call_numpys_own_blas_where_its_wheels_bundle_one(pool):
+    """numpy's wheels bundle an OpenBLAS (scipy-openblas, 64-bit integers): the workers call its
+    sgemm, so that their products are numpy's matmul's bit for bit (scipy's build of OpenBLAS
+    rounds differently, and ran the pointwise convs' products 25% slower)."""
+    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    found = native_threads._numpy_sgemm()
+    if blas.get("name") == "scipy-openblas":
+        assert found is not None and found[1] is np.int64
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((37, 150)).astype(np.float32), rng.standard_normal((150, 300)).astype(np.float32)
+    out = np.full((37, 300), np.nan, np.float32)
+    pool.run(*_halves(a, b, out))
+    if found is not None:  # the same pieces through numpy (a whole product may round otherwise)
+        np.testing.assert_array_equal(out, np.concatenate([np.matmul(a[:18], b), np.matmul(a[18:], b)]))
+    else:
+        np.testing.assert_allclose(out, a @ b.astype(np.float64), rtol=1e-4, atol=1e-3)
+
+
 def test_products_blas_cannot_read_are_left_to_numpy():
     a = np.ones((4, 6), np.float32)
     b = np.ones((6, 5), np.float32)
