@@ -10,8 +10,8 @@ own two threads took 104.
 Here each worker is a thread inside a numba function compiled without the GIL: it spins
 on its slot of a shared array (calling sched_yield, so that it gives way on a shared core)
 for a posted list of sgemm calls, runs them through BLAS (numpy's own OpenBLAS where it is
-found, else scipy's cython_blas sgemm; called by address), and marks them done; the caller runs its own share meanwhile and spins
-until every worker is done. No lock, no GIL, no futex on the way: the same split by rows
+found, else scipy's cython_blas sgemm; called by address), and marks them done; the caller
+runs its own share meanwhile and spins until every worker is done. No lock, no GIL, no futex on the way: the same split by rows
 took 86-107 us (0.6-0.8 of one thread's time; 0.5-0.7 for products of 150 us or more). A
 worker that finds nothing for SPIN_YIELDS sched_yields goes to sleep on a lock (through
 Python); the next post wakes it that way, once.

@@ -8,8 +8,8 @@ BLAS threads of its own would compete with the workers, and on busy cores they s
 
 A kernel factory asks `current()` for the workers while a plan binds it, and splits its
 work then, once: a kernel of a plan made without workers runs as before. Pieces that are
-all matrix products (`Workers.split`) go to native_threads.py's workers where numba and
-scipy are installed: there no lock or GIL is handed over, which on this project's 2-core VM
+all matrix products (`Workers.split`) go to native_threads.py's workers where numba is
+installed (with numpy's OpenBLAS or scipy's BLAS): there no lock or GIL is handed over, which on this project's 2-core VM
 cost more than a 100 us piece.
 
 An interpreter times its runs with the workers and on its own thread alone (`Workers.running`),
@@ -158,7 +158,7 @@ class Workers:
     `split(tasks)` makes a step of them.
 
     n - 1 daemon threads wait on their own locks; they end when the Workers are closed or
-    collected. With `native` (numba and scipy import, EDGEFLOW_NATIVE_THREADS is not "0"),
+    collected. With `native` (native_threads.available(), EDGEFLOW_NATIVE_THREADS is not "0"),
     n - 1 more are native_threads.py's: they spin for work a while and run matrix products
     without the GIL (Python's callables stay on the lock workers: measured on MobileNetV2
     at 2 threads, handing them to the native workers was 5% slower). A second caller while
