@@ -9,7 +9,7 @@ from . import arguments
 
 
 def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, delegates=(), threads=None,
-                shapes=None):
+                shapes=None, jit=None):
     """Init time, first run, steady-state statistics (ms), arena bytes and the slowest ops.
 
     Steady-state runs are timed without the profiler; a separate profiled pass of the
@@ -17,13 +17,13 @@ def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, de
     the Interpreter's num_threads (None: numpy's BLAS decides); `shapes` {input: shape} for
     the random inputs not given in `inputs` (default: the declared shapes, dynamic dims 1). With
     `delegates`, also where ops run and the host<->device copies per run (a split model
-    runs with an edgeflow.cloud.CloudDelegate among them).
+    runs with an edgeflow.cloud.CloudDelegate among them). `jit`: the Interpreter's.
     """
     from ..accel import transfers
     from ..interp import Interpreter
 
     t0 = time.perf_counter()
-    interp = Interpreter(path, delegates=delegates, num_threads=threads)
+    interp = Interpreter(path, delegates=delegates, num_threads=threads, jit=jit)
     init_s = time.perf_counter() - t0
     runner = pick_signature(interp, signature)
     feed = random_inputs(runner, inputs or {}, shapes=shapes)
@@ -53,6 +53,7 @@ def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, de
         "input_shapes": {n: list(v.shape) for n, v in feed.items()},
         "ops": len(plan.order),
         "threads": threads,
+        "jit": {None: "auto", True: "on", False: "off"}[jit],
         "init_ms": init_s * 1e3,
         "first_run_ms": first_s * 1e3,
         "runs": runs,
@@ -77,6 +78,9 @@ def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, de
     return result
 
 
+JIT_MODES = {"auto": None, "on": True, "off": False}  # --jit: the Interpreter's jit
+
+
 def ms(value):
     """A time in ms with three significant digits or more: 0.0123, 1.23, 12.3, 123."""
     return f"{value:.{max(0, 2 - int(np.floor(np.log10(value))))}f}" if value > 0 else "0"
@@ -85,7 +89,8 @@ def ms(value):
 def render(r):
     lines = [
         f"{r['model']} [{r['signature']}] inputs {r['input_shapes']}, {r['ops']} ops, "
-        f"{'threads as numpy BLAS decides' if r['threads'] is None else str(r['threads']) + ' thread(s)'}",
+        f"{'threads as numpy BLAS decides' if r['threads'] is None else str(r['threads']) + ' thread(s)'}, "
+        f"jit {r['jit']}",
         f"  init {ms(r['init_ms'])} ms, first run {ms(r['first_run_ms'])} ms",
         f"  {r['runs']} runs (ms): mean {ms(r['mean_ms'])}, std {ms(r['std_ms'])}, "
         f"p50 {ms(r['p50_ms'])}, p99 {ms(r['p99_ms'])}, min {ms(r['min_ms'])}",
@@ -121,6 +126,9 @@ def add_parser(verbs):
     p.add_argument("--threads", type=arguments.positive, metavar="N",
                    help="threads the interpreter splits big ops over, each with one BLAS thread "
                         "(default: as numpy's BLAS decides)")
+    p.add_argument("--jit", choices=JIT_MODES, default="auto",
+                   help="numba's compiled loops: auto (default: the kernels that gain much import "
+                        "numba), on (imported up front: every kernel's loop; a slower first run), off")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     arguments.add_accel_args(p)
     arguments.add_cloud_args(p)
@@ -131,5 +139,6 @@ def cmd_bench(args):
     result = bench_model(args.model, runs=args.runs, warmup=args.warmup, signature=args.signature,
                          inputs=arguments.parse_inputs(args.input), top=args.top,
                          delegates=arguments.cloud_delegates(args) + arguments.delegates(args),
-                         threads=args.threads, shapes=arguments.parse_shapes(args.input_shape))
+                         threads=args.threads, shapes=arguments.parse_shapes(args.input_shape),
+                         jit=JIT_MODES[args.jit])
     print(json.dumps(result, indent=2) if args.json else render(result))

@@ -13,6 +13,7 @@ from . import threads
 from .arena import default_max_tensor_bytes
 from .control import Program
 from .kernels import KERNELS
+from .kernels import jit as jit_kernels
 from .plan import ShapeDependsOnValues
 from .profiler import Profiler
 from .staged import SHAPE_LIKE_MAX, PlanCache, StagedPlan, make_plan
@@ -42,10 +43,21 @@ class Interpreter:
     default 4 GiB, or the machine's physical memory if less. A model whose file fixes a
     larger size raises FormatError (when loaded, where the declared shapes say so);
     inputs that make one raise InvalidInputError. Either names the op and the tensor.
+    `jit` (where numba is installed: the `jit` extra): None (default) lets the kernels that
+    gain much from a compiled loop import numba, the others take theirs once it is loaded
+    (a first run without numba's import, some 0.4 s and more for its cached loops); True
+    imports it now, so that every kernel that has a loop binds it (faster runs, a slower
+    first one: ResNet-18 at batch 1 on one thread 56.5 -> 45.0 ms, its first run 0.15 ->
+    1.2 s); False keeps this interpreter's plans on numpy's kernels.
     """
 
     def __init__(self, model, delegates=(), num_threads=None, preserve_all_tensors=False,
-                 max_tensor_bytes=None):
+                 max_tensor_bytes=None, jit=None):
+        if jit not in (None, True, False):
+            raise InvalidInputError(f"jit: expected None (the default policy), True or False, got {jit!r}")
+        if jit and not jit_kernels.available():
+            raise EdgeflowError("jit=True needs numba (pip install 'edgeflow[jit]'), and EDGEFLOW_JIT not \"0\"")
+        self.jit = jit
         self.delegates = list(delegates)
         self.max_tensor_bytes = default_max_tensor_bytes() if max_tensor_bytes is None else int(max_tensor_bytes)
         self.model = reader.load(model)
@@ -103,7 +115,7 @@ class Interpreter:
         # Kernels bound now split their work for these workers; BLAS capped as when running
         # (binding runs products too, e.g. Winograd's weight transforms: an uncapped BLAS
         # spins its threads on busy cores, measured 5x slower at num_threads=1).
-        with self._threads(), threads.using(self._workers):
+        with self._threads(), threads.using(self._workers), jit_kernels.using(self.jit):
             return self._planned(inputs, outputs, shapes, targets, known)
 
     def _planned(self, inputs, outputs, shapes, targets, known):
@@ -115,7 +127,8 @@ class Interpreter:
         return plan
 
     def run_plan(self, plan):
-        with self._threads(), threads.using(self._workers):  # subgraphs may be planned while running
+        # subgraphs may be planned while running
+        with self._threads(), threads.using(self._workers), jit_kernels.using(self.jit):
             if self.profiler is not None:
                 self.profiler.run(plan)
             elif self._workers is not None and self._workers.adaptive:

@@ -986,6 +986,68 @@ print(json.dumps("numba" in sys.modules))
     assert _in_fresh_interpreter(code, {"EDGEFLOW_JIT": "1"}) is False
 
 
+RESNET_OPS = """
+import sys, json
+import numpy as np
+import edgeflow as ef
+from edgeflow.format import writer
+from edgeflow.graph.math_ops import apply
+from edgeflow.interp.kernels import jit
+rng = np.random.default_rng(0)
+x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
+g = ef.Graph()
+with g.as_default():
+    t = ef.placeholder(ef.float32, x.shape, name="x")
+    y = apply("conv", [t, rng.standard_normal((8, 3, 7, 7)).astype(np.float32)], {"strides": (2, 2),
+              "pads": (3, 3, 3, 3), "activation": "relu"})
+    y = apply("max_pool", [y], {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)})
+    z = apply("conv", [y, rng.standard_normal((8, 8, 3, 3)).astype(np.float32)], {"pads": (1, 1, 1, 1)})
+    y = apply("add", [z, y], {"activation": "relu"})
+interp = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})), jit=JIT)
+imported = "numba" in sys.modules
+out = interp.get_signature_runner("infer")(x=x)["y"]
+print(json.dumps([imported, sorted(k for k in jit.BIND_SECONDS if k != "import numba"), out.ravel().tolist()]))
+"""
+
+
+def test_jit_on_imports_numba_up_front_and_binds_every_loop():
+    """Interpreter(jit=True) imports numba when it is made, so that the kernels that would not
+    import it themselves (ResNet's: a 7x7 stem, a max pool, 3x3 convs, add + relu) bind their
+    loops; the result is the default's (numpy's kernels, numba never imported) within float32
+    rounding, and a float64 numpy evaluation's."""
+    on = _in_fresh_interpreter(RESNET_OPS.replace("JIT", "True"), {"EDGEFLOW_JIT": "1"})
+    auto = _in_fresh_interpreter(RESNET_OPS.replace("JIT", "None"), {"EDGEFLOW_JIT": "1"})
+    assert on[0] is True and auto[0] is False
+    assert {"bias_activation_loop", "max_pool_loop", "add_activation_loop"} <= set(on[1]), on[1]
+    assert auto[1] == [], auto[1]
+    np.testing.assert_allclose(on[2], auto[2], rtol=1e-5, atol=1e-5 * max(np.abs(auto[2]).max(), 1.0))
+
+
+def test_jit_off_keeps_numpy_kernels_where_numba_is_loaded(jit_mode):
+    """Interpreter(jit=False): its plans bind no loop though numba is loaded (the result is
+    EDGEFLOW_JIT=0's bit for bit), another interpreter's plans still do; a jit that is not
+    None, True or False is refused."""
+    _, bound = jit_mode
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 6, 12, 12)).astype(np.float32)
+    w = rng.standard_normal((6, 1, 3, 3)).astype(np.float32)
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, x.shape, name="x")
+        y = apply("conv", [t, w], {"group": 6, "pads": (1, 1, 1, 1), "activation": "swish"})
+    model = writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})}))
+    off = ef.Interpreter(model, jit=False).get_signature_runner("infer")(x=x)["y"]
+    assert bound == []
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("EDGEFLOW_JIT", "0")
+        numpy_only = ef.Interpreter(model).get_signature_runner("infer")(x=x)["y"]
+    np.testing.assert_array_equal(off, numpy_only)
+    ef.Interpreter(model).get_signature_runner("infer")(x=x)
+    assert "depthwise_same_loop" in bound, bound
+    with pytest.raises(ef.errors.InvalidInputError, match="jit"):
+        ef.Interpreter(model, jit="on")
+
+
 def test_a_train_step_loads_numba_before_its_forward_binds():
     """A train step's gradient kernels load numba; the plan loads it first, so the forward's
     max pool (bound before any gradient) takes its loop too, in a process where nothing

@@ -10,12 +10,19 @@ in arithmetic LLVM vectorizes (faster than numpy's), one pass each where numpy n
 
 numba is optional (the `jit` extra): it is imported on the first bind, never by `import
 edgeflow.interp`, and each `bind_*` returns None where numba is absent, disabled
-(EDGEFLOW_JIT=0 when the kernel binds) or the operands are not ones its loop takes; the
-kernel then runs its numpy path. The loops are plain Python at module level, compiled by
+(EDGEFLOW_JIT=0 when the kernel binds, or a plan made under `using(False)`: an
+Interpreter's jit=False) or the operands are not ones its loop takes; the kernel then runs
+its numpy path. By default a kernel that gains much from its loop imports numba, and the
+others take theirs only where it is loaded already: importing it costs a first run some
+0.4 s, and loading its cached loops more. Interpreter(jit=True) imports it up front, so
+that every kernel binds its loop (ResNet-18, whose own kernels would not import it: 56.5
+-> 45.0 ms a run at batch 1 on one thread, its first run 0.15 -> 1.2 s). The loops are plain Python at module level, compiled by
 `numba.njit(cache=True)` (no fastmath: the float arithmetic as written, but for the
 activation loops' fused multiply-adds, _FASTMATH) for the argument types of each bind, at
 prepare time; later processes load the machine code from numba's on-disk cache.
 """
+import contextlib
+import contextvars
 import math
 import os
 import time
@@ -38,6 +45,21 @@ _ENTRIES = {}  # (loop name, entry, the arguments' kinds) -> what `compiled` ret
 BIND_SECONDS = {}
 
 
+# The JIT mode of the plan being made (an Interpreter's `jit`): None, the default policy;
+# True, numba imported up front; False, numpy's kernels only.
+_MODE = contextvars.ContextVar("edgeflow_jit", default=None)
+
+
+@contextlib.contextmanager
+def using(mode):
+    """Bind kernels inside under JIT `mode` (None, True or False; see _MODE)."""
+    token = _MODE.set(mode)
+    try:
+        yield
+    finally:
+        _MODE.reset(token)
+
+
 def loaded():
     """Whether numba is loaded already (a kernel that gains much from it bound first).
     Loops that gain little, or little in a whole model (a conv's bias and activation, add +
@@ -47,8 +69,9 @@ def loaded():
 
 
 def available():
-    """Whether JIT loops are used: numba imports and EDGEFLOW_JIT is not "0"."""
-    if os.environ.get("EDGEFLOW_JIT", "1") == "0":
+    """Whether JIT loops are used: numba imports, EDGEFLOW_JIT is not "0" and the plan being
+    made is not under using(False)."""
+    if os.environ.get("EDGEFLOW_JIT", "1") == "0" or _MODE.get() is False:
         return False
     if not _numba:
         try:
