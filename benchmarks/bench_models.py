@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_models.py [--suite real|small] [--models a,b]
                                                 [--runs N] [--threads 1,2] [--batches 1,8]
-                                                [--cache DIR] [--no-sizes]
+                                                [--cache DIR] [--no-sizes] [--jit auto|on|off]
 
 Two suites. `real` (the default; needs the `zoo` extra): real-size models with random
 weights, exported from PyTorch with the TorchScript exporter (benchmarks/zoo.py's
@@ -20,7 +20,8 @@ machine): the time a new Interpreter takes to make
 its plan, and its first run (that plan included: what a first call costs), the median latency
 of edgeflow and of onnxruntime (the peer), interleaved, their ratio, and the GFLOP/s each
 achieves (the plan's FLOP count over the median), edgeflow's as a fraction of numpy's own
-float32 matmul peak measured in the same run at the same thread count. Then, for the small
+float32 matmul peak measured in the same run at the same thread count (`--jit on`: edgeflow's
+Interpreters import numba up front, so every kernel with a compiled loop binds it). Then, for the small
 suite, each model's file size: .onnx against .efl fp32, fp16, int8.
 """
 import argparse
@@ -35,6 +36,8 @@ import numpy as np
 import edgeflow as ef
 import harness
 
+JIT_MODES = {"auto": None, "on": True, "off": False}
+JIT_NAMES = {v: k for k, v in JIT_MODES.items()}
 SMALL = ("mobilenetv2", "resnet", "transformer", "lstm")
 REAL = ("resnet18", "mobilenet_v2", "efficientnet_b0", "mobilenet_v3_small", "bert_encoder", "lstm2", "bigru")
 
@@ -159,7 +162,7 @@ def batched(inputs, batch, seed=0):
 
 
 # -- the benchmark ----------------------------------------------------------------------------------
-def first_run(efl, threads, feeds, key="infer"):
+def first_run(efl, threads, feeds, key="infer", jit=None):
     """(seconds to make the plan, seconds of the first call including that, runner) of a new
     Interpreter's signature `key` (its first: the tensor API's): the plan is made through
     the tensor API (resize_input_tensor, allocate_tensors), for the same key as the
@@ -177,13 +180,13 @@ def first_run(efl, threads, feeds, key="infer"):
     return planned - start, end - start, runner
 
 
-def bench_latency(models, runs, threads_list, batches, folder):
-    """models: [(name, onnx path, {batch: feeds})]."""
+def bench_latency(models, runs, threads_list, batches, folder, jit=None):
+    """models: [(name, onnx path, {batch: feeds})]; `jit`: the Interpreters'."""
     from edgeflow.converters import onnx as onnx_converter
     peaks = {t: matmul_peak(t) for t in threads_list}
     print("numpy float32 matmul peak (1024^3): "
           + ", ".join(f"{p:.1f} GFLOP/s on {t} thread(s)" for t, p in peaks.items())
-          + f"; medians of {runs} interleaved runs\n", flush=True)
+          + f"; medians of {runs} interleaved runs; edgeflow's jit {JIT_NAMES[jit]}\n", flush=True)
     rows = []
     for name, onnx_path, feeds_of in models:
         efl = folder / f"{name}.efl"
@@ -195,7 +198,7 @@ def bench_latency(models, runs, threads_list, batches, folder):
             feeds = feeds_of[batch]
             contenders, firsts = {}, {}
             for threads in threads_list:  # every thread count in one interleaved set: the same moments
-                plan, first, runner = first_run(efl, threads, feeds)
+                plan, first, runner = first_run(efl, threads, feeds, jit=jit)
                 firsts[threads] = plan, first, runner
                 contenders[("edgeflow", threads)] = lambda runner=runner: runner(**feeds)
                 contenders[("ort", threads)] = lambda sess=sessions[threads]: sess.run(None, feeds)
@@ -242,6 +245,8 @@ def main():
     parser.add_argument("--cache", default=None, help="folder of exported ONNX files (default "
                         "$EDGEFLOW_BENCH_CACHE or ~/.cache/edgeflow-bench/<torch version>)")
     parser.add_argument("--no-sizes", action="store_true", help="skip the small suite's file sizes")
+    parser.add_argument("--jit", choices=JIT_MODES, default="auto",
+                        help="edgeflow's Interpreter(jit=): auto (default), on (numba imported up front), off")
     args = parser.parse_args()
     suite = REAL if args.suite == "real" else SMALL
     names = [m for m in args.models.split(",") if m] or list(suite)
@@ -260,7 +265,7 @@ def main():
     else:
         models = [(n, harness.ONNX_DIR / f"{n}.onnx", {b: harness.onnx_feeds(n, b) for b in batches}) for n in names]
     with tempfile.TemporaryDirectory() as tmp:
-        bench_latency(models, args.runs, _ints(args.threads), batches, pathlib.Path(tmp))
+        bench_latency(models, args.runs, _ints(args.threads), batches, pathlib.Path(tmp), JIT_MODES[args.jit])
         if args.suite == "small" and not args.no_sizes:
             bench_sizes(names + ["mlp", "digits_cnn"], pathlib.Path(tmp))
 
