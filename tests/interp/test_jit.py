@@ -458,6 +458,50 @@ def test_small_conv_takes_rgb_stems_only(jit_mode):
 
 
 @FEW
+@given(c=st.integers(5, 9), m=st.integers(1, 20), n=st.integers(1, 3), h=st.integers(1, 13), w=st.integers(1, 13),
+       kh=st.sampled_from([1, 2, 3, 7]), kw=st.sampled_from([1, 3, 5]), stride=st.integers(1, 3),
+       dilation=st.integers(1, 2), pads=st.lists(st.integers(0, 3), min_size=4, max_size=4),
+       activation=st.sampled_from(["", "relu"]), seed=st.integers(0, 2 ** 16))
+def test_im2col_conv(mode, c, m, n, h, w, kh, kw, stride, dilation, pads, activation, seed):
+    """A conv of one group that neither Winograd, a pointwise product nor the stem loop takes
+    (a 7x7 stem, strided 3x3 and 1x1 convs): im2col_loop's columns, gathered from x in place
+    with its pads as zeros, then one product, against onnxruntime."""
+    assume(h + pads[0] + pads[2] >= (kh - 1) * dilation + 1 and w + pads[1] + pads[3] >= (kw - 1) * dilation + 1)
+    assume(kh * kw > 1 or stride > 1 or any(pads))
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    weight = rng.standard_normal((m, c, kh, kw)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    attrs = {"strides": (stride, stride), "dilations": (dilation, dilation), "pads": tuple(pads)}
+    expected = ACTIVATIONS[activation](
+        onnx_run([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], x, {"w": weight, "b": b}))
+    with pytest.MonkeyPatch.context() as m_:
+        m_.setenv("EDGEFLOW_CONV_ALGO", "direct")  # not Winograd's, for the 3x3 stride-1 cases
+        check(mode, lambda t: apply("conv", [t, weight, b], {**attrs, "activation": activation}), x, expected,
+              "im2col_loop")
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_im2col_conv_at_two_threads(jit_mode, n):
+    """ResNet's 7x7 stem through im2col_loop on two workers (images apart, or the columns then
+    output channels apart), against onnxruntime."""
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((n, 3, 64, 64)).astype(np.float32)
+    weight = rng.standard_normal((16, 3, 7, 7)).astype(np.float32)
+    attrs = {"strides": (2, 2), "pads": (3, 3, 3, 3)}
+    expected = onnx_run([helper.make_node("Conv", ["x", "w"], ["y"], **attrs)], x, {"w": weight})
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, x.shape, name="x")
+        y = apply("conv", [t, weight], attrs)
+    runner = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})), num_threads=2) \
+        .get_signature_runner("infer")
+    jit_mode[1].clear()
+    close(runner(x=x)["y"], expected)
+    assert jit_mode[1].count("im2col_loop") == (2 if n >= 2 else 1), jit_mode[1]
+
+
+@FEW
 @given(n=st.integers(1, 2), c=st.integers(1, 5), h=st.integers(2, 13), w=st.integers(2, 13), ceil_mode=st.booleans(),
        seed=st.integers(0, 2 ** 16))
 def test_max_pool_tiles(mode, n, c, h, w, ceil_mode, seed):
@@ -548,8 +592,8 @@ def test_resize(mode, shape, data, mode_, coordinates, seed):
        w=st.integers(3, 11), rank=st.sampled_from([1, 2]), activation=st.sampled_from(FUSED),
        seed=st.integers(0, 2 ** 16))
 def test_conv_bias_activation(mode, k, c, m, h, w, rank, activation, seed):
-    """1x1 and 1-D (the conv's result is out: bias and activation in place), 2-D 3x3 padded
-    (a wide result, cropped into out); 5 input channels or more (fewer take small_conv_loop)."""
+    """1x1, 1-D and 2-D 3x3 padded (im2col's product writes out: bias and activation in
+    place); 5 input channels or more (fewer take small_conv_loop)."""
     rng = np.random.default_rng(seed)
     spatial = (h, w)[:rank]
     x = rng.standard_normal((2, c) + spatial).astype(np.float32)
@@ -559,7 +603,23 @@ def test_conv_bias_activation(mode, k, c, m, h, w, rank, activation, seed):
     expected = ACTIVATIONS[activation](
         onnx_run([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], x, {"w": weight, "b": b}))
     check(mode, lambda t: apply("conv", [t, weight, b], {**attrs, "activation": activation}), x, expected,
-          "bias_activation_loop" if k == 3 and rank == 2 else "bias_activation_inplace_loop")
+          "bias_activation_inplace_loop")
+
+
+@FEW
+@given(h=st.integers(3, 11), w=st.integers(3, 11), activation=st.sampled_from(FUSED), seed=st.integers(0, 2 ** 16))
+def test_grouped_conv_bias_activation(mode, h, w, activation, seed):
+    """A grouped 3x3 padded conv (not depthwise): the tap runs' wide result, cropped into out
+    with the bias and activation in one pass."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((2, 6, h, w)).astype(np.float32)
+    weight = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    attrs = {"pads": (1, 1, 1, 1), "group": 2}
+    expected = ACTIVATIONS[activation](
+        onnx_run([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], x, {"w": weight, "b": b}))
+    check(mode, lambda t: apply("conv", [t, weight, b], {**attrs, "activation": activation}), x, expected,
+          "bias_activation_loop")
 
 
 @FEW
@@ -1018,7 +1078,7 @@ def test_jit_on_imports_numba_up_front_and_binds_every_loop():
     on = _in_fresh_interpreter(RESNET_OPS.replace("JIT", "True"), {"EDGEFLOW_JIT": "1"})
     auto = _in_fresh_interpreter(RESNET_OPS.replace("JIT", "None"), {"EDGEFLOW_JIT": "1"})
     assert on[0] is True and auto[0] is False
-    assert {"bias_activation_loop", "max_pool_loop", "add_activation_loop"} <= set(on[1]), on[1]
+    assert {"im2col_loop", "bias_activation_inplace_loop", "max_pool_loop", "add_activation_loop"} <= set(on[1]), on[1]
     assert auto[1] == [], auto[1]
     np.testing.assert_allclose(on[2], auto[2], rtol=1e-5, atol=1e-5 * max(np.abs(auto[2]).max(), 1.0))
 

@@ -1268,6 +1268,59 @@ def bind_patches(x, cols, kernel, out_shape, lo, hi):
     return _bound(patches_loop, x[lo:hi].reshape(-1), cols[lo:hi].reshape(-1), dims)
 
 
+def im2col_loop(x, cols, dims):
+    """cols (N, C, kh, kw, OH, OW) = x (N, C, H, W)'s windows (strides, dilations, zero
+    padding), all flat: im2col's columns, a row of outputs at a time, each read from x's row
+    in place (its pads as zeros); stride 2 by a literal stride, which LLVM loads as vectors.
+    dims (uint64): N * C, H, W, kh, kw, sh, sw, dh, dw, top, left, OH, OW."""
+    planes, h_, w_, kh, kw, sh, sw = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6]
+    dh, dw, top, left, oh, ow = dims[7], dims[8], dims[9], dims[10], dims[11], dims[12]
+    zero = cols.dtype.type(0)
+    two = _U(2)
+    d = _U(0)
+    for p in range(planes):
+        for i in range(kh):
+            for j in range(kw):
+                # outputs t whose column t * sw + j * dw - left lies in [0, W): [t0, t1)
+                shift = j * dw
+                t0 = (left - shift + sw - _U(1)) // sw if left > shift else _U(0)
+                t1 = (w_ + left - shift + sw - _U(1)) // sw if w_ + left > shift else _U(0)
+                t1 = ow if t1 > ow else t1
+                t0 = t1 if t0 > t1 else t0
+                for r in range(oh):
+                    row = r * sh + i * dh  # x's row + top
+                    if row < top or row - top >= h_:
+                        for t in range(ow):
+                            cols[d + t] = zero
+                    else:
+                        for t in range(t0):
+                            cols[d + t] = zero
+                        s0 = (p * h_ + row - top) * w_ + t0 * sw + shift - left
+                        n = t1 - t0
+                        if sw == _U(1):
+                            for t in range(n):
+                                cols[d + t0 + t] = x[s0 + t]
+                        elif sw == two:
+                            for t in range(n):
+                                cols[d + t0 + t] = x[s0 + two * t]
+                        else:
+                            for t in range(n):
+                                cols[d + t0 + t] = x[s0 + sw * t]
+                        for t in range(t1, ow):
+                            cols[d + t] = zero
+                    d += ow
+
+
+def bind_im2col(x, cols, kernel, strides, dilations, begin, out_shape, lo, hi):
+    """A step for im2col_loop over images lo:hi of x (N, C, H, W) into cols (N, C * kh * kw,
+    OH * OW), or None: numba not loaded, or operands it does not take."""
+    if not loaded() or x.ndim != 4 or not _takes(x, cols) or not (x.flags.c_contiguous and cols.flags.c_contiguous):
+        return None
+    dims = np.array([(hi - lo) * x.shape[1], *x.shape[2:], *kernel, *strides, *dilations, *begin[:2], *out_shape],
+                    _U)
+    return _bound(im2col_loop, x[lo:hi].reshape(-1), cols[lo:hi].reshape(-1), dims)
+
+
 # -- bias, residual and activation in one pass ----------------------------------------------
 
 def bias_activation_loop(acc, b, out, dims, act):
