@@ -506,7 +506,7 @@ def test_im2col_conv_at_two_threads(jit_mode, n):
        seed=st.integers(0, 2 ** 16))
 def test_max_pool_tiles(mode, n, c, h, w, ceil_mode, seed):
     """2x2 stride-2 pools (a leftover row or column of an odd plane unread, or, with
-    ceil_mode, a window past it: max_pool_loop's), against onnxruntime, and with NaN and
+    ceil_mode, a window past it: max_pool_rows_loop's), against onnxruntime, and with NaN and
     ties of -0.0 and 0.0 the numpy path (values: numpy's maximum takes the later of two
     equal zeros, the loops the earlier), and bit for bit max_pool_loop."""
     rng = np.random.default_rng(seed)
@@ -515,7 +515,7 @@ def test_max_pool_tiles(mode, n, c, h, w, ceil_mode, seed):
     expected = onnx_run([helper.make_node("MaxPool", ["x"], ["y"], **attrs)], x, {})
     build = lambda t: apply("max_pool", [t], attrs)  # noqa: E731
     past = ceil_mode and (h % 2 or w % 2)
-    check(mode, build, x, expected, "max_pool_loop" if past else "max_pool_tiles_loop")
+    check(mode, build, x, expected, "max_pool_rows_loop" if past else "max_pool_tiles_loop")
     if mode[0] == "jit":
         x.reshape(-1)[rng.integers(0, x.size, 3)] = np.nan
         x.reshape(-1)[rng.integers(0, x.size, 4)] = -0.0
@@ -551,13 +551,25 @@ def test_max_pool(mode, n, c, h, w, k, stride, dilation, pads, ceil_mode, seed):
     build = lambda t: apply("max_pool", [t], {**attrs, "ceil_mode": ceil_mode})  # noqa: E731
     tiles = (k, stride, dilation, pads[0], pads[1]) == (2, 2, 1, 0, 0) and 2 * expected.shape[2] <= h \
         and 2 * expected.shape[3] <= w  # 2x2 windows that tile x (end pads unread): read in place
-    check(mode, build, x, expected, "max_pool_tiles_loop" if tiles else "max_pool_loop")
+    check(mode, build, x, expected,
+          "max_pool_tiles_loop" if tiles else "max_pool_rows_loop" if dilation == 1 else "max_pool_loop")
     if mode[0] == "jit":
         x.reshape(-1)[rng.integers(0, x.size, 2)] = np.nan
         x.reshape(-1)[rng.integers(0, x.size, 3)] = -0.0
         got, numpy_path = run(build, x), run(build, x, jit_on=False)
         np.testing.assert_array_equal(got, numpy_path)
         np.testing.assert_array_equal(np.signbit(got), np.signbit(numpy_path))
+        if not tiles and dilation == 1:  # max_pool_rows_loop's bits are max_pool_loop's
+            begin = (pads[0], pads[1])
+            out = np.empty_like(got)
+            layout, tap_off, acc, cols, qw = jit.depthwise_layout((h, w), (k, k), (stride, stride), (1, 1), begin,
+                                                                  got.shape[2:], x.dtype)
+            layout.fill(-np.inf)
+            dims = np.array([n, c, h, w, *got.shape[2:], stride, stride, *begin, qw, layout.size // stride ** 2],
+                            np.uint64)
+            args = (x.reshape(-1), out.reshape(-1), dims, cols, layout, tap_off, acc)
+            jit.compiled(jit.max_pool_loop, *args)(*args)
+            np.testing.assert_array_equal(got.view(np.int32), out.view(np.int32))
 
 
 @FEW
@@ -1078,7 +1090,8 @@ def test_jit_on_imports_numba_up_front_and_binds_every_loop():
     on = _in_fresh_interpreter(RESNET_OPS.replace("JIT", "True"), {"EDGEFLOW_JIT": "1"})
     auto = _in_fresh_interpreter(RESNET_OPS.replace("JIT", "None"), {"EDGEFLOW_JIT": "1"})
     assert on[0] is True and auto[0] is False
-    assert {"im2col_loop", "bias_activation_inplace_loop", "max_pool_loop", "add_activation_loop"} <= set(on[1]), on[1]
+    assert {"im2col_loop", "bias_activation_inplace_loop", "max_pool_rows_loop", "add_activation_loop"} <= set(on[1]), \
+        on[1]
     assert auto[1] == [], auto[1]
     np.testing.assert_allclose(on[2], auto[2], rtol=1e-5, atol=1e-5 * max(np.abs(auto[2]).max(), 1.0))
 

@@ -796,6 +796,61 @@ def max_pool_loop(x, out, dims, cols, phases, tap_off, acc):
         _crop_rows(acc, qw, out, nc * oh_ * ow_, oh_, ow_, 0)
 
 
+def _fold(m, e):
+    """_window_maxima's select: e where it is greater or NaN, else m (ties keep m)."""
+    return e if e > m or e != e else m
+
+
+def max_pool_rows_loop(x, out, dims, v):
+    """out (N, C, OH, OW) = the maximum of each window of x (N, C, H, W), both flat, dilation
+    1, an output row at a time: its window's rows of x copied into the rows of `v` between
+    -inf pads (left of them, then W, then the rest; a pad row reads v's last row, all -inf),
+    then each output the fold of its taps in kernel order (_window_maxima's select: NaN kept,
+    ties to the earlier tap; bit for bit max_pool_loop), 3x3 windows in one pass held in
+    registers, stride 2 by a literal stride, which LLVM loads as vectors. dims (uint64):
+    N * C, H, W, OH, OW, kh, kw, sh, sw, top, left, the rows of v's width."""
+    one, two, three = _U(1), _U(2), _U(3)
+    planes, h_, w_, oh_, ow_, kh, kw = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6]
+    sh, sw, top, left, width = dims[7], dims[8], dims[9], dims[10], dims[11]
+    pad = kh * width  # v's row of -inf
+    low = out.dtype.type(-np.inf)
+    for p in range(planes):
+        src, d = p * h_ * w_, p * oh_ * ow_
+        for r in range(oh_):
+            for a in range(kh):
+                row = r * sh + a  # x's row + top
+                if row >= top and row - top < h_:
+                    b, o = src + (row - top) * w_, a * width + left
+                    for j in range(w_):
+                        v[o + j] = x[b + j]
+            r0 = r * sh
+            b0 = _U(0) if r0 >= top and r0 - top < h_ else pad
+            b1 = width if r0 + one >= top and r0 + one - top < h_ else pad
+            b2 = two * width if r0 + two >= top and r0 + two - top < h_ else pad
+            if kh == three and kw == three and sw == two:
+                for j in range(ow_):
+                    q = two * j
+                    m = _fold(_fold(v[b0 + q], v[b0 + q + one]), v[b0 + q + two])
+                    m = _fold(_fold(_fold(m, v[b1 + q]), v[b1 + q + one]), v[b1 + q + two])
+                    out[d + j] = _fold(_fold(_fold(m, v[b2 + q]), v[b2 + q + one]), v[b2 + q + two])
+            elif kh == three and kw == three:
+                for j in range(ow_):
+                    q = sw * j
+                    m = _fold(_fold(v[b0 + q], v[b0 + q + one]), v[b0 + q + two])
+                    m = _fold(_fold(_fold(m, v[b1 + q]), v[b1 + q + one]), v[b1 + q + two])
+                    out[d + j] = _fold(_fold(_fold(m, v[b2 + q]), v[b2 + q + one]), v[b2 + q + two])
+            else:
+                for j in range(ow_):
+                    out[d + j] = low
+                for a in range(kh):
+                    row = r0 + a
+                    base = a * width if row >= top and row - top < h_ else pad
+                    for c in range(kw):
+                        for j in range(ow_):
+                            out[d + j] = _fold(out[d + j], v[base + sw * j + c])
+            d += ow_
+
+
 def max_pool_tiles_loop(x, out, dims):
     """out (N, C, OH, OW) = the maximum of each 2x2 window of x (N, C, H, W), both flat,
     where the windows tile x (stride 2, no padding; MediaPipe's downsamplings): read in
@@ -887,7 +942,9 @@ def bind_max_pool_grad(x, dy, dx, kernel_shape, strides, dilations, begin):
 
 
 def bind_max_pool(x, out, kernel_shape, strides, dilations, begin):
-    """A step for a 2-D max pool of floats (max_pool_tiles_loop or max_pool_loop), or None:
+    """A step for a 2-D max pool of floats (max_pool_tiles_loop where 2x2 windows tile x,
+    max_pool_rows_loop at dilation 1: ResNet-18's 3x3 stride-2 pool at 112x112 1372 -> 322-364
+    us, a 3x3 stride-1 one at 56x56 1039 -> 172; else max_pool_loop), or None:
     also where numba is not loaded yet (a pool gains less than loading numba costs a first run: ResNet's one
     pool would load it)."""
     if not loaded() or x.ndim != 4 or not _takes(x, out) or not out.size \
@@ -897,6 +954,12 @@ def bind_max_pool(x, out, kernel_shape, strides, dilations, begin):
     if tuple(kernel_shape) == tuple(strides) == (2, 2) and tuple(dilations) == (1, 1) \
             and tuple(begin[:2]) == (0, 0) and 2 * oh <= h and 2 * ow <= wd:  # 2x2 windows tile x
         return _bound(max_pool_tiles_loop, x.reshape(-1), out.reshape(-1), np.array([n * c, h, wd, oh, ow], _U))
+    if tuple(dilations) == (1, 1):
+        kh, kw = kernel_shape
+        width = max(begin[1] + wd, (ow - 1) * strides[1] + kw)
+        dims = np.array([n * c, h, wd, oh, ow, kh, kw, *strides, *begin[:2], width], _U)
+        return _bound(max_pool_rows_loop, x.reshape(-1), out.reshape(-1), dims,
+                      np.full((kh + 1) * width, -np.inf, x.dtype))
     phases, tap_off, acc, cols, qw = depthwise_layout(x.shape[2:], kernel_shape, strides, dilations, begin,
                                                       out.shape[2:], x.dtype)
     phases.fill(-np.inf)  # padding never wins
@@ -1862,7 +1925,7 @@ def _hard_swishf(v):
 SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_nonpositive", "_exp_wide", "_exp_less_half_square",
            "_sigmoidf", "_tanhf", "_swishf", "_hard_swishf",
            "_activate_run", "_load_phases", "_unload_phases", "_window_maxima", "_add_taps", "_add_taps4",
-           "_crop_rows", "_matmul_nt", "_tap_span", "_clip_bounds", "_same_run", "_column5", "_sum5", "_combine2",
+           "_crop_rows", "_matmul_nt", "_tap_span", "_clip_bounds", "_same_run", "_fold", "_column5", "_sum5", "_combine2",
            "_combine4", "_combine6", "_combine", "_gather_tiles", "_gather_block")
 # The activation and depthwise loops and SCALARS may contract a * b + c into one fused multiply-add where the
 # machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other
