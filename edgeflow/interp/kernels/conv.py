@@ -165,16 +165,23 @@ def _patches(x, w, out):
 
     def copy(a, b):  # images a:b's windows into their columns: jit.py's loop where numba is loaded
         return jit.bind_patches(x, cols, (kh, kw), (oh, ow), a, b) or partial(np.copyto, cols6[a:b], windows[a:b])
+    return _gathered_product(copy, ws, cols, result)
+
+
+def _gathered_product(copy, ws, cols, result):
+    """A step running copy(a, b) (a step writing images a:b's columns into cols) and then
+    ws @ cols into result (N, M, L), split over the plan's workers where there is much work:
+    images apart where there are as many as workers (each gathers and multiplies its own),
+    else the gather, then output channels apart."""
+    n, m = result.shape[0], ws.shape[0]
     workers = threads.current()
     if workers is None or 2 * result.size * ws.shape[1] < threads.MIN_FLOPS:
         return sequence(copy(0, n), partial(np.matmul, ws, cols, out=result))
-    if n >= workers.n:  # images apart: each worker copies and multiplies its own
-        parts = [sequence(copy(a, b), partial(np.matmul, ws, cols[a:b], out=result[a:b]))
-                 for a, b in threads.pieces(n, workers.n)]
-    else:  # the copy, then output channels apart
-        parts = [partial(np.matmul, ws[a:b], cols, out=result[:, a:b]) for a, b in threads.pieces(m, workers.n, 8)]
-        return sequence(copy(0, n), _Split(workers, parts, rows=True))
-    return _Split(workers, parts)
+    if n >= workers.n:
+        return _Split(workers, [sequence(copy(a, b), partial(np.matmul, ws, cols[a:b], out=result[a:b]))
+                                for a, b in threads.pieces(n, workers.n)])
+    parts = [partial(np.matmul, ws[a:b], cols, out=result[:, a:b]) for a, b in threads.pieces(m, workers.n, 8)]
+    return sequence(copy(0, n), _Split(workers, parts, rows=True))
 
 
 def _columns(x, w, group, out, strides, dilations, begin):
@@ -183,31 +190,15 @@ def _columns(x, w, group, out, strides, dilations, begin):
     straight to out; or None where numba is not loaded (the tap runs' path then). Against
     the tap runs (x copied into its stride phases, each tap's run of them copied into the
     columns, a product wider than out, then a crop): ResNet-18's 7x7 stem 0.93x of their time,
-    its strided 3x3 and 1x1 convs 0.90-0.98x, a step at batch 8 338 -> 314 ms (one thread,
+    its strided 3x3 and 1x1 convs 0.90-0.98x, a run at batch 8 338 -> 314 ms (one thread,
     numba loaded: alternating processes)."""
-    if x.ndim != 4 or group != 1 or x.dtype not in jit.FLOATS or not jit.loaded():
+    if x.ndim != 4 or group != 1 or x.dtype not in jit.FLOATS or not x.flags.c_contiguous or not jit.loaded():
         return None
     n, c = x.shape[:2]
     m, kernel, out_shape = w.shape[0], w.shape[2:], out.shape[2:]
     cols = scratch((n, c * math.prod(kernel), math.prod(out_shape)), x.dtype)  # rewritten whole every run
-
-    def copy(a, b):
-        return jit.bind_im2col(x, cols, kernel, strides, dilations, begin, out_shape, a, b)
-    ws, result = w.reshape(m, -1), reshaped(out, (n, m, -1))
-    workers = threads.current()
-    if workers is not None and 2 * result.size * ws.shape[1] >= threads.MIN_FLOPS and n >= workers.n:
-        copies = [(copy(a, b), a, b) for a, b in threads.pieces(n, workers.n)]  # images apart: each
-        if copies[0][0] is None:  # worker gathers and multiplies its own
-            return None
-        return _Split(workers, [sequence(step, partial(np.matmul, ws, cols[a:b], out=result[a:b]))
-                                for step, a, b in copies])
-    whole = copy(0, n)
-    if whole is None:
-        return None
-    if workers is None or 2 * result.size * ws.shape[1] < threads.MIN_FLOPS:
-        return sequence(whole, partial(np.matmul, ws, cols, out=result))
-    parts = [partial(np.matmul, ws[a:b], cols, out=result[:, a:b]) for a, b in threads.pieces(m, workers.n, 8)]
-    return sequence(whole, _Split(workers, parts, rows=True))
+    return _gathered_product(lambda a, b: jit.bind_im2col(x, cols, kernel, strides, dilations, begin, out_shape, a, b),
+                             w.reshape(m, -1), cols, reshaped(out, (n, m, -1)))
 
 
 def _tiles_without_overlap(x, kernel_shape, group, strides, dilations, begin, end, out_shape):
