@@ -12,7 +12,6 @@ tensor, the arena and each scratch array against its interpreter's `max_tensor_b
 (`bounded`), before anything of that size is allocated.
 """
 import bisect
-import contextlib
 import contextvars
 import math
 import mmap
@@ -21,6 +20,7 @@ import os
 import numpy as np
 
 from ..errors import InvalidInputError
+from .scoped import scoped
 
 ALIGNMENT = 64
 MAX_TENSOR_BYTES = 4 * 2**30  # the default bound, unless the machine has less memory
@@ -204,15 +204,10 @@ class Workspace:
         for b in self.blocks:
             release(b)
 
-    @contextlib.contextmanager
     def step(self):
         """Binding one step: `scratch` draws from this workspace, from offset 0."""
         self._cursor = 0
-        token = _ACTIVE.set(self)
-        try:
-            yield self
-        finally:
-            _ACTIVE.reset(token)
+        return scoped(_ACTIVE, self)
 
     def take(self, shape, dtype):
         dtype = np.dtype(dtype)
@@ -234,14 +229,9 @@ _ACTIVE = contextvars.ContextVar("edgeflow_workspace", default=None)
 _BOUND = contextvars.ContextVar("edgeflow_max_bytes", default=None)
 
 
-@contextlib.contextmanager
 def bounded(max_bytes):
     """While inside: `scratch` refuses (TooLarge) arrays of more than `max_bytes`."""
-    token = _BOUND.set(max_bytes)
-    try:
-        yield
-    finally:
-        _BOUND.reset(token)
+    return scoped(_BOUND, max_bytes)
 
 
 def scratch(shape, dtype):

@@ -17,7 +17,6 @@ and keeps to the faster (`Adaptive`): a piece handed to a core that another tena
 (a VM's stolen time, a phone's little core or its throttling) can make a split run slower
 than one thread.
 """
-import contextlib
 import contextvars
 import functools
 import os
@@ -26,6 +25,8 @@ import weakref
 from time import perf_counter
 
 import numpy as np
+
+from .scoped import scoped
 
 _CURRENT = contextvars.ContextVar("edgeflow_workers", default=None)
 # Arithmetic operations below which an op is not split: handing a piece to a worker and
@@ -256,14 +257,9 @@ def current():
     return _CURRENT.get()
 
 
-@contextlib.contextmanager
 def using(workers):
     """Make `workers` current (kernels bound or subgraphs planned inside split for them)."""
-    token = _CURRENT.set(workers)
-    try:
-        yield
-    finally:
-        _CURRENT.reset(token)
+    return scoped(_CURRENT, workers)
 
 
 def pieces(length, parts, minimum=1):

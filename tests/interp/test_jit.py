@@ -417,15 +417,20 @@ def test_small_conv(mode, c, m, n, h, w, k, stride, dilation, pads, activation, 
     """A stem's conv: 1-4 input channels, one group, any stride, dilation and padding."""
     reach = (k - 1) * dilation + 1
     assume(h + pads[0] + pads[2] >= reach and w + pads[1] + pads[3] >= reach)
+    _check_conv(mode, (n, c, h, w), (m, c, k, k), stride, dilation, pads, activation, seed, "small_conv_loop")
+
+
+def _check_conv(mode, x_shape, w_shape, stride, dilation, pads, activation, seed, loop):
+    """A conv with a bias and `activation` of random operands against onnxruntime's, `loop`
+    bound under the JIT (`check`)."""
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
-    weight = rng.standard_normal((m, c, k, k)).astype(np.float32)
-    b = rng.standard_normal(m).astype(np.float32)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    weight = rng.standard_normal(w_shape).astype(np.float32)
+    b = rng.standard_normal(w_shape[0]).astype(np.float32)
     attrs = {"strides": (stride, stride), "dilations": (dilation, dilation), "pads": tuple(pads)}
     expected = ACTIVATIONS[activation](
         onnx_run([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], x, {"w": weight, "b": b}))
-    check(mode, lambda t: apply("conv", [t, weight, b], {**attrs, "activation": activation}), x, expected,
-          "small_conv_loop")
+    check(mode, lambda t: apply("conv", [t, weight, b], {**attrs, "activation": activation}), x, expected, loop)
 
 
 @pytest.mark.parametrize("k, stride, m", [(3, 1, 6), (5, 2, 24), (3, 2, 32)])
@@ -468,17 +473,9 @@ def test_im2col_conv(mode, c, m, n, h, w, kh, kw, stride, dilation, pads, activa
     with its pads as zeros, then one product, against onnxruntime."""
     assume(h + pads[0] + pads[2] >= (kh - 1) * dilation + 1 and w + pads[1] + pads[3] >= (kw - 1) * dilation + 1)
     assume(kh * kw > 1 or stride > 1 or any(pads))
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
-    weight = rng.standard_normal((m, c, kh, kw)).astype(np.float32)
-    b = rng.standard_normal(m).astype(np.float32)
-    attrs = {"strides": (stride, stride), "dilations": (dilation, dilation), "pads": tuple(pads)}
-    expected = ACTIVATIONS[activation](
-        onnx_run([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], x, {"w": weight, "b": b}))
     with pytest.MonkeyPatch.context() as m_:
         m_.setenv("EDGEFLOW_CONV_ALGO", "direct")  # not Winograd's, for the 3x3 stride-1 cases
-        check(mode, lambda t: apply("conv", [t, weight, b], {**attrs, "activation": activation}), x, expected,
-              "im2col_loop")
+        _check_conv(mode, (n, c, h, w), (m, c, kh, kw), stride, dilation, pads, activation, seed, "im2col_loop")
 
 
 @pytest.mark.parametrize("n", [1, 3])

@@ -21,7 +21,6 @@ that every kernel binds its loop (ResNet-18, whose own kernels would not import 
 activation loops' fused multiply-adds, _FASTMATH) for the argument types of each bind, at
 prepare time; later processes load the machine code from numba's on-disk cache.
 """
-import contextlib
 import contextvars
 import math
 import os
@@ -31,6 +30,7 @@ import numpy as np
 
 from .. import threads
 from ..arena import scratch
+from ..scoped import scoped
 
 # Fused activation codes of the loops (edgeflow.ops.registry.ACTIVATIONS).
 ACTIVATION_CODES = {"": 0, None: 0, "relu": 1, "relu6": 2, "swish": 3, "hard_swish": 4}
@@ -50,14 +50,9 @@ BIND_SECONDS = {}
 _MODE = contextvars.ContextVar("edgeflow_jit", default=None)
 
 
-@contextlib.contextmanager
 def using(mode):
     """Bind kernels inside under JIT `mode` (None, True or False; see _MODE)."""
-    token = _MODE.set(mode)
-    try:
-        yield
-    finally:
-        _MODE.reset(token)
+    return scoped(_MODE, mode)
 
 
 def loaded():
