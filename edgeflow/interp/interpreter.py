@@ -47,8 +47,8 @@ class Interpreter:
     gain much from a compiled loop import numba, the others take theirs once it is loaded
     (a first run without numba's import, some 0.4 s and more for its cached loops); True
     imports it now, so that every kernel that has a loop binds it (faster runs, a slower
-    first one: ResNet-18 at batch 1 on one thread 56.5 -> 45.0 ms, its first run 0.15 ->
-    1.2 s); False keeps this interpreter's plans on numpy's kernels.
+    first one: ResNet-18 at batch 1 on one thread 49.4 -> 39.0 ms, its first run 0.15 ->
+    0.9 s); False keeps this interpreter's plans on numpy's kernels.
     """
 
     def __init__(self, model, delegates=(), num_threads=None, preserve_all_tensors=False,

@@ -13,13 +13,13 @@ edgeflow.interp`, and each `bind_*` returns None where numba is absent, disabled
 (EDGEFLOW_JIT=0 when the kernel binds, or a plan made under `using(False)`: an
 Interpreter's jit=False) or the operands are not ones its loop takes; the kernel then runs
 its numpy path. By default a kernel that gains much from its loop imports numba, and the
-others take theirs only where it is loaded already: importing it costs a first run some
-0.4 s, and loading its cached loops more. Interpreter(jit=True) imports it up front, so
-that every kernel binds its loop (ResNet-18, whose own kernels would not import it: 56.5
--> 45.0 ms a run at batch 1 on one thread, its first run 0.15 -> 1.2 s). The loops are plain Python at module level, compiled by
-`numba.njit(cache=True)` (no fastmath: the float arithmetic as written, but for the
-activation loops' fused multiply-adds, _FASTMATH) for the argument types of each bind, at
-prepare time; later processes load the machine code from numba's on-disk cache.
+others take theirs only where it is loaded already: importing it and readying its first
+loop cost a first run some 0.75 s. Interpreter(jit=True) imports it up front, so that
+every kernel binds its loop (ResNet-18, whose own kernels would not import it: 49.4 ->
+39.0 ms a run at batch 1 on one thread, its first run 0.15 -> 0.9 s). The loops are plain
+Python at module level, compiled by `numba.njit(cache=True)` (no fastmath: the float
+arithmetic as written, but for the activation loops' fused multiply-adds, _FASTMATH) for
+the argument types of each bind, at prepare time; later processes load the machine code from numba's on-disk cache.
 """
 import contextvars
 import math
