@@ -154,7 +154,7 @@ def _matmul(ins, outs, attrs):
         rows, flat = _view(a, (-1, a.shape[-1])), _view(out, (-1, out.shape[-1]))
         if rows is not None and flat is not None:
             a, out = rows, flat
-    return with_activation(_split_matmul(a, b, out) or partial(np.matmul, a, b, out=out), attrs["activation"], result)
+    return with_activation(split_matmul(a, b, out) or partial(np.matmul, a, b, out=out), attrs["activation"], result)
 
 
 def _view(a, shape):
@@ -163,7 +163,7 @@ def _view(a, shape):
     return r if np.shares_memory(r, a) else None
 
 
-def _split_matmul(a, b, out):
+def split_matmul(a, b, out):
     """A step computing a @ b into `out` in pieces on the plan's workers (rows of the
     product where it has threads.ROWS_FIRST or too few columns, else its columns), or None:
     one thread, or too little work."""

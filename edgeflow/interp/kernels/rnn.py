@@ -11,6 +11,7 @@ import numpy as np
 from ...ops.rnn import DEFAULT_ACTIVATIONS, GRU_OPTIONAL, LSTM_OPTIONAL, RNN_OPTIONAL, activations, named_inputs
 from .. import threads
 from . import jit, kernel
+from .math import split_matmul
 
 
 def _sigmoid(a):
@@ -105,6 +106,14 @@ class _Recurrence:
         flops = 2 * seq * batch * self.hidden * self.gates * self.hidden
         self.rows = [(0, batch)] if self.workers is None or flops < threads.MIN_FLOPS else \
             threads.pieces(batch, self.workers.n)
+        # Each direction's input projection, one product of the whole sequence, split over the
+        # workers with the batch (on one thread it kept lstm2 at batch 8 and 2 threads at
+        # 14.95 ms, 12.34 split; the BiGRU 12.96 and 10.77); None where the operands need a
+        # cast first, or the batch is not split (at batch 1 a split product was 4-10% slower).
+        x = self.X.reshape(seq * batch, -1)
+        self.projections = [split_matmul(x, self.W[d].T, self.xw)
+                            if len(self.rows) > 1 and x.dtype == self.W.dtype == self.dtype else None
+                            for d, _ in self.directions]
 
     def bind_sequence(self):
         """The compiled loop (jit.bind_recurrence), or None. Every piece of the batch passes
@@ -126,7 +135,10 @@ class _Recurrence:
         y = self.outs[0]
         for d, backward in self.directions:
             b = None if self.B is None else self.B[d].astype(dt, copy=False)
-            np.matmul(x, self.W[d].astype(dt, copy=False).T, out=self.xw)
+            if self.projections[d] is not None:
+                self.projections[d]()
+            else:
+                np.matmul(x, self.W[d].astype(dt, copy=False).T, out=self.xw)
             if b is not None:
                 self.xw += self.bias(b)
             recurrent = self.recurrent(self.R[d].astype(dt, copy=False), b)
