@@ -397,6 +397,41 @@ def test_a_jit_conv_split_over_threads_equals_one_thread(kind, batch, channels, 
 
 
 @pytest.mark.parametrize("op", ["lstm", "gru"])
+def test_a_bidirectional_recurrence_runs_its_directions_apart(op, monkeypatch):
+    """At batch 1 (nothing to split in the batch) a bidirectional recurrence runs its two
+    directions at once on two workers, each on buffers of its own: Y and the final states
+    as on one thread, bit for bit."""
+    from edgeflow.graph.math_ops import apply
+    from edgeflow.interp.kernels import jit, rnn
+    assert jit.available()
+    rng = np.random.default_rng(7)
+    gates, hidden, size = {"lstm": 4, "gru": 3}[op], 16, 8
+    x = rng.normal(0, 1, (9, 1, size)).astype(np.float32)
+    w = rng.normal(0, 0.5, (2, gates * hidden, size)).astype(np.float32)
+    r = rng.normal(0, 0.5, (2, gates * hidden, hidden)).astype(np.float32)
+    b = rng.normal(0, 0.5, (2, 2 * gates * hidden)).astype(np.float32)
+    g = ef.Graph()
+    with g.as_default():
+        xp = ef.placeholder(ef.float32, x.shape, name="x")
+        outs = apply(op, [xp, w, r, b], {"hidden_size": hidden, "direction": "bidirectional", "has_bias": True})
+    data = writer.to_bytes(ef.to_model(g, {"infer": ({"x": xp}, {f"y{k}": t for k, t in enumerate(outs)})}))
+    made = []
+    cls = {"lstm": rnn._LSTM, "gru": rnn._GRU}[op]
+    init = cls.__init__
+    monkeypatch.setattr(cls, "__init__", lambda self, *a: (made.append(self), init(self, *a))[1])
+    want = ef.Interpreter(data, num_threads=1).get_signature_runner("infer")(x=x)
+    assert len(made) == 1 and len(made[0].directions) == 2
+    made.clear()
+    monkeypatch.setattr(threads, "MIN_FLOPS", 1)
+    interp = ef.Interpreter(data, num_threads=2)
+    interp._workers.adaptive = False  # always split
+    got = interp.get_signature_runner("infer")(x=x)
+    assert [m.directions for m in made] == [[(0, False)], [(1, True)]]
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+
+
+@pytest.mark.parametrize("op", ["lstm", "gru"])
 @pytest.mark.parametrize("batch", [1, 2, 5])
 def test_a_recurrence_split_over_threads_equals_one_thread(op, batch):
     """numba's sequence loop splits the batch over the workers (its rows are independent

@@ -103,7 +103,7 @@ class _Recurrence:
         # The compiled loop splits the batch over the plan's workers: its rows are
         # independent recurrences (a batch-8 LSTM's loop at 2 threads: one per 4 rows).
         self.workers = threads.current()
-        flops = 2 * seq * batch * self.hidden * self.gates * self.hidden
+        self.flops = flops = 2 * seq * batch * self.hidden * self.gates * self.hidden  # a direction's steps
         self.rows = [(0, batch)] if self.workers is None or flops < threads.MIN_FLOPS else \
             threads.pieces(batch, self.workers.n)
         # Each direction's input projection, one product of the whole sequence, split over the
@@ -301,8 +301,28 @@ class _RNN(_Recurrence):
         np.copyto(h, a)
 
 
-kernel("lstm")(_LSTM)
-kernel("gru")(_GRU)
+def _directions_apart(cls):
+    """The kernel of `cls`: its directions one after the other, but for a bidirectional
+    recurrence whose compiled loop does not split the batch (one row, or too few for the
+    workers), which runs its two directions at once on the workers, each an instance of its
+    own buffers computing one (its half of Y and of the final states): the same steps in the
+    same order as on one thread, so the same bits. The BiGRU at batch 1 on 2 threads: 4.66
+    -> 2.57 ms (alternating processes; its 1-thread runs 4.35-4.44, onnxruntime's 2 threads
+    2.46-2.73)."""
+    def factory(ins, outs, attrs):
+        first = cls(ins, outs, attrs)
+        workers = first.workers
+        if workers is None or len(first.directions) != 2 or len(first.rows) > 1 or first.sequence is None \
+                or first.flops < threads.MIN_FLOPS:
+            return first
+        second = cls(ins, outs, attrs)
+        first.directions, second.directions = first.directions[:1], first.directions[1:]
+        return partial(workers.run, [first, second])
+    return factory
+
+
+kernel("lstm")(_directions_apart(_LSTM))
+kernel("gru")(_directions_apart(_GRU))
 kernel("rnn")(_RNN)
 
 
