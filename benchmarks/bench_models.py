@@ -34,10 +34,9 @@ import time
 import numpy as np
 
 import edgeflow as ef
+from edgeflow.cli.bench import JIT_MODES, JIT_NAMES
 import harness
 
-JIT_MODES = {"auto": None, "on": True, "off": False}
-JIT_NAMES = {v: k for k, v in JIT_MODES.items()}
 SMALL = ("mobilenetv2", "resnet", "transformer", "lstm")
 REAL = ("resnet18", "mobilenet_v2", "efficientnet_b0", "mobilenet_v3_small", "bert_encoder", "lstm2", "bigru")
 

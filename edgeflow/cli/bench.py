@@ -53,7 +53,7 @@ def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, de
         "input_shapes": {n: list(v.shape) for n, v in feed.items()},
         "ops": len(plan.order),
         "threads": threads,
-        "jit": {None: "auto", True: "on", False: "off"}[jit],
+        "jit": JIT_NAMES[jit],
         "init_ms": init_s * 1e3,
         "first_run_ms": first_s * 1e3,
         "runs": runs,
@@ -79,6 +79,7 @@ def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, de
 
 
 JIT_MODES = {"auto": None, "on": True, "off": False}  # --jit: the Interpreter's jit
+JIT_NAMES = {mode: name for name, mode in JIT_MODES.items()}
 
 
 def ms(value):

@@ -45,7 +45,7 @@ class Interpreter:
     inputs that make one raise InvalidInputError. Either names the op and the tensor.
     `jit` (where numba is installed: the `jit` extra): None (default) lets the kernels that
     gain much from a compiled loop import numba, the others take theirs once it is loaded
-    (a first run without numba's import, some 0.4 s and more for its cached loops); True
+    (a first run without numba's import and its first loop's setup, some 0.75 s); True
     imports it now, so that every kernel that has a loop binds it (faster runs, a slower
     first one: ResNet-18 at batch 1 on one thread 49.4 -> 39.0 ms, its first run 0.15 ->
     0.9 s); False keeps this interpreter's plans on numpy's kernels.
