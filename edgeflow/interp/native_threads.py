@@ -7,11 +7,12 @@ GIL to it and back, are several wake-ups of a halted core. A 192x32 @ 32x784 pro
 141 us on one thread and 131 split in two by rows that way (278 by columns); OpenBLAS's
 own two threads took 104.
 
-Here each worker is a thread inside a numba function compiled without the GIL: it spins
-on its slot of a shared array (calling sched_yield, so that it gives way on a shared core)
+Here each worker is a thread inside a native function (LLVM IR built and compiled with
+llvmlite, called through ctypes, which lets go of the GIL): it spins on its slot of a shared array (calling sched_yield, so that it gives way on a shared core)
 for a posted list of sgemm calls, runs them through BLAS (numpy's own OpenBLAS where it is
 found, else scipy's cython_blas sgemm; called by address), and marks them done; the caller
-runs its own share meanwhile and spins until every worker is done. No lock, no GIL, no futex on the way: the same split by rows
+runs its own share meanwhile and spins until every worker is done. No lock, no GIL, no
+futex on the way: the same split by rows
 took 86-107 us (0.6-0.8 of one thread's time; 0.5-0.7 for products of 150 us or more). A
 worker that finds nothing for SPIN_YIELDS sched_yields goes to sleep on a lock (through
 Python); the next post wakes it that way, once.
@@ -21,8 +22,14 @@ machine): its workqueue layer costs 36 us a region; its OpenMP layer 2.6 us, but
 the system's libgomp, and GNU OpenMP is not fork-safe; its TBB layer did not
 load with PyPI's tbb 2023.
 
-Available where numba (the `jit` extra) imports, and numpy's OpenBLAS is found or scipy
-(`fast`) imports, on platforms with sched_yield; elsewhere Workers keeps its lock hand-off.
+The functions were numba's first; numba's import and the load of its cache cost an
+interpreter with threads 0.7-1.2 s when it was made (ResNet-18's first run at 2 threads),
+llvmlite's import and this module's compile some 60 ms. numba's own thread pools were
+measured too (below).
+
+Available where llvmlite (numba's compiler, the `jit` extra) imports, and numpy's OpenBLAS
+is found or scipy (`fast`) imports, on platforms with sched_yield; elsewhere Workers keeps
+its lock hand-off.
 Only float32 products of 2-D BLAS layouts are posted (`gemms` says which pieces qualify):
 anything else runs as before.
 """
@@ -34,8 +41,6 @@ import threading
 from types import SimpleNamespace
 
 import numpy as np
-
-from .kernels import jit
 
 # A row of a posted table: C (M, N) = op(A) (M, K) @ op(B) (K, N), row-major, where op
 # transposes an operand whose elements run down its columns.
@@ -58,12 +63,11 @@ WAIT_YIELDS = 200
 WAIT_SLEEP_US = 20
 
 _built = []
-# numba intrinsics, set by _compile (the loops below name them, for numba to compile).
-_load_acquire = _store_release = _swap = _call = None
 
 
 def available():
-    """Whether native workers can run here (numba and scipy import, sched_yield exists)."""
+    """Whether native workers can run here (llvmlite imports, a BLAS sgemm is found,
+    sched_yield exists)."""
     return _build() is not None
 
 
@@ -71,9 +75,8 @@ def _build():
     if _built:
         return _built[0]
     _built.append(None)
-    if not jit.available():
-        return None
     try:
+        import llvmlite.binding  # noqa: F401 (the jit extra's, numba's compiler)
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
         sched_yield, usleep = (ctypes.cast(f, ctypes.c_void_p).value for f in (libc.sched_yield, libc.usleep))
         sgemm = _numpy_sgemm()
@@ -82,7 +85,7 @@ def _build():
             sgemm = _capsule_address(cython_blas.__pyx_capi__["sgemm"]), np.int32
     except (ImportError, OSError, AttributeError, TypeError):
         return None
-    _built[0] = _compile(jit._numba[0], *sgemm, sched_yield, usleep)
+    _built[0] = _compile(*sgemm, sched_yield, usleep)
     return _built[0]
 
 
@@ -118,152 +121,197 @@ def _capsule_address(capsule):
     return pointer(capsule, name(capsule))
 
 
-def _intrinsics(types, cgutils, intrinsic):
-    """Atomic loads, stores and compare-and-swap on int64 array elements, and calls through
-    a function's address (an argument, not a constant: numba caches what it compiles only
-    without addresses baked in)."""
-    def pointer(context, builder, array_type, array, index):
-        return cgutils.get_item_pointer(context, builder, array_type,
-                                        context.make_array(array_type)(context, builder, array), [index])
+class _Emitter:
+    """An LLVM IR function (llvmlite.ir) whose arguments and result are 64-bit integers
+    (addresses too), with the few statements the pool's loops need: variables, loops,
+    branches, atomic accesses to int64 array elements and calls through an address."""
 
-    @intrinsic
-    def load_acquire(typingctx, array, index):
-        def codegen(context, builder, signature, args):
-            return builder.load_atomic(pointer(context, builder, signature.args[0], *args), "acquire", 8)
-        return array.dtype(array, index), codegen
+    def __init__(self, ir, module, name, params):
+        self.ir, self.i64 = ir, ir.IntType(64)
+        self.function = ir.Function(module, ir.FunctionType(self.i64, [self.i64] * len(params)), name=name)
+        self.args = dict(zip(params, self.function.args))
+        self.b = ir.IRBuilder(self.function.append_basic_block("entry"))
 
-    @intrinsic
-    def store_release(typingctx, array, index, value):
-        def codegen(context, builder, signature, args):
-            dtype = signature.args[0].dtype
-            builder.store_atomic(context.cast(builder, args[2], signature.args[2], dtype),
-                                 pointer(context, builder, signature.args[0], args[0], args[1]), "release", 8)
-            return context.get_dummy_value()
-        return types.void(array, index, value), codegen
+    def const(self, value):
+        return self.ir.Constant(self.i64, value)
 
-    @intrinsic
-    def swap(typingctx, array, index, expected, new):
-        def codegen(context, builder, signature, args):
-            dtype = signature.args[0].dtype
-            pair = builder.cmpxchg(pointer(context, builder, signature.args[0], args[0], args[1]),
-                                   context.cast(builder, args[2], signature.args[2], dtype),
-                                   context.cast(builder, args[3], signature.args[3], dtype), "acq_rel", "acquire")
-            return builder.extract_value(pair, 1)
-        return types.boolean(array, index, expected, new), codegen
+    def variable(self, value):
+        slot = self.b.alloca(self.i64)
+        self.b.store(value, slot)
+        return slot
 
-    @intrinsic
-    def call(typingctx, address, arguments):
-        """The function at `address` called with a tuple of integers (pointers), for its int result."""
-        def codegen(context, builder, signature, args):
-            from llvmlite import ir
-            word = ir.IntType(64)
-            values = cgutils.unpack_tuple(builder, args[1], len(signature.args[1]))
-            function = builder.inttoptr(args[0], ir.FunctionType(ir.IntType(32), [word] * len(values)).as_pointer())
-            return builder.call(function, values)
-        return types.int32(address, arguments), codegen
-    return load_acquire, store_release, swap, call
+    def pointer(self, base, index, dtype=None):
+        """The address of element `index` of the array at address `base`, as a pointer."""
+        dtype = dtype or self.i64
+        address = self.b.add(base, self.b.mul(index, self.const(dtype.width // 8)))
+        return self.b.inttoptr(address, dtype.as_pointer())
 
+    def load(self, base, index, order=None):
+        pointer = self.pointer(base, index)
+        if order is None:
+            return self.b.load(pointer, typ=self.i64)
+        return self.b.load_atomic(pointer, order, 8, typ=self.i64)
 
-def _run_rows(table, first, last, sgemm, ints, floats, chars):
-    # Row-major C = op(A) @ op(B) is, column-major, C^T = op(B)^T @ op(A)^T.
-    for r in range(first, last):
-        ints[0] = table[r, N]
-        ints[1] = table[r, M]
-        ints[2] = table[r, K]
-        ints[3] = table[r, LDB]
-        ints[4] = table[r, LDA]
-        ints[5] = table[r, LDC]
-        at, one, trans = np.int64(ints.ctypes.data), np.int64(floats.ctypes.data), np.int64(chars.ctypes.data)
-        w = np.int64(ints.itemsize)  # BLAS's integers: 4 or 8 bytes
-        _call(sgemm, (trans + table[r, TB], trans + table[r, TA], at, at + w, at + 2 * w, one, table[r, B],
-                      at + 3 * w, table[r, A], at + 4 * w, one + 4, table[r, C], at + 5 * w))
+    def store_release(self, base, index, value):
+        self.b.store_atomic(value, self.pointer(base, index), "release", 8)
 
+    def swap(self, base, index, expected, new):
+        """Compare-and-swap: whether the element held `expected` (it then holds `new`)."""
+        pair = self.b.cmpxchg(self.pointer(base, index), expected, new, "acq_rel", "acquire")
+        return self.b.extract_value(pair, 1)
 
-def _serve(slots, k, table, sgemm, ints, floats, chars, sched_yield, spins):
-    """Worker k's loop: run the rows posted to it; return SLEEPING after `spins` idle
-    sched_yields (its state set so), or STOP."""
-    at = k * SLOT
-    done = _load_acquire(slots, at + DONE)
-    idle = 0
-    while True:
-        state = _load_acquire(slots, at + STATE)
-        if state == POSTED:
-            _run_rows(table, slots[at + FIRST], slots[at + LAST], sgemm, ints, floats, chars)
-            done += 1
-            # IDLE before DONE: the caller posts again only after DONE (unless told to stop meanwhile).
-            stopped = not _swap(slots, at + STATE, POSTED, IDLE)
-            _store_release(slots, at + DONE, done)
-            if stopped:
-                return STOP
-            idle = 0
-        elif state == STOP:
-            return STOP
-        elif idle >= spins:
-            if _swap(slots, at + STATE, IDLE, SLEEPING):
-                return SLEEPING
-        else:
-            idle += 1
-            _call(sched_yield, ())
+    def call(self, address, arguments, result=None):
+        result = result or self.ir.IntType(32)
+        kind = self.ir.FunctionType(result, [self.i64] * len(arguments))
+        return self.b.call(self.b.inttoptr(address, kind.as_pointer()), arguments)
+
+    def block(self, name):
+        return self.function.append_basic_block(name)
+
+    def loop_over(self, first, last, body):
+        """for i in range(first, last): body(i)."""
+        i = self.variable(first)
+        test, inside, after = self.block("test"), self.block("body"), self.block("after")
+        self.b.branch(test)
+        self.b.position_at_end(test)
+        value = self.b.load(i, typ=self.i64)
+        self.b.cbranch(self.b.icmp_signed("<", value, last), inside, after)
+        self.b.position_at_end(inside)
+        body(value)
+        self.b.store(self.b.add(value, self.const(1)), i)
+        self.b.branch(test)
+        self.b.position_at_end(after)
 
 
-def _post(slots, workers, asleep):
-    """Mark workers 0..workers-1 posted (their rows set before); asleep[k]: whether worker k
-    was asleep (to be woken)."""
-    for k in range(workers):
-        at = k * SLOT
-        asleep[k] = not _swap(slots, at + STATE, IDLE, POSTED)
-        if asleep[k]:
-            _store_release(slots, at + STATE, POSTED)
+def _module(ir, integer_bits):
+    """The pool's functions in LLVM IR (each described where its Python use is): run_rows,
+    serve, post, finish, stop. BLAS's integers are `integer_bits` wide."""
+    module = ir.Module(name="edgeflow_native_threads")
+    blas_int = ir.IntType(integer_bits)
+
+    e = _Emitter(ir, module, "run_rows", ("table", "first", "last", "sgemm", "ints", "floats", "chars"))
+    a = e.args
+
+    def row(r):
+        # Row-major C = op(A) @ op(B) is, column-major, C^T = op(B)^T @ op(A)^T.
+        at = e.b.mul(r, e.const(WIDTH))
+        field = {f: e.load(a["table"], e.b.add(at, e.const(f))) for f in range(WIDTH)}
+        for k, f in enumerate((N, M, K, LDB, LDA, LDC)):
+            e.b.store(e.b.trunc(field[f], blas_int) if integer_bits < 64 else field[f],
+                      e.pointer(a["ints"], e.const(k), blas_int))
+        dims = [e.b.add(a["ints"], e.const(k * integer_bits // 8)) for k in range(6)]
+        e.call(a["sgemm"], [e.b.add(a["chars"], field[TB]), e.b.add(a["chars"], field[TA]), dims[0], dims[1], dims[2],
+                            a["floats"], field[B], dims[3], field[A], dims[4], e.b.add(a["floats"], e.const(4)),
+                            field[C], dims[5]])
+    e.loop_over(a["first"], a["last"], row)
+    e.b.ret(e.const(0))
+    run_rows = e.function
+
+    e = _Emitter(ir, module, "serve", ("slots", "k", "table", "sgemm", "ints", "floats", "chars", "sched_yield", "spins"))
+    a = e.args
+    at = e.b.mul(a["k"], e.const(SLOT))
+    state_at, done_at = e.b.add(at, e.const(STATE)), e.b.add(at, e.const(DONE))
+    done = e.variable(e.load(a["slots"], done_at, "acquire"))
+    idle = e.variable(e.const(0))
+    look, posted, other, stop, spin, give_up, yield_, leave = (
+        e.block(n) for n in ("look", "posted", "other", "stop", "spin", "give_up", "yield", "leave"))
+    e.b.branch(look)
+    e.b.position_at_end(look)
+    state = e.load(a["slots"], state_at, "acquire")
+    e.b.cbranch(e.b.icmp_signed("==", state, e.const(POSTED)), posted, other)
+    e.b.position_at_end(posted)
+    e.b.call(run_rows, [a["table"], e.load(a["slots"], e.b.add(at, e.const(FIRST))),
+                        e.load(a["slots"], e.b.add(at, e.const(LAST))), a["sgemm"], a["ints"], a["floats"], a["chars"]])
+    count = e.b.add(e.b.load(done, typ=e.i64), e.const(1))
+    e.b.store(count, done)
+    # IDLE before DONE: the caller posts again only after DONE (unless told to stop meanwhile).
+    kept = e.swap(a["slots"], state_at, e.const(POSTED), e.const(IDLE))
+    e.store_release(a["slots"], done_at, count)
+    e.b.store(e.const(0), idle)
+    e.b.cbranch(kept, look, leave)
+    e.b.position_at_end(other)
+    e.b.cbranch(e.b.icmp_signed("==", state, e.const(STOP)), leave, spin)
+    e.b.position_at_end(spin)
+    idled = e.b.load(idle, typ=e.i64)
+    e.b.cbranch(e.b.icmp_signed(">=", idled, a["spins"]), give_up, yield_)
+    e.b.position_at_end(give_up)
+    e.b.cbranch(e.swap(a["slots"], state_at, e.const(IDLE), e.const(SLEEPING)), stop, look)
+    e.b.position_at_end(yield_)
+    e.b.store(e.b.add(idled, e.const(1)), idle)
+    e.call(a["sched_yield"], [])
+    e.b.branch(look)
+    e.b.position_at_end(stop)
+    e.b.ret(e.const(SLEEPING))
+    e.b.position_at_end(leave)
+    e.b.ret(e.const(STOP))
+
+    e = _Emitter(ir, module, "post", ("slots", "workers", "asleep"))
+    a = e.args
+
+    def post(k):
+        state_at = e.b.add(e.b.mul(k, e.const(SLOT)), e.const(STATE))
+        woke = e.swap(a["slots"], state_at, e.const(IDLE), e.const(POSTED))
+        e.b.store(e.b.zext(e.b.not_(woke), ir.IntType(8)), e.pointer(a["asleep"], k, ir.IntType(8)))
+        with e.b.if_then(e.b.not_(woke)):
+            e.store_release(a["slots"], state_at, e.const(POSTED))
+    e.loop_over(e.const(0), a["workers"], post)
+    e.b.ret(e.const(0))
+
+    e = _Emitter(ir, module, "finish", ("slots", "workers", "done", "sched_yield", "usleep"))
+    a = e.args
+
+    def finish(k):
+        done_at = e.b.add(e.b.mul(k, e.const(SLOT)), e.const(DONE))
+        want = e.load(a["done"], k)
+        spins = e.variable(e.const(0))
+        look, wait, after = e.block("look"), e.block("wait"), e.block("after")
+        e.b.branch(look)
+        e.b.position_at_end(look)
+        e.b.cbranch(e.b.icmp_signed("<", e.load(a["slots"], done_at, "acquire"), want), wait, after)
+        e.b.position_at_end(wait)
+        count = e.b.add(e.b.load(spins, typ=e.i64), e.const(1))
+        e.b.store(count, spins)
+        with e.b.if_else(e.b.icmp_signed(">=", count, e.const(64 + WAIT_YIELDS))) as (sleep, other):
+            with sleep:
+                e.call(a["usleep"], [e.const(WAIT_SLEEP_US)])
+            with other:
+                with e.b.if_then(e.b.icmp_signed(">=", count, e.const(64))):
+                    e.call(a["sched_yield"], [])
+        e.b.branch(look)
+        e.b.position_at_end(after)
+    e.loop_over(e.const(0), a["workers"], finish)
+    e.b.ret(e.const(0))
+
+    e = _Emitter(ir, module, "stop", ("slots", "k"))
+    a = e.args
+    state_at = e.b.add(e.b.mul(a["k"], e.const(SLOT)), e.const(STATE))
+    look, stopped = e.block("look"), e.block("stopped")
+    e.b.branch(look)
+    e.b.position_at_end(look)
+    state = e.load(a["slots"], state_at, "acquire")
+    e.b.cbranch(e.swap(a["slots"], state_at, state, e.const(STOP)), stopped, look)
+    e.b.position_at_end(stopped)
+    e.b.ret(e.b.zext(e.b.icmp_signed("==", state, e.const(SLEEPING)), e.i64))
+    return module
 
 
-def _finish(slots, workers, done, sched_yield, usleep):
-    """Wait until workers 0..workers-1 have done their post number done[k]: spinning, then
-    sched_yield between looks, then (after WAIT_YIELDS) sleeping WAIT_SLEEP_US between looks,
-    which frees this core for the worker where another thread holds the other one."""
-    for k in range(workers):
-        spins = 0
-        while _load_acquire(slots, k * SLOT + DONE) < done[k]:
-            spins += 1
-            if spins >= 64 + WAIT_YIELDS:
-                _call(usleep, (WAIT_SLEEP_US,))
-            elif spins >= 64:
-                _call(sched_yield, ())
-
-
-def _stop(slots, k):
-    """Tell worker k to stop: whether it was asleep."""
-    at = k * SLOT
-    while True:
-        state = _load_acquire(slots, at + STATE)
-        if _swap(slots, at + STATE, state, STOP):
-            return state == SLEEPING
-
-
-def _compile(numba, sgemm, integer, sched_yield, usleep):
-    """The pool's functions compiled (or loaded from numba's cache), as a namespace; `sgemm`
-    takes its dimensions as numpy integer type `integer` (np.int32 or np.int64)."""
-    from numba import types
-    from numba.core import cgutils
-    from numba.core.extending import intrinsic
-    global _load_acquire, _store_release, _swap, _call, _run_rows
-    _load_acquire, _store_release, _swap, _call = _intrinsics(types, cgutils, intrinsic)
-    njit = functools.partial(numba.njit, nogil=True, cache=True)
-    _run_rows = njit(_run_rows)
-
-    # Each function's machine code for the one signature it is called with: its entry point
-    # skips the dispatcher's typing of the arguments on each call (several us for serve's nine).
-    i64, flags = types.int64, types.Array(types.boolean, 1, "C")
-    slots, table = types.Array(i64, 1, "C"), types.Array(i64, 2, "C")
-    blas = (types.Array(numba.from_dtype(np.dtype(integer)), 1, "C"), types.Array(types.float32, 1, "C"),
-            types.Array(types.uint8, 1, "C"))
-    signatures = {_run_rows: (table, i64, i64, i64) + blas, _serve: (slots, i64, table, i64) + blas + (i64, i64),
-                  _post: (slots, i64, flags), _finish: (slots, i64, slots, i64, i64),
-                  _stop: (slots, i64)}
-
-    native = SimpleNamespace(sgemm=sgemm, integer=integer, sched_yield=sched_yield, usleep=usleep)
-    for f, signature in signatures.items():
-        dispatcher = f if f is _run_rows else njit(f)
-        setattr(native, f.__name__.lstrip("_"), dispatcher.compile(signature))
+def _compile(sgemm, integer, sched_yield, usleep):
+    """The pool's functions compiled with llvmlite (numba's LLVM binding, without numba: 50 ms
+    against numba's 0.7-1.2 s to import and load its cache), as a namespace of ctypes
+    functions taking addresses and integers; `sgemm` takes its dimensions as numpy integer
+    type `integer` (np.int32 or np.int64). ctypes lets go of the GIL for each call."""
+    from llvmlite import binding as llvm
+    from llvmlite import ir
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    module = llvm.parse_assembly(str(_module(ir, np.dtype(integer).itemsize * 8)))
+    module.verify()
+    engine = llvm.create_mcjit_compiler(module, llvm.Target.from_default_triple().create_target_machine(opt=2))
+    engine.finalize_object()
+    native = SimpleNamespace(engine=engine, sgemm=sgemm, integer=integer, sched_yield=sched_yield, usleep=usleep)
+    for name, arity in (("run_rows", 7), ("serve", 9), ("post", 3), ("finish", 5), ("stop", 2)):
+        kind = ctypes.CFUNCTYPE(ctypes.c_int64, *[ctypes.c_int64] * arity)
+        setattr(native, name, kind(engine.get_function_address(name)))
     return native
 
 
@@ -271,6 +319,10 @@ def _blas_args(integer):
     """A thread's sgemm scratch: 6 dimensions (of numpy integer type `integer`), alpha = 1 and
     beta = 0, 'N' and 'T'."""
     return np.zeros(8, integer), np.array([1, 0], np.float32), np.frombuffer(b"NT", np.uint8).copy()
+
+
+def _addresses(*arrays):
+    return tuple(a.ctypes.data for a in arrays)
 
 
 class Pool:
@@ -285,6 +337,10 @@ class Pool:
         self.asleep = np.zeros(n, np.bool_)
         self.wakes = [threading.Lock() for _ in range(n)]
         self.mine = _blas_args(self.native.integer)
+        # The native functions take addresses: these arrays live as long as the pool.
+        self._slots, self._table, self._posted, self._asleep = _addresses(self.slots, self.table, self.posted,
+                                                                          self.asleep)
+        self._mine = (self.native.sgemm, *_addresses(*self.mine))
         self.pid = os.getpid()  # a forked child has none of these threads
         self.closed = False
         for k, wake in enumerate(self.wakes):
@@ -295,41 +351,42 @@ class Pool:
         """Run `table`'s rows: spans[0] (first, last) on this thread, spans[1 + k] on worker k."""
         self.table[:len(table)] = table
         if self.closed or os.getpid() != self.pid:  # no workers to post to
-            self.native.run_rows(self.table, 0, len(table), self.native.sgemm, *self.mine)
+            self.native.run_rows(self._table, 0, len(table), *self._mine)
             return
         for k, (first, last) in enumerate(spans[1:]):
             self.slots[k * SLOT + FIRST] = first
             self.slots[k * SLOT + LAST] = last
         self._post(len(spans) - 1)
         try:
-            self.native.run_rows(self.table, spans[0][0], spans[0][1], self.native.sgemm, *self.mine)
+            self.native.run_rows(self._table, spans[0][0], spans[0][1], *self._mine)
         finally:
-            self.native.finish(self.slots, len(spans) - 1, self.posted, self.native.sched_yield, self.native.usleep)
+            self.native.finish(self._slots, len(spans) - 1, self._posted, self.native.sched_yield, self.native.usleep)
 
     def run_here(self, table):
-        """Run `table`'s rows on this thread alone."""
-        self.native.run_rows(table, 0, len(table), self.native.sgemm, *self.mine)
+        """Run `table`'s rows (an int64 array of WIDTH columns) on this thread alone."""
+        table = np.ascontiguousarray(table, np.int64)
+        self.native.run_rows(table.ctypes.data, 0, len(table), *self._mine)
 
     def _post(self, workers):
         self.posted[:workers] += 1
-        self.native.post(self.slots, workers, self.asleep)
+        self.native.post(self._slots, workers, self._asleep)
         for k in np.flatnonzero(self.asleep[:workers]):
             self.wakes[k].release()
 
     def close(self):
         self.closed = True
         for k, wake in enumerate(self.wakes):
-            if self.native.stop(self.slots, k):
+            if self.native.stop(self._slots, k):
                 wake.release()
 
 
 def _work(pool, k):
     """Worker k's thread: native.serve until it stops, sleeping on its lock when it returns
     SLEEPING."""
-    native, slots, wake = pool.native, pool.slots, pool.wakes[k]
-    ints, floats, chars = _blas_args(native.integer)
-    while native.serve(slots, k, pool.table, native.sgemm, ints, floats, chars, native.sched_yield,
-                       SPIN_YIELDS) != STOP:
+    native, wake = pool.native, pool.wakes[k]
+    scratch = _blas_args(native.integer)  # kept alive while it serves
+    arguments = (pool._slots, k, pool._table, native.sgemm, *_addresses(*scratch), native.sched_yield)
+    while native.serve(*arguments, SPIN_YIELDS) != STOP:
         wake.acquire()  # the next post releases it
 
 

@@ -8,8 +8,8 @@ BLAS threads of its own would compete with the workers, and on busy cores they s
 
 A kernel factory asks `current()` for the workers while a plan binds it, and splits its
 work then, once: a kernel of a plan made without workers runs as before. Pieces that are
-all matrix products (`Workers.split`) go to native_threads.py's workers where numba is
-installed (with numpy's OpenBLAS or scipy's BLAS): there no lock or GIL is handed over,
+all matrix products (`Workers.split`) go to native_threads.py's workers where llvmlite is
+installed (the `jit` extra; with numpy's OpenBLAS or scipy's BLAS): there no lock or GIL is handed over,
 which on this project's 2-core VM cost more than a 100 us piece.
 
 An interpreter times its runs with the workers and on its own thread alone (`Workers.running`),

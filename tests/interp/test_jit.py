@@ -1032,9 +1032,11 @@ def test_importing_the_interpreter_does_not_import_numba():
         is False
 
 
-def test_a_resnet_does_not_import_numba():
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_resnet_does_not_import_numba(threads):
     """A 7x7 stem of 3 channels, a max pool and 3x3 convs (ResNet's ops) take numpy's
-    kernels without importing numba: importing it would cost the first run a second."""
+    kernels without importing numba: importing it would cost the first run a second. At 2
+    threads neither do the native workers (llvmlite's), which the interpreter has."""
     code = """
 import sys, json
 import numpy as np
@@ -1049,10 +1051,11 @@ with g.as_default():
     y = apply("max_pool", [y], {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)})
     y = apply("conv", [y, np.ones((8, 8, 3, 3), np.float32)], {"pads": (1, 1, 1, 1), "activation": "relu"})
     y = apply("reduce_mean", [y], {"axes": (2, 3)})
-ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})}))).get_signature_runner("infer")(x=x)
-print(json.dumps("numba" in sys.modules))
-"""
-    assert _in_fresh_interpreter(code, {"EDGEFLOW_JIT": "1"}) is False
+it = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})), num_threads=THREADS)
+it.get_signature_runner("infer")(x=x)
+print(json.dumps(["numba" in sys.modules, it._workers is not None and it._workers.native is not None]))
+""".replace("THREADS", str(threads))
+    assert _in_fresh_interpreter(code, {"EDGEFLOW_JIT": "1", "EDGEFLOW_NATIVE_THREADS": "1"}) == [False, threads > 1]
 
 
 RESNET_OPS = """

@@ -16,7 +16,7 @@ from edgeflow.interp import native_threads, threads
 
 @pytest.fixture(scope="module")
 def pool():
-    assert native_threads.available(), "numba (the jit extra) or scipy does not import"
+    assert native_threads.available(), "llvmlite (the jit extra) does not import, or no BLAS sgemm was found"
     p = native_threads.Pool(2)
     yield p
     p.close()
