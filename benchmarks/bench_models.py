@@ -17,7 +17,8 @@ Measured, for each model and batch at each thread count (edgeflow's `num_threads
 onnxruntime's intra-op threads alike; every thread count's runs interleaved with the
 others', so that a row at 2 threads and its row at 1 saw the same moments of this shared
 machine): the time a new Interpreter takes to make
-its plan, and its first run (that plan included: what a first call costs), the median latency
+its plan, and its first run (from making the Interpreter to its first result, the plan
+included: what an app waits for), the median latency
 of edgeflow and of onnxruntime (the peer), interleaved, their ratio, and the GFLOP/s each
 achieves (the plan's FLOP count over the median), edgeflow's as a fraction of numpy's own
 float32 matmul peak measured in the same run at the same thread count (`--jit on`: edgeflow's
@@ -162,21 +163,23 @@ def batched(inputs, batch, seed=0):
 
 # -- the benchmark ----------------------------------------------------------------------------------
 def first_run(efl, threads, feeds, key="infer", jit=None):
-    """(seconds to make the plan, seconds of the first call including that, runner) of a new
-    Interpreter's signature `key` (its first: the tensor API's): the plan is made through
-    the tensor API (resize_input_tensor, allocate_tensors), for the same key as the
-    runner's, which then finds it cached."""
-    interp = ef.Interpreter(efl, num_threads=threads)
+    """(seconds to make the plan, seconds from making the Interpreter to the end of its first
+    call: what an app waits for its first result, runner) of a new Interpreter(jit=`jit`)'s
+    signature `key` (its first: the tensor API's): the plan is made through the tensor API
+    (resize_input_tensor, allocate_tensors), for the same key as the runner's, which then
+    finds it cached."""
+    start = time.perf_counter()
+    interp = ef.Interpreter(efl, num_threads=threads, jit=jit)
     runner = interp.get_signature_runner(key)
     inputs = {name: d["index"] for name, d in runner.get_input_details().items()}
-    start = time.perf_counter()
+    planning = time.perf_counter()
     for name, value in feeds.items():
         interp.resize_input_tensor(inputs[name], value.shape)
     interp.allocate_tensors()
     planned = time.perf_counter()
     runner(**feeds)
     end = time.perf_counter()
-    return planned - start, end - start, runner
+    return planned - planning, end - start, runner
 
 
 def bench_latency(models, runs, threads_list, batches, folder, jit=None):
