@@ -44,11 +44,12 @@ class Interpreter:
     larger size raises FormatError (when loaded, where the declared shapes say so);
     inputs that make one raise InvalidInputError. Either names the op and the tensor.
     `jit` (where numba is installed: the `jit` extra): None (default) lets the kernels that
-    gain much from a compiled loop import numba, the others take theirs once it is loaded
-    (a first run without numba's import and its first loop's setup, some 0.75 s); True
-    imports it now, so that every kernel that has a loop binds it (faster runs, a slower
-    first one: ResNet-18 at batch 1 on one thread 49.4 -> 39.0 ms, its first run 0.15 ->
-    0.9 s); False keeps this interpreter's plans on numpy's kernels.
+    gain much from a compiled loop import numba, and a plan of 2 GFLOP a run or more
+    (jit.PLAN_FLOPS: ResNet-18 at 224x224) import it before it binds; the kernels of smaller
+    plans take theirs once it is loaded (a first run without numba's import and its first
+    loop's setup, 0.7-1.0 s once a process); True imports it now, so that every kernel that
+    has a loop binds it (ResNet-18 at batch 1 on one thread: 59.8 -> 38.8 ms a run, its
+    first run 0.3 -> 1.0 s); False keeps this interpreter's plans on numpy's kernels.
     """
 
     def __init__(self, model, delegates=(), num_threads=None, preserve_all_tensors=False,

@@ -282,6 +282,8 @@ class Plan:
         steps, step_ops = [], []
         if self.update_ops:  # a train step: its gradients' kernels load numba anyway; loaded first, the
             jit.available()  # forward's pools and bias passes bind their loops too (kernels/jit.py's loaded())
+        else:
+            jit.for_plan(lambda: self.flops(subgraphs=False))  # a large plan's: numba imported before it binds
         for i in self.order if indices is None else indices:
             op = self.subgraph.operators[i]
             if ops.get(op.opcode).view:
@@ -341,15 +343,20 @@ class Plan:
         parts = [f"{n} ops on {name} in {self.partitions} partition(s)" for name, n in counts.items()]
         return ", ".join(parts + [f"{cpu} on CPU"])
 
-    def flops(self):
-        """Arithmetic operations per run of each op that runs, by op index (OpDef.cost)."""
+    def flops(self, subgraphs=True):
+        """Arithmetic operations per run of each op that runs, by op index (OpDef.cost);
+        with subgraphs=False, 0 for control flow ops (whose subgraphs are planned to count
+        theirs)."""
         out = {}
         for i in self.order:
             op = self.subgraph.operators[i]
             specs = [[TensorSpec(self.arrays[t].shape, self.arrays[t].dtype) for t in ts]
                      for ts in (op.inputs, op.outputs)]
             opdef = ops.get(op.opcode)
-            out[i] = self.program.flops(op, specs[0]) if opdef.subgraphs else opdef.cost(*specs, op.attrs)
+            if opdef.subgraphs:
+                out[i] = self.program.flops(op, specs[0]) if subgraphs else 0
+            else:
+                out[i] = opdef.cost(*specs, op.attrs)
         return out
 
     def each_step(self):

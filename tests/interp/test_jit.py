@@ -1096,6 +1096,22 @@ def test_jit_on_imports_numba_up_front_and_binds_every_loop():
     np.testing.assert_allclose(on[2], auto[2], rtol=1e-5, atol=1e-5 * max(np.abs(auto[2]).max(), 1.0))
 
 
+def test_a_large_plan_imports_numba_by_default():
+    """In the default mode a plan of jit.PLAN_FLOPS or more arithmetic operations a run
+    imports numba before it binds (here with the threshold lowered to the ResNet ops'
+    count), so that its kernels bind the loops jit=True gives them; below it, and under
+    jit=False, numba stays out."""
+    flops = 2 * 8 * 16 * 16 * 3 * 49 + 2 * 8 * 8 * 8 * 8 * 9  # the two convs' multiply-adds (a lower bound)
+    def run(jit, threshold):
+        code = RESNET_OPS.replace("interp = ef.Interpreter", f"jit.PLAN_FLOPS = {threshold}\ninterp = ef.Interpreter")
+        return _in_fresh_interpreter(code.replace("JIT", jit), {"EDGEFLOW_JIT": "1"})
+    big, small, off = run("None", flops), run("None", 100 * flops), run("False", flops)
+    on = _in_fresh_interpreter(RESNET_OPS.replace("JIT", "True"), {"EDGEFLOW_JIT": "1"})
+    assert big[1] == on[1] and {"im2col_loop", "max_pool_rows_loop"} <= set(big[1]), big[1]
+    assert small[1] == [] and off[1] == []
+    np.testing.assert_array_equal(big[2], on[2])
+
+
 def test_jit_off_keeps_numpy_kernels_where_numba_is_loaded(jit_mode):
     """Interpreter(jit=False): its plans bind no loop though numba is loaded (the result is
     EDGEFLOW_JIT=0's bit for bit), another interpreter's plans still do; a jit that is not

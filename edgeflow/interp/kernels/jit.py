@@ -12,11 +12,11 @@ numba is optional (the `jit` extra): it is imported on the first bind, never by 
 edgeflow.interp`, and each `bind_*` returns None where numba is absent, disabled
 (EDGEFLOW_JIT=0 when the kernel binds, or a plan made under `using(False)`: an
 Interpreter's jit=False) or the operands are not ones its loop takes; the kernel then runs
-its numpy path. By default a kernel that gains much from its loop imports numba, and the
-others take theirs only where it is loaded already: importing it and readying its first
+its numpy path. By default a kernel that gains much from its loop imports numba, and so
+does a plan of PLAN_FLOPS or more arithmetic operations a run (`for_plan`); the other
+kernels take theirs only where it is loaded already: importing it and readying its first
 loop cost a first run some 0.75 s. Interpreter(jit=True) imports it up front, so that
-every kernel binds its loop (ResNet-18, whose own kernels would not import it: 49.4 ->
-39.0 ms a run at batch 1 on one thread, its first run 0.15 -> 0.9 s). The loops are plain
+every kernel binds its loop; jit=False never. The loops are plain
 Python at module level, compiled by `numba.njit(cache=True)` (no fastmath: the float
 arithmetic as written, but for the activation loops' fused multiply-adds, _FASTMATH) for
 the argument types of each bind, at prepare time; later processes load the machine code from numba's on-disk cache.
@@ -50,9 +50,28 @@ BIND_SECONDS = {}
 _MODE = contextvars.ContextVar("edgeflow_jit", default=None)
 
 
+# Arithmetic operations a run from which a plan made in the default mode imports numba, so
+# that every kernel binds its loop: a run of so many takes 20 ms or more here (60-110
+# GFLOP/s a core), the loops of small gains save 10-35% of a conv net's run, and numba's
+# import (0.7-1.0 s, once a process) is repaid within some 20-100 runs. ResNet-18 (3.6
+# GFLOP at batch 1), the one real-size model whose own kernels would leave numba out:
+# 59.8 -> 38.8 ms a run at batch 1 on one thread (onnxruntime 48.2 and 41.7 beside them),
+# 424 -> 276 at batch 8, its first run 0.3 -> 1.0 s. Smaller plans keep the first run
+# short (numba stays out unless a kernel that gains much brings it in).
+PLAN_FLOPS = 2e9
+
+
 def using(mode):
     """Bind kernels inside under JIT `mode` (None, True or False; see _MODE)."""
     return scoped(_MODE, mode)
+
+
+def for_plan(flops):
+    """Before a plan binds its kernels: in the default mode, import numba where flops(), the
+    plan's arithmetic operations a run by op, sum to PLAN_FLOPS or more."""
+    if _MODE.get() is None and not _numba and os.environ.get("EDGEFLOW_JIT", "1") != "0" \
+            and sum(flops().values()) >= PLAN_FLOPS:
+        available()
 
 
 def loaded():
