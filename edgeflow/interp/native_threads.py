@@ -146,11 +146,18 @@ class _Emitter:
         address = self.b.add(base, self.b.mul(index, self.const(dtype.width // 8)))
         return self.b.inttoptr(address, dtype.as_pointer())
 
+    def _typed(self, pointer):
+        """load()'s type argument where pointers are opaque (llvmlite's newer IR layer);
+        older llvmlite (0.43) takes none and reads the pointer's own."""
+        return {"typ": self.i64} if getattr(pointer.type, "is_opaque", False) else {}
+
     def load(self, base, index, order=None):
-        pointer = self.pointer(base, index)
+        return self.read(self.pointer(base, index), order)
+
+    def read(self, pointer, order=None):
         if order is None:
-            return self.b.load(pointer, typ=self.i64)
-        return self.b.load_atomic(pointer, order, 8, typ=self.i64)
+            return self.b.load(pointer, **self._typed(pointer))
+        return self.b.load_atomic(pointer, order, 8, **self._typed(pointer))
 
     def store_release(self, base, index, value):
         self.b.store_atomic(value, self.pointer(base, index), "release", 8)
@@ -174,7 +181,7 @@ class _Emitter:
         test, inside, after = self.block("test"), self.block("body"), self.block("after")
         self.b.branch(test)
         self.b.position_at_end(test)
-        value = self.b.load(i, typ=self.i64)
+        value = self.read(i)
         self.b.cbranch(self.b.icmp_signed("<", value, last), inside, after)
         self.b.position_at_end(inside)
         body(value)
@@ -222,7 +229,7 @@ def _module(ir, integer_bits):
     e.b.position_at_end(posted)
     e.b.call(run_rows, [a["table"], e.load(a["slots"], e.b.add(at, e.const(FIRST))),
                         e.load(a["slots"], e.b.add(at, e.const(LAST))), a["sgemm"], a["ints"], a["floats"], a["chars"]])
-    count = e.b.add(e.b.load(done, typ=e.i64), e.const(1))
+    count = e.b.add(e.read(done), e.const(1))
     e.b.store(count, done)
     # IDLE before DONE: the caller posts again only after DONE (unless told to stop meanwhile).
     kept = e.swap(a["slots"], state_at, e.const(POSTED), e.const(IDLE))
@@ -232,7 +239,7 @@ def _module(ir, integer_bits):
     e.b.position_at_end(other)
     e.b.cbranch(e.b.icmp_signed("==", state, e.const(STOP)), leave, spin)
     e.b.position_at_end(spin)
-    idled = e.b.load(idle, typ=e.i64)
+    idled = e.read(idle)
     e.b.cbranch(e.b.icmp_signed(">=", idled, a["spins"]), give_up, yield_)
     e.b.position_at_end(give_up)
     e.b.cbranch(e.swap(a["slots"], state_at, e.const(IDLE), e.const(SLEEPING)), stop, look)
@@ -269,7 +276,7 @@ def _module(ir, integer_bits):
         e.b.position_at_end(look)
         e.b.cbranch(e.b.icmp_signed("<", e.load(a["slots"], done_at, "acquire"), want), wait, after)
         e.b.position_at_end(wait)
-        count = e.b.add(e.b.load(spins, typ=e.i64), e.const(1))
+        count = e.b.add(e.read(spins), e.const(1))
         e.b.store(count, spins)
         with e.b.if_else(e.b.icmp_signed(">=", count, e.const(64 + WAIT_YIELDS))) as (sleep, other):
             with sleep:
