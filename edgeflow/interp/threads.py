@@ -45,6 +45,12 @@ MIN_COLUMNS = 64
 # 1280x320 @ 320x49 0.50 against 0.66), columns up to 128 (24x144 @ 144x3136 0.59 against
 # 1.21, BERT's 128x256 @ 256x1024 0.55 against 0.65), both alike at 144.
 ROWS_FIRST = 144
+# Arithmetic operations below which a product of one row or one column (numpy's sgemv; the
+# native workers take sgemm's rows only) is not split: its pieces go to the lock workers,
+# whose hand-off cost 150-300 us on this 2-core VM. Whole against split, 2 threads: 1x512 @
+# 512x1000 (a classifier at batch 1) 34-50 us against 190-320, 1x1024 @ 1024x1000 75 against
+# 370, 1x2048 @ 2048x2048 690 against 520-1,170, 1x4096 @ 4096x4096 3.0-3.4 ms against 2.1-2.4.
+VECTOR_MIN_FLOPS = 1 << 25
 
 
 # Adaptive: the first TRIALS calls of each variant alternate (the threaded first, so that a

@@ -244,9 +244,35 @@ def test_a_matmul_split_over_threads_equals_numpy(batch, m, k, n, transpose_a, t
                                 np.swapaxes(b, -1, -2) if transpose_b else b, dtype=np.float64), 0)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(threads, "MIN_FLOPS", 1)  # small products split too (by default they stay whole)
+        patch.setattr(threads, "VECTOR_MIN_FLOPS", 1)
         patch.setattr(threads, "MIN_COLUMNS", 1)
         got = ef.Interpreter(data, num_threads=3).get_signature_runner("infer")(a=a, b=b)["y"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+def test_a_vector_product_splits_only_from_vector_min_flops(monkeypatch):
+    """A product of one row or column (a classifier at batch 1) stays whole below
+    threads.VECTOR_MIN_FLOPS, where a matrix product of as many operations splits; from it,
+    it splits too, and the pieces give numpy's product."""
+    from edgeflow.interp.kernels.math import split_matmul
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((1, 512)).astype(np.float32), rng.standard_normal((512, 1000)).astype(np.float32)
+    rows = rng.standard_normal((8, 512)).astype(np.float32)
+    workers = threads.Workers(2)
+    try:
+        with threads.using(workers):
+            assert split_matmul(x, w, np.empty((1, 1000), np.float32)) is None
+            column = rng.standard_normal((1000, 1)).astype(np.float32)
+            assert split_matmul(w.T.copy(), column, np.empty((512, 1), np.float32)) is None
+            assert split_matmul(rows, w, np.empty((8, 1000), np.float32)) is not None
+            monkeypatch.setattr(threads, "VECTOR_MIN_FLOPS", 2 * 512 * 1000)
+            out = np.empty((1, 1000), np.float32)
+            step = split_matmul(x, w, out)
+            assert step is not None
+            step()
+    finally:
+        workers.close()
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-3)
 
 
 def _conv(x, w, bias, strides, pads, group, threads_):

@@ -168,9 +168,12 @@ def split_matmul(a, b, out):
     product where it has threads.ROWS_FIRST or too few columns, else its columns), or None:
     one thread, or too little work."""
     workers = threads.current()
-    if workers is None or a.ndim < 2 or b.ndim < 2 or 2 * out.size * a.shape[-1] < threads.MIN_FLOPS:
+    flops = 2 * out.size * a.shape[-1]
+    if workers is None or a.ndim < 2 or b.ndim < 2 or flops < threads.MIN_FLOPS:
         return None
     rows, columns = out.shape[-2], out.shape[-1]
+    if 1 in (rows, columns) and flops < threads.VECTOR_MIN_FLOPS:
+        return None
     wide = columns >= threads.MIN_COLUMNS * workers.n
     if rows >= 4 * workers.n and (rows >= threads.ROWS_FIRST or not wide):
         parts = [partial(np.matmul, a[..., i:j, :], b, out=out[..., i:j, :])
