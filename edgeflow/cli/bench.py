@@ -128,8 +128,9 @@ def add_parser(verbs):
                    help="threads the interpreter splits big ops over, each with one BLAS thread "
                         "(default: as numpy's BLAS decides)")
     p.add_argument("--jit", choices=JIT_MODES, default="auto",
-                   help="numba's compiled loops: auto (default: the kernels that gain much import "
-                        "numba), on (imported up front: every kernel's loop; a slower first run), off")
+                   help="numba's compiled loops: auto (default: the kernels that gain much, and plans "
+                        "of 2 GFLOP a run or more, import numba), on (imported up front: every kernel's "
+                        "loop; a slower first run), off")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     arguments.add_accel_args(p)
     arguments.add_cloud_args(p)

@@ -76,7 +76,7 @@ def _build():
         return _built[0]
     _built.append(None)
     try:
-        import llvmlite.binding  # noqa: F401 (the jit extra's, numba's compiler)
+        from llvmlite import binding, ir  # the jit extra's (numba's compiler)
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
         sched_yield, usleep = (ctypes.cast(f, ctypes.c_void_p).value for f in (libc.sched_yield, libc.usleep))
         sgemm = _numpy_sgemm()
@@ -85,7 +85,7 @@ def _build():
             sgemm = _capsule_address(cython_blas.__pyx_capi__["sgemm"]), np.int32
     except (ImportError, OSError, AttributeError, TypeError):
         return None
-    _built[0] = _compile(*sgemm, sched_yield, usleep)
+    _built[0] = _compile(binding, ir, *sgemm, sched_yield, usleep)
     return _built[0]
 
 
@@ -302,13 +302,12 @@ def _module(ir, integer_bits):
     return module
 
 
-def _compile(sgemm, integer, sched_yield, usleep):
+def _compile(llvm, ir, sgemm, integer, sched_yield, usleep):
     """The pool's functions compiled with llvmlite (numba's LLVM binding, without numba: 50 ms
     against numba's 0.7-1.2 s to import and load its cache), as a namespace of ctypes
     functions taking addresses and integers; `sgemm` takes its dimensions as numpy integer
-    type `integer` (np.int32 or np.int64). ctypes lets go of the GIL for each call."""
-    from llvmlite import binding as llvm
-    from llvmlite import ir
+    type `integer` (np.int32 or np.int64). ctypes lets go of the GIL for each call.
+    `llvm` and `ir`: llvmlite's modules."""
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     module = llvm.parse_assembly(str(_module(ir, np.dtype(integer).itemsize * 8)))
