@@ -136,7 +136,10 @@ class _Emitter:
         return self.ir.Constant(self.i64, value)
 
     def variable(self, value):
-        slot = self.b.alloca(self.i64)
+        """A variable set to `value` here (its slot in the entry block, as LLVM wants: an
+        alloca in a loop would take more stack each time round)."""
+        with self.b.goto_entry_block():
+            slot = self.b.alloca(self.i64)
         self.b.store(value, slot)
         return slot
 
