@@ -61,7 +61,7 @@ def bench_products(runs, n):
     from threadpoolctl import ThreadpoolController
     locks, native = workers(n, False), workers(n, True)  # native ones load scipy's BLAS: before the controller
     if native.native is None:
-        harness.log("native workers unavailable (numba or scipy missing): their column stays empty")
+        harness.log("native workers unavailable (llvmlite missing, or no BLAS sgemm found): their column stays empty")
     # BLAS's thread count set directly (threadpoolctl's limit() finds the libraries again on
     # each call, some 1 ms): one thread but for the OpenBLAS contender.
     blas = ThreadpoolController().select(user_api="blas").lib_controllers
