@@ -165,7 +165,8 @@ def test_server_rss_stays_within_the_budget(model_dir):
                     out = client.run("m", feeds, fetches, compression=compression)
                 except RemoteError as e:
                     assert "RESOURCE_EXHAUSTED" in str(e), e
-                    return "refused"
+                    # Too large for the budget at any time, or still not fitting when the wait ended.
+                    return "never fits" if "more than the server's budget" in str(e) else "busy"
                 sent = x.astype(np.float16).astype(np.float32) if compression == "fp16" else x
                 want = reference(sent, feeds.get("idx"))
                 for name in fetches:  # fp16 rounds the outputs too: 2**-11 relative
@@ -179,9 +180,12 @@ def test_server_rss_stays_within_the_budget(model_dir):
     finally:
         proc.terminate()
         proc.wait(30)
-    assert outcomes.count("answered") > 900 and outcomes.count("refused") > 0
-    print(f"peak RSS {peak >> 20} MiB, idle {idle >> 20} MiB, budget {budget_mb} MiB, "
-          f"{outcomes.count('refused')} refused")
+    counts = {k: outcomes.count(k) for k in ("answered", "never fits", "busy")}
+    print(f"peak RSS {peak >> 20} MiB, idle {idle >> 20} MiB, budget {budget_mb} MiB, {counts}")
+    # A few requests can never fit (6-7 of the seed's). How many others still wait when
+    # --memory-wait ends depends on the machine's speed: 84-101 of 1,000 on this 2-core VM
+    # (answered 899-909, against a bound of 900 before, which a CI run missed by one).
+    assert counts["never fits"] > 0 and counts["busy"] > 0 and counts["answered"] > 800, counts
     assert peak <= idle + (budget_mb + OUTSIDE_BUDGET_MIB) * MiB, f"peak RSS {peak >> 20} MiB, idle {idle >> 20} MiB"
 
 
