@@ -17,6 +17,7 @@ from ..ops.dims import fmt
 from .arena import (Arena, TooLarge, Workspace, bounded, default_max_tensor_bytes, lower_bound, nbytes,
                     place, size_text)
 from .kernels import KERNELS, evaluate, jit
+from .kernels import conv as conv_kernels
 
 
 class ShapeDependsOnValues(InvalidInputError):
@@ -115,6 +116,9 @@ class Plan:
         self.arrays = dict(variables)  # variables, constants and folded values: not in the arena
         specs = self._infer(needed_operators(subgraph, outputs, producer, targets), input_shapes,
                             constants, variables, folded, known or {})
+        self.preserve_all = preserve_all
+        if not preserve_all:
+            self.order = self._epilogues_after_convs(self.order)
         self._allocate(specs, preserve_all, fed)
         self._views(specs)
         self.workspace = Workspace()  # the kernels' scratch, shared by their steps
@@ -284,10 +288,22 @@ class Plan:
             jit.available()  # forward's pools and bias passes bind their loops too (kernels/jit.py's loaded())
         else:
             jit.for_plan(lambda: self.flops(subgraphs=False))  # a large plan's: numba imported before it binds
-        for i in self.order if indices is None else indices:
+        indices = self.order if indices is None else indices
+        fusions, fused = self._fusions(indices), set()
+        for i in indices:
             op = self.subgraph.operators[i]
-            if ops.get(op.opcode).view:
+            if ops.get(op.opcode).view or i in fused:
                 continue
+            if i in fusions:
+                _, out, residual, slope, activation = fusions[i]
+                with self.workspace.step(), bounded(self.max_bytes):
+                    step = conv_kernels.conv_epilogue([self.arrays[t] for t in op.inputs], out, op.attrs,
+                                                      residual, slope, activation)
+                if step is not None:
+                    steps.append(step)
+                    step_ops.append(i)
+                    fused.update(fusions[i][0])
+                    continue
             if ops.get(op.opcode).remote:  # a valid file this interpreter cannot run alone
                 raise UnsupportedOpError(
                     f"op {i} ({op.opcode} {op.attrs.get('key')!r}) exchanges tensors with the cloud: "
@@ -313,6 +329,73 @@ class Plan:
                         f"{', '.join(f'{a.dtype}{list(a.shape)}' for a in ins)}: {e}") from None
             step_ops.append(i)
         return steps, step_ops
+
+    def _epilogues_after_convs(self, order):
+        """`order` with the add, then the prelu, that a conv's output alone goes into moved up
+        to right after it, where their other operands are ready there (so that _fusions
+        finds them; before the arena is placed, which follows the order). A model's two
+        branches otherwise interleave their ops (iris_landmark's: conv, conv, prelu, prelu)."""
+        operators, outputs = self.subgraph.operators, set(self.outputs)
+        readers, made_by = {}, {}
+        for i in order:
+            for t in set(operators[i].inputs):
+                readers.setdefault(t, []).append(i)
+            made_by.update((t, i) for t in operators[i].outputs)
+        order = list(order)
+        for i in [i for i in order if operators[i].opcode == "conv" and len(operators[i].outputs) == 1]:
+            at, t = order.index(i), operators[i].outputs[0]
+            for kind in ("add", "prelu"):
+                into = readers.get(t, ())
+                if t in outputs or len(into) != 1 or operators[into[0]].opcode != kind:
+                    continue
+                j = into[0]
+                ready = set(order[:at + 1])
+                if any(u != t and u in made_by and made_by[u] not in ready for u in operators[j].inputs):
+                    break
+                order.remove(j)
+                order.insert(at + 1, j)
+                at, t = at + 1, operators[j].outputs[0]
+        return order
+
+    def _fusions(self, indices):
+        """Convs whose output goes on, through nothing else, into the ops right
+        after them: an add of a residual of its shape (the conv without an activation of
+        its own), then or instead a prelu. {conv index: (the ops after it that the fused
+        step runs, final output array, residual, slope, activation)}; kernels/conv.py's
+        conv_epilogue binds it, or declines (the ops then bind apart)."""
+        if self.preserve_all or len(indices) < 2:
+            return {}
+        operators = self.subgraph.operators
+        readers = {}  # over the whole plan: a delegate's partition may read what these ops make
+        for i in self.order:
+            for t in set(operators[i].inputs):
+                readers[t] = readers.get(t, 0) + 1
+        outputs = set(self.outputs)
+
+        def only_into(t, j):  # t is read by op j alone, and is not an output
+            op = operators[j]
+            return t not in outputs and readers.get(t) == 1 and t in op.inputs
+
+        out = {}
+        for pos, i in enumerate(indices[:-1]):
+            conv = operators[i]
+            if conv.opcode != "conv" or len(conv.outputs) != 1:
+                continue
+            t, later = conv.outputs[0], list(indices[pos + 1:pos + 3])
+            chain, residual, slope, activation = [], None, None, conv.attrs.get("activation", "")
+            j = later.pop(0)
+            if operators[j].opcode == "add" and not activation and only_into(t, j) and len(operators[j].inputs) == 2:
+                other = [u for u in operators[j].inputs if u != t]
+                if len(other) == 1 and self.arrays[other[0]].shape == self.arrays[t].shape:
+                    chain, residual = [j], self.arrays[other[0]]
+                    activation, t = operators[j].attrs.get("activation", ""), operators[j].outputs[0]
+                    j = later.pop(0) if later else None
+            if j is not None and operators[j].opcode == "prelu" and only_into(t, j) and operators[j].inputs[0] == t \
+                    and operators[j].inputs[1] != t:
+                chain, slope, t = chain + [j], self.arrays[operators[j].inputs[1]], operators[j].outputs[0]
+            if chain:
+                out[i] = (chain, self.arrays[t], residual, slope, activation)
+        return out
 
     def _bind_delegated(self, delegates, constants, folded):
         """Steps where each delegate partition is one step; the rest as in _bind."""

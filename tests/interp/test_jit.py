@@ -20,7 +20,7 @@ import edgeflow as ef
 from edgeflow.format import writer
 from edgeflow.graph.math_ops import apply
 from edgeflow.interp import threads
-from edgeflow.interp.kernels import jit
+from edgeflow.interp.kernels import jit, native_gemm
 
 FEW = settings(max_examples=12)
 ACTIVATIONS = {"": lambda y: y, "relu": lambda y: np.maximum(y, 0), "relu6": lambda y: np.clip(y, 0, 6),
@@ -45,12 +45,19 @@ def _bind_mode(path, monkeypatch):
     monkeypatch.setenv("EDGEFLOW_JIT", "1" if path == "jit" else "0")
     if path == "jit":  # the jit extra is installed with the tests: a broken numba fails here
         assert jit.available(), "numba does not import"  # loaded: the loops of small gains bind too
-    bound, compiled = [], jit.compiled
+    bound, compiled, native = [], jit.compiled, native_gemm.bind
 
     def recording(loop, *args, **kwargs):
         bound.append(loop.__name__)
         return compiled(loop, *args, **kwargs)
+
+    def recording_native(*args, **kwargs):
+        step = native(*args, **kwargs)
+        if step is not None:
+            bound.append("native_gemm")
+        return step
     monkeypatch.setattr(jit, "compiled", recording)
+    monkeypatch.setattr(native_gemm, "bind", recording_native)
     return path, bound
 
 
@@ -89,13 +96,13 @@ def close(got, expected, rtol=1e-4):
 
 def check(mode, build, x, expected, loop):
     """The kernel's result on x is `expected` (onnxruntime's), and under the JIT also the
-    numpy path's, with `loop` the one bound."""
+    numpy path's, with `loop` the one bound (or one of a tuple of them)."""
     path, bound = mode
     bound.clear()
     got = run(build, x)
     close(got, expected)
     if path == "jit":
-        assert loop in bound, bound
+        assert set((loop,) if isinstance(loop, str) else loop) & set(bound), bound
         close(got, run(build, x, jit_on=False))
     else:
         assert not bound
@@ -602,7 +609,8 @@ def test_resize(mode, shape, data, mode_, coordinates, seed):
        seed=st.integers(0, 2 ** 16))
 def test_conv_bias_activation(mode, k, c, m, h, w, rank, activation, seed):
     """1x1, 1-D and 2-D 3x3 padded (im2col's product writes out: bias and activation in
-    place); 5 input channels or more (fewer take small_conv_loop)."""
+    place, or native_gemm's product applies them as it stores: relu and relu6 on x86-64
+    with AVX2); 5 input channels or more (fewer take small_conv_loop)."""
     rng = np.random.default_rng(seed)
     spatial = (h, w)[:rank]
     x = rng.standard_normal((2, c) + spatial).astype(np.float32)
@@ -612,7 +620,7 @@ def test_conv_bias_activation(mode, k, c, m, h, w, rank, activation, seed):
     expected = ACTIVATIONS[activation](
         onnx_run([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], x, {"w": weight, "b": b}))
     check(mode, lambda t: apply("conv", [t, weight, b], {**attrs, "activation": activation}), x, expected,
-          "bias_activation_inplace_loop")
+          ("bias_activation_inplace_loop", "native_gemm"))
 
 
 @FEW
@@ -1064,7 +1072,7 @@ import numpy as np
 import edgeflow as ef
 from edgeflow.format import writer
 from edgeflow.graph.math_ops import apply
-from edgeflow.interp.kernels import jit
+from edgeflow.interp.kernels import jit, native_gemm
 rng = np.random.default_rng(0)
 x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
 g = ef.Graph()
@@ -1078,7 +1086,8 @@ with g.as_default():
 interp = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})), jit=JIT)
 imported = "numba" in sys.modules
 out = interp.get_signature_runner("infer")(x=x)["y"]
-print(json.dumps([imported, sorted(k for k in jit.BIND_SECONDS if k != "import numba"), out.ravel().tolist()]))
+native = bool(native_gemm._built) and native_gemm._built[0] is not None
+print(json.dumps([imported, sorted(k for k in jit.BIND_SECONDS if k != "import numba"), out.ravel().tolist(), native]))
 """
 
 
@@ -1086,13 +1095,16 @@ def test_jit_on_imports_numba_up_front_and_binds_every_loop():
     """Interpreter(jit=True) imports numba when it is made, so that the kernels that would not
     import it themselves (ResNet's: a 7x7 stem, a max pool, 3x3 convs, add + relu) bind their
     loops; the result is the default's (numpy's kernels, numba never imported) within float32
-    rounding, and a float64 numpy evaluation's."""
+    rounding, and a float64 numpy evaluation's. Where native_gemm's product runs, the 3x3
+    conv's product takes the add + relu after it into its own pass (no add loop)."""
     on = _in_fresh_interpreter(RESNET_OPS.replace("JIT", "True"), {"EDGEFLOW_JIT": "1"})
     auto = _in_fresh_interpreter(RESNET_OPS.replace("JIT", "None"), {"EDGEFLOW_JIT": "1"})
     assert on[0] is True and auto[0] is False
-    assert {"im2col_loop", "bias_activation_inplace_loop", "max_pool_rows_loop", "add_activation_loop"} <= set(on[1]), \
-        on[1]
-    assert auto[1] == [], auto[1]
+    assert on[3] == native_gemm.available()
+    loops = {"im2col_loop", "bias_activation_inplace_loop", "max_pool_rows_loop"} | (set() if on[3] else
+                                                                                     {"add_activation_loop"})
+    assert loops <= set(on[1]), on[1]
+    assert auto[1] == [] and auto[3] is False, auto
     np.testing.assert_allclose(on[2], auto[2], rtol=1e-5, atol=1e-5 * max(np.abs(auto[2]).max(), 1.0))
 
 
@@ -1146,7 +1158,7 @@ import sys, json
 import numpy as np
 import edgeflow as ef
 from edgeflow.format import writer
-from edgeflow.interp.kernels import jit
+from edgeflow.interp.kernels import jit, native_gemm
 g = ef.Graph()
 with g.as_default():
     x = ef.placeholder(ef.float32, [2, 8, 8, 8], name="x")  # 8 channels: no stem loop (it loads numba)

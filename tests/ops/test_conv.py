@@ -204,7 +204,7 @@ def check_patches(problem, threads, seed, strides=None, copy="numpy"):
     on one thread and split over two; the path is the one taken, the copy `copy`'s: numpy's
     strided copy, or jit.py's patches_loop (numba loaded, as it is once a plan used it)."""
     from edgeflow.format import writer
-    from edgeflow.interp.kernels import conv as conv_kernels, jit
+    from edgeflow.interp.kernels import conv as conv_kernels, jit, native_gemm
     if copy == "jit":
         assert jit.available(), "numba does not import"
     x_shape, w_shape, bias = problem
@@ -219,13 +219,15 @@ def check_patches(problem, threads, seed, strides=None, copy="numpy"):
         y = apply("conv", [t, w] + ([b] if b is not None else []), attrs)
     runner = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})),
                             num_threads=threads).get_signature_runner("infer")
-    loops, bind = [], jit.bind_patches
+    loops, bind, products, product = [], jit.bind_patches, [], native_gemm.bind
     with mock.patch.object(conv_kernels, "_patches", wraps=conv_kernels._patches) as patches, \
             mock.patch.object(jit, "loaded", lambda: copy == "jit"), \
-            mock.patch.object(jit, "bind_patches", lambda *args: loops.append(bind(*args)) or loops[-1]):
+            mock.patch.object(jit, "bind_patches", lambda *args: loops.append(bind(*args)) or loops[-1]), \
+            mock.patch.object(native_gemm, "bind", lambda *a, **k: products.append(product(*a, **k)) or products[-1]):
         got = runner(x=x)["y"]  # planned now
     assert_close(got, reference("conv", x, w, b, attrs), "float32", rtol=1e-4, atol=1e-4)
-    assert patches.call_count == 1
+    # The same columns, multiplied by native_gemm's product (conv_epilogue) where it runs.
+    assert patches.call_count + sum(p is not None for p in products) == 1
     assert loops and all(loop is not None for loop in loops) if copy == "jit" else not any(loops)
 
 

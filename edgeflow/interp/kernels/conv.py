@@ -29,7 +29,7 @@ import numpy as np
 from ...ops.conv import transposed_geometry, window_geometry, window_params
 from .. import threads
 from ..arena import outside, scratch
-from . import jit, kernel, winograd
+from . import jit, kernel, native_gemm, winograd
 from .fused import with_activation
 
 
@@ -146,6 +146,61 @@ def _pointwise(x, w, group, out):
                   group, result, xs.shape[2], lambda r: partial(np.matmul, ws[:, r], xs, out=result[:, :, r]),
                   lambda b: partial(np.matmul, ws, xs[b], out=result[b])) \
         or (lambda: np.matmul(ws, xs, out=result))
+
+
+def conv_epilogue(ins, out, attrs, residual=None, slope=None, activation=None):
+    """A step for a one-group 2-D conv (operands `ins`) that the direct path would run as a
+    product (a 1x1 stride-1 conv: w @ x; windows tiling x: _patches' columns; others:
+    jit.py's im2col columns), writing prelu(act(conv + bias + residual), slope) to `out` in
+    the product's own pass (native_gemm.py), or None where that product does not run:
+    threads (the workers split BLAS's products), numba not loaded (a plan keeping its first
+    run short; the columns' loops are numba's too), weights, bias or slope that may change
+    between runs (variables: packed once here), convs that jit.py's loops or winograd.py
+    take, or shapes native_gemm leaves to BLAS. `activation` (default: the conv's own) comes
+    after the residual; plan.py passes the add's where the conv has none. residual: out's
+    shape; slope: a PReLU's, constant along all but the channel axis."""
+    x, w = ins[:2]
+    bias = ins[2] if len(ins) > 2 else None
+    activation = attrs["activation"] if activation is None else activation
+    if threads.current() is not None or not jit.loaded() or attrs["group"] != 1 or x.ndim != 4 \
+            or x.shape[1] <= jit.SMALL_CONV_CHANNELS or activation not in native_gemm.ACTIVATIONS \
+            or w.flags.writeable or (bias is not None and bias.flags.writeable) \
+            or x.dtype != np.float32 or out.dtype != np.float32 or not x.flags.c_contiguous:
+        return None
+    if np.may_share_memory(out, x):
+        return None  # the plan placed the fused chain's output over x, which the pass still reads
+    n, c, m = x.shape[0], x.shape[1], w.shape[0]
+    kernel_shape, p = w.shape[2:], math.prod(out.shape[2:])
+    depth = c * math.prod(kernel_shape)
+    if not native_gemm.suits(m, depth, p) or not native_gemm.available():
+        return None
+    strides, dilations, _ = window_params("conv", attrs, 2)
+    out_shape, begin, end = window_geometry("conv", x.shape[2:], kernel_shape, attrs)
+    if winograd.choose(x, w, 1, strides, dilations, out_shape, winograd.rule) != "direct":
+        return None
+    if slope is not None:
+        if slope.flags.writeable or slope.ndim > out.ndim:
+            return None
+        spread = np.broadcast_to(slope, out.shape)
+        if any(st for axis, st in enumerate(spread.strides) if axis != 1):
+            return None  # not one value a channel
+        slope = spread[0, :, 0, 0]
+    results = [reshaped(a, (n, m, p)) for a in (out,) + ((residual,) if residual is not None else ())]
+    if depth == c and set(strides) == {1} and not any(begin + end):  # 1x1: x is the columns
+        copy, cols = None, reshaped(x, (n, c, p))
+    else:
+        cols = scratch((n, depth, p), x.dtype)  # rewritten whole every run
+        if _tiles_without_overlap(x, kernel_shape, 1, strides, dilations, begin, end, out_shape):
+            copy = jit.bind_patches(x, cols, kernel_shape, out_shape, 0, n)
+        else:
+            copy = jit.bind_im2col(x, cols, kernel_shape, strides, dilations, begin, out_shape, 0, n)
+        if copy is None:
+            return None
+    product = native_gemm.bind(native_gemm.pack(w.reshape(m, depth), bias), cols, results[0], activation,
+                               results[1] if residual is not None else None, slope)
+    if product is None:
+        return None
+    return product if copy is None else sequence(copy, product)
 
 
 def _patches(x, w, out):
@@ -319,6 +374,9 @@ def _conv(ins, outs, attrs):
                            winograd.variable_rule if w.flags.writeable else winograd.rule)
     if algo != "direct":
         return winograd.conv(x, w, bias, begin, out, algo, attrs["activation"])
+    fused = conv_epilogue(ins, out, attrs)  # the product and its epilogue in one pass, where it runs
+    if fused is not None:
+        return fused
     if math.prod(kernel_shape) == 1 and set(strides) == {1} and not any(begin + end):
         step, runs, acc = _pointwise(x, w, group, out), None, out
     elif _tiles_without_overlap(x, kernel_shape, group, strides, dilations, begin, end, out_shape):

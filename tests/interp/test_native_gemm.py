@@ -1,0 +1,169 @@
+"""edgeflow/interp/kernels/native_gemm.py's product and the plan's fusion of a conv with the
+add and prelu after it (plan.py's _fusions), against numpy evaluations in float64.
+
+The product must run wherever llvmlite imports (the `jit` extra, installed with the tests)
+on a CPU with AVX2 and FMA; elsewhere available() is False and the conv paths keep BLAS.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import edgeflow as ef
+from edgeflow.format import writer
+from edgeflow.graph.math_ops import apply
+from edgeflow.interp.kernels import jit, native_gemm
+
+
+def _host_has_avx2():
+    import llvmlite.binding as llvm
+    llvm.initialize_native_target()
+    features = llvm.get_host_cpu_features()
+    return bool(features.get("avx2") and features.get("fma"))
+
+
+HERE = _host_has_avx2()
+
+
+def test_available_where_the_host_has_avx2():
+    assert native_gemm.available() == HERE
+
+
+def _reference(w, bias, x, activation, residual, slope):
+    y = np.einsum("mk,nkp->nmp", w.astype(np.float64), x.astype(np.float64)) + bias.astype(np.float64)[:, None]
+    if residual is not None:
+        y = y + residual
+    y = {"": y, "relu": np.maximum(y, 0), "relu6": np.clip(y, 0, 6)}[activation]
+    if slope is not None:
+        y = np.where(y < 0, y * slope[:, None], y)
+    return y
+
+
+@pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 3), m=st.integers(1, 40), k=st.integers(1, 70), p=st.integers(16, 130),
+       activation=st.sampled_from(sorted(native_gemm.ACTIVATIONS)), residual=st.booleans(), slope=st.booleans(),
+       offset=st.integers(0, 3), seed=st.integers(0, 2 ** 16))
+def test_product_and_epilogue(n, m, k, p, activation, residual, slope, offset, seed):
+    """Every panel and strip remainder (m not a multiple of MR, p of NR), x's rows and images
+    apart (a view into a larger array), and each epilogue: within float32 rounding of the
+    float64 evaluation; out's padding and elements past it are not written."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((m, k)).astype(np.float32)
+    bias = rng.standard_normal(m).astype(np.float32)
+    big = rng.standard_normal((n, k + 2, p + offset + 3)).astype(np.float32)
+    x = big[:, 1:k + 1, offset:offset + p]
+    frame = np.full((n, m, p + 5), 7.0, np.float32)
+    out = frame[:, :, :p]
+    res = rng.standard_normal((n, m, p)).astype(np.float32) if residual else None
+    s = rng.standard_normal(m).astype(np.float32) if slope else None
+    step = native_gemm.bind(native_gemm.pack(w, bias), x, out, activation, res, s)
+    step()
+    expected = _reference(w, bias, x, activation, res, s)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5 * max(np.abs(expected).max(), 1.0))
+    assert (frame[:, :, p:] == 7.0).all()
+
+
+@pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
+def test_residual_may_be_the_output_itself_but_not_overlap_it():
+    rng = np.random.default_rng(0)
+    w, x = rng.standard_normal((8, 8)).astype(np.float32), rng.standard_normal((1, 8, 50)).astype(np.float32)
+    out = rng.standard_normal((1, 8, 50)).astype(np.float32)
+    expected = _reference(w, np.zeros(8, np.float32), x, "", out, None)
+    native_gemm.bind(native_gemm.pack(w), x, out, "", out)()
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+    buffer = np.zeros((1, 8, 51), np.float32)
+    assert native_gemm.bind(native_gemm.pack(w), x, buffer[:, :, 1:], "", buffer[:, :, :50]) is None
+    assert native_gemm.bind(native_gemm.pack(w), x.astype(np.float64), out) is None  # float32 only
+
+
+def _run(build, x, profile=False, num_threads=1):
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, x.shape, name="x")
+        outputs = build(t)
+    it = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, outputs)})), num_threads=num_threads,
+                        jit=True)
+    prof = it.enable_profiling() if profile else None
+    got = it.get_signature_runner("infer")(x=x)
+    return got, (sorted(r.opcode for r in prof.records.values()) if profile else None)
+
+
+def _conv(x, w, b, activation=""):
+    return apply("conv", [x, w, b], {"activation": activation})
+
+
+def _np_conv(x, w, b):
+    return np.einsum("mc,nchw->nmhw", w[:, :, 0, 0].astype(np.float64), x) + b[:, None, None]
+
+
+def _prelu(y, slope):
+    return np.where(y < 0, y * slope.reshape(1, -1, 1, 1), y)
+
+
+def test_conv_add_prelu_in_two_interleaved_branches_run_as_two_steps():
+    """Two branches of conv -> add(residual) -> prelu and conv -> prelu, whose ops the plan
+    would otherwise interleave: each conv takes the ops after it into its own step (where
+    the product runs here), and the outputs are numpy's."""
+    rng = np.random.default_rng(1)
+    c, m, hw = 16, 16, 9
+    x = rng.standard_normal((2, c, hw, hw)).astype(np.float32)
+    w1, w2 = (rng.standard_normal((m, c, 1, 1)).astype(np.float32) for _ in range(2))
+    b1, b2 = (rng.standard_normal(m).astype(np.float32) for _ in range(2))
+    s1, s2 = (rng.uniform(0.05, 0.5, (1, m, 1, 1)).astype(np.float32) for _ in range(2))
+
+    def build(t):
+        a = apply("prelu", [apply("add", [_conv(t, w1, b1), t], {}), s1], {})
+        b = apply("prelu", [_conv(t, w2, b2), s2], {})
+        return {"a": a, "b": b}
+    got, ran = _run(build, x, profile=True)
+    np.testing.assert_allclose(got["a"], _prelu(_np_conv(x, w1, b1) + x, s1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["b"], _prelu(_np_conv(x, w2, b2), s2), rtol=1e-5, atol=1e-5)
+    assert ran == (["conv", "conv"] if native_gemm.available() else ["add", "conv", "conv", "prelu", "prelu"])
+
+
+def test_nothing_fuses_where_an_intermediate_is_read_elsewhere_or_an_output():
+    """The conv's output is a signature output too, and the add's feeds a second op: each op
+    keeps its step; the values are numpy's."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, 8, 6, 6)).astype(np.float32)
+    w, b = rng.standard_normal((8, 8, 1, 1)).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    slope = np.full((1, 8, 1, 1), 0.25, np.float32)
+
+    def build(t):
+        y = _conv(t, w, b)
+        z = apply("add", [y, t], {"activation": "relu"})
+        return {"y": y, "z": z, "p": apply("prelu", [z, slope], {}), "q": apply("neg", [z], {})}
+    got, ran = _run(build, x, profile=True)
+    y = _np_conv(x, w, b)
+    z = np.maximum(y + x, 0)
+    for name, want in (("y", y), ("z", z), ("p", _prelu(z, slope)), ("q", -z)):
+        np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-5)
+    assert ran.count("add") == 1 and ran.count("prelu") == 1
+
+
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_a_chain_of_residual_blocks_with_activations(num_threads):
+    """relu and relu6 on the add, a prelu after a conv, a strided 2x2 conv
+    whose windows tile x (its columns copied first), at 1 thread (fused where the product
+    runs) and 2 (the workers' BLAS products; nothing fused): numpy's values."""
+    assert jit.available()
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 12, 16, 16)).astype(np.float32)
+    w1, w2 = (rng.standard_normal((12, 12, 1, 1)).astype(np.float32) * 0.3 for _ in range(2))
+    w3 = rng.standard_normal((20, 12, 2, 2)).astype(np.float32) * 0.3
+    b1, b2, b3 = (rng.standard_normal(k).astype(np.float32) for k in (12, 12, 20))
+    slope = rng.uniform(0.1, 0.3, (1, 12, 1, 1)).astype(np.float32)
+
+    def build(t):
+        y = apply("add", [_conv(t, w1, b1), t], {"activation": "relu"})
+        y = apply("add", [y, _conv(y, w2, b2)], {"activation": "relu6"})
+        y = apply("prelu", [_conv(y, w1, b1), slope], {})
+        return {"y": apply("conv", [y, w3, b3], {"strides": (2, 2)})}
+    got, _ = _run(build, x, num_threads=num_threads)
+    y = np.maximum(_np_conv(x, w1, b1) + x, 0)
+    y = np.clip(y + _np_conv(y, w2, b2), 0, 6)
+    y = _prelu(_np_conv(y, w1, b1), slope)
+    windows = y.reshape(1, 12, 8, 2, 8, 2)
+    want = np.einsum("mcij,ncyixj->nmyx", w3.astype(np.float64), windows) + b3[:, None, None]
+    np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
