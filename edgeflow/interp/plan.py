@@ -117,6 +117,7 @@ class Plan:
         specs = self._infer(needed_operators(subgraph, outputs, producer, targets), input_shapes,
                             constants, variables, folded, known or {})
         self.preserve_all = preserve_all
+        self.reach = {}  # conv index -> ops after it that its step may run (see _fusions)
         if not preserve_all:
             self.order = self._epilogues_after_convs(self.order)
         self._allocate(specs, preserve_all, fed)
@@ -247,12 +248,16 @@ class Plan:
         end = len(self.order)
         root = {}  # view tensor -> the tensor whose bytes it reinterprets
         life = {t: [0, end] for t in fed}  # inputs stay intact: invoke can run again
+        until = {}  # step -> the last step of the conv chain it is in (inputs read until then)
+        for step, i in enumerate(self.order):
+            if i in self.reach:
+                until.update((q, step + self.reach[i]) for q in range(step, step + self.reach[i] + 1))
         for step, i in enumerate(self.order):
             op = self.subgraph.operators[i]
             for t in op.inputs:
                 r = root.get(t, t)
                 if r in life:
-                    life[r][1] = max(life[r][1], step)
+                    life[r][1] = max(life[r][1], until.get(step, step))
             if ops.get(op.opcode).view:
                 root[op.outputs[0]] = root.get(op.inputs[0], op.inputs[0])
                 continue
@@ -334,7 +339,10 @@ class Plan:
         """`order` with the add, then the prelu, that a conv's output alone goes into moved up
         to right after it, where their other operands are ready there (so that _fusions
         finds them; before the arena is placed, which follows the order). A model's two
-        branches otherwise interleave their ops (iris_landmark's: conv, conv, prelu, prelu)."""
+        branches otherwise interleave their ops (iris_landmark's: conv, conv, prelu, prelu).
+        Sets self.reach: _allocate keeps the inputs of the conv and of those ops alive until
+        the last of them, so that the arena places no output of theirs over an input that
+        the fused step still reads."""
         operators, outputs = self.subgraph.operators, set(self.outputs)
         readers, made_by = {}, {}
         for i in order:
@@ -355,6 +363,7 @@ class Plan:
                 order.remove(j)
                 order.insert(at + 1, j)
                 at, t = at + 1, operators[j].outputs[0]
+                self.reach[i] = self.reach.get(i, 0) + 1
         return order
 
     def _fusions(self, indices):

@@ -4,6 +4,8 @@ add and prelu after it (plan.py's _fusions), against numpy evaluations in float6
 The product must run wherever llvmlite imports (the `jit` extra, installed with the tests)
 on a CPU with AVX2 and FMA; elsewhere available() is False and the conv paths keep BLAS.
 """
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -43,11 +45,12 @@ def _reference(w, bias, x, activation, residual, slope):
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 3), m=st.integers(1, 40), k=st.integers(1, 70), p=st.integers(16, 130),
        activation=st.sampled_from(sorted(native_gemm.ACTIVATIONS)), residual=st.booleans(), slope=st.booleans(),
-       offset=st.integers(0, 3), seed=st.integers(0, 2 ** 16))
-def test_product_and_epilogue(n, m, k, p, activation, residual, slope, offset, seed):
+       offset=st.integers(0, 3), block=st.sampled_from([5, 16, native_gemm.MAX_BLOCK]), seed=st.integers(0, 2 ** 16))
+def test_product_and_epilogue(n, m, k, p, activation, residual, slope, offset, block, seed):
     """Every panel and strip remainder (m not a multiple of MR, p of NR), x's rows and images
-    apart (a view into a larger array), and each epilogue: within float32 rounding of the
-    float64 evaluation; out's padding and elements past it are not written."""
+    apart (a view into a larger array), each epilogue, and depths in one block of x's rows or
+    several (MAX_BLOCK lowered: partial sums stored, then added to): within float32
+    rounding of the float64 evaluation; out's padding and elements past it are not written."""
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((m, k)).astype(np.float32)
     bias = rng.standard_normal(m).astype(np.float32)
@@ -57,7 +60,8 @@ def test_product_and_epilogue(n, m, k, p, activation, residual, slope, offset, s
     out = frame[:, :, :p]
     res = rng.standard_normal((n, m, p)).astype(np.float32) if residual else None
     s = rng.standard_normal(m).astype(np.float32) if slope else None
-    step = native_gemm.bind(native_gemm.pack(w, bias), x, out, activation, res, s)
+    with mock.patch.object(native_gemm, "MAX_BLOCK", block):
+        step = native_gemm.bind(native_gemm.pack(w, bias), x, out, activation, res, s)
     step()
     expected = _reference(w, bias, x, activation, res, s)
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5 * max(np.abs(expected).max(), 1.0))

@@ -11,20 +11,22 @@ product and applies all of it to each tile of the result while it is in register
   (x's rows lie P floats apart: at P = 1024 the 4 KiB stride put a strip's rows in one
   set of the L1 cache, which cost 1.3x), then every panel runs over it: MR x NR
   accumulators (3 x 8-float vectors a row, 12 registers of AVX2's 16) taking a fused
-  multiply-add of a broadcast weight and a row of the strip per k;
+  multiply-add of a broadcast weight and a row of the strip per k; past MAX_BLOCK rows of
+  x, in blocks of rows, each tile's partial sums stored and added to by the next block;
 - the tile's epilogue adds the residual, applies relu/relu6, then the PReLU slope of
   its row, and stores (masked stores for the last strip's columns).
 
 The loop nest is LLVM IR built with llvmlite (numba's compiler, the `jit` extra) and
-compiled for the host's CPU by MCJIT once a process (some 60-90 ms), called through ctypes
-with its operands in one int64 array (ctypes lets go of the GIL). Measured on this
-project's 2-core AMD EPYC (Zen 3) against numpy's OpenBLAS sgemm alone, the product
-without the epilogue: 0.84-0.94x of sgemm's time on MobileNetV2's and iris_landmark's
-pointwise shapes of 64 or more columns (144x24 @ 24x3136 327 us against 390, 32x64 @
-64x1024 72 against 85); 1.1-1.2x where K is 960 (the strip outgrows L1) and 1.6x at 4
-columns, which is why `suits` leaves those to BLAS. Tile shapes tried: 6x16 (12
-accumulators; M = 32 wastes a third of a panel) and 8x8 (9 loads per 8 multiply-adds)
-were 1.0-1.3x slower than 4x24.
+compiled for the host's CPU by MCJIT once a process (some 100-200 ms), called through
+ctypes with its operands in one int64 array (ctypes lets go of the GIL). Measured on this
+project's 2-core AMD EPYC (Zen 3), interleaved in one process, against numpy's OpenBLAS
+sgemm and numpy's passes for the bias and relu6: 0.6-0.95x of their time on
+MobileNetV2's and iris_landmark's pointwise shapes (144x24 @ 24x3136 0.61x, 32x64 @
+64x1024 0.73x, 64x384 @ 384x196 0.93x, 96x576 @ 576x196 in two blocks 0.97x); the
+product alone 0.84-0.94x of sgemm's. Left to BLAS (`suits`): fewer than 16 columns (1.6x
+sgemm's time at 4), and depths past 768 (1.14x at 960, the strip outgrowing L1). Tile
+shapes tried: 6x16 (12 accumulators; M = 32 wastes a third of a panel) and 8x8 (9 loads
+per 8 multiply-adds) were 1.0-1.3x slower than 4x24.
 
 Used where the host has AVX2 and FMA (x86-64; the IR's vectors are generic, but the tile
 is sized for AVX2's registers) and llvmlite imports; `available()` says so, and callers
@@ -39,13 +41,18 @@ MR, NR = 4, 24  # a panel's rows, a strip's columns (3 vectors of 8 floats)
 VEC = 8
 NV = NR // VEC
 # Operands of one call, in the int64 array the compiled function reads.
-(W, X, BIAS, OUT, RES, SLOPE, STRIP, M, K, P, LDX, LDO, LDR, ACT, IMAGES, SX, SO, SR) = range(18)
-FIELDS = 18
+(W, X, BIAS, OUT, RES, SLOPE, STRIP, M, K, P, LDX, LDO, LDR, ACT, IMAGES, SX, SO, SR, KC) = range(19)
+FIELDS = 19
 ACTIVATIONS = {"": 0, "relu": 1, "relu6": 2}
-# Shapes left to BLAS: fewer columns than MIN_COLUMNS (a strip mostly empty), or a depth
-# whose strip outgrows L1 (MAX_DEPTH: 512 * 24 floats = 48 KiB).
+# Shapes left to BLAS: fewer columns than MIN_COLUMNS (a strip mostly empty), or deeper
+# than MAX_DEPTH.
 MIN_COLUMNS = 16
-MAX_DEPTH = 512
+MAX_DEPTH = 768
+# Rows of x a packed strip holds at most (512 x 24 floats: 48 KiB); a deeper product runs in
+# blocks of rows of equal depth, each adding to the partial sums the last one stored. Blocks
+# cost: 384 rows in two blocks took 1.1-1.2x the time of one; past 768 rows (MobileNetV2's
+# 960 -> 160 projections: 1.14x BLAS's sgemm and its passes, in blocks of 256) BLAS runs them.
+MAX_BLOCK = 512
 
 _built = []
 
@@ -72,7 +79,7 @@ def available():
 
 def suits(m, k, p):
     """Whether a product of these dimensions runs here rather than through BLAS."""
-    return p >= MIN_COLUMNS and k <= MAX_DEPTH and m >= 1 and k >= 1
+    return p >= MIN_COLUMNS and 1 <= k <= MAX_DEPTH and m >= 1
 
 
 def _module(ir):
@@ -144,8 +151,8 @@ def _module(ir):
         width = splat(b.sub(p_, p0), ir.VectorType(i64, VEC))
         return [b.icmp_signed("<", lane, width) for lane in lanes]
 
-    def pack(x, p0, masked):
-        """x's rows' columns p0:p0 + NR into the strip buffer (zeros past P)."""
+    def pack(x, p0, masked, k0, k1):
+        """Rows k0:k1 of x, columns p0:p0 + NR, into the strip buffer (zeros past P)."""
         keep = masks(p0) if masked else [None] * NV
 
         def row(k):
@@ -153,28 +160,54 @@ def _module(ir):
                 source = at(x, b.add(b.add(b.mul(k, field[LDX]), p0), c(VEC * h)), v8)
                 value = b.call(masked_load, [source, ir.Constant(i32, 4), keep[h], zero]) if masked \
                     else load(source, v8, 4)
-                b.store(value, at(strip, b.add(b.mul(k, c(NR)), c(VEC * h)), v8)).align = 32
-        loop(c(0), k_, c(1), row)
+                b.store(value, at(strip, b.add(b.mul(b.sub(k, k0), c(NR)), c(VEC * h)), v8)).align = 32
+        loop(k0, k1, c(1), row)
 
-    def tile(out, res, panel, p0, masked):
-        """Rows panel*MR.. of the product over the packed strip, epilogue, stores."""
+    def tile(out, res, panel, p0, masked, k0, k1):
+        """Rows panel*MR.. of the product over the packed strip (x's rows k0:k1), added to
+        the bias (k0 = 0) or to what earlier blocks of rows stored; then the epilogue (k1 =
+        K) or a plain store."""
         first = b.mul(panel, c(MR))
+        keep = masks(p0) if masked else [None] * NV
         weights = b.add(field[W], b.mul(b.mul(panel, k_), c(MR * 4)))
-        start = [splat(load(at(field[BIAS], b.add(first, c(r))), f32)) for r in range(MR)]
-        before, test, inside, after = b.block, block("k_test"), block("k_body"), block("k_after")
+        from_bias, from_out = block("from_bias"), block("from_out")
+        b.cbranch(b.icmp_signed("==", k0, c(0)), from_bias, from_out)
+        b.position_at_end(from_bias)
+        biased = [splat(load(at(field[BIAS], b.add(first, c(r))), f32)) for r in range(MR)]
+        biased = [v for v in biased for _ in range(NV)]
+        bias_end = b.block
+        before = block("k_start")
+        b.branch(before)
+        b.position_at_end(from_out)
+        stored = []
+        for r in range(MR):  # rows past M read row M - 1 (their sums are never stored)
+            m = b.select(b.icmp_signed("<", b.add(first, c(r)), m_), b.add(first, c(r)), b.sub(m_, c(1)))
+            for h in range(NV):
+                source = at(out, b.add(b.add(b.mul(m, field[LDO]), p0), c(VEC * h)), v8)
+                stored.append(b.call(masked_load, [source, ir.Constant(i32, 4), keep[h], zero]) if masked
+                              else load(source, v8, 4))
+        out_end = b.block
+        b.branch(before)
+        b.position_at_end(before)
+        start = []
+        for a_, b_ in zip(biased, stored):
+            phi = b.phi(v8)
+            phi.add_incoming(a_, bias_end)
+            phi.add_incoming(b_, out_end)
+            start.append(phi)
+        test, inside, after = block("k_test"), block("k_body"), block("k_after")
         b.branch(test)
         b.position_at_end(test)
         k = b.phi(i64)
-        k.add_incoming(c(0), before)
+        k.add_incoming(k0, before)
         acc = []
-        for r in range(MR):
-            for _ in range(NV):
-                phi = b.phi(v8)
-                phi.add_incoming(start[r], before)
-                acc.append(phi)
-        b.cbranch(b.icmp_signed("<", k, k_), inside, after)
+        for value in start:
+            phi = b.phi(v8)
+            phi.add_incoming(value, before)
+            acc.append(phi)
+        b.cbranch(b.icmp_signed("<", k, k1), inside, after)
         b.position_at_end(inside)
-        xs = [load(at(strip, b.add(b.mul(k, c(NR)), c(VEC * h)), v8), v8, 32) for h in range(NV)]
+        xs = [load(at(strip, b.add(b.mul(b.sub(k, k0), c(NR)), c(VEC * h)), v8), v8, 32) for h in range(NV)]
         row_weights = b.add(weights, b.mul(k, c(MR * 4)))
         new = []
         for r in range(MR):
@@ -185,12 +218,26 @@ def _module(ir):
             phi.add_incoming(value, b.block)
         b.branch(test)
         b.position_at_end(after)
-        keep = masks(p0) if masked else [None] * NV
+        rows = b.sub(m_, first)
+        partial_sums, epilogue, tile_done = block("partial"), block("epilogue"), block("tile_done")
+        b.cbranch(b.icmp_signed("<", k1, k_), partial_sums, epilogue)
+        b.position_at_end(partial_sums)
+        for r in range(MR):
+            def store_sums(r=r):
+                m = b.add(first, c(r))
+                for h in range(NV):
+                    target = at(out, b.add(b.add(b.mul(m, field[LDO]), p0), c(VEC * h)), v8)
+                    if masked:
+                        b.call(masked_store, [acc[NV * r + h], target, ir.Constant(i32, 4), keep[h]])
+                    else:
+                        b.store(acc[NV * r + h], target).align = 4
+            when(b.icmp_signed("<", c(r), rows), store_sums)
+        b.branch(tile_done)
+        b.position_at_end(epilogue)
         act = field[ACT]
         relu, relu6 = b.icmp_signed("==", act, c(1)), b.icmp_signed("==", act, c(2))
         has_res = b.icmp_signed("!=", res, c(0))
         has_slope = b.icmp_signed("!=", field[SLOPE], c(0))
-        rows = b.sub(m_, first)
         for r in range(MR):
             def store_row(r=r):
                 m = b.add(first, c(r))
@@ -230,6 +277,8 @@ def _module(ir):
                     else:
                         b.store(v, target).align = 4
             when(b.icmp_signed("<", c(r), rows), store_row)
+        b.branch(tile_done)
+        b.position_at_end(tile_done)
 
     full = b.sub(p_, b.srem(p_, c(NR)))
 
@@ -239,15 +288,14 @@ def _module(ir):
         res = b.select(b.icmp_signed("!=", field[RES], c(0)),
                        b.add(field[RES], b.mul(n, b.mul(field[SR], c(4)))), c(0))
 
-        def columns(p0):
-            pack(x, p0, False)
-            loop(c(0), panels, c(1), lambda panel: tile(out, res, panel, p0, False))
-        loop(c(0), full, c(NR), columns)
-
-        def last():
-            pack(x, full, True)
-            loop(c(0), panels, c(1), lambda panel: tile(out, res, panel, full, True))
-        when(b.icmp_signed("<", full, p_), last)
+        def columns(p0, masked):
+            def rows_block(k0):  # x's rows k0:k0 + KC (the strip stays in L1)
+                k1 = b.select(b.icmp_signed("<", b.add(k0, field[KC]), k_), b.add(k0, field[KC]), k_)
+                pack(x, p0, masked, k0, k1)
+                loop(c(0), panels, c(1), lambda panel: tile(out, res, panel, p0, masked, k0, k1))
+            loop(c(0), k_, field[KC], rows_block)
+        loop(c(0), full, c(NR), lambda p0: columns(p0, False))
+        when(b.icmp_signed("<", full, p_), lambda: columns(full, True))
     loop(c(0), field[IMAGES], c(1), image)
     b.ret(c(0))
     return module
@@ -309,15 +357,17 @@ def bind(packed, x, out, activation="", residual=None, slope=None):
     panels, bias = packed
     if bias.size < -(-m // MR) * MR or panels.size != bias.size * k:
         raise ValueError(f"packed weights of {panels.size} floats do not fit a ({m}, {k}) product")
-    strip = _aligned(k * NR)
+    blocks = -(-k // MAX_BLOCK)
+    kc = -(-k // blocks)  # rows of x a strip holds: blocks of equal depth, none past MAX_BLOCK
+    strip = _aligned(kc * NR)
     if slope is not None:
         slope = np.ascontiguousarray(np.broadcast_to(np.asarray(slope, np.float32).reshape(-1), (m,)))
     fields = np.zeros(FIELDS, np.int64)
     fields[[W, X, BIAS, OUT, STRIP]] = [panels.ctypes.data, x.ctypes.data, bias.ctypes.data, out.ctypes.data,
                                         strip.ctypes.data]
-    fields[[M, K, P, LDX, LDO, ACT, IMAGES, SX, SO]] = [m, k, p, x.strides[1] // 4, out.strides[1] // 4,
-                                                        ACTIVATIONS[activation], n, x.strides[0] // 4,
-                                                        out.strides[0] // 4]
+    fields[[M, K, P, LDX, LDO, ACT, IMAGES, SX, SO, KC]] = [m, k, p, x.strides[1] // 4, out.strides[1] // 4,
+                                                            ACTIVATIONS[activation], n, x.strides[0] // 4,
+                                                            out.strides[0] // 4, kc]
     if residual is not None:
         fields[[RES, LDR, SR]] = [residual.ctypes.data, residual.strides[1] // 4, residual.strides[0] // 4]
     if slope is not None:
