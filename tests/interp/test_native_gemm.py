@@ -35,7 +35,8 @@ def _reference(w, bias, x, activation, residual, slope):
     y = np.einsum("mk,nkp->nmp", w.astype(np.float64), x.astype(np.float64)) + bias.astype(np.float64)[:, None]
     if residual is not None:
         y = y + residual
-    y = {"": y, "relu": np.maximum(y, 0), "relu6": np.clip(y, 0, 6)}[activation]
+    y = {"": y, "relu": np.maximum(y, 0), "relu6": np.clip(y, 0, 6), "swish": y / (1 + np.exp(-y)),
+         "hard_swish": y * np.clip(y + 3, 0, 6) / 6}[activation]
     if slope is not None:
         y = np.where(y < 0, y * slope[:, None], y)
     return y

@@ -1817,6 +1817,9 @@ _EXP_POLY = tuple(map(_f, (5.0000001201e-1, 1.6666665459e-1, 4.1665795894e-2, 8.
                            1.3981999507e-3, 1.9875691500e-4)))
 _P0, _P1, _P2, _P3, _P4, _P5 = _EXP_POLY
 _B127 = np.int32(127)
+# _exp_nonpositive's constants, for native_gemm.py's swish (LLVM IR of the same steps).
+EXP_CONSTANTS = {"lo": _EXP_LO, "log2e": _LOG2E, "magic": _MAGIC, "ln2_hi": _LN2_HI, "ln2_lo": _LN2_LO,
+                 "poly": _EXP_POLY}
 _LN2_64 = 0.6931471805599453
 # Numerical Recipes' erfcc: erfc(z) = t exp(-z^2 + E(t)), t = 1 / (1 + z / 2), z >= 0, E a
 # polynomial of degree 9, within 1.2e-7 relative everywhere (Press et al., 6.2).

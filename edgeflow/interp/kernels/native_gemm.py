@@ -34,8 +34,12 @@ keep their BLAS path elsewhere.
 """
 import ctypes
 import functools
+import hashlib
+import os
 
 import numpy as np
+
+from . import jit
 
 MR, NR = 4, 24  # a panel's rows, a strip's columns (3 vectors of 8 floats)
 VEC = 8
@@ -43,7 +47,7 @@ NV = NR // VEC
 # Operands of one call, in the int64 array the compiled function reads.
 (W, X, BIAS, OUT, RES, SLOPE, STRIP, M, K, P, LDX, LDO, LDR, ACT, IMAGES, SX, SO, SR, KC) = range(19)
 FIELDS = 19
-ACTIVATIONS = {"": 0, "relu": 1, "relu6": 2}
+ACTIVATIONS = {"": 0, "relu": 1, "relu6": 2, "swish": 3, "hard_swish": 4}  # jit.ACTIVATION_CODES
 # Shapes left to BLAS: fewer columns than MIN_COLUMNS (a strip mostly empty), or deeper
 # than MAX_DEPTH.
 MIN_COLUMNS = 16
@@ -142,6 +146,70 @@ def _module(ir):
         body()
         b.branch(done)
         b.position_at_end(done)
+
+    fabs = ir.Function(module, ir.FunctionType(v8, [v8]), name="llvm.fabs.v8f32")
+    i32x8 = ir.VectorType(i32, VEC)
+
+    def const(value):
+        return ir.Constant(v8, [float(np.float32(value))] * VEC)
+
+    def swish(v):
+        """v sigmoid(v), as jit.py's _swishf: e = exp(-|v|) (jit._exp_nonpositive's steps,
+        multiply-adds fused), then (1 or e) / (1 + e); NaN kept."""
+        k = jit.EXP_CONSTANTS
+        t = b.fsub(zero, b.call(fabs, [v]))
+        lo = const(k["lo"])
+        u = b.select(b.fcmp_ordered(">", t, lo), t, lo)
+        magic = const(k["magic"])
+        n = b.fsub(b.call(fma, [u, const(k["log2e"]), magic]), magic)
+        minus_n = b.fsub(zero, n)
+        r = b.call(fma, [minus_n, const(k["ln2_lo"]), b.call(fma, [minus_n, const(k["ln2_hi"]), u])])
+        poly = const(k["poly"][-1])
+        for coefficient in reversed(k["poly"][:-1]):
+            poly = b.call(fma, [poly, r, const(coefficient)])
+        poly = b.fadd(b.call(fma, [poly, b.fmul(r, r), r]), const(1.0))
+        bits = b.shl(b.add(b.fptosi(n, i32x8), ir.Constant(i32x8, [127 + 64] * VEC)), ir.Constant(i32x8, [23] * VEC))
+        e = b.fmul(b.fmul(poly, b.bitcast(bits, v8)), const(2.0 ** -64))
+        e = b.select(b.fcmp_ordered(">", t, lo), e, zero)
+        one = const(1.0)
+        return b.fmul(v, b.fdiv(b.select(b.fcmp_ordered(">=", v, zero), one, e), b.fadd(one, e)))
+
+    def hard_swish(v):
+        """v max(0, min(1, (v + 3) / 6)), NaN kept."""
+        s = b.fdiv(b.fadd(v, const(3.0)), six)
+        s = b.select(b.fcmp_ordered("<", s, zero), zero, s)
+        return b.fmul(v, b.select(b.fcmp_ordered(">", s, const(1.0)), const(1.0), s))
+
+    def activate(values, relu, relu6):
+        """ACTIVATIONS[...] of each vector: relu and relu6 as selects that keep NaN (numpy's
+        maximum and clip do); swish and hard_swish in blocks of their own."""
+        code = field[ACT]
+        simple, smooth, is_hard, join = block("simple"), block("swish"), block("hard_swish"), block("activated")
+        hard_test = block("hard_test")
+        b.cbranch(b.icmp_signed("<", code, c(3)), simple, hard_test)
+        b.position_at_end(hard_test)
+        b.cbranch(b.icmp_signed("==", code, c(4)), is_hard, smooth)
+        outcomes = []
+        for start, compute in ((simple, None), (is_hard, hard_swish), (smooth, swish)):
+            b.position_at_end(start)
+            if compute is None:
+                out = []
+                for v in values:
+                    clipped = b.select(b.fcmp_ordered("<", v, zero), zero, v)
+                    v = b.select(relu, clipped, v)
+                    out.append(b.select(relu6, b.select(b.fcmp_ordered(">", clipped, six), six, clipped), v))
+            else:
+                out = [compute(v) for v in values]
+            outcomes.append((b.block, out))
+            b.branch(join)
+        b.position_at_end(join)
+        merged = []
+        for h in range(len(values)):
+            phi = b.phi(v8)
+            for where, out in outcomes:
+                phi.add_incoming(out[h], where)
+            merged.append(phi)
+        return merged
 
     m_, k_, p_ = field[M], field[K], field[P]
     panels = b.udiv(b.add(m_, c(MR - 1)), c(MR))
@@ -262,14 +330,11 @@ def _module(ir):
                     phi.add_incoming(values[h], came_from)
                     phi.add_incoming(added[h], res_end)
                     merged.append(phi)
-                # Activations as selects that keep NaN (numpy's maximum and clip do).
+                activated = activate(merged, relu, relu6)
                 slope = splat(b.select(has_slope, load(at(b.select(has_slope, field[SLOPE], field[BIAS]), m), f32),
                                        ir.Constant(f32, 1.0)))
                 for h in range(NV):
-                    v = merged[h]
-                    clipped = b.select(b.fcmp_ordered("<", v, zero), zero, v)
-                    v = b.select(relu, clipped, v)
-                    v = b.select(relu6, b.select(b.fcmp_ordered(">", clipped, six), six, clipped), v)
+                    v = activated[h]
                     v = b.select(b.fcmp_ordered("<", v, zero), b.fmul(v, slope), v)
                     target = at(out, b.add(b.add(b.mul(m, field[LDO]), p0), c(VEC * h)), v8)
                     if masked:
@@ -302,11 +367,35 @@ def _module(ir):
 
 
 def _compile(llvm, ir):
-    module = llvm.parse_assembly(str(_module(ir)))
+    """The product compiled for this host's CPU: machine code from the cache file where one
+    matches (the IR, the CPU and its features, llvmlite's version: 40-60 ms to build the
+    IR and load), else compiled (some 200-300 ms) and the cache file written (atomically;
+    skipped where the folder is read-only), as numba caches its loops."""
+    import llvmlite
+    from ...atomic import write_bytes
+    text = str(_module(ir))
+    cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+    key = hashlib.sha256("\0".join((text, cpu, features, llvmlite.__version__)).encode()).hexdigest()[:24]
+    path = os.path.join(os.path.dirname(__file__), "__pycache__", f"native_gemm.{key}.o")
+    module = llvm.parse_assembly(text)
     module.verify()
-    machine = llvm.Target.from_default_triple().create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3)
+    machine = llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features, opt=3)
     engine = llvm.create_mcjit_compiler(module, machine)
+
+    def cached(_):
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def compiled(_, data):
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            write_bytes(path, data)
+        except OSError:
+            pass
+    engine.set_object_cache(compiled, cached)
     engine.finalize_object()
     function = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p)(engine.get_function_address("gemm"))
     return engine, function
