@@ -43,9 +43,12 @@ from types import SimpleNamespace
 import numpy as np
 
 # A row of a posted table: C (M, N) = op(A) (M, K) @ op(B) (K, N), row-major, where op
-# transposes an operand whose elements run down its columns.
+# transposes an operand whose elements run down its columns (TA, TB: 0 or 1). A row whose
+# TA is CALL calls the function at address A with the one argument B instead (a compiled
+# kernel's piece: kernels/native_gemm.py's products).
 M, N, K, A, LDA, TA, B, LDB, TB, C, LDC = range(11)
 WIDTH = 11
+CALL = 2
 CAPACITY = 4096  # rows of the shared table (a split needing more runs through Python)
 IDLE, POSTED, SLEEPING, STOP = 0, 1, 2, 3
 # State, done count, first and last row: one 64-byte line a worker, so that two workers'
@@ -206,6 +209,12 @@ def _module(ir, integer_bits):
         # Row-major C = op(A) @ op(B) is, column-major, C^T = op(B)^T @ op(A)^T.
         at = e.b.mul(r, e.const(WIDTH))
         field = {f: e.load(a["table"], e.b.add(at, e.const(f))) for f in range(WIDTH)}
+        call, product, done = e.block("call"), e.block("product"), e.block("row_done")
+        e.b.cbranch(e.b.icmp_signed("==", field[TA], e.const(CALL)), call, product)
+        e.b.position_at_end(call)
+        e.call(field[A], [field[B]], e.i64)
+        e.b.branch(done)
+        e.b.position_at_end(product)
         for k, f in enumerate((N, M, K, LDB, LDA, LDC)):
             e.b.store(e.b.trunc(field[f], blas_int) if integer_bits < 64 else field[f],
                       e.pointer(a["ints"], e.const(k), blas_int))
@@ -213,6 +222,8 @@ def _module(ir, integer_bits):
         e.call(a["sgemm"], [e.b.add(a["chars"], field[TB]), e.b.add(a["chars"], field[TA]), dims[0], dims[1], dims[2],
                             a["floats"], field[B], dims[3], field[A], dims[4], e.b.add(a["floats"], e.const(4)),
                             field[C], dims[5]])
+        e.b.branch(done)
+        e.b.position_at_end(done)
     e.loop_over(a["first"], a["last"], row)
     e.b.ret(e.const(0))
     run_rows = e.function
@@ -415,7 +426,11 @@ def gemms(part):
     """The table rows computing `part`, a functools.partial(np.matmul, a, b, out=c) of
     float32 operands (a and b broadcast over c's leading axes), or None where it is not such
     a product, an operand is not in a layout BLAS reads, or c is a vector (the part then
-    runs as is)."""
+    runs as is). A part with a `native_call` attribute, (address, argument) of a compiled
+    function taking one int64, is one CALL row."""
+    call = getattr(part, "native_call", None)
+    if call is not None:
+        return [(0, 0, 0, call[0], 0, CALL, call[1], 0, 0, 0, 0)]
     if not (isinstance(part, functools.partial) and part.func is np.matmul and len(part.args) == 2
             and set(part.keywords) == {"out"}):
         return None

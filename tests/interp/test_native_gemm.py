@@ -147,18 +147,20 @@ def test_nothing_fuses_where_an_intermediate_is_read_elsewhere_or_an_output():
     assert ran.count("add") == 1 and ran.count("prelu") == 1
 
 
-@pytest.mark.parametrize("num_threads", [1, 2])
-def test_a_chain_of_residual_blocks_with_activations(num_threads):
-    """relu and relu6 on the add, a prelu after a conv, a strided 2x2 conv
-    whose windows tile x (its columns copied first), at 1 thread (fused where the product
-    runs) and 2 (the workers' BLAS products; nothing fused): numpy's values."""
+@pytest.mark.parametrize("num_threads, batch, size", [(1, 1, 40), (2, 1, 40), (2, 3, 40), (2, 1, 10)])
+def test_a_chain_of_residual_blocks_with_activations(num_threads, batch, size):
+    """relu and relu6 on the add, a prelu after a conv, a strided 2x2 conv whose windows tile
+    x (its columns copied first), at 1 thread and at 2 (the product's pieces on the workers:
+    columns apart for one 40x40 image, images apart for three, output channels apart for a
+    10x10 image's few columns): numpy's values."""
     assert jit.available()
     rng = np.random.default_rng(3)
-    x = rng.standard_normal((1, 12, 16, 16)).astype(np.float32)
-    w1, w2 = (rng.standard_normal((12, 12, 1, 1)).astype(np.float32) * 0.3 for _ in range(2))
-    w3 = rng.standard_normal((20, 12, 2, 2)).astype(np.float32) * 0.3
-    b1, b2, b3 = (rng.standard_normal(k).astype(np.float32) for k in (12, 12, 20))
-    slope = rng.uniform(0.1, 0.3, (1, 12, 1, 1)).astype(np.float32)
+    channels = 12 if size > 10 else 48
+    x = rng.standard_normal((batch, channels, size, size)).astype(np.float32)
+    w1, w2 = (rng.standard_normal((channels, channels, 1, 1)).astype(np.float32) * 0.3 for _ in range(2))
+    w3 = rng.standard_normal((20, channels, 2, 2)).astype(np.float32) * 0.3
+    b1, b2, b3 = (rng.standard_normal(k).astype(np.float32) for k in (channels, channels, 20))
+    slope = rng.uniform(0.1, 0.3, (1, channels, 1, 1)).astype(np.float32)
 
     def build(t):
         y = apply("add", [_conv(t, w1, b1), t], {"activation": "relu"})
@@ -169,6 +171,6 @@ def test_a_chain_of_residual_blocks_with_activations(num_threads):
     y = np.maximum(_np_conv(x, w1, b1) + x, 0)
     y = np.clip(y + _np_conv(y, w2, b2), 0, 6)
     y = _prelu(_np_conv(y, w1, b1), slope)
-    windows = y.reshape(1, 12, 8, 2, 8, 2)
+    windows = y.reshape(batch, channels, size // 2, 2, size // 2, 2)
     want = np.einsum("mcij,ncyixj->nmyx", w3.astype(np.float64), windows) + b3[:, None, None]
     np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

@@ -206,3 +206,28 @@ def test_a_caller_waiting_long_sleeps_between_looks(pool):
     rows = native_threads.gemms(functools.partial(np.matmul, a, b, out=out))
     pool.run(np.array(rows, np.int64), [(0, 0), (0, 1), (1, 1)])  # all on worker 0; the caller only waits
     np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+
+
+def test_call_rows_run_native_gemm_pieces_beside_products(pool):
+    """A table mixing CALL rows (native_gemm's pieces: columns of one product with its
+    epilogue, each piece its own operands) and sgemm rows, spread over this thread and the
+    two workers: every piece written as numpy computes it."""
+    from edgeflow.interp.kernels import native_gemm
+    if not native_gemm.available():
+        pytest.skip("native_gemm runs on x86-64 with AVX2 and FMA")
+    rng = np.random.default_rng(7)
+    w, bias = rng.standard_normal((20, 30)).astype(np.float32), rng.standard_normal(20).astype(np.float32)
+    x = rng.standard_normal((1, 30, 100)).astype(np.float32)
+    out = np.full((1, 20, 100), np.nan, np.float32)
+    packed = native_gemm.pack(w, bias)
+    pieces = [native_gemm.bind(packed, x[:, :, a:b], out[:, :, a:b], "relu") for a, b in ((0, 48), (48, 72), (72, 100))]
+    a, b = rng.standard_normal((9, 8)).astype(np.float32), rng.standard_normal((8, 7)).astype(np.float32)
+    product = np.full((9, 7), np.nan, np.float32)
+    rows = [native_threads.gemms(piece) for piece in pieces] + [native_threads.gemms(
+        functools.partial(np.matmul, a, b, out=product))]
+    assert all(len(r) == 1 for r in rows) and [r[0][native_threads.TA] for r in rows[:3]] == [native_threads.CALL] * 3
+    table = np.array([r[0] for r in rows], np.int64)
+    pool.run(table, [(0, 2), (2, 3), (3, 4)])
+    want = np.maximum(np.einsum("mk,nkp->nmp", w.astype(np.float64), x) + bias[:, None], 0)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    np.testing.assert_allclose(product, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)

@@ -152,8 +152,10 @@ def conv_epilogue(ins, out, attrs, residual=None, slope=None, activation=None):
     """A step for a one-group 2-D conv (operands `ins`) that the direct path would run as a
     product (a 1x1 stride-1 conv: w @ x; windows tiling x: _patches' columns; others:
     jit.py's im2col columns), writing prelu(act(conv + bias + residual), slope) to `out` in
-    the product's own pass (native_gemm.py), or None where that product does not run:
-    threads (the workers split BLAS's products), numba not loaded (a plan keeping its first
+    the product's own pass (native_gemm.py; over the plan's workers, images apart where there
+    are as many, else output channels where there are few columns, else columns in strips of
+    native_gemm.NR), or None where that product does
+    not run: numba not loaded (a plan keeping its first
     run short; the columns' loops are numba's too), weights, bias or slope that may change
     between runs (variables: packed once here), convs that jit.py's loops or winograd.py
     take, or shapes native_gemm leaves to BLAS. `activation` (default: the conv's own) comes
@@ -162,7 +164,7 @@ def conv_epilogue(ins, out, attrs, residual=None, slope=None, activation=None):
     x, w = ins[:2]
     bias = ins[2] if len(ins) > 2 else None
     activation = attrs["activation"] if activation is None else activation
-    if threads.current() is not None or not jit.loaded() or attrs["group"] != 1 or x.ndim != 4 \
+    if not jit.loaded() or attrs["group"] != 1 or x.ndim != 4 \
             or x.shape[1] <= jit.SMALL_CONV_CHANNELS or activation not in native_gemm.ACTIVATIONS \
             or w.flags.writeable or (bias is not None and bias.flags.writeable) \
             or x.dtype != np.float32 or out.dtype != np.float32 or not x.flags.c_contiguous:
@@ -196,11 +198,32 @@ def conv_epilogue(ins, out, attrs, residual=None, slope=None, activation=None):
             copy = jit.bind_im2col(x, cols, kernel_shape, strides, dilations, begin, out_shape, 0, n)
         if copy is None:
             return None
-    product = native_gemm.bind(native_gemm.pack(w.reshape(m, depth), bias), cols, results[0], activation,
-                               results[1] if residual is not None else None, slope)
-    if product is None:
+    weights = w.reshape(m, depth)
+    everything = slice(None)
+    packed = {}  # (first, last) output channel -> their weights packed
+
+    def product(images, columns, rows=everything):
+        key = rows.indices(m)[:2]
+        if key not in packed:
+            packed[key] = native_gemm.pack(weights[rows], None if bias is None else bias[rows])
+        return native_gemm.bind(packed[key], cols[images, :, columns], results[0][images, rows, columns], activation,
+                                results[1][images, rows, columns] if residual is not None else None,
+                                None if slope is None else slope[rows])
+    workers = threads.current()
+    if workers is None or 2 * n * m * depth * p < threads.MIN_FLOPS:
+        parts = [product(everything, everything)]
+    elif n >= workers.n:
+        parts = [product(slice(a, b), everything) for a, b in threads.pieces(n, workers.n)]
+    elif p < threads.MIN_COLUMNS * workers.n and m >= 8 * workers.n:  # few columns: output channels apart
+        parts = [product(everything, everything, slice(a, b)) for a, b in threads.pieces(m, workers.n, 8)]
+    else:  # columns apart, in whole strips
+        strips = -(-p // native_gemm.NR)
+        parts = [product(everything, slice(a * native_gemm.NR, min(b * native_gemm.NR, p)))
+                 for a, b in threads.pieces(strips, workers.n)]
+    if None in parts:
         return None
-    return product if copy is None else sequence(copy, product)
+    run = parts[0] if len(parts) == 1 else workers.split(parts)
+    return run if copy is None else sequence(copy, run)
 
 
 def _patches(x, w, out):

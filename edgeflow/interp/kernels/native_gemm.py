@@ -397,8 +397,8 @@ def _compile(llvm, ir):
             pass
     engine.set_object_cache(compiled, cached)
     engine.finalize_object()
-    function = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p)(engine.get_function_address("gemm"))
-    return engine, function
+    address = engine.get_function_address("gemm")
+    return engine, ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p)(address), address
 
 
 def _aligned(n):
@@ -461,9 +461,8 @@ def bind(packed, x, out, activation="", residual=None, slope=None):
         fields[[RES, LDR, SR]] = [residual.ctypes.data, residual.strides[1] // 4, residual.strides[0] // 4]
     if slope is not None:
         fields[SLOPE] = slope.ctypes.data
-    keep = (panels, bias, strip, slope, fields, x, out, residual)  # alive as long as the step
-    return functools.partial(_call, _built[0][1], fields.ctypes.data, keep)
-
-
-def _call(function, fields, keep):
-    function(fields)
+    _, function, address = _built[0]
+    step = functools.partial(function, fields.ctypes.data)
+    step.keep = (panels, bias, strip, slope, fields, x, out, residual)  # alive as long as the step
+    step.native_call = (address, fields.ctypes.data)  # for the native workers (native_threads.gemms)
+    return step
