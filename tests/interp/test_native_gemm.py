@@ -44,7 +44,7 @@ def _reference(w, bias, x, activation, residual, slope):
 
 @pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(1, 3), m=st.integers(1, 40), k=st.integers(1, 70), p=st.integers(16, 130),
+@given(n=st.integers(1, 3), m=st.integers(1, 40), k=st.integers(1, 70), p=st.integers(4, 130),
        activation=st.sampled_from(sorted(native_gemm.ACTIVATIONS)), residual=st.booleans(), slope=st.booleans(),
        offset=st.integers(0, 3), block=st.sampled_from([5, 16, native_gemm.MAX_BLOCK]), seed=st.integers(0, 2 ** 16))
 def test_product_and_epilogue(n, m, k, p, activation, residual, slope, offset, block, seed):

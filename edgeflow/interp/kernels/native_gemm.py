@@ -23,9 +23,9 @@ project's 2-core AMD EPYC (Zen 3), interleaved in one process, against numpy's O
 sgemm and numpy's passes for the bias and relu6: 0.6-0.95x of their time on
 MobileNetV2's and iris_landmark's pointwise shapes (144x24 @ 24x3136 0.61x, 32x64 @
 64x1024 0.73x, 64x384 @ 384x196 0.93x, 96x576 @ 576x196 in two blocks 0.97x); the
-product alone 0.84-0.94x of sgemm's. Left to BLAS (`suits`): fewer than 16 columns (1.6x
-sgemm's time at 4), and depths past 768 (1.14x at 960, the strip outgrowing L1). Tile
-shapes tried: 6x16 (12 accumulators; M = 32 wastes a third of a panel) and 8x8 (9 loads
+product alone 0.84-0.94x of sgemm's. Left to BLAS (`suits`): fewer than 16 columns where
+the weights are many (1.5x at 4 columns of a 512x512 product; 0.75-0.9x of 64x128's at
+4-12), and depths past 768 (1.14x at 960, the strip outgrowing L1). Tile shapes tried: 6x16 (12 accumulators; M = 32 wastes a third of a panel) and 8x8 (9 loads
 per 8 multiply-adds) were 1.0-1.3x slower than 4x24.
 
 Used where the host has AVX2 and FMA (x86-64; the IR's vectors are generic, but the tile
@@ -48,9 +48,12 @@ NV = NR // VEC
 (W, X, BIAS, OUT, RES, SLOPE, STRIP, M, K, P, LDX, LDO, LDR, ACT, IMAGES, SX, SO, SR, KC) = range(19)
 FIELDS = 19
 ACTIVATIONS = {"": 0, "relu": 1, "relu6": 2, "swish": 3, "hard_swish": 4}  # jit.ACTIVATION_CODES
-# Shapes left to BLAS: fewer columns than MIN_COLUMNS (a strip mostly empty), or deeper
+# Shapes left to BLAS: fewer columns than MIN_COLUMNS (a strip mostly empty) unless the
+# weights are few (at most NARROW_WEIGHTS: 64x128 @ 128x4 with bias and relu 0.88x of
+# numpy's time, 256x256 @ 256x4 1.10x, 512x512 1.52x), fewer than 4 columns, or deeper
 # than MAX_DEPTH.
 MIN_COLUMNS = 16
+NARROW_WEIGHTS = 1 << 15
 MAX_DEPTH = 768
 # Rows of x a packed strip holds at most (512 x 24 floats: 48 KiB); a deeper product runs in
 # blocks of rows of equal depth, each adding to the partial sums the last one stored. Blocks
@@ -83,7 +86,7 @@ def available():
 
 def suits(m, k, p):
     """Whether a product of these dimensions runs here rather than through BLAS."""
-    return p >= MIN_COLUMNS and 1 <= k <= MAX_DEPTH and m >= 1
+    return (p >= MIN_COLUMNS or (p >= 4 and m * k <= NARROW_WEIGHTS)) and 1 <= k <= MAX_DEPTH and m >= 1
 
 
 def _module(ir):
