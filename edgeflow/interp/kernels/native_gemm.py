@@ -32,6 +32,7 @@ Used where the host has AVX2 and FMA (x86-64; the IR's vectors are generic, but 
 is sized for AVX2's registers) and llvmlite imports; `available()` says so, and callers
 keep their BLAS path elsewhere.
 """
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -393,11 +394,9 @@ def _compile(llvm, ir):
             return None
 
     def compiled(_, data):
-        try:
+        with contextlib.suppress(OSError):  # a read-only install: compiled again next time
             os.makedirs(os.path.dirname(path), exist_ok=True)
             write_bytes(path, data)
-        except OSError:
-            pass
     engine.set_object_cache(compiled, cached)
     engine.finalize_object()
     address = engine.get_function_address("gemm")
