@@ -174,3 +174,30 @@ def test_a_chain_of_residual_blocks_with_activations(num_threads, batch, size):
     windows = y.reshape(batch, channels, size // 2, 2, size // 2, 2)
     want = np.einsum("mcij,ncyixj->nmyx", w3.astype(np.float64), windows) + b3[:, None, None]
     np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
+def test_plans_of_one_model_share_its_packed_weights():
+    """An interpreter's plans for two batch sizes bind the conv's product to one packed copy
+    of its weights, freed with the model."""
+    import gc
+    assert jit.available()
+    rng = np.random.default_rng(4)
+    w, b = rng.standard_normal((24, 16, 1, 1)).astype(np.float32), rng.standard_normal(24).astype(np.float32)
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, (None, 16, 8, 8), name="x")
+        y = _conv(t, w, b, "relu")
+    it = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})), num_threads=1, jit=True)
+    runner = it.get_signature_runner("infer")
+    gc.collect()
+    before = len(native_gemm._PACKED)
+    sizes = []
+    for batch in (1, 3):
+        x = rng.standard_normal((batch, 16, 8, 8)).astype(np.float32)
+        np.testing.assert_allclose(runner(x=x)["y"], np.maximum(_np_conv(x, w, b), 0), rtol=1e-5, atol=1e-5)
+        sizes.append(len(native_gemm._PACKED))
+    assert sizes == [before + 1, before + 1]
+    del it, runner
+    gc.collect()
+    assert len(native_gemm._PACKED) == before

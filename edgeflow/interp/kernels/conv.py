@@ -198,15 +198,10 @@ def conv_epilogue(ins, out, attrs, residual=None, slope=None, activation=None):
             copy = jit.bind_im2col(x, cols, kernel_shape, strides, dilations, begin, out_shape, 0, n)
         if copy is None:
             return None
-    weights = w.reshape(m, depth)
     everything = slice(None)
-    packed = {}  # (first, last) output channel -> their weights packed
 
     def product(images, columns, rows=everything):
-        key = rows.indices(m)[:2]
-        if key not in packed:
-            packed[key] = native_gemm.pack(weights[rows], None if bias is None else bias[rows])
-        return native_gemm.bind(packed[key], cols[images, :, columns], results[0][images, rows, columns], activation,
+        return native_gemm.bind(native_gemm.pack_constant(w, bias, *rows.indices(m)[:2]), cols[images, :, columns], results[0][images, rows, columns], activation,
                                 results[1][images, rows, columns] if residual is not None else None,
                                 None if slope is None else slope[rows])
     workers = threads.current()

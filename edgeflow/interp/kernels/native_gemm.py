@@ -37,6 +37,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import weakref
 
 import numpy as np
 
@@ -423,6 +424,23 @@ def pack(w, bias=None):
     if bias is not None:
         b[:m] = bias
     return panels, b
+
+
+_PACKED = {}  # (id(w), id(bias), first, last) -> pack(...), while w and bias live
+
+
+def pack_constant(w, bias, first, last):
+    """pack(w (M, ...) rows first:last as (rows, K), bias alike) for a model's constant w and
+    bias (read-only: they do not change between runs), made once however many plans bind
+    them (an interpreter's plan for each set of input shapes): kept while w and bias live."""
+    key = (id(w), id(bias), first, last)
+    found = _PACKED.get(key)
+    if found is None:
+        found = _PACKED[key] = pack(w[first:last].reshape(last - first, -1),
+                                    None if bias is None else bias[first:last])
+        for owner in (w,) if bias is None else (w, bias):
+            weakref.finalize(owner, _PACKED.pop, key, None)
+    return found
 
 
 def bind(packed, x, out, activation="", residual=None, slope=None):
