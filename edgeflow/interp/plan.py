@@ -117,9 +117,9 @@ class Plan:
         specs = self._infer(needed_operators(subgraph, outputs, producer, targets), input_shapes,
                             constants, variables, folded, known or {})
         self.preserve_all = preserve_all
-        self.reach = {}  # conv index -> ops after it that its step may run (see _fusions)
+        self.chains = {}  # conv index -> the ops right after it that its step may run (_fusions)
         if not preserve_all:
-            self.order = self._epilogues_after_convs(self.order)
+            self.order = self._epilogues_after_convs(self.order, specs)
         self._allocate(specs, preserve_all, fed)
         self._views(specs)
         self.workspace = Workspace()  # the kernels' scratch, shared by their steps
@@ -250,8 +250,9 @@ class Plan:
         life = {t: [0, end] for t in fed}  # inputs stay intact: invoke can run again
         until = {}  # step -> the last step of the conv chain it is in (inputs read until then)
         for step, i in enumerate(self.order):
-            if i in self.reach:
-                until.update((q, step + self.reach[i]) for q in range(step, step + self.reach[i] + 1))
+            if i in self.chains:
+                last = step + len(self.chains[i])
+                until.update((q, last) for q in range(step, last + 1))
         for step, i in enumerate(self.order):
             op = self.subgraph.operators[i]
             for t in op.inputs:
@@ -335,75 +336,71 @@ class Plan:
             step_ops.append(i)
         return steps, step_ops
 
-    def _epilogues_after_convs(self, order):
-        """`order` with the add, then the prelu, that a conv's output alone goes into moved up
-        to right after it, where their other operands are ready there (so that _fusions
-        finds them; before the arena is placed, which follows the order). A model's two
-        branches otherwise interleave their ops (iris_landmark's: conv, conv, prelu, prelu).
-        Sets self.reach: _allocate keeps the inputs of the conv and of those ops alive until
-        the last of them, so that the arena places no output of theirs over an input that
-        the fused step still reads."""
+    def _epilogues_after_convs(self, order, specs):
+        """`order` with the add of a residual of its shape (the conv without an activation of
+        its own), then or instead the prelu, that a conv's output alone goes into moved up to
+        right after it, where their other operands are ready there (before the arena is
+        placed, which follows the order; a model's two branches otherwise interleave their
+        ops: iris_landmark's conv, conv, prelu, prelu). Sets self.chains: _fusions binds each
+        as the conv's one step, and _allocate keeps the inputs of the conv and of those ops
+        alive until the last of them, so that the arena places no output of theirs over an
+        input that the fused step still reads."""
         operators, outputs = self.subgraph.operators, set(self.outputs)
         readers, made_by = {}, {}
         for i in order:
             for t in set(operators[i].inputs):
                 readers.setdefault(t, []).append(i)
             made_by.update((t, i) for t in operators[i].outputs)
+
+        def sole_reader(t, kind):  # the op of `kind` that alone reads t (not an output), or None
+            into = readers.get(t, ())
+            return into[0] if t not in outputs and len(into) == 1 and operators[into[0]].opcode == kind else None
+
         order = list(order)
         for i in [i for i in order if operators[i].opcode == "conv" and len(operators[i].outputs) == 1]:
-            at, t = order.index(i), operators[i].outputs[0]
-            for kind in ("add", "prelu"):
-                into = readers.get(t, ())
-                if t in outputs or len(into) != 1 or operators[into[0]].opcode != kind:
-                    continue
-                j = into[0]
-                ready = set(order[:at + 1])
-                if any(u != t and u in made_by and made_by[u] not in ready for u in operators[j].inputs):
+            at, t, chain = order.index(i), operators[i].outputs[0], []
+            add = None if operators[i].attrs.get("activation") else sole_reader(t, "add")
+            if add is not None and len(operators[add].inputs) == 2 and \
+                    [specs[u].shape for u in operators[add].inputs if u != t] == [specs[t].shape]:
+                chain.append(add)
+                t = operators[add].outputs[0]
+            prelu = sole_reader(t, "prelu")
+            if prelu is not None and operators[prelu].inputs[0] == t and operators[prelu].inputs[1] != t:
+                chain.append(prelu)
+            ready = set(order[:at + 1]) | {i}  # what is made by then (chain ops add their own)
+            for k, j in enumerate(chain):
+                if any(u in made_by and made_by[u] not in ready for u in operators[j].inputs):
+                    del chain[k:]  # an operand made later: this op and those after it stay
                     break
+                ready.add(j)
+            for j in chain:
                 order.remove(j)
-                order.insert(at + 1, j)
-                at, t = at + 1, operators[j].outputs[0]
-                self.reach[i] = self.reach.get(i, 0) + 1
+                at += 1
+                order.insert(at, j)
+            if chain:
+                self.chains[i] = chain
         return order
 
     def _fusions(self, indices):
-        """Convs whose output goes on, through nothing else, into the ops right
-        after them: an add of a residual of its shape (the conv without an activation of
-        its own), then or instead a prelu. {conv index: (the ops after it that the fused
-        step runs, final output array, residual, slope, activation)}; kernels/conv.py's
-        conv_epilogue binds it, or declines (the ops then bind apart)."""
-        if self.preserve_all or len(indices) < 2:
-            return {}
-        operators = self.subgraph.operators
-        readers = {}  # over the whole plan: a delegate's partition may read what these ops make
-        for i in self.order:
-            for t in set(operators[i].inputs):
-                readers[t] = readers.get(t, 0) + 1
-        outputs = set(self.outputs)
-
-        def only_into(t, j):  # t is read by op j alone, and is not an output
-            op = operators[j]
-            return t not in outputs and readers.get(t) == 1 and t in op.inputs
-
-        out = {}
-        for pos, i in enumerate(indices[:-1]):
-            conv = operators[i]
-            if conv.opcode != "conv" or len(conv.outputs) != 1:
+        """The conv chains (self.chains) whose ops follow their conv in `indices` (a delegate
+        partition may take some of them): {conv index: (the ops after it, the final output
+        array, the residual, the slope, the activation after the residual)};
+        kernels/conv.py's conv_epilogue binds each, or declines (the ops then bind apart)."""
+        operators, out = self.subgraph.operators, {}
+        for pos, i in enumerate(indices):
+            chain = self.chains.get(i)
+            if not chain or list(indices[pos + 1:pos + 1 + len(chain)]) != chain:
                 continue
-            t, later = conv.outputs[0], list(indices[pos + 1:pos + 3])
-            chain, residual, slope, activation = [], None, None, conv.attrs.get("activation", "")
-            j = later.pop(0)
-            if operators[j].opcode == "add" and not activation and only_into(t, j) and len(operators[j].inputs) == 2:
-                other = [u for u in operators[j].inputs if u != t]
-                if len(other) == 1 and self.arrays[other[0]].shape == self.arrays[t].shape:
-                    chain, residual = [j], self.arrays[other[0]]
-                    activation, t = operators[j].attrs.get("activation", ""), operators[j].outputs[0]
-                    j = later.pop(0) if later else None
-            if j is not None and operators[j].opcode == "prelu" and only_into(t, j) and operators[j].inputs[0] == t \
-                    and operators[j].inputs[1] != t:
-                chain, slope, t = chain + [j], self.arrays[operators[j].inputs[1]], operators[j].outputs[0]
-            if chain:
-                out[i] = (chain, self.arrays[t], residual, slope, activation)
+            t, residual, slope, activation = operators[i].outputs[0], None, None, operators[i].attrs.get("activation", "")
+            for j in chain:
+                op = operators[j]
+                if op.opcode == "add":
+                    residual = self.arrays[next(u for u in op.inputs if u != t)]
+                    activation = op.attrs.get("activation", "")
+                else:
+                    slope = self.arrays[op.inputs[1]]
+                t = op.outputs[0]
+            out[i] = (chain, self.arrays[t], residual, slope, activation)
         return out
 
     def _bind_delegated(self, delegates, constants, folded):

@@ -201,7 +201,8 @@ def conv_epilogue(ins, out, attrs, residual=None, slope=None, activation=None):
     everything = slice(None)
 
     def product(images, columns, rows=everything):
-        return native_gemm.bind(native_gemm.pack_constant(w, bias, *rows.indices(m)[:2]), cols[images, :, columns], results[0][images, rows, columns], activation,
+        packed = native_gemm.pack_constant(w, bias, *rows.indices(m)[:2])
+        return native_gemm.bind(packed, cols[images, :, columns], results[0][images, rows, columns], activation,
                                 results[1][images, rows, columns] if residual is not None else None,
                                 None if slope is None else slope[rows])
     workers = threads.current()
