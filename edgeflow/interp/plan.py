@@ -5,6 +5,7 @@ them, infer every shape, place intermediates in one arena, and bind each kernel 
 input and output arrays.
 """
 import contextlib
+import math
 from collections import deque
 from dataclasses import replace
 
@@ -18,6 +19,9 @@ from .arena import (Arena, TooLarge, Workspace, bounded, default_max_tensor_byte
                     place, size_text)
 from .kernels import KERNELS, evaluate, jit
 from .kernels import conv as conv_kernels
+from .kernels import math as math_kernels
+
+EXACT_ACTIVATIONS = ("", "relu", "relu6")  # selects: the same bits wherever they are applied
 
 
 class ShapeDependsOnValues(InvalidInputError):
@@ -117,9 +121,9 @@ class Plan:
         specs = self._infer(needed_operators(subgraph, outputs, producer, targets), input_shapes,
                             constants, variables, folded, known or {})
         self.preserve_all = preserve_all
-        self.chains = {}  # conv index -> the ops right after it that its step may run (_fusions)
+        self.chains = {}  # conv or matmul index -> the ops right after it that its step may run (_fusions)
         if not preserve_all:
-            self.order = self._epilogues_after_convs(self.order, specs)
+            self.order = self._epilogues(self.order, specs)
         self._allocate(specs, preserve_all, fed)
         self._views(specs)
         self.workspace = Workspace()  # the kernels' scratch, shared by their steps
@@ -288,63 +292,90 @@ class Plan:
                 self.arrays[op.outputs[0]] = self.arrays[op.inputs[0]].reshape(specs[op.outputs[0]].shape)
 
     def _bind(self, indices=None):
-        """Numpy kernel steps for ops `indices` (default: all), bound to their arrays."""
-        steps, step_ops = [], []
+        """Numpy kernel steps for ops `indices` (default: all), bound to their arrays. A
+        chain's product (self.chains) binds after the other ops where numba is not loaded
+        yet when it comes: their kernels may load it (BERT's layer_norm and gelu), and the
+        fused products run only then (kernels/jit.py's loaded())."""
         if self.update_ops:  # a train step: its gradients' kernels load numba anyway; loaded first, the
             jit.available()  # forward's pools and bias passes bind their loops too (kernels/jit.py's loaded())
         else:
             jit.for_plan(lambda: self.flops(subgraphs=False))  # a large plan's: numba imported before it binds
         indices = self.order if indices is None else indices
-        fusions, fused = self._fusions(indices), set()
-        for i in indices:
-            op = self.subgraph.operators[i]
-            if ops.get(op.opcode).view or i in fused:
-                continue
-            if i in fusions:
-                _, out, residual, slope, activation = fusions[i]
-                with self.workspace.step(), bounded(self.max_bytes):
-                    step = conv_kernels.conv_epilogue([self.arrays[t] for t in op.inputs], out, op.attrs,
-                                                      residual, slope, activation)
-                if step is not None:
-                    steps.append(step)
-                    step_ops.append(i)
-                    fused.update(fusions[i][0])
-                    continue
-            if ops.get(op.opcode).remote:  # a valid file this interpreter cannot run alone
-                raise UnsupportedOpError(
-                    f"op {i} ({op.opcode} {op.attrs.get('key')!r}) exchanges tensors with the cloud: "
-                    "create the Interpreter with delegates=[edgeflow.cloud.CloudDelegate('host:port')] "
-                    "(or run a signature that "
-                    "runs on the device alone, such as 'infer_local')", [(op.opcode, "needs a cloud delegate")])
-            ins = [self.arrays[t] for t in op.inputs]
-            outs = [self.arrays[t] for t in op.outputs]
-            if ops.get(op.opcode).subgraphs:
-                steps.append(self.program.bind(op, ins, outs, self.unread.get(i, ())))
-            elif outs and not any(a.size for a in outs) and not ops.get(op.opcode).stateful:
-                continue  # no element to write (an empty batch): no kernel to bind, no step to run
-            else:
-                try:
-                    with self.workspace.step(), bounded(self.max_bytes):
-                        steps.append(KERNELS[op.opcode](ins, outs, op.attrs))
-                except TooLarge as e:
-                    self._refuse(f"op {i} ({op.opcode})", "scratch", e.nbytes)
-                    raise
-                except (ValueError, IndexError, ArithmeticError) as e:  # a kernel refusing these shapes
-                    raise (FormatError if self.fixed else InvalidInputError)(
-                        f"op {i} ({op.opcode}) cannot run on inputs "
-                        f"{', '.join(f'{a.dtype}{list(a.shape)}' for a in ins)}: {e}") from None
-            step_ops.append(i)
-        return steps, step_ops
+        fusions, fused, later = self._fusions(indices), set(), set()
+        bound = {}  # op index -> its step (None: no step)
 
-    def _epilogues_after_convs(self, order, specs):
-        """`order` with the add of a residual of its shape (the conv without an activation of
-        its own), then or instead the prelu, that a conv's output alone goes into moved up to
-        right after it, where their other operands are ready there (before the arena is
-        placed, which follows the order; a model's two branches otherwise interleave their
-        ops: iris_landmark's conv, conv, prelu, prelu). Sets self.chains: _fusions binds each
-        as the conv's one step, and _allocate keeps the inputs of the conv and of those ops
-        alive until the last of them, so that the arena places no output of theirs over an
-        input that the fused step still reads."""
+        def bind(i):
+            bound[i] = self._bind_fused(i, fusions[i]) if i in fusions else None
+            if bound[i] is not None:
+                fused.update(fusions[i][0])
+            else:
+                bound[i] = self._bind_op(i)
+        for i in indices:
+            if i in fusions and not jit.loaded():
+                later.update([i] + fusions[i][0])
+            elif i not in fused and i not in later:
+                bind(i)
+        for i in indices:
+            if i in later and i not in fused:
+                bind(i)
+        pairs = [(bound[i], i) for i in indices if bound.get(i) is not None]
+        return [step for step, _ in pairs], [i for _, i in pairs]
+
+    def _bind_fused(self, i, fusion):
+        """The fused step of the chain from op i (conv_epilogue or matmul_epilogue), or None."""
+        op = self.subgraph.operators[i]
+        _, out, residual, extra, activation = fusion
+        with self.workspace.step(), bounded(self.max_bytes):
+            if op.opcode == "conv":
+                return conv_kernels.conv_epilogue([self.arrays[t] for t in op.inputs], out, op.attrs,
+                                                  residual, extra, activation)
+            return math_kernels.matmul_epilogue([self.arrays[t] for t in op.inputs], out, op.attrs,
+                                                extra, residual, activation)
+
+    def _bind_op(self, i):
+        """Op i's own step, or None where it has none (a view; nothing to write)."""
+        op = self.subgraph.operators[i]
+        if ops.get(op.opcode).view:
+            return None
+        if ops.get(op.opcode).remote:  # a valid file this interpreter cannot run alone
+            raise UnsupportedOpError(
+                f"op {i} ({op.opcode} {op.attrs.get('key')!r}) exchanges tensors with the cloud: "
+                "create the Interpreter with delegates=[edgeflow.cloud.CloudDelegate('host:port')] "
+                "(or run a signature that "
+                "runs on the device alone, such as 'infer_local')", [(op.opcode, "needs a cloud delegate")])
+        ins = [self.arrays[t] for t in op.inputs]
+        outs = [self.arrays[t] for t in op.outputs]
+        if ops.get(op.opcode).subgraphs:
+            return self.program.bind(op, ins, outs, self.unread.get(i, ()))
+        if outs and not any(a.size for a in outs) and not ops.get(op.opcode).stateful:
+            return None  # no element to write (an empty batch): no kernel to bind, no step to run
+        try:
+            with self.workspace.step(), bounded(self.max_bytes):
+                return KERNELS[op.opcode](ins, outs, op.attrs)
+        except TooLarge as e:
+            self._refuse(f"op {i} ({op.opcode})", "scratch", e.nbytes)
+            raise
+        except (ValueError, IndexError, ArithmeticError) as e:  # a kernel refusing these shapes
+            raise (FormatError if self.fixed else InvalidInputError)(
+                f"op {i} ({op.opcode}) cannot run on inputs "
+                f"{', '.join(f'{a.dtype}{list(a.shape)}' for a in ins)}: {e}") from None
+
+    def _epilogues(self, order, specs):
+        """`order` with the ops that a conv's or a matmul's output alone goes into, and that
+        its product can apply as it stores, moved up to right after it where their other
+        operands are ready there (before the arena is placed, which follows the order; a
+        model's two branches otherwise interleave their ops: iris_landmark's conv, conv,
+        prelu, prelu):
+        - after a conv: the add of a residual of its shape (the conv without an activation of
+          its own), then or instead the prelu;
+        - after a matmul (a not transposed, no activation of its own): the add of a bias, a
+          vector along its last axis (a BERT layer's dense layers), then the add of a residual
+          of its shape; an add's relu or relu6 ends the chain, and one with another activation
+          stays out of it. Those are exact where the product applies them, so that a model
+          split between the matmul and its adds (splitter/) runs to the same bits.
+        Sets self.chains: _fusions binds each as the product's one step, and _allocate keeps
+        the inputs of the product and of those ops alive until the last of them, so that the
+        arena places no output of theirs over an input that the fused step still reads."""
         operators, outputs = self.subgraph.operators, set(self.outputs)
         readers, made_by = {}, {}
         for i in order:
@@ -356,17 +387,44 @@ class Plan:
             into = readers.get(t, ())
             return into[0] if t not in outputs and len(into) == 1 and operators[into[0]].opcode == kind else None
 
-        order = list(order)
-        for i in [i for i in order if operators[i].opcode == "conv" and len(operators[i].outputs) == 1]:
-            at, t, chain = order.index(i), operators[i].outputs[0], []
-            add = None if operators[i].attrs.get("activation") else sole_reader(t, "add")
-            if add is not None and len(operators[add].inputs) == 2 and \
-                    [specs[u].shape for u in operators[add].inputs if u != t] == [specs[t].shape]:
+        def add_of(t, fits):  # the add that alone reads t, with another operand u: fits(u), or None
+            add = sole_reader(t, "add")
+            if add is None or len(operators[add].inputs) != 2 or specs[operators[add].outputs[0]].shape != specs[t].shape:
+                return None
+            other = [u for u in operators[add].inputs if u != t]
+            return add if len(other) == 1 and fits(specs[other[0]].shape) else None
+
+        def conv_chain(t):
+            chain = []
+            add = None if operators[i].attrs.get("activation") else add_of(t, lambda s: s == specs[t].shape)
+            if add is not None:
                 chain.append(add)
                 t = operators[add].outputs[0]
             prelu = sole_reader(t, "prelu")
             if prelu is not None and operators[prelu].inputs[0] == t and operators[prelu].inputs[1] != t:
                 chain.append(prelu)
+            return chain
+
+        def matmul_chain(t):
+            attrs, shape = operators[i].attrs, specs[t].shape
+            if attrs.get("activation") or attrs.get("transpose_a") or not shape:
+                return []
+            chain = []
+            for fits in (lambda s: 0 < len(s) <= len(shape) and s[-1] == shape[-1] and math.prod(s) == s[-1],
+                         lambda s: s == shape):  # the bias, then the residual
+                add = add_of(t, fits)
+                if add is None or operators[add].attrs.get("activation", "") not in EXACT_ACTIVATIONS:
+                    break
+                chain.append(add)
+                t = operators[add].outputs[0]
+                if operators[add].attrs.get("activation"):
+                    break
+            return chain
+
+        order = list(order)
+        for i in [i for i in order if operators[i].opcode in ("conv", "matmul") and len(operators[i].outputs) == 1]:
+            at, t = order.index(i), operators[i].outputs[0]
+            chain = (conv_chain if operators[i].opcode == "conv" else matmul_chain)(t)
             ready = set(order[:at + 1]) | {i}  # what is made by then (chain ops add their own)
             for k, j in enumerate(chain):
                 if any(u in made_by and made_by[u] not in ready for u in operators[j].inputs):
@@ -382,25 +440,29 @@ class Plan:
         return order
 
     def _fusions(self, indices):
-        """The conv chains (self.chains) whose ops follow their conv in `indices` (a delegate
-        partition may take some of them): {conv index: (the ops after it, the final output
-        array, the residual, the slope, the activation after the residual)};
-        kernels/conv.py's conv_epilogue binds each, or declines (the ops then bind apart)."""
+        """The chains (self.chains) whose ops follow their conv or matmul in `indices` (a
+        delegate partition may take some of them): {index: (the ops after it, the final
+        output array, the residual, a conv's PReLU slope or a matmul's bias, the activation
+        after the residual)}; kernels/conv.py's conv_epilogue and kernels/math.py's
+        matmul_epilogue bind each, or decline (the ops then bind apart)."""
         operators, out = self.subgraph.operators, {}
         for pos, i in enumerate(indices):
             chain = self.chains.get(i)
             if not chain or list(indices[pos + 1:pos + 1 + len(chain)]) != chain:
                 continue
-            t, residual, slope, activation = operators[i].outputs[0], None, None, operators[i].attrs.get("activation", "")
+            t, residual, extra, activation = operators[i].outputs[0], None, None, operators[i].attrs.get("activation", "")
             for j in chain:
                 op = operators[j]
-                if op.opcode == "add":
+                if op.opcode == "add" and operators[i].opcode == "matmul" and extra is None:
+                    extra = self.arrays[next(u for u in op.inputs if u != t)]  # the bias
+                    activation = op.attrs.get("activation", "")
+                elif op.opcode == "add":
                     residual = self.arrays[next(u for u in op.inputs if u != t)]
                     activation = op.attrs.get("activation", "")
                 else:
-                    slope = self.arrays[op.inputs[1]]
+                    extra = self.arrays[op.inputs[1]]  # the slope
                 t = op.outputs[0]
-            out[i] = (chain, self.arrays[t], residual, slope, activation)
+            out[i] = (chain, self.arrays[t], residual, extra, activation)
         return out
 
     def _bind_delegated(self, delegates, constants, folded):

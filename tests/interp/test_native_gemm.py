@@ -1,5 +1,7 @@
-"""edgeflow/interp/kernels/native_gemm.py's product and the plan's fusion of a conv with the
-add and prelu after it (plan.py's _fusions), against numpy evaluations in float64.
+"""edgeflow/interp/kernels/native_gemm.py's products (weights by x's columns; rows by packed
+columns of weights) and the plan's fusions of a conv with the add and prelu after it, and of
+a matmul with its bias and residual (plan.py's _epilogues), against numpy evaluations
+in float64.
 
 The product must run wherever llvmlite imports (the `jit` extra, installed with the tests)
 on a CPU with AVX2 and FMA; elsewhere available() is False and the conv paths keep BLAS.
@@ -31,12 +33,16 @@ def test_available_where_the_host_has_avx2():
     assert native_gemm.available() == HERE
 
 
+def _activate(y, activation):
+    return {"": y, "relu": np.maximum(y, 0), "relu6": np.clip(y, 0, 6), "swish": y / (1 + np.exp(-y)),
+            "hard_swish": y * np.clip(y + 3, 0, 6) / 6}[activation]
+
+
 def _reference(w, bias, x, activation, residual, slope):
     y = np.einsum("mk,nkp->nmp", w.astype(np.float64), x.astype(np.float64)) + bias.astype(np.float64)[:, None]
     if residual is not None:
         y = y + residual
-    y = {"": y, "relu": np.maximum(y, 0), "relu6": np.clip(y, 0, 6), "swish": y / (1 + np.exp(-y)),
-         "hard_swish": y * np.clip(y + 3, 0, 6) / 6}[activation]
+    y = _activate(y, activation)
     if slope is not None:
         y = np.where(y < 0, y * slope[:, None], y)
     return y
@@ -80,6 +86,49 @@ def test_residual_may_be_the_output_itself_but_not_overlap_it():
     buffer = np.zeros((1, 8, 51), np.float32)
     assert native_gemm.bind(native_gemm.pack(w), x, buffer[:, :, 1:], "", buffer[:, :, :50]) is None
     assert native_gemm.bind(native_gemm.pack(w), x.astype(np.float64), out) is None  # float32 only
+
+
+@pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 3), m=st.integers(1, 40), k=st.integers(1, 70), p=st.integers(1, 80),
+       activation=st.sampled_from(sorted(native_gemm.ACTIVATIONS)), residual=st.booleans(), bias=st.booleans(),
+       transposed=st.booleans(), offset=st.integers(0, 3), depth_block=st.sampled_from([5, 16, 1024]),
+       seed=st.integers(0, 2 ** 16))
+def test_rows_by_packed_columns(n, m, k, p, activation, residual, bias, transposed, offset, depth_block, seed):
+    """bind_rows: every remainder of rows (m not a multiple of MR: rows past it read row m -
+    1, never stored) and of columns (p not a multiple of NR), a's rows apart and its images
+    apart (a view into a larger array), w packed from w.T too, each epilogue with a column's
+    bias or none, depths in one block or several (ROWS_BLOCK lowered): within float32
+    rounding of the float64 evaluation; nothing past out's columns written."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((k, p)).astype(np.float32)
+    b = rng.standard_normal(p).astype(np.float32) if bias else None
+    big = rng.standard_normal((n, m + 2, k + offset + 3)).astype(np.float32)
+    a = big[:, 1:m + 1, offset:offset + k]
+    frame = np.full((n, m, p + 5), 7.0, np.float32)
+    out = frame[:, :, :p]
+    res = rng.standard_normal((n, m, p)).astype(np.float32) if residual else None
+    packed = native_gemm.pack_columns(np.ascontiguousarray(w.T).T if transposed else w, b)
+    with mock.patch.object(native_gemm, "ROWS_BLOCK", depth_block):
+        step = native_gemm.bind_rows(packed, a, out, activation, res)
+    step()
+    y = np.einsum("nmk,kp->nmp", a.astype(np.float64), w.astype(np.float64))
+    y = _activate(y + (0 if b is None else b) + (0 if res is None else res), activation)
+    np.testing.assert_allclose(out, y, rtol=1e-5, atol=1e-5 * max(np.abs(y).max(), 1.0))
+    assert (frame[:, :, p:] == 7.0).all()
+
+
+@pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
+def test_rows_decline_what_they_cannot_run():
+    rng = np.random.default_rng(5)
+    a, w = rng.standard_normal((1, 8, 16)).astype(np.float32), rng.standard_normal((16, 8)).astype(np.float32)
+    packed = native_gemm.pack_columns(w)
+    assert native_gemm.bind_rows(packed, a.astype(np.float64), np.zeros((1, 8, 8))) is None  # float32 only
+    buffer = np.zeros((1, 8, 16), np.float32)
+    assert native_gemm.bind_rows(packed, buffer, buffer[:, :, :8]) is None  # out over a
+    assert native_gemm.bind_rows(packed, a, np.zeros((1, 8, 8), np.float32), "tanh") is None
+    with pytest.raises(ValueError, match="do not fit"):
+        native_gemm.bind_rows(packed, a, np.zeros((1, 8, 30), np.float32))
 
 
 def _run(build, x, profile=False, num_threads=1):
@@ -201,3 +250,74 @@ def test_plans_of_one_model_share_its_packed_weights():
     del it, runner
     gc.collect()
     assert len(native_gemm._PACKED) == before
+
+
+def _dense(x, w, b):
+    return apply("add", [apply("matmul", [x, w], {}), b], {})
+
+
+@pytest.mark.parametrize("num_threads, batch", [(1, 1), (2, 1), (2, 3)])
+def test_a_transformer_feed_forward_block(num_threads, batch):
+    """A BERT layer's feed-forward block: matmul -> add(bias) -> gelu -> matmul -> add(bias)
+    -> add(residual), with a matmul by w.T (transpose_b) whose bias add has a relu beside
+    it, and one whose bias add has a swish (not exact where it is applied: it stays apart):
+    each product takes the adds after it into its own step (where it runs here), at 1
+    thread and at 2 (columns apart for 1024 columns, rows apart for 40); the outputs are
+    numpy's, and bit for bit those of the same model with every product's sum an output
+    too (nothing fused: a model split between a matmul and its adds)."""
+    from scipy import special
+    assert jit.available()
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((batch, 37, 40)).astype(np.float32)
+    w1, w2 = rng.standard_normal((40, 1024)).astype(np.float32) * 0.1, rng.standard_normal((1024, 40)).astype(np.float32) * 0.05
+    w3 = rng.standard_normal((24, 40)).astype(np.float32) * 0.2
+    b1, b2, b3 = (rng.standard_normal(k).astype(np.float32) for k in (1024, 40, 24))
+
+    def build(t, apart=False):
+        sums = [apply("matmul", [t, w1], {})]
+        h = apply("gelu", [apply("add", [sums[-1], b1], {})], {})
+        sums.append(apply("matmul", [h, w2], {}))
+        y = apply("add", [apply("add", [sums[-1], b2], {}), t], {})
+        sums.append(apply("matmul", [t, w3], {"transpose_b": True}))
+        z = apply("add", [sums[-1], b3], {"activation": "relu"})
+        s = apply("add", [apply("matmul", [t, w3], {"transpose_b": True}), b3], {"activation": "swish"})
+        return {"y": y, "z": z, "s": s, **({f"sum{k}": v for k, v in enumerate(sums)} if apart else {})}
+    got, ran = _run(build, x, profile=True, num_threads=num_threads)
+    x64 = x.astype(np.float64)
+    h = x64 @ w1 + b1
+    h = h / 2 * special.erfc(-h / np.sqrt(2))
+    np.testing.assert_allclose(got["y"], h @ w2 + b2 + x64, rtol=1e-5, atol=1e-5 * np.abs(x).max())
+    np.testing.assert_allclose(got["z"], np.maximum(x64 @ w3.T + b3, 0), rtol=1e-5, atol=1e-5)
+    s = x64 @ w3.T + b3
+    np.testing.assert_allclose(got["s"], s / (1 + np.exp(-s)), rtol=1e-5, atol=1e-5)
+    assert ran == (sorted(["matmul"] * 4 + ["gelu", "add"]) if native_gemm.available()
+                   else sorted(["matmul"] * 4 + ["add"] * 5 + ["gelu"]))
+    apart, ran_apart = _run(lambda t: build(t, apart=True), x, profile=True, num_threads=num_threads)
+    assert ran_apart.count("add") == 5
+    for key in ("y", "z", "s"):
+        np.testing.assert_array_equal(got[key], apart[key])
+
+
+def test_a_matmul_chain_stays_apart_where_its_weights_are_fed_or_its_product_an_output():
+    """The weights a signature input (they may change: nothing packed), or the product a
+    signature output too: every op keeps its step; the values are numpy's."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((20, 16)).astype(np.float32)
+    w, b = rng.standard_normal((16, 32)).astype(np.float32), rng.standard_normal(32).astype(np.float32)
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, x.shape, name="x")
+        v = ef.placeholder(ef.float32, w.shape, name="w")
+        fed = _dense(t, v, b)
+        m = apply("matmul", [t, w], {})
+        outputs = {"fed": apply("gelu", [fed], {}), "m": m, "y": apply("add", [m, b], {})}
+    it = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t, "w": v}, outputs)})), num_threads=1,
+                        jit=True)
+    prof = it.enable_profiling()
+    got = it.get_signature_runner("infer")(x=x, w=w)
+    from scipy import special
+    want = x.astype(np.float64) @ w + b
+    np.testing.assert_allclose(got["fed"], want / 2 * special.erfc(-want / np.sqrt(2)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["m"], want - b, rtol=1e-5, atol=1e-5)
+    assert sorted(r.opcode for r in prof.records.values()) == ["add", "add", "gelu", "matmul", "matmul"]

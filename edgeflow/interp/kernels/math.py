@@ -148,6 +148,9 @@ def _matmul(ins, outs, attrs):
     if attrs["transpose_b"] and b.ndim >= 2:
         b = np.swapaxes(b, -1, -2)
     out = result = outs[0]
+    fused = matmul_epilogue(ins, out, attrs, activation=attrs["activation"])
+    if fused is not None:
+        return fused
     if b.ndim == 2 and a.ndim > 2 and a.size and out.size:
         # One product of stacked rows: numpy would run one per leading index ((128, 1, 256)
         # @ (256, 768) as 128 vector products, 2.5x slower).
@@ -155,6 +158,56 @@ def _matmul(ins, outs, attrs):
         if rows is not None and flat is not None:
             a, out = rows, flat
     return with_activation(split_matmul(a, b, out) or partial(np.matmul, a, b, out=out), attrs["activation"], result)
+
+
+def matmul_epilogue(ins, out, attrs, bias=None, residual=None, activation=""):
+    """A step writing act(a @ w + bias [+ residual]) to `out` for a matmul by constant float32
+    weights w (K, N) (transpose_b: w.T), in the product's own pass (native_gemm.bind_rows:
+    w packed once in strips of columns, a's rows read in place; over the plan's workers,
+    columns apart in whole strips where there are enough, else rows), or None where it does
+    not run: numba not loaded (a plan keeping its first run short, as conv_epilogue), w or
+    the bias variables (packed once here), a transposed, shapes native_gemm leaves to BLAS
+    (native_gemm.suits_rows), or rows that are not one matrix's. bias: N values along the
+    last axis; residual: out's shape; activation one of native_gemm.ACTIVATIONS."""
+    from . import native_gemm
+    a, w = ins
+    if not jit.loaded() or attrs["transpose_a"] or w.ndim != 2 or a.ndim < 2 or w.flags.writeable \
+            or activation not in native_gemm.ACTIVATIONS or a.dtype != np.float32 or w.dtype != np.float32 \
+            or out.dtype != np.float32:
+        return None
+    if bias is not None and (bias.flags.writeable or bias.dtype != np.float32 or bias.size != out.shape[-1]):
+        return None
+    k, n = (w.shape[::-1] if attrs["transpose_b"] else w.shape)
+    rows, flat = _view(a, (-1, k)), _view(out, (-1, n))
+    res = None if residual is None else _view(residual, (-1, n))
+    if rows is None or flat is None or (residual is not None and (res is None or residual.shape != out.shape)):
+        return None
+    if not native_gemm.suits_rows(rows.shape[0], k, n) or not native_gemm.available():
+        return None
+    if np.may_share_memory(flat, rows):
+        return None  # the plan placed the chain's output over a, which the pass still reads
+    vector = None if bias is None else bias.reshape(-1)
+    everything = slice(None)
+
+    def product(lines, columns):
+        first, last = columns.indices(n)[:2]
+        packed = native_gemm.pack_columns_constant(w, vector, first, last, attrs["transpose_b"])
+        return native_gemm.bind_rows(packed, rows[None, lines], flat[None, lines, columns], activation,
+                                     None if res is None else res[None, lines, columns])
+    workers = threads.current()
+    strips = -(-n // native_gemm.NR)
+    if workers is None or 2 * rows.shape[0] * k * n < threads.MIN_FLOPS:
+        parts = [product(everything, everything)]
+    elif strips >= 2 * workers.n:  # columns apart, in whole strips: each worker packs and reads its own
+        parts = [product(everything, slice(i * native_gemm.NR, min(j * native_gemm.NR, n)))
+                 for i, j in threads.pieces(strips, workers.n)]
+    else:  # rows apart, whole panels
+        panels = -(-rows.shape[0] // native_gemm.MR)
+        parts = [product(slice(i * native_gemm.MR, min(j * native_gemm.MR, rows.shape[0])), everything)
+                 for i, j in threads.pieces(panels, workers.n)]
+    if None in parts:
+        return None
+    return parts[0] if len(parts) == 1 else workers.split(parts)
 
 
 def _view(a, shape):

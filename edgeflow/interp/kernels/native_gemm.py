@@ -47,8 +47,8 @@ MR, NR = 4, 24  # a panel's rows, a strip's columns (3 vectors of 8 floats)
 VEC = 8
 NV = NR // VEC
 # Operands of one call, in the int64 array the compiled function reads.
-(W, X, BIAS, OUT, RES, SLOPE, STRIP, M, K, P, LDX, LDO, LDR, ACT, IMAGES, SX, SO, SR, KC) = range(19)
-FIELDS = 19
+(W, X, BIAS, OUT, RES, SLOPE, STRIP, M, K, P, LDX, LDO, LDR, ACT, IMAGES, SX, SO, SR, KC, LDA) = range(20)
+FIELDS = 20
 ACTIVATIONS = {"": 0, "relu": 1, "relu6": 2, "swish": 3, "hard_swish": 4}  # jit.ACTIVATION_CODES
 # Shapes left to BLAS: fewer columns than MIN_COLUMNS (a strip mostly empty) unless the
 # weights are few (at most NARROW_WEIGHTS: 64x128 @ 128x4 with bias and relu 0.88x of
@@ -62,6 +62,17 @@ MAX_DEPTH = 768
 # cost: 384 rows in two blocks took 1.1-1.2x the time of one; past 768 rows (MobileNetV2's
 # 960 -> 160 projections: 1.14x BLAS's sgemm and its passes, in blocks of 256) BLAS runs them.
 MAX_BLOCK = 512
+# bind_rows: rows of a packed strip of w run at a time (a deeper product in blocks of equal
+# depth, partial sums stored and added to). Measured interleaved against numpy's sgemm plus
+# its bias pass, at 128 x 1024 @ 1024 x 256: one block of 1024 rows 0.90x of their time, 512
+# 0.94x, 256 0.99x, 128 1.05x.
+ROWS_BLOCK = 1024
+# a's floats at most (512 KiB, this host's L2) for bind_rows (suits_rows): the product against
+# numpy's sgemm and its bias pass, 128 x 256 @ 256 x 768-1024 0.82-0.91x of their time, 512 x
+# 256 @ 256 x 1024 0.91-0.95x, 128 x 1024 @ 1024 x 256 0.85-1.05x; past it, 256 x 1024 @
+# 1024 x 256 1.02-1.09x, 1024 x 256 @ 256 x 256-768 1.02-1.14x (a's rows in blocks that fit
+# did no better): OpenBLAS packs a and w once a call, which pays where a is long.
+MAX_ROWS_FLOATS = 1 << 17
 
 _built = []
 
@@ -91,6 +102,13 @@ def suits(m, k, p):
     return (p >= MIN_COLUMNS or (p >= 4 and m * k <= NARROW_WEIGHTS)) and 1 <= k <= MAX_DEPTH and m >= 1
 
 
+def suits_rows(m, k, n):
+    """Whether bind_rows's product of (M, K) rows by (K, N) weights runs here rather than
+    through BLAS: as suits, rows for columns, and at most MAX_ROWS_FLOATS of a."""
+    return (m >= MIN_COLUMNS or (m >= 4 and k * n <= NARROW_WEIGHTS)) and k >= 1 and n >= 1 \
+        and m * k <= MAX_ROWS_FLOATS
+
+
 def _module(ir):
     module = ir.Module(name="edgeflow_native_gemm")
     f32, i64, i32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
@@ -102,272 +120,300 @@ def _module(ir):
     masked_load = ir.Function(module, ir.FunctionType(v8, [vptr, i32, m8, v8]), name="llvm.masked.load.v8f32." + suffix)
     masked_store = ir.Function(module, ir.FunctionType(ir.VoidType(), [v8, vptr, i32, m8]),
                                name="llvm.masked.store.v8f32." + suffix)
-    fn = ir.Function(module, ir.FunctionType(i64, [i64]), name="gemm")
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-
-    def c(v):
-        return ir.Constant(i64, v)
-
-    def load(pointer, kind, align=None):
-        value = b.load(pointer, typ=kind) if opaque else b.load(pointer)
-        if align:
-            value.align = align
-        return value
-
-    def at(base, index, kind=f32):  # the address of float `index` of the array at address `base`
-        return b.inttoptr(b.add(base, b.mul(index, c(4))), kind.as_pointer())
-
-    args = fn.args[0]
-    field = [load(b.inttoptr(b.add(args, c(8 * i)), i64.as_pointer()), i64) for i in range(FIELDS)]
-    zero, six = ir.Constant(v8, [0.0] * VEC), ir.Constant(v8, [6.0] * VEC)
-    lanes = [ir.Constant(ir.VectorType(i64, VEC), list(range(VEC * h, VEC * h + VEC))) for h in range(NV)]
-    broadcast = ir.Constant(ir.VectorType(i32, VEC), [0] * VEC)
-
-    def splat(value, kind=v8):
-        return b.shuffle_vector(b.insert_element(ir.Constant(kind, ir.Undefined), value, ir.Constant(i32, 0)),
-                                ir.Constant(kind, ir.Undefined), broadcast)
-
-    def block(name):
-        return fn.append_basic_block(name)
-
-    def loop(first, last, step, body):
-        """for i in range(first, last, step): body(i) (its counter a phi node)."""
-        before, test, inside, after = b.block, block("test"), block("body"), block("after")
-        b.branch(test)
-        b.position_at_end(test)
-        i = b.phi(i64)
-        i.add_incoming(first, before)
-        b.cbranch(b.icmp_signed("<", i, last), inside, after)
-        b.position_at_end(inside)
-        body(i)
-        i.add_incoming(b.add(i, step), b.block)
-        b.branch(test)
-        b.position_at_end(after)
-
-    def when(condition, body):
-        yes, done = block("then"), block("done")
-        b.cbranch(condition, yes, done)
-        b.position_at_end(yes)
-        body()
-        b.branch(done)
-        b.position_at_end(done)
-
     fabs = ir.Function(module, ir.FunctionType(v8, [v8]), name="llvm.fabs.v8f32")
-    i32x8 = ir.VectorType(i32, VEC)
 
-    def const(value):
-        return ir.Constant(v8, [float(np.float32(value))] * VEC)
+    def emit(name, dense):
+        fn = ir.Function(module, ir.FunctionType(i64, [i64]), name=name)
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
 
-    def swish(v):
-        """v sigmoid(v), as jit.py's _swishf: e = exp(-|v|) (jit._exp_nonpositive's steps,
-        multiply-adds fused), then (1 or e) / (1 + e); NaN kept."""
-        k = jit.EXP_CONSTANTS
-        t = b.fsub(zero, b.call(fabs, [v]))
-        lo = const(k["lo"])
-        u = b.select(b.fcmp_ordered(">", t, lo), t, lo)
-        magic = const(k["magic"])
-        n = b.fsub(b.call(fma, [u, const(k["log2e"]), magic]), magic)
-        minus_n = b.fsub(zero, n)
-        r = b.call(fma, [minus_n, const(k["ln2_lo"]), b.call(fma, [minus_n, const(k["ln2_hi"]), u])])
-        poly = const(k["poly"][-1])
-        for coefficient in reversed(k["poly"][:-1]):
-            poly = b.call(fma, [poly, r, const(coefficient)])
-        poly = b.fadd(b.call(fma, [poly, b.fmul(r, r), r]), const(1.0))
-        bits = b.shl(b.add(b.fptosi(n, i32x8), ir.Constant(i32x8, [127 + 64] * VEC)), ir.Constant(i32x8, [23] * VEC))
-        e = b.fmul(b.fmul(poly, b.bitcast(bits, v8)), const(2.0 ** -64))
-        e = b.select(b.fcmp_ordered(">", t, lo), e, zero)
-        one = const(1.0)
-        return b.fmul(v, b.fdiv(b.select(b.fcmp_ordered(">=", v, zero), one, e), b.fadd(one, e)))
+        def c(v):
+            return ir.Constant(i64, v)
 
-    def hard_swish(v):
-        """v max(0, min(1, (v + 3) / 6)), NaN kept."""
-        s = b.fdiv(b.fadd(v, const(3.0)), six)
-        s = b.select(b.fcmp_ordered("<", s, zero), zero, s)
-        return b.fmul(v, b.select(b.fcmp_ordered(">", s, const(1.0)), const(1.0), s))
+        def load(pointer, kind, align=None):
+            value = b.load(pointer, typ=kind) if opaque else b.load(pointer)
+            if align:
+                value.align = align
+            return value
 
-    def activate(values, relu, relu6):
-        """ACTIVATIONS[...] of each vector: relu and relu6 as selects that keep NaN (numpy's
-        maximum and clip do); swish and hard_swish in blocks of their own."""
-        code = field[ACT]
-        simple, smooth, is_hard, join = block("simple"), block("swish"), block("hard_swish"), block("activated")
-        hard_test = block("hard_test")
-        b.cbranch(b.icmp_signed("<", code, c(3)), simple, hard_test)
-        b.position_at_end(hard_test)
-        b.cbranch(b.icmp_signed("==", code, c(4)), is_hard, smooth)
-        outcomes = []
-        for start, compute in ((simple, None), (is_hard, hard_swish), (smooth, swish)):
-            b.position_at_end(start)
-            if compute is None:
-                out = []
-                for v in values:
-                    clipped = b.select(b.fcmp_ordered("<", v, zero), zero, v)
-                    v = b.select(relu, clipped, v)
-                    out.append(b.select(relu6, b.select(b.fcmp_ordered(">", clipped, six), six, clipped), v))
-            else:
-                out = [compute(v) for v in values]
-            outcomes.append((b.block, out))
-            b.branch(join)
-        b.position_at_end(join)
-        merged = []
-        for h in range(len(values)):
-            phi = b.phi(v8)
-            for where, out in outcomes:
-                phi.add_incoming(out[h], where)
-            merged.append(phi)
-        return merged
+        def at(base, index, kind=f32):  # the address of float `index` of the array at address `base`
+            return b.inttoptr(b.add(base, b.mul(index, c(4))), kind.as_pointer())
 
-    m_, k_, p_ = field[M], field[K], field[P]
-    panels = b.udiv(b.add(m_, c(MR - 1)), c(MR))
-    strip = field[STRIP]
+        args = fn.args[0]
+        field = [load(b.inttoptr(b.add(args, c(8 * i)), i64.as_pointer()), i64) for i in range(FIELDS)]
+        zero, six = ir.Constant(v8, [0.0] * VEC), ir.Constant(v8, [6.0] * VEC)
+        lanes = [ir.Constant(ir.VectorType(i64, VEC), list(range(VEC * h, VEC * h + VEC))) for h in range(NV)]
+        broadcast = ir.Constant(ir.VectorType(i32, VEC), [0] * VEC)
 
-    def masks(p0):
-        width = splat(b.sub(p_, p0), ir.VectorType(i64, VEC))
-        return [b.icmp_signed("<", lane, width) for lane in lanes]
+        def splat(value, kind=v8):
+            return b.shuffle_vector(b.insert_element(ir.Constant(kind, ir.Undefined), value, ir.Constant(i32, 0)),
+                                    ir.Constant(kind, ir.Undefined), broadcast)
 
-    def pack(x, p0, masked, k0, k1):
-        """Rows k0:k1 of x, columns p0:p0 + NR, into the strip buffer (zeros past P)."""
-        keep = masks(p0) if masked else [None] * NV
+        def block(name):
+            return fn.append_basic_block(name)
 
-        def row(k):
-            for h in range(NV):
-                source = at(x, b.add(b.add(b.mul(k, field[LDX]), p0), c(VEC * h)), v8)
-                value = b.call(masked_load, [source, ir.Constant(i32, 4), keep[h], zero]) if masked \
-                    else load(source, v8, 4)
-                b.store(value, at(strip, b.add(b.mul(b.sub(k, k0), c(NR)), c(VEC * h)), v8)).align = 32
-        loop(k0, k1, c(1), row)
+        def loop(first, last, step, body):
+            """for i in range(first, last, step): body(i) (its counter a phi node)."""
+            before, test, inside, after = b.block, block("test"), block("body"), block("after")
+            b.branch(test)
+            b.position_at_end(test)
+            i = b.phi(i64)
+            i.add_incoming(first, before)
+            b.cbranch(b.icmp_signed("<", i, last), inside, after)
+            b.position_at_end(inside)
+            body(i)
+            i.add_incoming(b.add(i, step), b.block)
+            b.branch(test)
+            b.position_at_end(after)
 
-    def tile(out, res, panel, p0, masked, k0, k1):
-        """Rows panel*MR.. of the product over the packed strip (x's rows k0:k1), added to
-        the bias (k0 = 0) or to what earlier blocks of rows stored; then the epilogue (k1 =
-        K) or a plain store."""
-        first = b.mul(panel, c(MR))
-        keep = masks(p0) if masked else [None] * NV
-        weights = b.add(field[W], b.mul(b.mul(panel, k_), c(MR * 4)))
-        from_bias, from_out = block("from_bias"), block("from_out")
-        b.cbranch(b.icmp_signed("==", k0, c(0)), from_bias, from_out)
-        b.position_at_end(from_bias)
-        biased = [splat(load(at(field[BIAS], b.add(first, c(r))), f32)) for r in range(MR)]
-        biased = [v for v in biased for _ in range(NV)]
-        bias_end = b.block
-        before = block("k_start")
-        b.branch(before)
-        b.position_at_end(from_out)
-        stored = []
-        for r in range(MR):  # rows past M read row M - 1 (their sums are never stored)
-            m = b.select(b.icmp_signed("<", b.add(first, c(r)), m_), b.add(first, c(r)), b.sub(m_, c(1)))
-            for h in range(NV):
-                source = at(out, b.add(b.add(b.mul(m, field[LDO]), p0), c(VEC * h)), v8)
-                stored.append(b.call(masked_load, [source, ir.Constant(i32, 4), keep[h], zero]) if masked
-                              else load(source, v8, 4))
-        out_end = b.block
-        b.branch(before)
-        b.position_at_end(before)
-        start = []
-        for a_, b_ in zip(biased, stored):
-            phi = b.phi(v8)
-            phi.add_incoming(a_, bias_end)
-            phi.add_incoming(b_, out_end)
-            start.append(phi)
-        test, inside, after = block("k_test"), block("k_body"), block("k_after")
-        b.branch(test)
-        b.position_at_end(test)
-        k = b.phi(i64)
-        k.add_incoming(k0, before)
-        acc = []
-        for value in start:
-            phi = b.phi(v8)
-            phi.add_incoming(value, before)
-            acc.append(phi)
-        b.cbranch(b.icmp_signed("<", k, k1), inside, after)
-        b.position_at_end(inside)
-        xs = [load(at(strip, b.add(b.mul(b.sub(k, k0), c(NR)), c(VEC * h)), v8), v8, 32) for h in range(NV)]
-        row_weights = b.add(weights, b.mul(k, c(MR * 4)))
-        new = []
-        for r in range(MR):
-            weight = splat(load(b.inttoptr(b.add(row_weights, c(4 * r)), f32.as_pointer()), f32))
-            new += [b.call(fma, [weight, xs[h], acc[NV * r + h]]) for h in range(NV)]
-        k.add_incoming(b.add(k, c(1)), b.block)
-        for phi, value in zip(acc, new):
-            phi.add_incoming(value, b.block)
-        b.branch(test)
-        b.position_at_end(after)
-        rows = b.sub(m_, first)
-        partial_sums, epilogue, tile_done = block("partial"), block("epilogue"), block("tile_done")
-        b.cbranch(b.icmp_signed("<", k1, k_), partial_sums, epilogue)
-        b.position_at_end(partial_sums)
-        for r in range(MR):
-            def store_sums(r=r):
-                m = b.add(first, c(r))
-                for h in range(NV):
-                    target = at(out, b.add(b.add(b.mul(m, field[LDO]), p0), c(VEC * h)), v8)
-                    if masked:
-                        b.call(masked_store, [acc[NV * r + h], target, ir.Constant(i32, 4), keep[h]])
-                    else:
-                        b.store(acc[NV * r + h], target).align = 4
-            when(b.icmp_signed("<", c(r), rows), store_sums)
-        b.branch(tile_done)
-        b.position_at_end(epilogue)
-        act = field[ACT]
-        relu, relu6 = b.icmp_signed("==", act, c(1)), b.icmp_signed("==", act, c(2))
-        has_res = b.icmp_signed("!=", res, c(0))
-        has_slope = b.icmp_signed("!=", field[SLOPE], c(0))
-        for r in range(MR):
-            def store_row(r=r):
-                m = b.add(first, c(r))
-                values = acc[NV * r:NV * r + NV]
-                # The residual, read where there is one (a branch: its address may be 0).
-                with_res_block, join = block("res"), block("res_done")
-                came_from = b.block
-                b.cbranch(has_res, with_res_block, join)
-                b.position_at_end(with_res_block)
-                added = []
-                for h in range(NV):
-                    source = at(res, b.add(b.add(b.mul(m, field[LDR]), p0), c(VEC * h)), v8)
-                    extra = b.call(masked_load, [source, ir.Constant(i32, 4), keep[h], zero]) if masked \
-                        else load(source, v8, 4)
-                    added.append(b.fadd(values[h], extra))
-                res_end = b.block
+        def when(condition, body):
+            yes, done = block("then"), block("done")
+            b.cbranch(condition, yes, done)
+            b.position_at_end(yes)
+            body()
+            b.branch(done)
+            b.position_at_end(done)
+
+        i32x8 = ir.VectorType(i32, VEC)
+
+        def const(value):
+            return ir.Constant(v8, [float(np.float32(value))] * VEC)
+
+        def swish(v):
+            """v sigmoid(v), as jit.py's _swishf: e = exp(-|v|) (jit._exp_nonpositive's steps,
+            multiply-adds fused), then (1 or e) / (1 + e); NaN kept."""
+            k = jit.EXP_CONSTANTS
+            t = b.fsub(zero, b.call(fabs, [v]))
+            lo = const(k["lo"])
+            u = b.select(b.fcmp_ordered(">", t, lo), t, lo)
+            magic = const(k["magic"])
+            n = b.fsub(b.call(fma, [u, const(k["log2e"]), magic]), magic)
+            minus_n = b.fsub(zero, n)
+            r = b.call(fma, [minus_n, const(k["ln2_lo"]), b.call(fma, [minus_n, const(k["ln2_hi"]), u])])
+            poly = const(k["poly"][-1])
+            for coefficient in reversed(k["poly"][:-1]):
+                poly = b.call(fma, [poly, r, const(coefficient)])
+            poly = b.fadd(b.call(fma, [poly, b.fmul(r, r), r]), const(1.0))
+            bits = b.shl(b.add(b.fptosi(n, i32x8), ir.Constant(i32x8, [127 + 64] * VEC)), ir.Constant(i32x8, [23] * VEC))
+            e = b.fmul(b.fmul(poly, b.bitcast(bits, v8)), const(2.0 ** -64))
+            e = b.select(b.fcmp_ordered(">", t, lo), e, zero)
+            one = const(1.0)
+            return b.fmul(v, b.fdiv(b.select(b.fcmp_ordered(">=", v, zero), one, e), b.fadd(one, e)))
+
+        def hard_swish(v):
+            """v max(0, min(1, (v + 3) / 6)), NaN kept."""
+            s = b.fdiv(b.fadd(v, const(3.0)), six)
+            s = b.select(b.fcmp_ordered("<", s, zero), zero, s)
+            return b.fmul(v, b.select(b.fcmp_ordered(">", s, const(1.0)), const(1.0), s))
+
+        def activate(values, relu, relu6):
+            """ACTIVATIONS[...] of each vector: relu and relu6 as selects that keep NaN (numpy's
+            maximum and clip do); swish and hard_swish in blocks of their own."""
+            code = field[ACT]
+            simple, smooth, is_hard, join = block("simple"), block("swish"), block("hard_swish"), block("activated")
+            hard_test = block("hard_test")
+            b.cbranch(b.icmp_signed("<", code, c(3)), simple, hard_test)
+            b.position_at_end(hard_test)
+            b.cbranch(b.icmp_signed("==", code, c(4)), is_hard, smooth)
+            outcomes = []
+            for start, compute in ((simple, None), (is_hard, hard_swish), (smooth, swish)):
+                b.position_at_end(start)
+                if compute is None:
+                    out = []
+                    for v in values:
+                        clipped = b.select(b.fcmp_ordered("<", v, zero), zero, v)
+                        v = b.select(relu, clipped, v)
+                        out.append(b.select(relu6, b.select(b.fcmp_ordered(">", clipped, six), six, clipped), v))
+                else:
+                    out = [compute(v) for v in values]
+                outcomes.append((b.block, out))
                 b.branch(join)
-                b.position_at_end(join)
-                merged = []
+            b.position_at_end(join)
+            merged = []
+            for h in range(len(values)):
+                phi = b.phi(v8)
+                for where, out in outcomes:
+                    phi.add_incoming(out[h], where)
+                merged.append(phi)
+            return merged
+
+        m_, k_, p_ = field[M], field[K], field[P]
+        panels = b.udiv(b.add(m_, c(MR - 1)), c(MR))
+
+        def masks(p0):
+            width = splat(b.sub(p_, p0), ir.VectorType(i64, VEC))
+            return [b.icmp_signed("<", lane, width) for lane in lanes]
+
+        def pack(x, strip, p0, masked, k0, k1):
+            """Rows k0:k1 of x, columns p0:p0 + NR, into the strip buffer (zeros past P)."""
+            keep = masks(p0) if masked else [None] * NV
+
+            def row(k):
                 for h in range(NV):
-                    phi = b.phi(v8)
-                    phi.add_incoming(values[h], came_from)
-                    phi.add_incoming(added[h], res_end)
-                    merged.append(phi)
-                activated = activate(merged, relu, relu6)
-                slope = splat(b.select(has_slope, load(at(b.select(has_slope, field[SLOPE], field[BIAS]), m), f32),
-                                       ir.Constant(f32, 1.0)))
+                    source = at(x, b.add(b.add(b.mul(k, field[LDX]), p0), c(VEC * h)), v8)
+                    value = b.call(masked_load, [source, ir.Constant(i32, 4), keep[h], zero]) if masked \
+                        else load(source, v8, 4)
+                    b.store(value, at(strip, b.add(b.mul(b.sub(k, k0), c(NR)), c(VEC * h)), v8)).align = 32
+            loop(k0, k1, c(1), row)
+
+        def tile(a, strip, out, res, panel, p0, masked, k0, k1):
+            """Rows panel*MR.. of the product over the packed strip (x's rows k0:k1), added to
+            the bias (k0 = 0) or to what earlier blocks of rows stored; then the epilogue (k1 =
+            K) or a plain store. Dense: rows of a (rows past M read row M - 1), the bias a
+            column's."""
+            first = b.mul(panel, c(MR))
+            keep = masks(p0) if masked else [None] * NV
+            if dense:
+                rows = [b.select(b.icmp_signed("<", b.add(first, c(r)), m_), b.add(first, c(r)), b.sub(m_, c(1)))
+                        for r in range(MR)]
+                rows_at = [b.add(a, b.mul(b.mul(row, field[LDA]), c(4))) for row in rows]
+            else:
+                weights = b.add(a, b.mul(b.mul(panel, k_), c(MR * 4)))
+            from_bias, from_out = block("from_bias"), block("from_out")
+            b.cbranch(b.icmp_signed("==", k0, c(0)), from_bias, from_out)
+            b.position_at_end(from_bias)
+            if dense:  # sums from 0, the bias added as they are stored (numpy's matmul, then its add)
+                biased = [zero] * (NV * MR)
+            else:
+                biased = [splat(load(at(field[BIAS], b.add(first, c(r))), f32)) for r in range(MR)]
+                biased = [v for v in biased for _ in range(NV)]
+            bias_end = b.block
+            before = block("k_start")
+            b.branch(before)
+            b.position_at_end(from_out)
+            stored = []
+            for r in range(MR):  # rows past M read row M - 1 (their sums are never stored)
+                m = b.select(b.icmp_signed("<", b.add(first, c(r)), m_), b.add(first, c(r)), b.sub(m_, c(1)))
                 for h in range(NV):
-                    v = activated[h]
-                    v = b.select(b.fcmp_ordered("<", v, zero), b.fmul(v, slope), v)
-                    target = at(out, b.add(b.add(b.mul(m, field[LDO]), p0), c(VEC * h)), v8)
-                    if masked:
-                        b.call(masked_store, [v, target, ir.Constant(i32, 4), keep[h]])
+                    source = at(out, b.add(b.add(b.mul(m, field[LDO]), p0), c(VEC * h)), v8)
+                    stored.append(b.call(masked_load, [source, ir.Constant(i32, 4), keep[h], zero]) if masked
+                                  else load(source, v8, 4))
+            out_end = b.block
+            b.branch(before)
+            b.position_at_end(before)
+            start = []
+            for a_, b_ in zip(biased, stored):
+                phi = b.phi(v8)
+                phi.add_incoming(a_, bias_end)
+                phi.add_incoming(b_, out_end)
+                start.append(phi)
+            test, inside, after = block("k_test"), block("k_body"), block("k_after")
+            b.branch(test)
+            b.position_at_end(test)
+            k = b.phi(i64)
+            k.add_incoming(k0, before)
+            acc = []
+            for value in start:
+                phi = b.phi(v8)
+                phi.add_incoming(value, before)
+                acc.append(phi)
+            b.cbranch(b.icmp_signed("<", k, k1), inside, after)
+            b.position_at_end(inside)
+            xs = [load(at(strip, b.add(b.mul(b.sub(k, k0), c(NR)), c(VEC * h)), v8), v8, 32) for h in range(NV)]
+            if not dense:
+                row_weights = b.add(weights, b.mul(k, c(MR * 4)))
+            new = []
+            for r in range(MR):
+                weight_at = b.add(rows_at[r], b.mul(k, c(4))) if dense else b.add(row_weights, c(4 * r))
+                weight = splat(load(b.inttoptr(weight_at, f32.as_pointer()), f32))
+                new += [b.call(fma, [weight, xs[h], acc[NV * r + h]]) for h in range(NV)]
+            k.add_incoming(b.add(k, c(1)), b.block)
+            for phi, value in zip(acc, new):
+                phi.add_incoming(value, b.block)
+            b.branch(test)
+            b.position_at_end(after)
+            rows = b.sub(m_, first)
+            partial_sums, epilogue, tile_done = block("partial"), block("epilogue"), block("tile_done")
+            b.cbranch(b.icmp_signed("<", k1, k_), partial_sums, epilogue)
+            b.position_at_end(partial_sums)
+            for r in range(MR):
+                def store_sums(r=r):
+                    m = b.add(first, c(r))
+                    for h in range(NV):
+                        target = at(out, b.add(b.add(b.mul(m, field[LDO]), p0), c(VEC * h)), v8)
+                        if masked:
+                            b.call(masked_store, [acc[NV * r + h], target, ir.Constant(i32, 4), keep[h]])
+                        else:
+                            b.store(acc[NV * r + h], target).align = 4
+                when(b.icmp_signed("<", c(r), rows), store_sums)
+            b.branch(tile_done)
+            b.position_at_end(epilogue)
+            act = field[ACT]
+            relu, relu6 = b.icmp_signed("==", act, c(1)), b.icmp_signed("==", act, c(2))
+            has_res = b.icmp_signed("!=", res, c(0))
+            has_slope = b.icmp_signed("!=", field[SLOPE], c(0))
+            has_bias = b.icmp_signed("!=", field[BIAS], c(0))
+            bias_at = b.select(has_bias, field[BIAS], field[X])  # an address that may be read either way
+            for r in range(MR):
+                def store_row(r=r):
+                    m = b.add(first, c(r))
+                    values = acc[NV * r:NV * r + NV]
+                    if dense:  # the strip's columns of the bias (zeros past P), where there is one
+                        values = [b.fadd(v, b.select(has_bias, load(at(bias_at, b.add(p0, c(VEC * h)), v8), v8, 4),
+                                                     zero)) for h, v in enumerate(values)]
+                    # The residual, read where there is one (a branch: its address may be 0).
+                    with_res_block, join = block("res"), block("res_done")
+                    came_from = b.block
+                    b.cbranch(has_res, with_res_block, join)
+                    b.position_at_end(with_res_block)
+                    added = []
+                    for h in range(NV):
+                        source = at(res, b.add(b.add(b.mul(m, field[LDR]), p0), c(VEC * h)), v8)
+                        extra = b.call(masked_load, [source, ir.Constant(i32, 4), keep[h], zero]) if masked \
+                            else load(source, v8, 4)
+                        added.append(b.fadd(values[h], extra))
+                    res_end = b.block
+                    b.branch(join)
+                    b.position_at_end(join)
+                    merged = []
+                    for h in range(NV):
+                        phi = b.phi(v8)
+                        phi.add_incoming(values[h], came_from)
+                        phi.add_incoming(added[h], res_end)
+                        merged.append(phi)
+                    activated = activate(merged, relu, relu6)
+                    if not dense:  # a row's PReLU slope
+                        slope = splat(b.select(has_slope, load(at(b.select(has_slope, field[SLOPE], field[BIAS]), m),
+                                                                   f32), ir.Constant(f32, 1.0)))
+                    for h in range(NV):
+                        v = activated[h]
+                        if not dense:
+                            v = b.select(b.fcmp_ordered("<", v, zero), b.fmul(v, slope), v)
+                        target = at(out, b.add(b.add(b.mul(m, field[LDO]), p0), c(VEC * h)), v8)
+                        if masked:
+                            b.call(masked_store, [v, target, ir.Constant(i32, 4), keep[h]])
+                        else:
+                            b.store(v, target).align = 4
+                when(b.icmp_signed("<", c(r), rows), store_row)
+            b.branch(tile_done)
+            b.position_at_end(tile_done)
+
+        full = b.sub(p_, b.srem(p_, c(NR)))
+
+        def image(n):
+            x = b.add(field[W if dense else X], b.mul(n, b.mul(field[SX], c(4))))
+            out = b.add(field[OUT], b.mul(n, b.mul(field[SO], c(4))))
+            res = b.select(b.icmp_signed("!=", field[RES], c(0)),
+                           b.add(field[RES], b.mul(n, b.mul(field[SR], c(4)))), c(0))
+
+            def columns(p0, masked):
+                def rows_block(k0):  # x's rows k0:k0 + KC (the strip stays in L1)
+                    k1 = b.select(b.icmp_signed("<", b.add(k0, field[KC]), k_), b.add(k0, field[KC]), k_)
+                    if dense:  # the packed strip's rows k0:k1 (each strip K x NR floats)
+                        strip = b.add(field[X], b.mul(b.add(b.mul(p0, k_), b.mul(k0, c(NR))), c(4)))
+                        a = x
                     else:
-                        b.store(v, target).align = 4
-            when(b.icmp_signed("<", c(r), rows), store_row)
-        b.branch(tile_done)
-        b.position_at_end(tile_done)
+                        strip, a = field[STRIP], field[W]
+                        pack(x, strip, p0, masked, k0, k1)
+                    loop(c(0), panels, c(1), lambda panel: tile(a, strip, out, res, panel, p0, masked, k0, k1))
+                loop(c(0), k_, field[KC], rows_block)
 
-    full = b.sub(p_, b.srem(p_, c(NR)))
+            loop(c(0), full, c(NR), lambda p0: columns(p0, False))
+            when(b.icmp_signed("<", full, p_), lambda: columns(full, True))
+        loop(c(0), field[IMAGES], c(1), image)
+        b.ret(c(0))
 
-    def image(n):
-        x = b.add(field[X], b.mul(n, b.mul(field[SX], c(4))))
-        out = b.add(field[OUT], b.mul(n, b.mul(field[SO], c(4))))
-        res = b.select(b.icmp_signed("!=", field[RES], c(0)),
-                       b.add(field[RES], b.mul(n, b.mul(field[SR], c(4)))), c(0))
-
-        def columns(p0, masked):
-            def rows_block(k0):  # x's rows k0:k0 + KC (the strip stays in L1)
-                k1 = b.select(b.icmp_signed("<", b.add(k0, field[KC]), k_), b.add(k0, field[KC]), k_)
-                pack(x, p0, masked, k0, k1)
-                loop(c(0), panels, c(1), lambda panel: tile(out, res, panel, p0, masked, k0, k1))
-            loop(c(0), k_, field[KC], rows_block)
-        loop(c(0), full, c(NR), lambda p0: columns(p0, False))
-        when(b.icmp_signed("<", full, p_), lambda: columns(full, True))
-    loop(c(0), field[IMAGES], c(1), image)
-    b.ret(c(0))
+    emit("gemm", False)
+    emit("gemm_rows", True)
     return module
 
 
@@ -400,8 +446,9 @@ def _compile(llvm, ir):
             write_bytes(path, data)
     engine.set_object_cache(compiled, cached)
     engine.finalize_object()
-    address = engine.get_function_address("gemm")
-    return engine, ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p)(address), address
+    kind = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p)
+    return engine, {name: (kind(engine.get_function_address(name)), engine.get_function_address(name))
+                    for name in ("gemm", "gemm_rows")}
 
 
 def _aligned(n):
@@ -443,6 +490,78 @@ def pack_constant(w, bias, first, last):
     return found
 
 
+def pack_columns(w, bias=None):
+    """(strips, bias): w (K, N) as strips of NR columns, each K x NR (k-major: a row of NR
+    floats a k), columns past N zero; the bias (or None) padded to the strips' columns."""
+    k, n = w.shape
+    count = -(-n // NR)
+    padded = np.zeros((k, count * NR), np.float32)
+    padded[:, :n] = w
+    strips = _aligned(padded.size)
+    strips[:] = padded.reshape(k, count, NR).transpose(1, 0, 2).reshape(-1)
+    if bias is None:
+        return strips, None
+    b = _aligned(count * NR)
+    b[:n] = bias
+    return strips, b
+
+
+def pack_columns_constant(w, bias, first, last, transposed=False):
+    """pack_columns(w[:, first:last], bias[first:last]) for a model's constant w (K, N) (w.T
+    where `transposed`) and bias, made once however many plans bind them, as pack_constant."""
+    key = ("columns", id(w), id(bias), first, last, transposed)
+    found = _PACKED.get(key)
+    if found is None:
+        found = _PACKED[key] = pack_columns((w.T if transposed else w)[:, first:last],
+                                            None if bias is None else bias[first:last])
+        for owner in (w,) if bias is None else (w, bias):
+            weakref.finalize(owner, _PACKED.pop, key, None)
+    return found
+
+
+def bind_rows(packed, a, out, activation="", residual=None):
+    """A step writing f(a @ w + bias [+ residual]) to out: a (N, M, K) and out, residual
+    (N, M, P) float32 arrays whose last axis is contiguous (rows may be apart), their
+    images apart by any stride; `packed` is pack_columns(w, bias), w (K, P), the bias one a
+    column. The sums start from 0 and the bias, then the residual, are added as they are
+    stored: the bits of this product followed by numpy's adds (a model split between the
+    matmul and its adds gives the whole model's values). Each strip of w's packed columns
+    (up to ROWS_BLOCK rows of it) runs against every MR rows of a, read in place. None
+    where available() is False or the operands do not qualify."""
+    if not available() or activation not in ACTIVATIONS:
+        return None
+    arrays = [a, out] + ([residual] if residual is not None else [])
+    if any(v.dtype != np.float32 or v.ndim != 3 or v.strides[2] != 4 or any(st % 4 for st in v.strides)
+           for v in arrays):
+        return None
+    n, m, k = a.shape
+    p = out.shape[2]
+    if out.shape != (n, m, p) or (residual is not None and residual.shape != out.shape) or not (m and k and p):
+        return None
+    if np.shares_memory(a, out) or (residual is not None and np.shares_memory(residual, out) and not (
+            residual.ctypes.data == out.ctypes.data and residual.strides == out.strides)):
+        return None
+    strips, bias = packed
+    count = -(-p // NR)
+    if strips.size != count * NR * k or (bias is not None and bias.size != count * NR):
+        raise ValueError(f"packed columns of {strips.size} floats do not fit a ({k}, {p}) product")
+    blocks = -(-k // ROWS_BLOCK)
+    fields = np.zeros(FIELDS, np.int64)
+    fields[[W, X, OUT]] = [a.ctypes.data, strips.ctypes.data, out.ctypes.data]
+    if bias is not None:
+        fields[BIAS] = bias.ctypes.data
+    fields[[M, K, P, LDA, LDO, ACT, IMAGES, SX, SO, KC]] = [m, k, p, a.strides[1] // 4, out.strides[1] // 4,
+                                                            ACTIVATIONS[activation], n, a.strides[0] // 4,
+                                                            out.strides[0] // 4, -(-k // blocks)]
+    if residual is not None:
+        fields[[RES, LDR, SR]] = [residual.ctypes.data, residual.strides[1] // 4, residual.strides[0] // 4]
+    function, address = _built[0][1]["gemm_rows"]
+    step = functools.partial(function, fields.ctypes.data)
+    step.keep = (strips, bias, fields, a, out, residual)
+    step.native_call = (address, fields.ctypes.data)
+    return step
+
+
 def bind(packed, x, out, activation="", residual=None, slope=None):
     """A step writing f(w @ x + bias [+ residual]) to out: x (N, K, P) and out, residual
     (N, M, P) float32 arrays whose last axis is contiguous (rows may be apart: ld), their
@@ -481,7 +600,7 @@ def bind(packed, x, out, activation="", residual=None, slope=None):
         fields[[RES, LDR, SR]] = [residual.ctypes.data, residual.strides[1] // 4, residual.strides[0] // 4]
     if slope is not None:
         fields[SLOPE] = slope.ctypes.data
-    _, function, address = _built[0]
+    function, address = _built[0][1]["gemm"]
     step = functools.partial(function, fields.ctypes.data)
     step.keep = (panels, bias, strip, slope, fields, x, out, residual)  # alive as long as the step
     step.native_call = (address, fields.ctypes.data)  # for the native workers (native_threads.gemms)
