@@ -28,8 +28,14 @@ def median(values):
 def interleaved(contenders, runs, warmup=1):
     """Time every callable of {name: fn} `runs` times, round-robin (round r starts at the
     r-th contender, so host-load drift and ordering spread over all of them), after
-    `warmup` untimed calls each. {name: [seconds of each run]}."""
+    `warmup` untimed calls each, which come after numba's background load (an Interpreter's
+    first plan in the default mode binds without it: kernels/jit.py's `deferred`) has
+    ended, so that they make the plans again with the loops. {name: [seconds of each run]}."""
     names = list(contenders)
+    for name in names:
+        contenders[name]()  # a provisional plan's first run starts the load
+    if "edgeflow.interp.kernels.jit" in sys.modules:
+        sys.modules["edgeflow.interp.kernels.jit"].wait()
     for name in names:
         for _ in range(warmup):
             contenders[name]()

@@ -21,6 +21,16 @@ settings.register_profile("fuzz", deadline=None, suppress_health_check=_QUIET,
 IN_CI = bool(os.environ.get("CI"))
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if IN_CI else "dev"))
 
+# In the default JIT mode a process's first plans bind without numba while it loads in the
+# background, and are made again once it is ready (edgeflow/interp/kernels/jit.py's
+# `deferred`). Loaded here, before any test, every test's plans bind as a long-running
+# process's do, whichever tests ran before it in its worker: two interpreters of a test
+# never straddle the load. The first-run policy is tested in fresh interpreters
+# (tests/interp/test_jit.py). Under EDGEFLOW_JIT=0 nothing is imported.
+from edgeflow.interp.kernels import jit as _jit  # noqa: E402
+
+_jit.available()
+
 
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true",

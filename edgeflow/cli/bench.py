@@ -21,6 +21,7 @@ def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, de
     """
     from ..accel import transfers
     from ..interp import Interpreter
+    from ..interp.kernels import jit as jit_kernels
 
     t0 = time.perf_counter()
     interp = Interpreter(path, delegates=delegates, num_threads=threads, jit=jit)
@@ -31,6 +32,7 @@ def bench_model(path, runs=50, warmup=3, signature=None, inputs=None, top=10, de
     t0 = time.perf_counter()
     runner(**feed)
     first_s = time.perf_counter() - t0
+    jit_kernels.wait()  # numba's background load (a first plan bound without it), before the runs
     for _ in range(warmup):
         runner(**feed)
     times = np.empty(runs)

@@ -122,6 +122,7 @@ class Plan:
                             constants, variables, folded, known or {})
         self.preserve_all = preserve_all
         self.chains = {}  # conv or matmul index -> the ops right after it that its step may run (_fusions)
+        self.provisional = False  # bound without numba while it loads (_bind): made again once it is ready
         if not preserve_all:
             self.order = self._epilogues(self.order, specs)
         self._allocate(specs, preserve_all, fed)
@@ -292,34 +293,35 @@ class Plan:
                 self.arrays[op.outputs[0]] = self.arrays[op.inputs[0]].reshape(specs[op.outputs[0]].shape)
 
     def _bind(self, indices=None):
-        """Numpy kernel steps for ops `indices` (default: all), bound to their arrays. A
-        chain's product (self.chains) binds after the other ops where numba is not loaded
-        yet when it comes: their kernels may load it (BERT's layer_norm and gelu), and the
-        fused products run only then (kernels/jit.py's loaded())."""
+        """Numpy kernel steps for ops `indices` (default: all), bound to their arrays. In the
+        default JIT mode while numba is not loaded, bound without it; if the plan wants it,
+        numba loads in the background and the plan is provisional (kernels/jit.py's
+        `deferred`: its cache makes it again once numba is ready)."""
         if self.update_ops:  # a train step: its gradients' kernels load numba anyway; loaded first, the
             jit.available()  # forward's pools and bias passes bind their loops too (kernels/jit.py's loaded())
-        else:
-            jit.for_plan(lambda: self.flops(subgraphs=False))  # a large plan's: numba imported before it binds
-        indices = self.order if indices is None else indices
-        fusions, fused, later = self._fusions(indices), set(), set()
-        bound = {}  # op index -> its step (None: no step)
+        elif jit.deferring():
+            bound, wanted = jit.deferred(lambda: self._bind_steps(indices), lambda: self.flops(subgraphs=False))
+            self.provisional = self.provisional or wanted
+            return bound
+        return self._bind_steps(indices)
 
-        def bind(i):
-            bound[i] = self._bind_fused(i, fusions[i]) if i in fusions else None
-            if bound[i] is not None:
+    def _bind_steps(self, indices):
+        """_bind's steps: a chain's (self.chains) as its product's one step where it binds
+        so, else each op's own."""
+        indices = self.order if indices is None else indices
+        fusions, fused, steps, step_ops = self._fusions(indices), set(), [], []
+        for i in indices:
+            if i in fused:
+                continue
+            step = self._bind_fused(i, fusions[i]) if i in fusions else None
+            if step is not None:
                 fused.update(fusions[i][0])
             else:
-                bound[i] = self._bind_op(i)
-        for i in indices:
-            if i in fusions and not jit.loaded():
-                later.update([i] + fusions[i][0])
-            elif i not in fused and i not in later:
-                bind(i)
-        for i in indices:
-            if i in later and i not in fused:
-                bind(i)
-        pairs = [(bound[i], i) for i in indices if bound.get(i) is not None]
-        return [step for step, _ in pairs], [i for _, i in pairs]
+                step = self._bind_op(i)
+            if step is not None:
+                steps.append(step)
+                step_ops.append(i)
+        return steps, step_ops
 
     def _bind_fused(self, i, fusion):
         """The fused step of the chain from op i (conv_epilogue or matmul_epilogue), or None."""
@@ -526,3 +528,5 @@ class Plan:
         except (IndexError, ValueError) as e:
             i = self.step_ops[len(self.steps) - 1 - sum(1 for _ in it)]
             raise InvalidInputError(f"op {i} ({self.subgraph.operators[i].opcode}) failed: {e}") from e
+        if self.provisional:
+            jit.warm()  # bound while numba is not loaded: it loads now, in the background

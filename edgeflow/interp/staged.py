@@ -15,7 +15,7 @@ from .. import ops
 from ..errors import GraphError, InvalidInputError
 from ..ops.registry import TensorSpec
 from .arena import bounded, nbytes, size_text
-from .kernels import evaluate
+from .kernels import evaluate, jit
 from .plan import Plan, ShapeDependsOnValues, _check_declared, needed_operators
 
 _REST_CACHE_SIZE = 8
@@ -29,8 +29,12 @@ class PlanCache:
         self._plans, self._size = OrderedDict(), size
 
     def get(self, key, make):
-        """The plan cached under `key`, or `make()`'s, cached."""
+        """The plan cached under `key`, or `make()`'s, cached; a provisional one (bound while
+        numba loads: plan.py's _bind) made again once numba is ready."""
         plan = self._plans.get(key)
+        if plan is not None and getattr(plan, "provisional", False) and jit.ready():
+            del self._plans[key]
+            plan = None
         if plan is None:
             plan = self._plans[key] = make()
             if len(self._plans) > self._size:
@@ -96,6 +100,12 @@ class StagedPlan:
         self._rests = PlanCache(_REST_CACHE_SIZE)
         self.rest = None  # the plan the last run used for the rest
         self.arrays = {t: self.before.arrays[t] for t in inputs}
+
+    @property
+    def provisional(self):
+        """Whether the ops before the boundary were bound while numba loads (PlanCache then
+        makes this plan again once it is ready; the rests' plans are cached alike)."""
+        return self.before.provisional
 
     # -- running -----------------------------------------------------------------------
     def _boundary_values(self):

@@ -1085,9 +1085,16 @@ with g.as_default():
     y = apply("add", [z, y], {"activation": "relu"})
 interp = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})), jit=JIT)
 imported = "numba" in sys.modules
-out = interp.get_signature_runner("infer")(x=x)["y"]
+runner = interp.get_signature_runner("infer")
+out = runner(x=x)["y"]
+provisional = runner.last_plan.provisional
+bound = sorted(k for k in jit.BIND_SECONDS if k != "import numba")
+jit.wait()  # numba's background load, where the first plan wanted it
+later = runner(x=x)["y"]
 native = bool(native_gemm._built) and native_gemm._built[0] is not None
-print(json.dumps([imported, sorted(k for k in jit.BIND_SECONDS if k != "import numba"), out.ravel().tolist(), native]))
+print(json.dumps([imported, bound, out.ravel().tolist(), native, provisional,
+                  sorted(k for k in jit.BIND_SECONDS if k != "import numba"), later.ravel().tolist(),
+                  runner.last_plan.provisional]))
 """
 
 
@@ -1108,20 +1115,47 @@ def test_jit_on_imports_numba_up_front_and_binds_every_loop():
     np.testing.assert_allclose(on[2], auto[2], rtol=1e-5, atol=1e-5 * max(np.abs(auto[2]).max(), 1.0))
 
 
-def test_a_large_plan_imports_numba_by_default():
+def test_a_large_plan_binds_the_loops_once_numba_has_loaded():
     """In the default mode a plan of jit.PLAN_FLOPS or more arithmetic operations a run
-    imports numba before it binds (here with the threshold lowered to the ResNet ops'
-    count), so that its kernels bind the loops jit=True gives them; below it, and under
-    jit=False, numba stays out."""
+    (here with the threshold lowered to the ResNet ops' count) wants numba: its first run
+    does not wait for it (numba not imported before; numpy's kernels, jit=False's output bit
+    for bit; the plan provisional), numba then loads in the background, and once it has,
+    the next run's plan is made again with the loops jit=True's binds (jit=True's output
+    bit for bit). Below the threshold, and under jit=False, numba stays out."""
     flops = 2 * 8 * 16 * 16 * 3 * 49 + 2 * 8 * 8 * 8 * 8 * 9  # the two convs' multiply-adds (a lower bound)
     def run(jit, threshold):
         code = RESNET_OPS.replace("interp = ef.Interpreter", f"jit.PLAN_FLOPS = {threshold}\ninterp = ef.Interpreter")
         return _in_fresh_interpreter(code.replace("JIT", jit), {"EDGEFLOW_JIT": "1"})
     big, small, off = run("None", flops), run("None", 100 * flops), run("False", flops)
     on = _in_fresh_interpreter(RESNET_OPS.replace("JIT", "True"), {"EDGEFLOW_JIT": "1"})
-    assert big[1] == on[1] and {"im2col_loop", "max_pool_rows_loop"} <= set(big[1]), big[1]
-    assert small[1] == [] and off[1] == []
-    np.testing.assert_array_equal(big[2], on[2])
+    assert big[0] is False and big[4] is True and big[7] is False
+    np.testing.assert_array_equal(big[2], off[2])
+    assert set(on[1]) <= set(big[5]) and {"im2col_loop", "max_pool_rows_loop"} <= set(big[5]), big[5]
+    np.testing.assert_array_equal(big[6], on[2])
+    assert small[4] is False and small[5] == [] and off[4] is False and off[5] == []
+
+
+def test_the_tensor_api_keeps_its_inputs_when_the_plan_is_made_again():
+    """set_tensor, invoke (a provisional plan), then numba's load ends: the next invoke makes
+    the plan again with the inputs set before carried over (no set_tensor between), its
+    output jit=True's bit for bit."""
+    code = RESNET_OPS.replace("interp = ef.Interpreter", "jit.PLAN_FLOPS = 1\ninterp = ef.Interpreter").replace(
+        "runner = interp.get_signature_runner(\"infer\")", "runner = None")
+    code = code[:code.index("out = runner(x=x)")] + """
+index = interp.get_input_details()[0]["index"]
+interp.allocate_tensors()
+interp.set_tensor(index, x)
+interp.invoke()
+first = interp._plan.provisional
+jit.wait()
+interp.invoke()
+out = interp.get_tensor(interp.get_output_details()[0]["index"])
+print(json.dumps([first, interp._plan.provisional, out.ravel().tolist()]))
+"""
+    first, later, out = _in_fresh_interpreter(code.replace("JIT", "None"), {"EDGEFLOW_JIT": "1"})
+    on = _in_fresh_interpreter(RESNET_OPS.replace("JIT", "True"), {"EDGEFLOW_JIT": "1"})
+    assert first is True and later is False
+    np.testing.assert_array_equal(out, on[2])
 
 
 def test_jit_off_keeps_numpy_kernels_where_numba_is_loaded(jit_mode):
@@ -1188,9 +1222,12 @@ with g.as_default():
     t = ef.placeholder(ef.float32, x.shape, name="x")
     y = apply("conv", [t, w], {"group": 4, "pads": (1, 1, 1, 1), "activation": "relu"})
     z = apply("layer_norm", [y, np.ones(9, np.float32)], {"axis": -1, "epsilon": 1e-5})
-out = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"z": z})}))) \\
-    .get_signature_runner("infer")(x=x)["z"]
-print(json.dumps([sys.modules.get("numba") is not None, out.ravel().tolist()]))
+runner = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"z": z})}))).get_signature_runner("infer")
+first = runner(x=x)["z"]
+from edgeflow.interp.kernels import jit
+jit.wait()  # the depthwise conv wants numba: it loads after the first run
+out = runner(x=x)["z"]
+print(json.dumps([sys.modules.get("numba") is not None, out.ravel().tolist(), first.ravel().tolist()]))
 """
 
 
@@ -1199,11 +1236,13 @@ def test_kernels_run_without_numba(how):
     """EDGEFLOW_JIT=0, or numba not installed (an import that fails): the numpy path runs,
     numba is never imported, and the result is the JIT's (where numba is installed)."""
     blocked = "import sys; sys.modules['numba'] = None\n" if how == "absent" else ""
-    imported, out = _in_fresh_interpreter(blocked + DEPTHWISE_RUN,
-                                          {"EDGEFLOW_JIT": "0"} if how == "disabled" else {"EDGEFLOW_JIT": "1"})
+    imported, out, first = _in_fresh_interpreter(blocked + DEPTHWISE_RUN,
+                                                 {"EDGEFLOW_JIT": "0"} if how == "disabled" else {"EDGEFLOW_JIT": "1"})
     assert not imported
-    imported_jit, out_jit = _in_fresh_interpreter(DEPTHWISE_RUN, {"EDGEFLOW_JIT": "1"})
+    np.testing.assert_array_equal(out, first)
+    imported_jit, out_jit, first_jit = _in_fresh_interpreter(DEPTHWISE_RUN, {"EDGEFLOW_JIT": "1"})
     assert imported_jit
+    np.testing.assert_array_equal(first_jit, out)  # the first run, bound while numba loads: numpy's kernels
     close(np.float32(out), np.float32(out_jit))
 
 

@@ -257,6 +257,34 @@ def test_transformed_weights_match_numpy(m, shape, split):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_plans_of_one_model_share_its_transformed_weights():
+    """An interpreter's plans for two batch sizes bind a Winograd conv to one transformed
+    copy of its constant weights, freed with the model; the outputs are the reference's."""
+    import gc
+
+    import edgeflow as ef
+    from edgeflow.format import writer
+    from edgeflow.graph.math_ops import apply
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, (None, 32, 16, 16), name="x")
+        y = apply("conv", [t, w], {"pads": (1, 1, 1, 1)})
+    it = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})), num_threads=1)
+    runner = it.get_signature_runner("infer")
+    gc.collect()
+    before = len(winograd._TRANSFORMED)
+    with mock.patch.dict(os.environ, {winograd.ENV: "winograd4"}):
+        for batch in (1, 3):
+            x = rng.standard_normal((batch, 32, 16, 16)).astype(np.float32)
+            assert_near(runner(x=x)["y"], reference(x, w, None, (1, 1, 1, 1), ""))
+            assert len(winograd._TRANSFORMED) == before + 1
+    del it, runner
+    gc.collect()
+    assert len(winograd._TRANSFORMED) == before
+
+
 def test_steps_sharing_the_workspace():
     """Two Winograd convs bound as steps of one plan draw their scratch from the same
     workspace bytes; run alternately on new inputs, each stays right."""

@@ -12,11 +12,14 @@ numba is optional (the `jit` extra): it is imported on the first bind, never by 
 edgeflow.interp`, and each `bind_*` returns None where numba is absent, disabled
 (EDGEFLOW_JIT=0 when the kernel binds, or a plan made under `using(False)`: an
 Interpreter's jit=False) or the operands are not ones its loop takes; the kernel then runs
-its numpy path. By default a kernel that gains much from its loop imports numba, and so
-does a plan of PLAN_FLOPS or more arithmetic operations a run (`for_plan`); the other
-kernels take theirs only where it is loaded already: importing it and readying its first
-loop cost a first run some 0.75 s. Interpreter(jit=True) imports it up front, so that
-every kernel binds its loop; jit=False never. The loops are plain
+its numpy path. By default a plan wants numba where a kernel that gains much from its
+loop asks for it (available()) or the plan does PLAN_FLOPS or more arithmetic operations a
+run; the other kernels take theirs only where it is loaded already. Importing it and
+readying its first loop cost 0.8-1.7 s, which no first run waits for: a plan made before
+numba is loaded binds without it, and one that wants it is provisional, made again with
+the loops once numba has loaded in the background (`deferred`, `warm`, `ready`).
+Interpreter(jit=True) imports it up front, so that every kernel binds its loop; jit=False
+never. The loops are plain
 Python at module level, compiled by `numba.njit(cache=True)` (no fastmath: the float
 arithmetic as written, but for the activation loops' fused multiply-adds, _FASTMATH) for
 the argument types of each bind, at prepare time; later processes load the machine code from numba's on-disk cache.
@@ -24,6 +27,7 @@ the argument types of each bind, at prepare time; later processes load the machi
 import contextvars
 import math
 import os
+import threading
 import time
 
 import numpy as np
@@ -48,6 +52,11 @@ BIND_SECONDS = {}
 # The JIT mode of the plan being made (an Interpreter's `jit`): None, the default policy;
 # True, numba imported up front; False, numpy's kernels only.
 _MODE = contextvars.ContextVar("edgeflow_jit", default=None)
+# While a plan binds provisionally (`deferred`): the list where available() notes that a
+# kernel asked for numba.
+_DEFERRED = contextvars.ContextVar("edgeflow_jit_deferred", default=None)
+_WARM = []  # the thread loading numba in the background (`warm`), once a process
+_IMPORT_LOCK, _START_LOCK = threading.Lock(), threading.Lock()  # numba's import; starting that thread
 
 
 # Arithmetic operations a run from which a plan made in the default mode imports numba, so
@@ -66,12 +75,62 @@ def using(mode):
     return scoped(_MODE, mode)
 
 
-def for_plan(flops):
-    """Before a plan binds its kernels: in the default mode, import numba where flops(), the
-    plan's arithmetic operations a run by op, sum to PLAN_FLOPS or more."""
-    if _MODE.get() is None and not _numba and os.environ.get("EDGEFLOW_JIT", "1") != "0" \
-            and sum(flops().values()) >= PLAN_FLOPS:
-        available()
+def deferring():
+    """Whether a plan made now binds provisionally (`deferred`): the default mode, numba
+    neither loaded nor known to be absent, EDGEFLOW_JIT not "0"."""
+    return _MODE.get() is None and not _numba and os.environ.get("EDGEFLOW_JIT", "1") != "0"
+
+
+def deferred(bind, flops):
+    """(bind(), wanted): a plan's kernels bound by `bind` without numba. The plan wants it
+    where a kernel asked for it (available(), False meanwhile) or flops(), the plan's
+    arithmetic operations a run by op, sum to PLAN_FLOPS or more: it is then provisional.
+    Its first run does not wait for numba (importing it and readying its compiler took
+    0.8-1.7 s of ResNet-18's first run, 1.3-1.8 s in all, against 0.15-0.35 s without);
+    after it, numba loads in the background (`warm`), and the plan's cache makes it again
+    once `ready()`, with the loops."""
+    asked = []
+    token = _DEFERRED.set(asked)
+    try:
+        result = bind()
+    finally:
+        _DEFERRED.reset(token)
+    return result, bool(asked) or sum(flops().values()) >= PLAN_FLOPS
+
+
+def warm():
+    """Start loading numba in a background thread (once a process; the interpreter does
+    after a provisional plan's run): importing it, readying its compiler with one loop
+    from its cache, and native_gemm's product. Until it ends, runs share the interpreter's
+    lock with it (some 1-2 s of runs slower on this 2-core VM)."""
+    if _WARM:
+        return
+    with _START_LOCK:
+        if not _WARM:
+            _WARM.append(threading.Thread(target=_warm_up, name="edgeflow-jit-load", daemon=True))
+            _WARM[0].start()
+
+
+def _warm_up():
+    if available():  # this thread's context: the default mode, nothing deferred
+        out = np.zeros((1, 8, 4), np.float32)
+        bind_bias_activation(out, np.zeros(8, np.float32), out, "relu")  # numba's compiler readied
+        from . import native_gemm
+        native_gemm.available()
+
+
+def ready():
+    """Whether numba's state is settled (loaded, or known absent) and no load is under way:
+    a provisional plan is then made again."""
+    return bool(_numba) and not (_WARM and _WARM[0].is_alive())
+
+
+def wait(timeout=None):
+    """Wait for the background load (`warm`) to end, if one was started: a benchmark's timed
+    runs then measure the loops. Returns ready()."""
+    if _WARM:
+        _WARM[0].join(timeout)
+    return ready()
 
 
 def loaded():
@@ -88,13 +147,19 @@ def available():
     if os.environ.get("EDGEFLOW_JIT", "1") == "0" or _MODE.get() is False:
         return False
     if not _numba:
-        try:
-            start = time.perf_counter()
-            import numba
-            BIND_SECONDS["import numba"] = time.perf_counter() - start
-            _numba.append(numba)
-        except ImportError:
-            _numba.append(None)
+        asked = _DEFERRED.get()
+        if asked is not None:  # a provisional plan binding: numba loads in the background
+            asked.append(True)
+            return False
+        with _IMPORT_LOCK:  # held while numba imports (some 0.3 s): a second caller waits for it
+            if not _numba:
+                try:
+                    start = time.perf_counter()
+                    import numba
+                    BIND_SECONDS["import numba"] = time.perf_counter() - start
+                    _numba.append(numba)
+                except ImportError:
+                    _numba.append(None)
     return _numba[0] is not None
 
 

@@ -34,6 +34,7 @@ for F(4x4,3x3) (its transforms have entries up to 8 and down to 1/24; onnxruntim
 1.7e-7 to 3.7e-7), weights transformed in float32. tests/interp/test_winograd.py bounds both by 1e-4.
 """
 import os
+import weakref
 from functools import lru_cache, partial
 
 import numpy as np
@@ -165,6 +166,22 @@ def transformed_weights(w, m, workers=None):
     return out
 
 
+_TRANSFORMED = {}  # (id(w), m) -> constant_weights(w, m), while w lives
+
+
+def constant_weights(w, m, workers=None):
+    """transformed_weights(w, m) of a model's constant w (read-only: it does not change
+    between runs), made once however many plans bind it (an interpreter's plan for each
+    set of input shapes; a plan made again once numba has loaded, jit.deferred): kept
+    while w lives. ResNet-18's are 72 MB and take 30-90 ms to make here."""
+    key = (id(w), m)
+    found = _TRANSFORMED.get(key)
+    if found is None:
+        found = _TRANSFORMED[key] = transformed_weights(w, m, workers)
+        weakref.finalize(w, _TRANSFORMED.pop, key, None)
+    return found
+
+
 def weights_buffer(memory):
     """U's (a^2, M, C) view of `memory` (M, a^2, C): each U[k] an (M, C) matrix whose rows
     are a^2 * C apart, as BLAS takes it. Laid out so, the transform is a product for each
@@ -242,7 +259,7 @@ def conv(x, w, bias, begin, out, algo, activation=""):
         n_parts = workers.n if workers is not None and 2 * a * a * 9 * mm * c >= threads.MIN_FLOPS else 1
         weights = _weight_steps(w, u, m, n_parts)  # the output channels apart
     else:
-        u = transformed_weights(w, m, workers=workers)
+        u = constant_weights(w, m, workers=workers)
         weights = None
     # Scatter: y (r, M, N, t, s, c) -> out[N, M, t*m + r, s*m + c], in whole tiles and the
     # cropped last tile row / column; each output row is read from one run of y.
