@@ -321,3 +321,27 @@ def test_a_matmul_chain_stays_apart_where_its_weights_are_fed_or_its_product_an_
     np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got["m"], want - b, rtol=1e-5, atol=1e-5)
     assert sorted(r.opcode for r in prof.records.values()) == ["add", "add", "gelu", "matmul", "matmul"]
+
+
+@pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
+@pytest.mark.parametrize("p", [1, 8, 9, 16, 17, 23, 24, 25, 33, 41, 47, 49])
+def test_last_columns_in_narrow_strips(p):
+    """Both products where the last columns fill one, two or three vectors of the last strip
+    (a 7x7 map's 49 columns: 24 + 24 + 1), with the residual and relu6: float64's values,
+    nothing written past the columns."""
+    rng = np.random.default_rng(p)
+    w, bias = rng.standard_normal((10, 12)).astype(np.float32), rng.standard_normal(10).astype(np.float32)
+    x, res = rng.standard_normal((1, 12, p)).astype(np.float32), rng.standard_normal((1, 10, p)).astype(np.float32)
+    frame = np.full((1, 10, p + 9), 7.0, np.float32)
+    if p >= 4:
+        native_gemm.bind(native_gemm.pack(w, bias), x, frame[:, :, :p], "relu6", res)()
+        want = _reference(w, bias, x, "relu6", res, None)
+        np.testing.assert_allclose(frame[:, :, :p], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        assert (frame[:, :, p:] == 7.0).all()
+    a = rng.standard_normal((1, 6, 12)).astype(np.float32)
+    wide = rng.standard_normal((12, p)).astype(np.float32)
+    rows = np.full((1, 6, p + 9), 7.0, np.float32)
+    native_gemm.bind_rows(native_gemm.pack_columns(wide), a, rows[:, :, :p], "relu6")()
+    want = np.clip(a[0].astype(np.float64) @ wide, 0, 6)
+    np.testing.assert_allclose(rows[0, :, :p], want, rtol=1e-5, atol=1e-5 * max(np.abs(want).max(), 1.0))
+    assert (rows[:, :, p:] == 7.0).all()

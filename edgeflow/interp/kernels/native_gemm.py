@@ -25,8 +25,12 @@ MobileNetV2's and iris_landmark's pointwise shapes (144x24 @ 24x3136 0.61x, 32x6
 64x1024 0.73x, 64x384 @ 384x196 0.93x, 96x576 @ 576x196 in two blocks 0.97x); the
 product alone 0.84-0.94x of sgemm's. Left to BLAS (`suits`): fewer than 16 columns where
 the weights are many (1.5x at 4 columns of a 512x512 product; 0.75-0.9x of 64x128's at
-4-12), and depths past 768 (1.14x at 960, the strip outgrowing L1). Tile shapes tried: 6x16 (12 accumulators; M = 32 wastes a third of a panel) and 8x8 (9 loads
-per 8 multiply-adds) were 1.0-1.3x slower than 4x24.
+4-12), and depths past 768 (1.14x at 960, the strip outgrowing L1). Tile shapes tried:
+6x16 (12 accumulators; M = 32 wastes a third of a panel) and 8x8 (9 loads per 8
+multiply-adds) were 1.0-1.3x slower than 4x24. The last columns run in a strip of as many
+vectors as hold them (49 columns: 24 + 24 + 8, not 24 + 24 + 24): MobileNetV2's 7x7
+pointwise products 0.83-0.87x their time alone (960x160 @ 160x49 321 -> 268 us), 0.91-0.99x
+in the model's per-op profile.
 
 Used where the host has AVX2 and FMA (x86-64; the IR's vectors are generic, but the tile
 is sized for AVX2's registers) and llvmlite imports; `available()` says so, and callers
@@ -239,29 +243,29 @@ def _module(ir):
         m_, k_, p_ = field[M], field[K], field[P]
         panels = b.udiv(b.add(m_, c(MR - 1)), c(MR))
 
-        def masks(p0):
+        def masks(p0, nv):
             width = splat(b.sub(p_, p0), ir.VectorType(i64, VEC))
-            return [b.icmp_signed("<", lane, width) for lane in lanes]
+            return [b.icmp_signed("<", lane, width) for lane in lanes[:nv]]
 
-        def pack(x, strip, p0, masked, k0, k1):
-            """Rows k0:k1 of x, columns p0:p0 + NR, into the strip buffer (zeros past P)."""
-            keep = masks(p0) if masked else [None] * NV
+        def pack(x, strip, p0, masked, k0, k1, nv):
+            """Rows k0:k1 of x, columns p0:p0 + nv * VEC, into the strip buffer (zeros past P)."""
+            keep = masks(p0, nv) if masked else [None] * nv
 
             def row(k):
-                for h in range(NV):
+                for h in range(nv):
                     source = at(x, b.add(b.add(b.mul(k, field[LDX]), p0), c(VEC * h)), v8)
                     value = b.call(masked_load, [source, ir.Constant(i32, 4), keep[h], zero]) if masked \
                         else load(source, v8, 4)
                     b.store(value, at(strip, b.add(b.mul(b.sub(k, k0), c(NR)), c(VEC * h)), v8)).align = 32
             loop(k0, k1, c(1), row)
 
-        def tile(a, strip, out, res, panel, p0, masked, k0, k1):
-            """Rows panel*MR.. of the product over the packed strip (x's rows k0:k1), added to
-            the bias (k0 = 0) or to what earlier blocks of rows stored; then the epilogue (k1 =
-            K) or a plain store. Dense: rows of a (rows past M read row M - 1), the bias a
-            column's."""
+        def tile(a, strip, out, res, panel, p0, masked, k0, k1, nv):
+            """Rows panel*MR.. of the product over the packed strip's first nv vectors of
+            columns (x's rows k0:k1), added to the bias (k0 = 0) or to what earlier blocks of
+            rows stored; then the epilogue (k1 = K) or a plain store. Dense: rows of a (rows
+            past M read row M - 1), the bias a column's."""
             first = b.mul(panel, c(MR))
-            keep = masks(p0) if masked else [None] * NV
+            keep = masks(p0, nv) if masked else [None] * nv
             if dense:
                 rows = [b.select(b.icmp_signed("<", b.add(first, c(r)), m_), b.add(first, c(r)), b.sub(m_, c(1)))
                         for r in range(MR)]
@@ -272,10 +276,10 @@ def _module(ir):
             b.cbranch(b.icmp_signed("==", k0, c(0)), from_bias, from_out)
             b.position_at_end(from_bias)
             if dense:  # sums from 0, the bias added as they are stored (numpy's matmul, then its add)
-                biased = [zero] * (NV * MR)
+                biased = [zero] * (nv * MR)
             else:
                 biased = [splat(load(at(field[BIAS], b.add(first, c(r))), f32)) for r in range(MR)]
-                biased = [v for v in biased for _ in range(NV)]
+                biased = [v for v in biased for _ in range(nv)]
             bias_end = b.block
             before = block("k_start")
             b.branch(before)
@@ -283,7 +287,7 @@ def _module(ir):
             stored = []
             for r in range(MR):  # rows past M read row M - 1 (their sums are never stored)
                 m = b.select(b.icmp_signed("<", b.add(first, c(r)), m_), b.add(first, c(r)), b.sub(m_, c(1)))
-                for h in range(NV):
+                for h in range(nv):
                     source = at(out, b.add(b.add(b.mul(m, field[LDO]), p0), c(VEC * h)), v8)
                     stored.append(b.call(masked_load, [source, ir.Constant(i32, 4), keep[h], zero]) if masked
                                   else load(source, v8, 4))
@@ -308,14 +312,14 @@ def _module(ir):
                 acc.append(phi)
             b.cbranch(b.icmp_signed("<", k, k1), inside, after)
             b.position_at_end(inside)
-            xs = [load(at(strip, b.add(b.mul(b.sub(k, k0), c(NR)), c(VEC * h)), v8), v8, 32) for h in range(NV)]
+            xs = [load(at(strip, b.add(b.mul(b.sub(k, k0), c(NR)), c(VEC * h)), v8), v8, 32) for h in range(nv)]
             if not dense:
                 row_weights = b.add(weights, b.mul(k, c(MR * 4)))
             new = []
             for r in range(MR):
                 weight_at = b.add(rows_at[r], b.mul(k, c(4))) if dense else b.add(row_weights, c(4 * r))
                 weight = splat(load(b.inttoptr(weight_at, f32.as_pointer()), f32))
-                new += [b.call(fma, [weight, xs[h], acc[NV * r + h]]) for h in range(NV)]
+                new += [b.call(fma, [weight, xs[h], acc[nv * r + h]]) for h in range(nv)]
             k.add_incoming(b.add(k, c(1)), b.block)
             for phi, value in zip(acc, new):
                 phi.add_incoming(value, b.block)
@@ -328,12 +332,12 @@ def _module(ir):
             for r in range(MR):
                 def store_sums(r=r):
                     m = b.add(first, c(r))
-                    for h in range(NV):
+                    for h in range(nv):
                         target = at(out, b.add(b.add(b.mul(m, field[LDO]), p0), c(VEC * h)), v8)
                         if masked:
-                            b.call(masked_store, [acc[NV * r + h], target, ir.Constant(i32, 4), keep[h]])
+                            b.call(masked_store, [acc[nv * r + h], target, ir.Constant(i32, 4), keep[h]])
                         else:
-                            b.store(acc[NV * r + h], target).align = 4
+                            b.store(acc[nv * r + h], target).align = 4
                 when(b.icmp_signed("<", c(r), rows), store_sums)
             b.branch(tile_done)
             b.position_at_end(epilogue)
@@ -346,7 +350,7 @@ def _module(ir):
             for r in range(MR):
                 def store_row(r=r):
                     m = b.add(first, c(r))
-                    values = acc[NV * r:NV * r + NV]
+                    values = acc[nv * r:nv * r + nv]
                     if dense:  # the strip's columns of the bias (zeros past P), where there is one
                         values = [b.fadd(v, b.select(has_bias, load(at(bias_at, b.add(p0, c(VEC * h)), v8), v8, 4),
                                                      zero)) for h, v in enumerate(values)]
@@ -356,7 +360,7 @@ def _module(ir):
                     b.cbranch(has_res, with_res_block, join)
                     b.position_at_end(with_res_block)
                     added = []
-                    for h in range(NV):
+                    for h in range(nv):
                         source = at(res, b.add(b.add(b.mul(m, field[LDR]), p0), c(VEC * h)), v8)
                         extra = b.call(masked_load, [source, ir.Constant(i32, 4), keep[h], zero]) if masked \
                             else load(source, v8, 4)
@@ -365,7 +369,7 @@ def _module(ir):
                     b.branch(join)
                     b.position_at_end(join)
                     merged = []
-                    for h in range(NV):
+                    for h in range(nv):
                         phi = b.phi(v8)
                         phi.add_incoming(values[h], came_from)
                         phi.add_incoming(added[h], res_end)
@@ -374,7 +378,7 @@ def _module(ir):
                     if not dense:  # a row's PReLU slope
                         slope = splat(b.select(has_slope, load(at(b.select(has_slope, field[SLOPE], field[BIAS]), m),
                                                                    f32), ir.Constant(f32, 1.0)))
-                    for h in range(NV):
+                    for h in range(nv):
                         v = activated[h]
                         if not dense:
                             v = b.select(b.fcmp_ordered("<", v, zero), b.fmul(v, slope), v)
@@ -395,7 +399,7 @@ def _module(ir):
             res = b.select(b.icmp_signed("!=", field[RES], c(0)),
                            b.add(field[RES], b.mul(n, b.mul(field[SR], c(4)))), c(0))
 
-            def columns(p0, masked):
+            def columns(p0, masked, nv=NV):
                 def rows_block(k0):  # x's rows k0:k0 + KC (the strip stays in L1)
                     k1 = b.select(b.icmp_signed("<", b.add(k0, field[KC]), k_), b.add(k0, field[KC]), k_)
                     if dense:  # the packed strip's rows k0:k1 (each strip K x NR floats)
@@ -403,12 +407,17 @@ def _module(ir):
                         a = x
                     else:
                         strip, a = field[STRIP], field[W]
-                        pack(x, strip, p0, masked, k0, k1)
-                    loop(c(0), panels, c(1), lambda panel: tile(a, strip, out, res, panel, p0, masked, k0, k1))
+                        pack(x, strip, p0, masked, k0, k1, nv)
+                    loop(c(0), panels, c(1), lambda panel: tile(a, strip, out, res, panel, p0, masked, k0, k1, nv))
                 loop(c(0), k_, field[KC], rows_block)
 
             loop(c(0), full, c(NR), lambda p0: columns(p0, False))
-            when(b.icmp_signed("<", full, p_), lambda: columns(full, True))
+            # The last columns (fewer than NR) in a strip of as few vectors as hold them: 49
+            # columns (a 7x7 map) as 24 + 24 + 8, not 24 + 24 + 24.
+            rest = b.sub(p_, full)
+            for nv in range(1, NV + 1):
+                when(b.and_(b.icmp_signed(">", rest, c(VEC * (nv - 1))), b.icmp_signed("<=", rest, c(VEC * nv))),
+                     lambda nv=nv: columns(full, True, nv))
         loop(c(0), field[IMAGES], c(1), image)
         b.ret(c(0))
 
