@@ -333,7 +333,7 @@ class Interpreter:
         if self._plan is None:
             self.allocate_tensors()
         elif getattr(self._plan, "provisional", False) and jit_kernels.ready():
-            old = self._plan  # bound while numba loaded: made again, the inputs set in it carried over
+            old = self._plan  # bound while numba was loading: made again now, the inputs set in it carried over
             self.allocate_tensors()
             for i in self._io[0]:
                 np.copyto(self._plan.arrays[i], old.arrays[i])

@@ -7,6 +7,7 @@ prepare/eval split. Ops whose definition says `view=True` need no kernel: their 
 is a reshaped view of their input, made by the planner.
 """
 import functools
+import weakref
 
 import numpy as np
 
@@ -61,6 +62,18 @@ def _widened(make):
                 dtypes.narrow(w, out=a)
         return run
     return widened
+
+
+def per_constant(cache, key, owners, make):
+    """make()'s result for a model's constant arrays `owners` (read-only: they do not change
+    between runs), kept in `cache` under `key` while they live: made once however many plans
+    bind them (an interpreter's plan for each set of input shapes), freed with the model."""
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = make()
+        for owner in owners:
+            weakref.finalize(owner, cache.pop, key, None)
+    return found
 
 
 def evaluate(opcode, attrs, values, specs):

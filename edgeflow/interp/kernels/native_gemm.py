@@ -16,6 +16,10 @@ product and applies all of it to each tile of the result while it is in register
 - the tile's epilogue adds the residual, applies relu/relu6, then the PReLU slope of
   its row, and stores (masked stores for the last strip's columns).
 
+A dense layer, a (M, K) @ w (K, N) + bias, runs the same tile the other way round
+(`bind_rows`): w, constant, packed once in strips of NR columns, a's rows broadcast from
+where they lie, the bias a column's, added after the sums.
+
 The loop nest is LLVM IR built with llvmlite (numba's compiler, the `jit` extra) and
 compiled for the host's CPU by MCJIT once a process (some 100-200 ms), called through
 ctypes with its operands in one int64 array (ctypes lets go of the GIL). Measured on this
@@ -41,11 +45,10 @@ import ctypes
 import functools
 import hashlib
 import os
-import weakref
 
 import numpy as np
 
-from . import jit
+from . import jit, per_constant
 
 MR, NR = 4, 24  # a panel's rows, a strip's columns (3 vectors of 8 floats)
 VEC = 8
@@ -482,21 +485,15 @@ def pack(w, bias=None):
     return panels, b
 
 
-_PACKED = {}  # (id(w), id(bias), first, last) -> pack(...), while w and bias live
+_PACKED = {}  # pack_constant's and pack_columns_constant's packs, while their constants live
 
 
 def pack_constant(w, bias, first, last):
     """pack(w (M, ...) rows first:last as (rows, K), bias alike) for a model's constant w and
-    bias (read-only: they do not change between runs), made once however many plans bind
-    them (an interpreter's plan for each set of input shapes): kept while w and bias live."""
-    key = (id(w), id(bias), first, last)
-    found = _PACKED.get(key)
-    if found is None:
-        found = _PACKED[key] = pack(w[first:last].reshape(last - first, -1),
-                                    None if bias is None else bias[first:last])
-        for owner in (w,) if bias is None else (w, bias):
-            weakref.finalize(owner, _PACKED.pop, key, None)
-    return found
+    bias, made once however many plans bind them (kernels.per_constant)."""
+    return per_constant(_PACKED, (id(w), id(bias), first, last), (w,) if bias is None else (w, bias),
+                        lambda: pack(w[first:last].reshape(last - first, -1),
+                                     None if bias is None else bias[first:last]))
 
 
 def pack_columns(w, bias=None):
@@ -517,15 +514,11 @@ def pack_columns(w, bias=None):
 
 def pack_columns_constant(w, bias, first, last, transposed=False):
     """pack_columns(w[:, first:last], bias[first:last]) for a model's constant w (K, N) (w.T
-    where `transposed`) and bias, made once however many plans bind them, as pack_constant."""
-    key = ("columns", id(w), id(bias), first, last, transposed)
-    found = _PACKED.get(key)
-    if found is None:
-        found = _PACKED[key] = pack_columns((w.T if transposed else w)[:, first:last],
-                                            None if bias is None else bias[first:last])
-        for owner in (w,) if bias is None else (w, bias):
-            weakref.finalize(owner, _PACKED.pop, key, None)
-    return found
+    where `transposed`) and bias, made once however many plans bind them (kernels.per_constant)."""
+    return per_constant(_PACKED, ("columns", id(w), id(bias), first, last, transposed),
+                        (w,) if bias is None else (w, bias),
+                        lambda: pack_columns((w.T if transposed else w)[:, first:last],
+                                             None if bias is None else bias[first:last]))
 
 
 def bind_rows(packed, a, out, activation="", residual=None):
@@ -539,16 +532,13 @@ def bind_rows(packed, a, out, activation="", residual=None):
     where available() is False or the operands do not qualify."""
     if not available() or activation not in ACTIVATIONS:
         return None
-    arrays = [a, out] + ([residual] if residual is not None else [])
-    if any(v.dtype != np.float32 or v.ndim != 3 or v.strides[2] != 4 or any(st % 4 for st in v.strides)
-           for v in arrays):
+    if not _takes(out, residual, a):
         return None
     n, m, k = a.shape
     p = out.shape[2]
     if out.shape != (n, m, p) or (residual is not None and residual.shape != out.shape) or not (m and k and p):
         return None
-    if np.shares_memory(a, out) or (residual is not None and np.shares_memory(residual, out) and not (
-            residual.ctypes.data == out.ctypes.data and residual.strides == out.strides)):
+    if np.shares_memory(a, out):
         return None
     strips, bias = packed
     count = -(-p // NR)
@@ -562,13 +552,7 @@ def bind_rows(packed, a, out, activation="", residual=None):
     fields[[M, K, P, LDA, LDO, ACT, IMAGES, SX, SO, KC]] = [m, k, p, a.strides[1] // 4, out.strides[1] // 4,
                                                             ACTIVATIONS[activation], n, a.strides[0] // 4,
                                                             out.strides[0] // 4, -(-k // blocks)]
-    if residual is not None:
-        fields[[RES, LDR, SR]] = [residual.ctypes.data, residual.strides[1] // 4, residual.strides[0] // 4]
-    function, address = _built[0][1]["gemm_rows"]
-    step = functools.partial(function, fields.ctypes.data)
-    step.keep = (strips, bias, fields, a, out, residual)
-    step.native_call = (address, fields.ctypes.data)
-    return step
+    return _step("gemm_rows", fields, residual, (strips, bias, a, out))
 
 
 def bind(packed, x, out, activation="", residual=None, slope=None):
@@ -579,18 +563,12 @@ def bind(packed, x, out, activation="", residual=None, slope=None):
     operands do not qualify (the caller keeps its own path)."""
     if not available() or activation not in ACTIVATIONS:
         return None
-    arrays = [x, out] + ([residual] if residual is not None else [])
-    if any(a.dtype != np.float32 or a.ndim != 3 or a.strides[2] != 4 for a in arrays):
+    if not _takes(out, residual, x):
         return None
     n, k, p = x.shape
     m = out.shape[1]
     if out.shape != (n, m, p) or (residual is not None and residual.shape != out.shape):
         return None
-    if any(s % 4 for a in arrays for s in a.strides):
-        return None
-    if residual is not None and np.shares_memory(residual, out) and not (
-            residual.ctypes.data == out.ctypes.data and residual.strides == out.strides):
-        return None  # read and written in the same pass: only the very same elements may alias
     panels, bias = packed
     if bias.size < -(-m // MR) * MR or panels.size != bias.size * k:
         raise ValueError(f"packed weights of {panels.size} floats do not fit a ({m}, {k}) product")
@@ -605,12 +583,30 @@ def bind(packed, x, out, activation="", residual=None, slope=None):
     fields[[M, K, P, LDX, LDO, ACT, IMAGES, SX, SO, KC]] = [m, k, p, x.strides[1] // 4, out.strides[1] // 4,
                                                             ACTIVATIONS[activation], n, x.strides[0] // 4,
                                                             out.strides[0] // 4, kc]
-    if residual is not None:
-        fields[[RES, LDR, SR]] = [residual.ctypes.data, residual.strides[1] // 4, residual.strides[0] // 4]
     if slope is not None:
         fields[SLOPE] = slope.ctypes.data
-    function, address = _built[0][1]["gemm"]
+    return _step("gemm", fields, residual, (panels, bias, strip, slope, x, out))
+
+
+def _takes(out, residual, *inputs):
+    """Whether bind's and bind_rows's operands qualify: float32, three axes, the last
+    contiguous, strides of whole floats; a residual, read in the pass that writes out, may
+    alias it only as the very same elements."""
+    arrays = [*inputs, out] + ([residual] if residual is not None else [])
+    if any(v.dtype != np.float32 or v.ndim != 3 or v.strides[2] != 4 or any(st % 4 for st in v.strides)
+           for v in arrays):
+        return False
+    return residual is None or not np.shares_memory(residual, out) or (
+        residual.ctypes.data == out.ctypes.data and residual.strides == out.strides)
+
+
+def _step(name, fields, residual, keep):
+    """The step calling compiled function `name` on `fields` (the residual's set here),
+    keeping `keep` (the arrays it reads and writes) alive as long as itself."""
+    if residual is not None:
+        fields[[RES, LDR, SR]] = [residual.ctypes.data, residual.strides[1] // 4, residual.strides[0] // 4]
+    function, address = _built[0][1][name]
     step = functools.partial(function, fields.ctypes.data)
-    step.keep = (panels, bias, strip, slope, fields, x, out, residual)  # alive as long as the step
+    step.keep = (fields, residual, *keep)
     step.native_call = (address, fields.ctypes.data)  # for the native workers (native_threads.gemms)
     return step

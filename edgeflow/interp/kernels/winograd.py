@@ -34,7 +34,6 @@ for F(4x4,3x3) (its transforms have entries up to 8 and down to 1/24; onnxruntim
 1.7e-7 to 3.7e-7), weights transformed in float32. tests/interp/test_winograd.py bounds both by 1e-4.
 """
 import os
-import weakref
 from functools import lru_cache, partial
 
 import numpy as np
@@ -43,7 +42,7 @@ from numpy.lib.stride_tricks import as_strided
 from ...errors import EdgeflowError
 from .. import threads
 from ..arena import outside, scratch
-from . import jit
+from . import jit, per_constant
 from .fused import with_activation
 
 ENV = "EDGEFLOW_CONV_ALGO"
@@ -173,13 +172,8 @@ def constant_weights(w, m, workers=None):
     """transformed_weights(w, m) of a model's constant w (read-only: it does not change
     between runs), made once however many plans bind it (an interpreter's plan for each
     set of input shapes; a plan made again once numba has loaded, jit.deferred): kept
-    while w lives. ResNet-18's are 72 MB and take 30-90 ms to make here."""
-    key = (id(w), m)
-    found = _TRANSFORMED.get(key)
-    if found is None:
-        found = _TRANSFORMED[key] = transformed_weights(w, m, workers)
-        weakref.finalize(w, _TRANSFORMED.pop, key, None)
-    return found
+    while w lives (kernels.per_constant). ResNet-18's are 72 MB and take 30-90 ms to make here."""
+    return per_constant(_TRANSFORMED, (id(w), m), (w,), lambda: transformed_weights(w, m, workers))
 
 
 def weights_buffer(memory):
