@@ -458,3 +458,66 @@ def test_run_time_batch_mismatch_is_an_input_error(compile_graph, rng):
     run = compile_graph(graph, {"X": x, "h": h}, {"y": y})
     with pytest.raises(ef.errors.InvalidInputError, match="batch size"):
         run(X=np.zeros((4, 2, 2), np.float32), h=np.zeros((1, 3, 3), np.float32))
+
+
+def _threaded_outputs(op, arrays, attrs, threads_, order=None):
+    """The op's outputs from an interpreter of `threads_` threads (every op split), and its
+    recurrence kernels; `order` reorders the pieces a split hands the workers, run one
+    after the other on this thread."""
+    from edgeflow.format import writer
+    from edgeflow.interp import threads
+    from edgeflow.interp.kernels import rnn
+    graph = ef.Graph()
+    with graph.as_default():
+        x = ef.placeholder(np.float32, arrays["X"].shape, name="X")
+        inputs = [x] + [ef.constant(arrays[n]) for n in EDGEFLOW_INPUTS[op][1:] if n in arrays]
+        has = {HAS[n]: n in arrays for n in EDGEFLOW_INPUTS[op][3:]}
+        tensors = apply(op, inputs, {**attrs, **has})
+    data = writer.to_bytes(ef.to_model(graph, {"infer": ({"X": x}, dict(zip(OUTPUTS[op], tensors)))}))
+    made = []
+    cls = {"lstm": rnn._LSTM, "gru": rnn._GRU}[op]
+    with pytest.MonkeyPatch.context() as patch:
+        init = cls.__init__
+        patch.setattr(cls, "__init__", lambda self, *a: (made.append(self), init(self, *a))[1])
+        patch.setattr(threads, "MIN_FLOPS", 1)
+        if order is not None:
+            patch.setattr(threads.Workers, "run", lambda self, tasks: [tasks[k]() for k in order(len(tasks))])
+        interp = ef.Interpreter(data, num_threads=threads_)
+        if interp._workers is not None:
+            interp._workers.adaptive = False  # always split
+        out = interp.get_signature_runner("infer")(X=arrays["X"])
+    return [out[n] for n in OUTPUTS[op]], made
+
+
+@pytest.mark.parametrize("op", ["lstm", "gru"])
+@pytest.mark.parametrize("direction", ["forward", "reverse"])
+@pytest.mark.parametrize("batch,hidden", [(1, 16), (3, 13), (4, 37)])
+def test_a_one_way_recurrence_shares_its_steps_between_threads(op, direction, batch, hidden):
+    """On 2 or 3 threads a one-way LSTM, or GRU with linear_before_reset, runs each step's
+    hidden units in blocks that the threads share (jit.lstm_shared, gru_shared): onnxruntime's
+    outputs; those of one thread, bit for bit where the blocks' rows of R fall in the same
+    4-row tiles of the product as the whole R's (hidden a multiple of 4); the same bits where
+    the pieces run one after the other, the last first (a worker that starts late, or never
+    while another runs: the first to run does every block)."""
+    from edgeflow.interp.kernels import jit
+    assert jit.available()
+    rng = np.random.default_rng(hidden)
+    present = OPTIONAL[op]
+    arrays = recurrent_arrays(rng, op, 6, batch, 5, hidden, direction, present)
+    attrs = {"hidden_size": hidden, "direction": direction, "linear_before_reset": 1} if op == "gru" else \
+        {"hidden_size": hidden, "direction": direction}
+    for name, a, e in zip(OUTPUTS[op], _threaded_outputs(op, arrays, attrs, 2)[0],
+                          onnxruntime_reference(op, arrays, attrs)):
+        assert_close(a, e, np.float32, **TOL), name
+    want, made = _threaded_outputs(op, arrays, attrs, 1)
+    assert made[0].shared is None
+    for threads_ in (2, 3):
+        got, made = _threaded_outputs(op, arrays, attrs, threads_)
+        assert made[0].shared is not None
+        late, _ = _threaded_outputs(op, arrays, attrs, threads_, order=lambda n: range(n)[::-1])
+        for a, b, c in zip(want, got, late):
+            if hidden % 4:
+                np.testing.assert_allclose(b, a, **TOL)
+            else:
+                np.testing.assert_array_equal(b, a)
+            np.testing.assert_array_equal(c, b)

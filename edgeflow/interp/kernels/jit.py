@@ -214,11 +214,40 @@ def _compile_scalars(numba):
     stays a function: inlined by numba it would take its caller's floating-point flags,
     without the reassociation its sums vectorize by."""
     names = globals()
+    if not hasattr(names["_fetch_add"], "_defn"):
+        names["_fetch_add"], names["_load_acquire"] = _atomics(numba)
     for name in SCALARS:
         if not hasattr(names[name], "py_func"):
             names[name] = numba.njit(cache=True, nogil=True, error_model="numpy",
                                      inline="never" if name == "_matmul_nt" else "always",
                                      fastmath=_FASTMATH.get(name, {"contract"}))(names[name])
+
+
+def _atomics(numba):
+    """_fetch_add and _load_acquire as numba intrinsics: an atomic add (sequentially
+    consistent) and an acquiring load of an int64 array's element."""
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+
+    def element(context, builder, signature, args):
+        kind = signature.args[0]
+        array = context.make_array(kind)(context, builder, args[0])
+        return cgutils.get_item_pointer(context, builder, kind, array, [args[1]])
+
+    @intrinsic
+    def fetch_add(typingctx, sync, index):
+        def codegen(context, builder, signature, args):
+            one = context.get_constant(types.int64, 1)
+            return builder.atomic_rmw("add", element(context, builder, signature, args), one, "seq_cst")
+        return types.int64(sync, index), codegen
+
+    @intrinsic
+    def load_acquire(typingctx, sync, index):
+        def codegen(context, builder, signature, args):
+            return builder.load_atomic(element(context, builder, signature, args), "acquire", 8)
+        return types.int64(sync, index), codegen
+
+    return fetch_add, load_acquire
 
 
 def _takes(*arrays):
@@ -1725,15 +1754,136 @@ def gru_loop(xw, r_zr, r_h, rbh, h, zr, hh, rh, y, backward, linear_before_reset
             _copy_row(h[b], y[t, b])
 
 
+# The recurrences on several threads at once (`lstm_shared`, `gru_shared`): a step's
+# hidden units in blocks, which the threads claim, each block its gates' rows of R, the
+# product and the gate functions of its units for every batch row. A step waits for all its
+# blocks before the next begins (it reads all of h). Each thread claims its own share of a
+# step's blocks first (so that its rows of R stay in its core's cache from step to step),
+# then whatever the others have not: a thread that starts late, or never while another
+# runs (a worker's core taken, or the pieces run one after the other), costs no step more
+# than the work it leaves to the others.
+# `sync` holds, per step, a claim counter per thread's share and a count of blocks done,
+# each on a cache line of its own (8 int64s), zero before the pieces start.
+
+def _fetch_add(sync, index):
+    """sync[index] += 1, returning the value before, in one atomic operation (an intrinsic
+    once numba is loaded: `_compile_scalars`)."""
+    old = sync[index]
+    sync[index] = old + 1
+    return old
+
+
+def _load_acquire(sync, index):
+    """sync[index], read afresh each call, and no later read of memory runs before it (an
+    intrinsic once numba is loaded)."""
+    return sync[index]
+
+
+def _claim_blocks(sync, base, me, threads, blocks):
+    """The next block of a step a thread `me` of `threads` takes (the step's counters at
+    sync[base:]), or -1 once every block is claimed."""
+    for k in range(threads):
+        share = (me + k) % threads
+        first = share * blocks // threads
+        v = _fetch_add(sync, base + share * 8)
+        if v < (share + 1) * blocks // threads - first:
+            return first + v
+    return -1
+
+
+def _wait_step(sync, base, threads, blocks):
+    """Spin until all `blocks` of the step whose counters are at sync[base:] are done."""
+    while _load_acquire(sync, base + threads * 8) < blocks:
+        pass
+
+
+def lstm_shared(xw, r, hbuf, c, gs, y, sync, backward, me, threads, units):
+    """lstm_loop's sequence, as one of `threads` threads running it at once (`me` this one):
+    per step, blocks of `units` hidden units claimed (`_claim_blocks`), each block's four
+    gates from its rows of R (`_matmul_nt`, into this thread's scratch gs[me]), its cells
+    and hidden units updated; h read from hbuf[s % 2] and written to hbuf[(s + 1) % 2]
+    (every block reads all of h), y[t] its copy. The same arithmetic per element as
+    lstm_loop."""
+    seq, batch = xw.shape[0], xw.shape[1]
+    n = c.shape[1]
+    blocks = (n + units - 1) // units
+    stride = (threads + 1) * 8
+    for s in range(seq):
+        t = seq - 1 - s if backward else s
+        h, hn, x, yt, base = hbuf[s % 2], hbuf[(s + 1) % 2], xw[t], y[t], s * stride
+        while True:
+            j = _claim_blocks(sync, base, me, threads, blocks)
+            if j < 0:
+                break
+            u0 = j * units
+            w = min(units, n - u0)
+            g = gs[me, :4 * batch * w].reshape(4, batch, w)
+            for q in range(4):
+                _matmul_nt(h, r[q * n + u0:q * n + u0 + w], g[q])
+            # unsigned indices: numba checks a signed one for a negative value on each access,
+            # which kept the loop scalar (70 ns an element)
+            first, un = _U(u0), _U(n)
+            for b in range(batch):
+                xb, cb, hb = x[b], c[b], hn[b]
+                for k in range(_U(0), _U(w)):
+                    u = first + k
+                    i = _sigmoidf(g[0, b, k] + xb[u])
+                    o = _sigmoidf(g[1, b, k] + xb[un + u])
+                    f = _sigmoidf(g[2, b, k] + xb[_U(2) * un + u])
+                    cell = _tanhf(g[3, b, k] + xb[_U(3) * un + u])
+                    ck = f * cb[u] + i * cell
+                    cb[u] = ck
+                    hb[u] = o * _tanhf(ck)
+                _copy_row(hb[u0:u0 + w], yt[b, u0:u0 + w])
+            _fetch_add(sync, base + threads * 8)
+        _wait_step(sync, base, threads, blocks)
+
+
+def gru_shared(xw, r_zr, r_h, rbh, hbuf, gs, y, sync, backward, me, threads, units):
+    """gru_loop's sequence with linear_before_reset, shared between `threads` threads as
+    lstm_shared's: a block's update and reset gates and candidate from its rows of R, all
+    three of its units alone."""
+    seq, batch = xw.shape[0], xw.shape[1]
+    n = hbuf.shape[2]
+    blocks = (n + units - 1) // units
+    stride = (threads + 1) * 8
+    for s in range(seq):
+        t = seq - 1 - s if backward else s
+        h, hn, x, yt, base = hbuf[s % 2], hbuf[(s + 1) % 2], xw[t], y[t], s * stride
+        while True:
+            j = _claim_blocks(sync, base, me, threads, blocks)
+            if j < 0:
+                break
+            u0 = j * units
+            w = min(units, n - u0)
+            g = gs[me, :3 * batch * w].reshape(3, batch, w)
+            _matmul_nt(h, r_zr[u0:u0 + w], g[0])
+            _matmul_nt(h, r_zr[n + u0:n + u0 + w], g[1])
+            _matmul_nt(h, r_h[u0:u0 + w], g[2])
+            first, un = _U(u0), _U(n)  # unsigned indices, as lstm_shared's
+            for b in range(batch):
+                xb, hb, nb = x[b], h[b], hn[b]
+                for k in range(_U(0), _U(w)):
+                    u = first + k
+                    z = _sigmoidf(g[0, b, k] + xb[u])
+                    reset = _sigmoidf(g[1, b, k] + xb[un + u])
+                    cand = _tanhf((g[2, b, k] + rbh[u]) * reset + xb[_U(2) * un + u])
+                    nb[u] = (_ONE - z) * cand + z * hb[u]
+                _copy_row(nb[u0:u0 + w], yt[b, u0:u0 + w])
+            _fetch_add(sync, base + threads * 8)
+        _wait_step(sync, base, threads, blocks)
+
+
 def bind_recurrence(kind, *args):
     """lstm_loop or gru_loop (`kind`) compiled for `args` as the kernel will pass them
     (their types; the arrays may change between runs), or None: numba absent or
     disabled, or operands its loops do not take (float32 only: float64 runs numpy's
     steps, to full precision)."""
-    arrays = [a for a in args if isinstance(a, np.ndarray)]
+    arrays = [a for a in args if isinstance(a, np.ndarray) and a.dtype != np.int64]  # not `sync`
     if not available() or not _takes(*arrays) or arrays[0].dtype != np.float32:
         return None
-    return compiled(lstm_loop if kind == "lstm" else gru_loop, *args)
+    return compiled({"lstm": lstm_loop, "gru": gru_loop, "lstm_shared": lstm_shared, "gru_shared": gru_shared}[kind],
+                    *args)
 
 
 # -- along the last axis, one row at a time -------------------------------------------------
@@ -2013,7 +2163,7 @@ def _hard_swishf(v):
 SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_nonpositive", "_exp_wide", "_exp_less_half_square",
            "_sigmoidf", "_tanhf", "_swishf", "_hard_swishf",
            "_activate_run", "_load_phases", "_unload_phases", "_window_maxima", "_add_taps", "_add_taps4",
-           "_crop_rows", "_matmul_nt", "_copy_row", "_tap_span", "_clip_bounds", "_same_run", "_fold", "_column5", "_sum5", "_combine2",
+           "_crop_rows", "_matmul_nt", "_copy_row", "_claim_blocks", "_wait_step", "_tap_span", "_clip_bounds", "_same_run", "_fold", "_column5", "_sum5", "_combine2",
            "_combine4", "_combine6", "_combine", "_gather_tiles", "_gather_block")
 # The activation and depthwise loops and SCALARS may contract a * b + c into one fused multiply-add where the
 # machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other

@@ -99,20 +99,30 @@ class _Recurrence:
         names = [name for name, _, _ in activations(op, attrs)]
         self.plain = (names == list(DEFAULT_ACTIVATIONS[op]) * len(self.directions) and not self.clip
                       and self.lens is None and self.P is None and not attrs.get("input_forget"))
-        self.sequence = None
-        # The compiled loop splits the batch over the plan's workers: its rows are
-        # independent recurrences (a batch-8 LSTM's loop at 2 threads: one per 4 rows).
+        self.sequence = self.shared = None
         self.workers = threads.current()
         self.flops = flops = 2 * seq * batch * self.hidden * self.gates * self.hidden  # a direction's steps
-        self.rows = [(0, batch)] if self.workers is None or flops < threads.MIN_FLOPS else \
-            threads.pieces(batch, self.workers.n)
+        threaded = self.workers is not None and flops >= threads.MIN_FLOPS
+        # A one-way recurrence's compiled loop runs on all the plan's workers at once, each
+        # step's hidden units in blocks they share (jit.lstm_shared, gru_shared; `shared`,
+        # bound by the subclass), at every batch (lstm2 on 2 threads, alternating processes:
+        # batch 1 5.0-5.5 -> 3.0-4.2 ms, onnxruntime 2.1-2.8; batch 8 12-13 ms as with its
+        # batch split); a bidirectional one's splits the batch instead, its rows independent
+        # recurrences (a batch-8 BiGRU at 2 threads: one per 4 rows), or runs its two
+        # directions at once (_directions_apart).
+        self.shares = threaded and self.plain and len(self.directions) == 1 and self.dtype == np.float32 \
+            and (op == "lstm" or (op == "gru" and attrs["linear_before_reset"]))
+        self.rows = threads.pieces(batch, self.workers.n) if threaded and not self.shares else [(0, batch)]
         # Each direction's input projection, one product of the whole sequence, split over the
-        # workers with the batch (on one thread it kept lstm2 at batch 8 and 2 threads at
-        # 14.95 ms, 12.34 split; the BiGRU 12.96 and 10.77); None where the operands need a
-        # cast first, or the batch is not split (at batch 1 a split product was 4-10% slower).
+        # workers with the batch or the shared steps (on one thread it kept lstm2 at batch 8
+        # and 2 threads at 14.95 ms, 12.34 split; the BiGRU 12.96 and 10.77); None where the
+        # operands need a cast first, or the loop runs on one thread (at batch 1 a split
+        # product was 4-10% slower). native_gemm's product with the bias fused (math.
+        # matmul_epilogue) took 1.5-1.7x numpy's product and bias pass at lstm2's 512 x 256 @
+        # 256 x 1024, 0.9-1.5x at batch 1's 64 rows.
         x = self.X.reshape(seq * batch, -1)
         self.projections = [split_matmul(x, self.W[d].T, self.xw)
-                            if len(self.rows) > 1 and x.dtype == self.W.dtype == self.dtype else None
+                            if (len(self.rows) > 1 or self.shares) and x.dtype == self.W.dtype == self.dtype else None
                             for d, _ in self.directions]
 
     def bind_sequence(self):
@@ -121,6 +131,32 @@ class _Recurrence:
         xw = self.xw.reshape(self.X.shape[0], self.X.shape[1], -1)
         recurrent = self.recurrent(np.empty(self.R.shape[1:], self.dtype), None)
         return jit.bind_recurrence(self.op, *self.sequence_args(xw, recurrent, self.outs[0][:, 0], True, self.rows[0]))
+
+    def bind_shared(self):
+        """(loop, units): the compiled loop that the workers run at once (jit.lstm_shared,
+        gru_shared), and the hidden units of a block, a block a worker's share; or None
+        where numba does not bind it."""
+        seq, batch, _ = self.X.shape
+        n, parts = self.hidden, self.workers.n
+        units = max(4, -(-n // (4 * parts)) * 4)  # a multiple of 4: _matmul_nt's tile
+        self.hbuf = np.empty((2, batch, n), self.dtype)  # h read, h written: alternating by step
+        self.scratch = np.empty((parts, self.gates * batch * units), self.dtype)
+        self.sync = np.zeros(seq * (parts + 1) * 8, np.int64)  # jit._claim_blocks' counters
+        xw = self.xw.reshape(seq, batch, -1)
+        recurrent = self.recurrent(np.empty(self.R.shape[1:], self.dtype), np.empty(self.B.shape[1:], self.dtype)
+                                   if self.B is not None else None)
+        loop = jit.bind_recurrence(self.op + "_shared", *self.shared_args(xw, recurrent, self.outs[0][:, 0], True),
+                                   0, parts, units)
+        return None if loop is None else (loop, units)
+
+    def run_shared(self, xw, recurrent, y, backward):
+        """The sequence of one direction on all the workers at once (`shared`)."""
+        loop, units = self.shared
+        self.hbuf[0] = self.state[0]
+        self.sync[...] = 0
+        args, parts = self.shared_args(xw, recurrent, y, backward), self.workers.n
+        self.workers.run([partial(loop, *args, me, parts, units) for me in range(parts)])
+        self.state[0][...] = self.hbuf[xw.shape[0] % 2]
 
     def clipped(self, a):
         if self.clip:
@@ -146,7 +182,9 @@ class _Recurrence:
             self.peepholes = None if self.P is None else self.P[d].astype(dt, copy=False)
             for state, initial in zip(self.state, self.initial):
                 state[...] = 0 if initial is None else initial[d]
-            if self.sequence is not None:
+            if self.shared is not None:
+                self.run_shared(xw, recurrent, y[:, d], backward)
+            elif self.sequence is not None:
                 steps = [partial(self.sequence, *self.sequence_args(xw, recurrent, y[:, d], backward, rows))
                          for rows in self.rows]
                 if len(steps) > 1:
@@ -186,6 +224,7 @@ class _LSTM(_Recurrence):
         self.input_forget = attrs["input_forget"]
         self.g = np.empty((self.state[0].shape[0], 4 * self.hidden), self.dtype)
         self.sequence = self.bind_sequence() if self.plain else None
+        self.shared = self.bind_shared() if self.shares and self.sequence is not None else None
 
     def bias(self, b):
         return b[:4 * self.hidden] + b[4 * self.hidden:]
@@ -196,6 +235,10 @@ class _LSTM(_Recurrence):
     def sequence_args(self, xw, recurrent, y, backward, rows):
         """lstm_loop's arguments for the batch rows `rows` (R as ONNX lays it out)."""
         return (xw, np.ascontiguousarray(recurrent[0].T), *self.state, self.g, y, backward) + rows
+
+    def shared_args(self, xw, recurrent, y, backward):
+        """lstm_shared's arguments but the thread's own."""
+        return xw, np.ascontiguousarray(recurrent[0].T), self.hbuf, self.state[1], self.scratch, y, self.sync, backward
 
     def step(self, xw_t, r):
         (h, c), g, n, p = self.state, self.g, self.hidden, self.peepholes
@@ -236,6 +279,7 @@ class _GRU(_Recurrence):
         self.hh, self.rh = np.empty((batch, n), self.dtype), np.empty((batch, n), self.dtype)
         self.zero_rbh = np.zeros(n, self.dtype)
         self.sequence = self.bind_sequence() if self.plain else None
+        self.shared = self.bind_shared() if self.shares and self.sequence is not None else None
 
     def bias(self, b):
         # Rbh joins the input projection only where the reset gate comes before R.
@@ -256,6 +300,11 @@ class _GRU(_Recurrence):
         (r_zr, r_h), rbh = (np.ascontiguousarray(a.T) for a in recurrent[:2]), recurrent[2]
         return (xw, r_zr, r_h, self.zero_rbh if rbh is None else rbh, self.state[0], self.zr, self.hh, self.rh, y,
                 backward, bool(self.linear_before_reset)) + rows
+
+    def shared_args(self, xw, recurrent, y, backward):
+        """gru_shared's arguments but the thread's own."""
+        (r_zr, r_h), rbh = (np.ascontiguousarray(a.T) for a in recurrent[:2]), recurrent[2]
+        return xw, r_zr, r_h, self.zero_rbh if rbh is None else rbh, self.hbuf, self.scratch, y, self.sync, backward
 
     def step(self, xw_t, r_zr, r_h, rbh):
         (h,), zr, hh, n = self.state, self.zr, self.hh, self.hidden
