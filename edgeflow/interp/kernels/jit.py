@@ -1779,44 +1779,47 @@ def _load_acquire(sync, index):
     return sync[index]
 
 
-def _claim_blocks(sync, base, me, threads, blocks):
-    """The next block of a step a thread `me` of `threads` takes (the step's counters at
-    sync[base:]), or -1 once every block is claimed."""
+def _shared_step(s, backward, hbuf, xw, y, threads):
+    """Step s's h to read, h to write, xw[t] and y[t], and where its counters start in sync."""
+    t = xw.shape[0] - 1 - s if backward else s
+    return hbuf[s % 2], hbuf[(s + 1) % 2], xw[t], y[t], s * (threads + 1) * 8
+
+
+def _claim_units(sync, base, me, threads, n, units):
+    """(first, count): the hidden units of the next block of a step that thread `me` of
+    `threads` takes (the step's counters at sync[base:]); count 0 once every block is
+    claimed."""
+    blocks = (n + units - 1) // units
     for k in range(threads):
         share = (me + k) % threads
         first = share * blocks // threads
         v = _fetch_add(sync, base + share * 8)
         if v < (share + 1) * blocks // threads - first:
-            return first + v
-    return -1
+            u0 = (first + v) * units
+            return u0, min(units, n - u0)
+    return 0, 0
 
 
-def _wait_step(sync, base, threads, blocks):
-    """Spin until all `blocks` of the step whose counters are at sync[base:] are done."""
-    while _load_acquire(sync, base + threads * 8) < blocks:
+def _wait_step(sync, base, threads, n, units):
+    """Spin until every block of the step whose counters are at sync[base:] is done."""
+    while _load_acquire(sync, base + threads * 8) < (n + units - 1) // units:
         pass
 
 
 def lstm_shared(xw, r, hbuf, c, gs, y, sync, backward, me, threads, units):
     """lstm_loop's sequence, as one of `threads` threads running it at once (`me` this one):
-    per step, blocks of `units` hidden units claimed (`_claim_blocks`), each block's four
+    per step, blocks of `units` hidden units claimed (`_claim_units`), each block's four
     gates from its rows of R (`_matmul_nt`, into this thread's scratch gs[me]), its cells
     and hidden units updated; h read from hbuf[s % 2] and written to hbuf[(s + 1) % 2]
     (every block reads all of h), y[t] its copy. The same arithmetic per element as
     lstm_loop."""
-    seq, batch = xw.shape[0], xw.shape[1]
-    n = c.shape[1]
-    blocks = (n + units - 1) // units
-    stride = (threads + 1) * 8
-    for s in range(seq):
-        t = seq - 1 - s if backward else s
-        h, hn, x, yt, base = hbuf[s % 2], hbuf[(s + 1) % 2], xw[t], y[t], s * stride
+    batch, n = c.shape
+    for s in range(xw.shape[0]):
+        h, hn, x, yt, base = _shared_step(s, backward, hbuf, xw, y, threads)
         while True:
-            j = _claim_blocks(sync, base, me, threads, blocks)
-            if j < 0:
+            u0, w = _claim_units(sync, base, me, threads, n, units)
+            if w == 0:
                 break
-            u0 = j * units
-            w = min(units, n - u0)
             g = gs[me, :4 * batch * w].reshape(4, batch, w)
             for q in range(4):
                 _matmul_nt(h, r[q * n + u0:q * n + u0 + w], g[q])
@@ -1836,26 +1839,20 @@ def lstm_shared(xw, r, hbuf, c, gs, y, sync, backward, me, threads, units):
                     hb[u] = o * _tanhf(ck)
                 _copy_row(hb[u0:u0 + w], yt[b, u0:u0 + w])
             _fetch_add(sync, base + threads * 8)
-        _wait_step(sync, base, threads, blocks)
+        _wait_step(sync, base, threads, n, units)
 
 
 def gru_shared(xw, r_zr, r_h, rbh, hbuf, gs, y, sync, backward, me, threads, units):
     """gru_loop's sequence with linear_before_reset, shared between `threads` threads as
     lstm_shared's: a block's update and reset gates and candidate from its rows of R, all
     three of its units alone."""
-    seq, batch = xw.shape[0], xw.shape[1]
-    n = hbuf.shape[2]
-    blocks = (n + units - 1) // units
-    stride = (threads + 1) * 8
-    for s in range(seq):
-        t = seq - 1 - s if backward else s
-        h, hn, x, yt, base = hbuf[s % 2], hbuf[(s + 1) % 2], xw[t], y[t], s * stride
+    batch, n = hbuf.shape[1], hbuf.shape[2]
+    for s in range(xw.shape[0]):
+        h, hn, x, yt, base = _shared_step(s, backward, hbuf, xw, y, threads)
         while True:
-            j = _claim_blocks(sync, base, me, threads, blocks)
-            if j < 0:
+            u0, w = _claim_units(sync, base, me, threads, n, units)
+            if w == 0:
                 break
-            u0 = j * units
-            w = min(units, n - u0)
             g = gs[me, :3 * batch * w].reshape(3, batch, w)
             _matmul_nt(h, r_zr[u0:u0 + w], g[0])
             _matmul_nt(h, r_zr[n + u0:n + u0 + w], g[1])
@@ -1871,7 +1868,7 @@ def gru_shared(xw, r_zr, r_h, rbh, hbuf, gs, y, sync, backward, me, threads, uni
                     nb[u] = (_ONE - z) * cand + z * hb[u]
                 _copy_row(nb[u0:u0 + w], yt[b, u0:u0 + w])
             _fetch_add(sync, base + threads * 8)
-        _wait_step(sync, base, threads, blocks)
+        _wait_step(sync, base, threads, n, units)
 
 
 def bind_recurrence(kind, *args):
@@ -2163,7 +2160,7 @@ def _hard_swishf(v):
 SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_nonpositive", "_exp_wide", "_exp_less_half_square",
            "_sigmoidf", "_tanhf", "_swishf", "_hard_swishf",
            "_activate_run", "_load_phases", "_unload_phases", "_window_maxima", "_add_taps", "_add_taps4",
-           "_crop_rows", "_matmul_nt", "_copy_row", "_claim_blocks", "_wait_step", "_tap_span", "_clip_bounds", "_same_run", "_fold", "_column5", "_sum5", "_combine2",
+           "_crop_rows", "_matmul_nt", "_copy_row", "_shared_step", "_claim_units", "_wait_step", "_tap_span", "_clip_bounds", "_same_run", "_fold", "_column5", "_sum5", "_combine2",
            "_combine4", "_combine6", "_combine", "_gather_tiles", "_gather_block")
 # The activation and depthwise loops and SCALARS may contract a * b + c into one fused multiply-add where the
 # machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other
