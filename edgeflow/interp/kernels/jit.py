@@ -215,7 +215,7 @@ def _compile_scalars(numba):
     without the reassociation its sums vectorize by."""
     names = globals()
     if not hasattr(names["_fetch_add"], "_defn"):
-        names["_fetch_add"], names["_load_acquire"] = _atomics(numba)
+        names["_fetch_add"], names["_load_acquire"], names["_call0"] = _intrinsics(numba)
     for name in SCALARS:
         if not hasattr(names[name], "py_func"):
             names[name] = numba.njit(cache=True, nogil=True, error_model="numpy",
@@ -223,9 +223,11 @@ def _compile_scalars(numba):
                                      fastmath=_FASTMATH.get(name, {"contract"}))(names[name])
 
 
-def _atomics(numba):
-    """_fetch_add and _load_acquire as numba intrinsics: an atomic add (sequentially
-    consistent) and an acquiring load of an int64 array's element."""
+def _intrinsics(numba):
+    """_fetch_add, _load_acquire and _call0 as numba intrinsics: an atomic add (sequentially
+    consistent) and an acquiring load of an int64 array's element; a call of the function
+    of no arguments at an address (none at 0)."""
+    from llvmlite import ir
     from numba.core import cgutils, types
     from numba.extending import intrinsic
 
@@ -247,7 +249,17 @@ def _atomics(numba):
             return builder.load_atomic(element(context, builder, signature, args), "acquire", 8)
         return types.int64(sync, index), codegen
 
-    return fetch_add, load_acquire
+    @intrinsic
+    def call0(typingctx, address):
+        def codegen(context, builder, signature, args):
+            address = args[0]
+            with builder.if_then(builder.icmp_signed("!=", address, address.type(0))):
+                function = ir.FunctionType(ir.IntType(32), [])
+                builder.call(builder.inttoptr(address, function.as_pointer()), [])
+            return context.get_dummy_value()
+        return types.none(address), codegen
+
+    return fetch_add, load_acquire, call0
 
 
 def _takes(*arrays):
@@ -1763,7 +1775,36 @@ def gru_loop(xw, r_zr, r_h, rbh, h, zr, hh, rh, y, backward, linear_before_reset
 # runs (a worker's core taken, or the pieces run one after the other), costs no step more
 # than the work it leaves to the others.
 # `sync` holds, per step, a claim counter per thread's share and a count of blocks done,
-# each on a cache line of its own (8 int64s), zero before the pieces start.
+# each on a cache line of its own (8 int64s), zero before the pieces start, and last the
+# address of sched_yield (`_wait_step`).
+
+# Looks at a step's count of blocks done before a waiting thread yields its core at each.
+SHARED_SPINS = 2000
+
+
+def yield_address():
+    """The address of the C library's sched_yield (the shared recurrences' `sync` holds it
+    last), or 0 where there is none."""
+    if not _YIELD:
+        import ctypes
+        import ctypes.util
+        try:
+            _YIELD.append(ctypes.cast(ctypes.CDLL(ctypes.util.find_library("c")).sched_yield, ctypes.c_void_p).value)
+        except (OSError, AttributeError, TypeError):
+            _YIELD.append(0)
+    return _YIELD[0]
+
+
+_YIELD = []
+
+
+def _call0(address):
+    """Call the C function of no arguments at `address` (none where it is 0): an intrinsic
+    once numba is loaded."""
+    if address:
+        import ctypes
+        ctypes.CFUNCTYPE(ctypes.c_int)(int(address))()
+
 
 def _fetch_add(sync, index):
     """sync[index] += 1, returning the value before, in one atomic operation (an intrinsic
@@ -1801,9 +1842,15 @@ def _claim_units(sync, base, me, threads, n, units):
 
 
 def _wait_step(sync, base, threads, n, units):
-    """Spin until every block of the step whose counters are at sync[base:] is done."""
+    """Spin until every block of the step whose counters are at sync[base:] is done; past
+    SHARED_SPINS looks, yielding the core at each (sync's last element: the address of
+    sched_yield, or 0), so that a thread sharing this core (more threads than cores, a
+    core another process holds) gets to finish its block."""
+    spins = 0
     while _load_acquire(sync, base + threads * 8) < (n + units - 1) // units:
-        pass
+        spins += 1
+        if spins > SHARED_SPINS:
+            _call0(sync[sync.shape[0] - 1])
 
 
 def lstm_shared(xw, r, hbuf, c, gs, y, sync, backward, me, threads, units):
