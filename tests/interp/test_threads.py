@@ -423,16 +423,17 @@ def test_a_jit_conv_split_over_threads_equals_one_thread(kind, batch, channels, 
 
 
 @pytest.mark.parametrize("op", ["lstm", "gru"])
-def test_a_bidirectional_recurrence_runs_its_directions_apart(op, monkeypatch):
-    """At batch 1 (nothing to split in the batch) a bidirectional recurrence runs its two
-    directions at once on two workers, each on buffers of its own: Y and the final states
-    as on one thread, bit for bit."""
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_bidirectional_recurrence_runs_its_directions_apart(op, batch, monkeypatch):
+    """On two workers, at batch 1 (nothing to split in the batch) and above, a bidirectional
+    recurrence runs its two directions at once, each on buffers of its own: Y and the final
+    states as on one thread, bit for bit."""
     from edgeflow.graph.math_ops import apply
     from edgeflow.interp.kernels import jit, rnn
     assert jit.available()
     rng = np.random.default_rng(7)
     gates, hidden, size = {"lstm": 4, "gru": 3}[op], 16, 8
-    x = rng.normal(0, 1, (9, 1, size)).astype(np.float32)
+    x = rng.normal(0, 1, (9, batch, size)).astype(np.float32)
     w = rng.normal(0, 0.5, (2, gates * hidden, size)).astype(np.float32)
     r = rng.normal(0, 0.5, (2, gates * hidden, hidden)).astype(np.float32)
     b = rng.normal(0, 0.5, (2, 2 * gates * hidden)).astype(np.float32)

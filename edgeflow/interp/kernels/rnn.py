@@ -107,12 +107,17 @@ class _Recurrence:
         # step's hidden units in blocks they share (jit.lstm_shared, gru_shared; `shared`,
         # bound by the subclass), at every batch (lstm2 on 2 threads, alternating processes:
         # batch 1 5.0-5.5 -> 3.0-4.2 ms, onnxruntime 2.1-2.8; batch 8 12-13 ms as with its
-        # batch split); a bidirectional one's splits the batch instead, its rows independent
-        # recurrences (a batch-8 BiGRU at 2 threads: one per 4 rows), or runs its two
-        # directions at once (_directions_apart).
+        # batch split); a bidirectional one's runs its two directions at once
+        # (_directions_apart), or, on more workers, splits the batch, its rows independent
+        # recurrences.
         self.shares = threaded and self.plain and len(self.directions) == 1 and self.dtype == np.float32 \
             and (op == "lstm" or (op == "gru" and attrs["linear_before_reset"]))
-        self.rows = threads.pieces(batch, self.workers.n) if threaded and not self.shares else [(0, batch)]
+        # Two workers run a bidirectional recurrence's two directions at once at every batch
+        # (_directions_apart): the BiGRU at batch 8, alternating processes, 10.0-10.7 ms with
+        # the batch split, 8.0-8.3 (one 10.6) apart (onnxruntime 9.5).
+        apart = len(self.directions) == 2 and threaded and self.workers.n == 2
+        self.rows = threads.pieces(batch, self.workers.n) if threaded and not (self.shares or apart) \
+            else [(0, batch)]
         # Each direction's input projection, one product of the whole sequence, split over the
         # workers with the batch or the shared steps (on one thread it kept lstm2 at batch 8
         # and 2 threads at 14.95 ms, 12.34 split; the BiGRU 12.96 and 10.77); None where the
@@ -353,8 +358,8 @@ class _RNN(_Recurrence):
 
 def _directions_apart(cls):
     """The kernel of `cls`: its directions one after the other, but for a bidirectional
-    recurrence whose compiled loop does not split the batch (one row, or too few for the
-    workers), which runs its two directions at once on the workers, each an instance of its
+    recurrence whose compiled loop does not split the batch (two workers; one row, or too few
+    for more), which runs its two directions at once on the workers, each an instance of its
     own buffers computing one (its half of Y and of the final states): the same steps in the
     same order as on one thread, so the same bits. The BiGRU at batch 1 on 2 threads: 4.66
     -> 2.57 ms (alternating processes; its 1-thread runs 4.35-4.44, onnxruntime's 2 threads
