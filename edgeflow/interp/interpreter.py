@@ -1,6 +1,7 @@
 """The Interpreter: loads a `.efl` model and runs its signatures, with TFLite's API."""
 import contextlib
 import logging
+import sys
 from functools import partial
 
 import numpy as np
@@ -467,11 +468,19 @@ def _thread_limiter(num_threads):
     except ImportError:
         raise EdgeflowError("num_threads needs the threadpoolctl package "
                             "(pip install threadpoolctl)") from None
-    # Finding the BLAS libraries costs ~0.1 ms: do it once. threadpoolctl's limit() then
-    # cost 18 us a run (22 us an invoke, where a tiny model's whole invoke takes 9): each
-    # run only reads every library's thread count and sets (and restores) those that differ.
-    libraries = ThreadpoolController().lib_controllers
-    return lambda: _BlasThreads(libraries, int(num_threads))
+    # Finding the BLAS libraries costs ~0.1 ms: done again only once modules have been
+    # imported since (a kernel importing scipy loads its own OpenBLAS, which a plan made
+    # after the interpreter would otherwise run at its own thread count). threadpoolctl's
+    # limit() cost 18 us a run (22 us an invoke, where a tiny model's whole invoke takes 9):
+    # each run only reads every library's thread count and sets (and restores) those that
+    # differ.
+    found = [None, -1]  # the libraries, and how many modules were loaded when they were found
+
+    def limiter():
+        if found[1] != len(sys.modules):
+            found[:] = ThreadpoolController().lib_controllers, len(sys.modules)
+        return _BlasThreads(found[0], int(num_threads))
+    return limiter
 
 
 class _BlasThreads:
