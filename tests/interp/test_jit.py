@@ -1281,3 +1281,67 @@ def test_kinds_part_arguments_as_numba_types_them(a, b):
         assert ta == tb
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and ta == tb:
         assert jit._kind(a) == jit._kind(b), (a.flags, b.flags)
+
+
+@pytest.mark.parametrize("case", ["same", "plane", "channels", "winograd"])
+def test_a_loops_native_entry_gives_its_bits_on_the_native_workers(case):
+    """Where a plan has native workers, the depthwise and Winograd loops' steps carry a
+    native entry (a C function of one int64, jit._NATIVE_ENTRIES): called by address it
+    writes the step's own bits; Workers.split posts such steps to the native workers, and
+    the split gives the bits of one thread and numpy's float64 result within 1e-4."""
+    import ctypes
+
+    from edgeflow.interp.kernels import winograd
+    assert jit.available()
+    rng = np.random.default_rng(3)
+    c, size, stride = {"same": (24, 14, 1), "plane": (24, 40, 2), "channels": (70, 7, 1), "winograd": (16, 12, 1)}[case]
+    x = rng.standard_normal((1, c, size, size)).astype(np.float32)
+    w = rng.standard_normal((c, 1 if case != "winograd" else c, 3, 3)).astype(np.float32)
+    w.flags.writeable = False  # a model's constant
+    bias = rng.standard_normal(c).astype(np.float32)
+    o = (size + 2 - 3) // stride + 1
+    workers = threads.Workers(2)
+    assert workers.native is not None
+    try:
+        with threads.using(workers):
+            if case == "winograd":
+                out = np.empty((1, c, o, o), np.float32)
+                u = winograd.constant_weights(w, 2)
+                v = np.empty((16, c, 49), np.float32)
+                products = np.empty((16, c, 49), np.float32)
+                steps = [jit.bind_winograd_input(x, v, 2, (1, 1), 7, 7, 0, c),
+                         jit.bind_winograd_output(products, bias, out, 2, 7, 7, "relu", 0, c)]
+                steps[0]()
+                np.matmul(u, v, out=products)
+            else:
+                out = np.empty((1, c, o, o), np.float32)
+                halves = [(a, b) for a, b in threads.pieces(c, 2)]
+                steps = [jit.bind_depthwise(x[:, a:b], w[a:b], bias[a:b], out[:, a:b], (stride, stride), (1, 1),
+                                            (1, 1), "relu6") for a, b in halves]
+                loops = {"same": "depthwise_same_loop", "plane": "depthwise_loop", "channels": "depthwise_channels_loop"}
+                assert jit._NATIVE_ADDRESSES.get(loops[case])
+        for step in steps:
+            assert step.native_call is not None
+        steps[-1]() if case == "winograd" else [s() for s in steps]
+        want = out.copy()
+        out.fill(np.nan)
+        for step in steps[-1:] if case == "winograd" else steps:
+            address, argument = step.native_call
+            ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(address)(argument)
+        np.testing.assert_array_equal(out, want)
+        if case != "winograd":
+            out.fill(np.nan)
+            split = workers.split(steps)
+            assert split.func == workers._run_native
+            split()
+            np.testing.assert_array_equal(out, want)
+    finally:
+        workers.close()
+    x64 = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    taps = np.lib.stride_tricks.sliding_window_view(x64, (3, 3), axis=(2, 3))[:, :, ::stride, ::stride]
+    if case == "winograd":
+        ref = np.maximum(np.einsum("nchwij,mcij->nmhw", taps, w.astype(np.float64)) + bias[:, None, None], 0)
+    else:
+        ref = np.clip(np.einsum("nchwij,cij->nchw", taps, w[:, 0].astype(np.float64)) + bias[:, None, None], 0, 6)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+

@@ -372,7 +372,7 @@ def _jit_conv(bind, x, w, bias, out, strides, dilations, begin, activation):
                  for a, b in threads.pieces(out.shape[1], workers.n)]
     if None in parts:
         return None
-    return (lambda: workers.run(parts)) if len(parts) > 1 else parts[0]
+    return workers.split(parts) if len(parts) > 1 else parts[0]  # on the native workers: jit._bound
 
 
 @kernel("conv")

@@ -215,7 +215,9 @@ def _compile_scalars(numba):
     without the reassociation its sums vectorize by."""
     names = globals()
     if not hasattr(names["_fetch_add"], "_defn"):
-        names["_fetch_add"], names["_load_acquire"], names["_call0"] = _intrinsics(numba)
+        (names["_fetch_add"], names["_load_acquire"], names["_call0"], names["_pointer_f32"], names["_pointer_u64"],
+         names["_pointer_u8"], names["_pointer_i64"]) = _intrinsics(numba)
+        names["_carray"] = numba.carray
     for name in SCALARS:
         if not hasattr(names[name], "py_func"):
             names[name] = numba.njit(cache=True, nogil=True, error_model="numpy",
@@ -226,7 +228,8 @@ def _compile_scalars(numba):
 def _intrinsics(numba):
     """_fetch_add, _load_acquire and _call0 as numba intrinsics: an atomic add (sequentially
     consistent) and an acquiring load of an int64 array's element; a call of the function
-    of no arguments at an address (none at 0)."""
+    of no arguments at an address (none at 0); then _pointer_f32, _pointer_u64, _pointer_u8
+    and _pointer_i64: an int64 address as a pointer to that type (the native entries')."""
     from llvmlite import ir
     from numba.core import cgutils, types
     from numba.extending import intrinsic
@@ -259,7 +262,16 @@ def _intrinsics(numba):
             return context.get_dummy_value()
         return types.none(address), codegen
 
-    return fetch_add, load_acquire, call0
+    def pointer(dtype):
+        @intrinsic
+        def to_pointer(typingctx, address):
+            def codegen(context, builder, signature, args):
+                return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+            return types.CPointer(dtype)(address), codegen
+        return to_pointer
+
+    pointers = tuple(pointer(t) for t in (types.float32, types.uint64, types.uint8, types.int64))
+    return (fetch_add, load_acquire, call0) + pointers
 
 
 def _takes(*arrays):
@@ -275,9 +287,137 @@ def _act_code(activation, dtype):
 
 
 def _bound(loop, *args):
-    """A zero-argument step running the compiled `loop` on `args` (its entry point)."""
+    """A zero-argument step running the compiled `loop` on `args` (its entry point); where
+    the loop has a native entry (_NATIVE_ENTRIES) that takes these arguments, the step's
+    `native_call` (address, argument) runs it from native code too: native_threads' workers
+    take it as they take a product (Workers.split), with no lock or GIL handed over."""
     fn = compiled(loop, *args, entry=True)
-    return lambda: fn(*args)
+
+    def step():
+        fn(*args)
+    workers = threads.current()
+    fields = _native_fields(_NATIVE_ENTRIES[loop.__name__], args) \
+        if loop.__name__ in _NATIVE_ENTRIES and workers is not None and workers.native is not None else None
+    if fields is not None:
+        address = _native_entry(loop)
+        if address:
+            step.native_call = (address, fields.ctypes.data)
+            step.keep = (fields, args)
+    return step
+
+
+# -- the loops as native functions of one argument ------------------------------------------
+#
+# native_threads' workers spin for work a while and call compiled functions by address, with
+# no lock, futex or GIL on the way; a Python thread's piece waits for its vCPU to wake (on
+# this project's 2-core VM MobileNetV2's depthwise convs at batch 1 took some 85 us more
+# each at 2 threads than at 1). An entry below is a C function (numba.cfunc) of one int64:
+# the address of `fields`, the loop's arguments in order, an array as its address and
+# length (a 2-D one: its address and two lengths), a scalar as itself; the entry views the
+# arrays in place (numba.carray) and calls the loop. Float arrays are float32, integer ones
+# uint64 (uint8: `masks`).
+
+# A loop's arguments, one letter each: arrays f float32, u uint64, b uint8 (1-D), U uint64
+# (2-D); i an integer. (Entries for the float32 activations, gelu and softmax, whose pieces
+# went to the native workers too, measured no faster: the BERT-like encoder at 2 threads and
+# batch 8 73.1 against 75.8 ms, EfficientNet-B0 137.5 against 139.2; split from 2^15
+# elements rather than 2^18, slower at batch 1: 12.3 against 12.6 and 18.1 against 18.4.)
+_NATIVE_ENTRIES = {
+    "depthwise_loop": "ffffuUfufi", "depthwise_same_loop": "ffffubffi", "depthwise_channels_loop": "ffffufffi",
+    "winograd_input_loop": "ffffffu", "winograd_output_loop": "ffffffui"}
+_KINDS = {"f": np.float32, "u": np.uint64, "b": np.uint8, "U": np.uint64}
+
+_NATIVE_ADDRESSES = {}
+# Set once numba is loaded: numba.carray and the intrinsics viewing an address as a pointer
+# (_compile_scalars); each loop's dispatcher, which its entry calls (_native_entry).
+_carray = _pointer_f32 = _pointer_u64 = _pointer_u8 = _pointer_i64 = None
+_depthwise_loop = _depthwise_same_loop = _depthwise_channels_loop = _winograd_input_loop = \
+    _winograd_output_loop = None
+
+
+def _native_fields(kinds, args):
+    """The int64 fields of a native entry's call on `args`, or None where an argument is not
+    of its kind in `kinds` (_NATIVE_ENTRIES: a float64 model's arrays, a strided one)."""
+    fields = []
+    for kind, a in zip(kinds, args, strict=True):
+        if kind == "i":
+            if not isinstance(a, (int, np.integer)) or isinstance(a, bool):
+                return None
+            fields.append(int(a))
+        elif not isinstance(a, np.ndarray) or a.dtype != _KINDS[kind] or a.ndim != (2 if kind == "U" else 1) \
+                or not a.flags.c_contiguous:
+            return None
+        else:
+            fields += [a.ctypes.data, *a.shape]
+    return np.array(fields, np.int64)
+
+
+def _native_entry(loop):
+    """The address of `loop`'s native entry (compiled, or loaded from numba's cache, once a
+    process), or 0 where the arguments' kinds do not match the entry's."""
+    name = loop.__name__
+    found = _NATIVE_ADDRESSES.get(name)
+    if found is None:
+        numba = _numba[0]
+        names = globals()
+        names["_" + name] = _compiled[name]  # the loop's dispatcher, which the entry calls
+        found = _NATIVE_ADDRESSES[name] = numba.cfunc(numba.types.int64(numba.types.int64), cache=True,
+                                                      error_model="numpy")(names[name + "_entry"]).address
+    return found
+
+
+def _floats(f, i):
+    """The float32 array whose address and length are fields f[i], f[i + 1]."""
+    return _carray(_pointer_f32(f[i]), (f[i + 1],))
+
+
+def _uints(f, i):
+    return _carray(_pointer_u64(f[i]), (f[i + 1],))
+
+
+def _bytes(f, i):
+    return _carray(_pointer_u8(f[i]), (f[i + 1],))
+
+
+def _uints2(f, i):
+    """The uint64 2-D array at f[i], its lengths f[i + 1], f[i + 2] (_uints, _bytes: 1-D)."""
+    return _carray(_pointer_u64(f[i]), (f[i + 1], f[i + 2]))
+
+
+def depthwise_loop_entry(address):
+    f = _carray(_pointer_i64(address), (20,))
+    _depthwise_loop(_floats(f, 0), _floats(f, 2), _floats(f, 4), _floats(f, 6), _uints(f, 8), _uints2(f, 10),
+                    _floats(f, 13), _uints(f, 15), _floats(f, 17), f[19])
+    return 0
+
+
+def depthwise_same_loop_entry(address):
+    f = _carray(_pointer_i64(address), (17,))
+    _depthwise_same_loop(_floats(f, 0), _floats(f, 2), _floats(f, 4), _floats(f, 6), _uints(f, 8), _bytes(f, 10),
+                         _floats(f, 12), _floats(f, 14), f[16])
+    return 0
+
+
+def depthwise_channels_loop_entry(address):
+    f = _carray(_pointer_i64(address), (17,))
+    _depthwise_channels_loop(_floats(f, 0), _floats(f, 2), _floats(f, 4), _floats(f, 6), _uints(f, 8),
+                             _floats(f, 10), _floats(f, 12), _floats(f, 14), f[16])
+    return 0
+
+
+def winograd_input_loop_entry(address):
+    f = _carray(_pointer_i64(address), (14,))
+    _winograd_input_loop(_floats(f, 0), _floats(f, 2), _floats(f, 4), _floats(f, 6), _floats(f, 8), _floats(f, 10),
+                         _uints(f, 12))
+    return 0
+
+
+def winograd_output_loop_entry(address):
+    f = _carray(_pointer_i64(address), (15,))
+    _winograd_output_loop(_floats(f, 0), _floats(f, 2), _floats(f, 4), _floats(f, 6), _floats(f, 8), _floats(f, 10),
+                          _uints(f, 12), f[14])
+    return 0
+
 
 
 def _rows(a, length):
@@ -2204,11 +2344,11 @@ def _hard_swishf(v):
     return v * (_ONE if s > _ONE else s)
 
 
-SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_nonpositive", "_exp_wide", "_exp_less_half_square",
-           "_sigmoidf", "_tanhf", "_swishf", "_hard_swishf",
-           "_activate_run", "_load_phases", "_unload_phases", "_window_maxima", "_add_taps", "_add_taps4",
-           "_crop_rows", "_matmul_nt", "_copy_row", "_shared_step", "_claim_units", "_wait_step", "_tap_span", "_clip_bounds", "_same_run", "_fold", "_column5", "_sum5", "_combine2",
-           "_combine4", "_combine6", "_combine", "_gather_tiles", "_gather_block")
+SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_nonpositive", "_exp_wide", "_exp_less_half_square", "_sigmoidf",
+           "_tanhf", "_swishf", "_hard_swishf", "_activate_run", "_load_phases", "_unload_phases", "_window_maxima",
+           "_add_taps", "_add_taps4", "_crop_rows", "_matmul_nt", "_copy_row", "_shared_step", "_claim_units",
+           "_wait_step", "_floats", "_uints", "_bytes", "_uints2", "_tap_span", "_clip_bounds", "_same_run", "_fold",
+           "_column5", "_sum5", "_combine2", "_combine4", "_combine6", "_combine", "_gather_tiles", "_gather_block")
 # The activation and depthwise loops and SCALARS may contract a * b + c into one fused multiply-add where the
 # machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other
 # loops keep the arithmetic as written.
