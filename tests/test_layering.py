@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import edgeflow
+from test_op_families import parse  # ast.parse, again past CPython 3.11's spurious SystemError
 
 ROOT = Path(edgeflow.__file__).parent
 CONVERTERS = ROOT.parent / "converters"
@@ -59,7 +60,7 @@ def imports(path):
     """Every module `path` imports, at any depth of the file (lazy imports included)."""
     name, is_package = module_name(path)
     package = name if is_package else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parse(path.read_text())):
         if isinstance(node, ast.Import):
             yield from (a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
