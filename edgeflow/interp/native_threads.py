@@ -74,14 +74,20 @@ def available():
     return _build() is not None
 
 
+@functools.lru_cache(maxsize=None)
+def libc_address(name):
+    """The address of the C library's function `name` (sched_yield, usleep): an OSError or
+    AttributeError where there is none."""
+    return ctypes.cast(getattr(ctypes.CDLL(ctypes.util.find_library("c")), name), ctypes.c_void_p).value
+
+
 def _build():
     if _built:
         return _built[0]
     _built.append(None)
     try:
         from llvmlite import binding, ir  # the jit extra's (numba's compiler)
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        sched_yield, usleep = (ctypes.cast(f, ctypes.c_void_p).value for f in (libc.sched_yield, libc.usleep))
+        sched_yield, usleep = libc_address("sched_yield"), libc_address("usleep")
         sgemm = _numpy_sgemm()
         if sgemm is None:
             from scipy.linalg import cython_blas

@@ -1925,17 +1925,11 @@ SHARED_SPINS = 2000
 def yield_address():
     """The address of the C library's sched_yield (the shared recurrences' `sync` holds it
     last), or 0 where there is none."""
-    if not _YIELD:
-        import ctypes
-        import ctypes.util
-        try:
-            _YIELD.append(ctypes.cast(ctypes.CDLL(ctypes.util.find_library("c")).sched_yield, ctypes.c_void_p).value)
-        except (OSError, AttributeError, TypeError):
-            _YIELD.append(0)
-    return _YIELD[0]
-
-
-_YIELD = []
+    from ..native_threads import libc_address
+    try:
+        return libc_address("sched_yield")
+    except (OSError, AttributeError, TypeError):
+        return 0
 
 
 def _call0(address):

@@ -147,6 +147,7 @@ class _Recurrence:
         self.hbuf = np.empty((2, batch, n), self.dtype)  # h read, h written: alternating by step
         self.scratch = np.empty((parts, self.gates * batch * units), self.dtype)
         self.sync = np.zeros(seq * (parts + 1) * 8 + 1, np.int64)  # jit._claim_units' counters, sched_yield
+        self.sync[-1] = jit.yield_address()
         xw = self.xw.reshape(seq, batch, -1)
         recurrent = self.recurrent(np.empty(self.R.shape[1:], self.dtype), np.empty(self.B.shape[1:], self.dtype)
                                    if self.B is not None else None)
@@ -159,7 +160,6 @@ class _Recurrence:
         loop, units = self.shared
         self.hbuf[0] = self.state[0]
         self.sync[:-1] = 0
-        self.sync[-1] = jit.yield_address()
         args, parts = self.shared_args(xw, recurrent, y, backward), self.workers.n
         self.workers.run([partial(loop, *args, me, parts, units) for me in range(parts)])
         self.state[0][...] = self.hbuf[xw.shape[0] % 2]
