@@ -433,10 +433,15 @@ def gemms(part):
     float32 operands (a and b broadcast over c's leading axes), or None where it is not such
     a product, an operand is not in a layout BLAS reads, or c is a vector (the part then
     runs as is). A part with a `native_call` attribute, (address, argument) of a compiled
-    function taking one int64, is one CALL row."""
+    function taking one int64, is one CALL row; a threads.chain of such parts, their rows
+    in turn."""
     call = getattr(part, "native_call", None)
     if call is not None:
         return [(0, 0, 0, call[0], 0, CALL, call[1], 0, 0, 0, 0)]
+    chained = getattr(part, "chained", None)
+    if chained is not None:
+        rows = [gemms(step) for step in chained]
+        return None if None in rows else [row for found in rows for row in found]
     if not (isinstance(part, functools.partial) and part.func is np.matmul and len(part.args) == 2
             and set(part.keywords) == {"out"}):
         return None

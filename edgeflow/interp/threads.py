@@ -271,6 +271,17 @@ def using(workers):
     return scoped(_CURRENT, workers)
 
 
+def chain(*steps):
+    """One step running `steps` in turn. Workers.split posts it to a native worker as the
+    rows of its steps, in order, where each is a product or has a native_call (a piece
+    whose stages stay on one core: what one writes, the next reads from that core's cache)."""
+    def run():
+        for step in steps:
+            step()
+    run.chained = steps
+    return run
+
+
 def pieces(length, parts, minimum=1):
     """At most `parts` (start, stop) ranges covering range(length), each at least `minimum`
     long (fewer ranges when `length` is short)."""

@@ -231,3 +231,27 @@ def test_call_rows_run_native_gemm_pieces_beside_products(pool):
     want = np.maximum(np.einsum("mk,nkp->nmp", w.astype(np.float64), x) + bias[:, None], 0)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     np.testing.assert_allclose(product, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_chain_runs_its_stages_in_order_on_one_worker(pool):
+    """threads.chain(product, native piece): its rows in order, so the piece (native_gemm's
+    w @ t with its bias and relu) reads the product t the same worker wrote just before; two
+    chains on the two workers, one part of nothing on this thread; and a chain holding a step
+    that is neither gives no rows."""
+    from edgeflow.interp.kernels import native_gemm
+    if not native_gemm.available():
+        pytest.skip("native_gemm runs on x86-64 with AVX2 and FMA")
+    rng = np.random.default_rng(11)
+    a, b = rng.standard_normal((2, 30, 12)).astype(np.float32), rng.standard_normal((12, 40)).astype(np.float32)
+    w, bias = rng.standard_normal((20, 30)).astype(np.float32), rng.standard_normal(20).astype(np.float32)
+    t = np.full((2, 30, 40), np.nan, np.float32)
+    out = np.full((2, 20, 40), np.nan, np.float32)
+    packed = native_gemm.pack(w, bias)
+    chains = [threads.chain(functools.partial(np.matmul, a[i], b, out=t[i]),
+                            native_gemm.bind(packed, t[i:i + 1], out[i:i + 1], "relu")) for i in range(2)]
+    rows = [native_threads.gemms(c) for c in chains]
+    assert [len(r) for r in rows] == [2, 2] and [r[1][native_threads.TA] for r in rows] == [native_threads.CALL] * 2
+    pool.run(np.array(rows[0] + rows[1], np.int64), [(0, 0), (0, 2), (2, 4)])
+    want = np.maximum(np.einsum("mk,nkp->nmp", w.astype(np.float64), a.astype(np.float64) @ b) + bias[:, None], 0)
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert native_threads.gemms(threads.chain(chains[0], lambda: None)) is None

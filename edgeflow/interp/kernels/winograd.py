@@ -20,7 +20,10 @@ The transforms are products, not elementwise passes: measured, BLAS does the inp
 Every array is allocated at prepare time (all but U in the plan's workspace, shared with
 its other steps); each run only calls numpy with out= arrays. With
 intra-op workers (interp/threads.py) each of the four phases (input transform, products,
-output transform by tile rows, then by tile columns with the scatter) is split over them.
+output transform by tile rows, then by tile columns with the scatter) is split over them;
+where numba's loops run the transforms, the products and the output transform are one
+phase split by output channels, each worker transforming the products it made (one
+meeting of the workers fewer, and no products read from another core's cache).
 
 Which path a conv takes (`choose`, when its kernel binds): EDGEFLOW_CONV_ALGO=direct,
 winograd2 or winograd4 forces one where it applies (tests, benchmarks); unset or "auto",
@@ -268,9 +271,10 @@ def conv(x, w, bias, begin, out, algo, activation=""):
                 dst = _tiled(out, t0 * m, nt, nr, s0 * m, ns, nc, m)
                 scatters.append((dst, ys[:, :, t0:t0 + nt, :nr, s0:s0 + ns, :nc]))
 
-    # Four phases, each split over the plan's workers (see interp/threads.py) when the
-    # product is worth it: input channels (copy, gather, transform), the a^2 products,
-    # the tile rows of the output transform, output channels (its columns, the scatter).
+    # Four phases (numpy's) or three (numba's loops, then two when split), each split over
+    # the plan's workers (see interp/threads.py) when the product is worth it: input
+    # channels (copy, gather, transform), the a^2 products, the tile rows of the output
+    # transform, output channels (its columns, the scatter).
     split = workers is not None and 2 * a * a * mm * c * tiles >= threads.MIN_FLOPS
 
     def load(c0, c1):
@@ -301,12 +305,19 @@ def conv(x, w, bias, begin, out, algo, activation=""):
 
     n_parts = workers.n if split else 1
     phases = ([weights] if weights is not None else []) \
-        + [_loops_or(partial(jit.bind_winograd_input, x, v, m, begin, th, tw), load, c, n_parts),
-           [product(lo, hi) for lo, hi in threads.pieces(a * a, n_parts)]]
+        + [_loops_or(partial(jit.bind_winograd_input, x, v, m, begin, th, tw), load, c, n_parts)]
+    spans = threads.pieces(mm, n_parts)
     outputs = [jit.bind_winograd_output(products, bias, out, m, th, tw, activation, lo, hi)
-               for lo, hi in threads.pieces(mm, n_parts)]  # with the bias and the activation
+               for lo, hi in spans]  # with the bias and the activation
     if None not in outputs:
-        return _phases(phases + [outputs], workers)
+        if n_parts == 1:
+            return _phases(phases + [[product(0, a * a)], outputs], workers)
+        # Output channels apart: each worker's products go to its own output transform, on
+        # its own core (no meeting between them, no products read from the other core's cache).
+        parts = [threads.chain(partial(np.matmul, u[:, lo:hi], v, out=products[:, lo:hi]), output)
+                 for (lo, hi), output in zip(spans, outputs)]
+        return _phases(phases + [parts], workers)
+    phases.append([product(lo, hi) for lo, hi in threads.pieces(a * a, n_parts)])
     phases += [[make(lo, hi) for lo, hi in threads.pieces(length, n_parts)]
                for make, length in ((rows, a), (finish, mm))]
     return with_activation(_phases(phases, workers), activation, out)
