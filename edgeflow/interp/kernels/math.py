@@ -182,7 +182,9 @@ def matmul_epilogue(ins, out, attrs, bias=None, residual=None, activation=""):
     res = None if residual is None else _view(residual, (-1, n))
     if rows is None or flat is None or (residual is not None and (res is None or residual.shape != out.shape)):
         return None
-    if not native_gemm.suits_rows(rows.shape[0], k, n) or not native_gemm.available():
+    workers = threads.current()
+    split = workers is not None and 2 * rows.shape[0] * k * n >= threads.MIN_FLOPS
+    if not native_gemm.suits_rows(rows.shape[0], k, n, split) or not native_gemm.available():
         return None
     if np.may_share_memory(flat, rows):
         return None  # the plan placed the chain's output over a, which the pass still reads
@@ -194,9 +196,8 @@ def matmul_epilogue(ins, out, attrs, bias=None, residual=None, activation=""):
         packed = native_gemm.pack_columns_constant(w, vector, first, last, attrs["transpose_b"])
         return native_gemm.bind_rows(packed, rows[None, lines], flat[None, lines, columns], activation,
                                      None if res is None else res[None, lines, columns])
-    workers = threads.current()
     strips = -(-n // native_gemm.NR)
-    if workers is None or 2 * rows.shape[0] * k * n < threads.MIN_FLOPS:
+    if not split:
         parts = [product(everything, everything)]
     elif strips >= 2 * workers.n:  # columns apart, in whole strips: each worker packs and reads its own
         parts = [product(everything, slice(i * native_gemm.NR, min(j * native_gemm.NR, n)))

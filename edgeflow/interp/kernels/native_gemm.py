@@ -78,7 +78,12 @@ ROWS_BLOCK = 1024
 # numpy's sgemm and its bias pass, 128 x 256 @ 256 x 768-1024 0.82-0.91x of their time, 512 x
 # 256 @ 256 x 1024 0.91-0.95x, 128 x 1024 @ 1024 x 256 0.85-1.05x; past it, 256 x 1024 @
 # 1024 x 256 1.02-1.09x, 1024 x 256 @ 256 x 256-768 1.02-1.14x (a's rows in blocks that fit
-# did no better): OpenBLAS packs a and w once a call, which pays where a is long.
+# did no better): OpenBLAS packs a and w once a call, which pays where a is long. Split over
+# two workers, the long products run here all the same (suits_rows(split=True)): the
+# BERT-like encoder at 2 threads, batch 8, 105 -> 79 ms a run with them (onnxruntime 65), at
+# batch 4 62 -> 39 (29), where at one thread they are within 1-4% (123 against 122 ms at batch
+# 8): BLAS's product, then its bias and residual passes each split over the workers, left
+# the second core idle through much of the layer.
 MAX_ROWS_FLOATS = 1 << 17
 
 _built = []
@@ -109,11 +114,12 @@ def suits(m, k, p):
     return (p >= MIN_COLUMNS or (p >= 4 and m * k <= NARROW_WEIGHTS)) and 1 <= k <= MAX_DEPTH and m >= 1
 
 
-def suits_rows(m, k, n):
+def suits_rows(m, k, n, split=False):
     """Whether bind_rows's product of (M, K) rows by (K, N) weights runs here rather than
-    through BLAS: as suits, rows for columns, and at most MAX_ROWS_FLOATS of a."""
+    through BLAS: as suits, rows for columns, and at most MAX_ROWS_FLOATS of a unless the
+    product is `split` over workers."""
     return (m >= MIN_COLUMNS or (m >= 4 and k * n <= NARROW_WEIGHTS)) and k >= 1 and n >= 1 \
-        and m * k <= MAX_ROWS_FLOATS
+        and (split or m * k <= MAX_ROWS_FLOATS)
 
 
 def _module(ir):
