@@ -79,11 +79,12 @@ ROWS_BLOCK = 1024
 # 256 @ 256 x 1024 0.91-0.95x, 128 x 1024 @ 1024 x 256 0.85-1.05x; past it, 256 x 1024 @
 # 1024 x 256 1.02-1.09x, 1024 x 256 @ 256 x 256-768 1.02-1.14x (a's rows in blocks that fit
 # did no better): OpenBLAS packs a and w once a call, which pays where a is long. Split over
-# two workers, the long products run here all the same (suits_rows(split=True)): the
-# BERT-like encoder at 2 threads, batch 8, 105 -> 79 ms a run with them (onnxruntime 65), at
-# batch 4 62 -> 39 (29), where at one thread they are within 1-4% (123 against 122 ms at batch
-# 8): BLAS's product, then its bias and residual passes each split over the workers, left
-# the second core idle through much of the layer.
+# workers, the long products run here all the same (suits_rows(split=True)), their adds in
+# the product's pass where BLAS's would be ops of their own, each split through the lock
+# workers: the BERT-like encoder at 2 threads, batch 8, beside onnxruntime and another
+# interpreter in one process, 94-110 -> 70-86 ms a run (batch 4: 62 -> 39); alone, in
+# alternating processes, 81.5 against 81.5. At one thread bind_rows was within 1-4% of BLAS
+# and its adds (123 against 122 ms at batch 8), so BLAS keeps them there.
 MAX_ROWS_FLOATS = 1 << 17
 
 _built = []
