@@ -339,13 +339,7 @@ def _transformed_tiles(copies, borders, transform, tiles, out):
 def _phases(phases, workers):
     """A step running each phase (a list of steps) in turn, its steps on the workers where
     several (the products on the native ones: Workers.split)."""
-    steps = [workers.split(phase) if len(phase) > 1 else phase[0] for phase in phases]
-    return partial(_each, steps)
-
-
-def _each(steps):
-    for step in steps:
-        step()
+    return threads.chain(*(workers.split(phase) if len(phase) > 1 else phase[0] for phase in phases))
 
 
 def filter_grad(x, dy, begin, dw, algo):
