@@ -5,6 +5,7 @@ against onnxruntime on odd shapes and, for the JIT, against the numpy path it re
 fp32 results agree within 1e-4 of the largest magnitude of the reference (sums of random
 terms cancel, so a bound relative to each element would test the rounding of numbers near 0).
 """
+import ctypes
 import json
 import subprocess
 import sys
@@ -1345,3 +1346,29 @@ def test_a_loops_native_entry_gives_its_bits_on_the_native_workers(case):
         ref = np.clip(np.einsum("nchwij,cij->nchw", taps, w[:, 0].astype(np.float64)) + bias[:, None, None], 0, 6)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
+
+
+@settings(max_examples=25, deadline=None)
+@given(b=st.integers(1, 5), k=st.integers(1, 40), n=st.integers(1, 13), seed=st.integers(0, 2**16))
+def test_the_recurrences_product_is_one_c_function_giving_numpys_product(b, k, n, seed):
+    """The recurrences' a @ w^T (jit.MATMUL_NT_SYMBOL): the C function named to LLVM gives
+    numpy's product on odd shapes (rows of a past the 2-row tile, rows of w past the
+    4-row one), writing out and nothing past it; a numba function calling it by name
+    (_call_matmul_nt) gets its bits."""
+    assert jit.available(), "numba does not import"
+    jit._compile_scalars(jit._numba[0])
+    address = jit._matmul_nt_symbol()
+    from llvmlite import binding
+    assert binding.address_of_symbol(jit.MATMUL_NT_SYMBOL) == address
+    rng = np.random.default_rng(seed)
+    a, w = rng.standard_normal((b, k), np.float32), rng.standard_normal((n, k), np.float32)
+    buffer = np.full(b * n + 8, np.nan, np.float32)
+    body = buffer[:b * n].reshape(b, n)  # out; the 8 floats past it never written
+    floats = ctypes.POINTER(ctypes.c_float)
+    ctypes.CFUNCTYPE(None, floats, floats, floats, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)(address)(
+        *(x.ctypes.data_as(floats) for x in (a, w, body)), b, k, n)
+    np.testing.assert_allclose(body, a.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-5, atol=1e-5 * k)
+    assert np.isnan(buffer[b * n:]).all()
+    gates = np.zeros((b, n), np.float32)
+    jit._numba[0].njit(lambda a, w, g: jit._call_matmul_nt(a, w, g))(a, w, gates)
+    np.testing.assert_array_equal(gates, body)

@@ -210,25 +210,25 @@ def _compile_scalars(numba):
     """Replace the functions of SCALARS, which the loops call, by their numba dispatchers
     (once): numba resolves a loop's globals when it compiles it. The scalar functions are
     inlined by numba ("always"): left to LLVM, which weighs their size, _tanhf stayed a call
-    per element, and its loops scalar (17 ns an element against 1.7 inlined). _matmul_nt
-    stays a function: inlined by numba it would take its caller's floating-point flags,
-    without the reassociation its sums vectorize by."""
+    per element, and its loops scalar (17 ns an element against 1.7 inlined). Inlined, a
+    function takes its caller's floating-point flags: _matmul_nt is inlined only into
+    _matmul_nt_entry, compiled with the reassociation its sums vectorize by."""
     names = globals()
     if not hasattr(names["_fetch_add"], "_defn"):
-        (names["_fetch_add"], names["_load_acquire"], names["_call0"], names["_pointer_f32"], names["_pointer_u64"],
-         names["_pointer_u8"], names["_pointer_i64"]) = _intrinsics(numba)
+        (names["_fetch_add"], names["_load_acquire"], names["_call0"], names["_call_matmul_nt"], names["_pointer_f32"],
+         names["_pointer_u64"], names["_pointer_u8"], names["_pointer_i64"]) = _intrinsics(numba)
         names["_carray"] = numba.carray
     for name in SCALARS:
         if not hasattr(names[name], "py_func"):
-            names[name] = numba.njit(cache=True, nogil=True, error_model="numpy",
-                                     inline="never" if name == "_matmul_nt" else "always",
+            names[name] = numba.njit(cache=True, nogil=True, error_model="numpy", inline="always",
                                      fastmath=_FASTMATH.get(name, {"contract"}))(names[name])
 
 
 def _intrinsics(numba):
-    """_fetch_add, _load_acquire and _call0 as numba intrinsics: an atomic add (sequentially
-    consistent) and an acquiring load of an int64 array's element; a call of the function
-    of no arguments at an address (none at 0); then _pointer_f32, _pointer_u64, _pointer_u8
+    """_fetch_add, _load_acquire, _call0 and _call_matmul_nt as numba intrinsics: an atomic
+    add (sequentially consistent) and an acquiring load of an int64 array's element; a call
+    of the function of no arguments at an address (none at 0); a call of the C function
+    MATMUL_NT_SYMBOL on three float32 matrices; then _pointer_f32, _pointer_u64, _pointer_u8
     and _pointer_i64: an int64 address as a pointer to that type (the native entries')."""
     from llvmlite import ir
     from numba.core import cgutils, types
@@ -262,6 +262,21 @@ def _intrinsics(numba):
             return context.get_dummy_value()
         return types.none(address), codegen
 
+    @intrinsic
+    def call_matmul_nt(typingctx, a, w, out):
+        if not all(isinstance(t, types.Array) and t.dtype == types.float32 and t.ndim == 2 for t in (a, w, out)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            floats, i64 = ir.FloatType().as_pointer(), ir.IntType(64)
+            function = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [floats, floats, floats, i64, i64, i64]), MATMUL_NT_SYMBOL)
+            a_, w_, out_ = (context.make_array(t)(context, builder, v) for t, v in zip(signature.args, args))
+            (b, k), (n, _) = (cgutils.unpack_tuple(builder, x.shape) for x in (a_, w_))
+            builder.call(function, [a_.data, w_.data, out_.data, b, k, n])
+            return context.get_dummy_value()
+        return types.none(a, w, out), codegen
+
     def pointer(dtype):
         @intrinsic
         def to_pointer(typingctx, address):
@@ -271,7 +286,7 @@ def _intrinsics(numba):
         return to_pointer
 
     pointers = tuple(pointer(t) for t in (types.float32, types.uint64, types.uint8, types.int64))
-    return (fetch_add, load_acquire, call0) + pointers
+    return (fetch_add, load_acquire, call0, call_matmul_nt) + pointers
 
 
 def _takes(*arrays):
@@ -1836,6 +1851,47 @@ def _matmul_nt(a, w, out):
                 s += af[a0 + k] * wf[w0 + k]
             of[b * n_ + j] = s
 
+
+# The recurrences call _matmul_nt's one compiled copy, a C function (numba.cfunc) that
+# _matmul_nt_symbol() compiles, or loads from numba's cache, and names to LLVM, each loop a
+# call of that name (_call_matmul_nt). A numba function calling another links the callee's
+# optimized IR into its own module, where LLVM optimizes it again, and a loop loaded from
+# numba's cache before the callee's own library ran that copy: its sums vectorized half as
+# wide (16 fused multiply-adds against 28), 20-25% slower (a batch-1 LSTM's 1 x 256 by
+# 256 x 1024 product 24-31 us against 20-24; loaded after the callee, the same loop ran the
+# callee's own copy). One copy also gives every loop that calls it the same sums: an LSTM
+# or GRU shared between threads the bits of one thread's.
+MATMUL_NT_SYMBOL = "edgeflow_matmul_nt"
+_MATMUL_NT = []  # the C function's address, once registered
+
+
+def _matmul_nt_entry(a, w, out, b, k, n):
+    """_matmul_nt on the float32 matrices at addresses a (b, k), w (n, k) and out (b, n)."""
+    _matmul_nt(_carray(a, (b, k)), _carray(w, (n, k)), _carray(out, (b, n)))
+
+
+def _matmul_nt_symbol():
+    """Compile _matmul_nt_entry as a C function (once a process), and name it
+    MATMUL_NT_SYMBOL to LLVM, before a loop calling it compiles or loads: the call in the
+    loop's machine code resolves to it when the code loads."""
+    if not _MATMUL_NT:
+        numba = _numba[0]
+        from llvmlite import binding
+        pointer, size = numba.types.CPointer(numba.types.float32), numba.types.int64
+        entry = numba.cfunc(numba.types.void(pointer, pointer, pointer, size, size, size), cache=True,
+                            error_model="numpy", fastmath=_FASTMATH["_matmul_nt_entry"])(_matmul_nt_entry)
+        binding.add_symbol(MATMUL_NT_SYMBOL, entry.address)
+        _MATMUL_NT.append(entry)
+    return _MATMUL_NT[0].address
+
+
+def _call_matmul_nt(a, w, out):
+    """_matmul_nt(a, w, out) by its one compiled copy (MATMUL_NT_SYMBOL): an intrinsic once
+    numba is loaded, passing each matrix's address and lengths; a, w and out float32, each
+    C-contiguous or a range of rows of a C-contiguous matrix (as the loops pass them)."""
+    _matmul_nt(a, w, out)
+
+
 def _copy_row(src, dst):
     """dst[:] = src, a loop of its own: a bidirectional recurrence's y[:, d] is strided, and
     a store into it inside the gates' loop kept that loop scalar (the BiGRU's direction at
@@ -1857,7 +1913,7 @@ def lstm_loop(xw, r, h, c, g, y, backward, b0, b1):
     hr, gr = h[b0:b1], g[b0:b1]
     for s in range(seq):
         t = seq - 1 - s if backward else s
-        _matmul_nt(hr, r, gr)
+        _call_matmul_nt(hr, r, gr)
         x = xw[t]
         for b in range(b0, b1):
             gb, xb, hb, cb = g[b], x[b], h[b], c[b]
@@ -1884,12 +1940,12 @@ def gru_loop(xw, r_zr, r_h, rbh, h, zr, hh, rh, y, backward, linear_before_reset
     for s in range(seq):
         t = seq - 1 - s if backward else s
         x = xw[t]
-        _matmul_nt(hr, r_zr, zrr)
+        _call_matmul_nt(hr, r_zr, zrr)
         for b in range(b0, b1):
             for k in range(2 * n):
                 zr[b, k] = _sigmoidf(zr[b, k] + x[b, k])
         if linear_before_reset:
-            _matmul_nt(hr, r_h, hhr)
+            _call_matmul_nt(hr, r_h, hhr)
             for b in range(b0, b1):
                 for k in range(n):
                     hh[b, k] = (hh[b, k] + rbh[k]) * zr[b, n + k]
@@ -1897,7 +1953,7 @@ def gru_loop(xw, r_zr, r_h, rbh, h, zr, hh, rh, y, backward, linear_before_reset
             for b in range(b0, b1):
                 for k in range(n):
                     rh[b, k] = zr[b, n + k] * h[b, k]
-            _matmul_nt(rhr, r_h, hhr)
+            _call_matmul_nt(rhr, r_h, hhr)
         for b in range(b0, b1):
             for k in range(n):
                 cand = _tanhf(hh[b, k] + x[b, 2 * n + k])
@@ -2003,7 +2059,7 @@ def lstm_shared(xw, r, hbuf, c, gs, y, sync, backward, me, threads, units):
                 break
             g = gs[me, :4 * batch * w].reshape(4, batch, w)
             for q in range(4):
-                _matmul_nt(h, r[q * n + u0:q * n + u0 + w], g[q])
+                _call_matmul_nt(h, r[q * n + u0:q * n + u0 + w], g[q])
             # unsigned indices: numba checks a signed one for a negative value on each access,
             # which kept the loop scalar (70 ns an element)
             first, un = _U(u0), _U(n)
@@ -2035,9 +2091,9 @@ def gru_shared(xw, r_zr, r_h, rbh, hbuf, gs, y, sync, backward, me, threads, uni
             if w == 0:
                 break
             g = gs[me, :3 * batch * w].reshape(3, batch, w)
-            _matmul_nt(h, r_zr[u0:u0 + w], g[0])
-            _matmul_nt(h, r_zr[n + u0:n + u0 + w], g[1])
-            _matmul_nt(h, r_h[u0:u0 + w], g[2])
+            _call_matmul_nt(h, r_zr[u0:u0 + w], g[0])
+            _call_matmul_nt(h, r_zr[n + u0:n + u0 + w], g[1])
+            _call_matmul_nt(h, r_h[u0:u0 + w], g[2])
             first, un = _U(u0), _U(n)  # unsigned indices, as lstm_shared's
             for b in range(batch):
                 xb, hb, nb = x[b], h[b], hn[b]
@@ -2060,6 +2116,8 @@ def bind_recurrence(kind, *args):
     arrays = [a for a in args if isinstance(a, np.ndarray) and a.dtype != np.int64]  # not `sync`
     if not available() or not _takes(*arrays) or arrays[0].dtype != np.float32:
         return None
+    _compile_scalars(_numba[0])
+    _matmul_nt_symbol()
     return compiled({"lstm": lstm_loop, "gru": gru_loop, "lstm_shared": lstm_shared, "gru_shared": gru_shared}[kind],
                     *args)
 
@@ -2351,7 +2409,7 @@ _FASTMATH = dict.fromkeys(("sigmoid_loop", "swish_loop", "hard_sigmoid_loop", "h
                            "small_conv_loop", "winograd_input_loop", "winograd_gradient_loop",
                            "winograd_output_loop"),
                           {"contract"})
-_FASTMATH["_matmul_nt"] = _FASTMATH["depthwise_filter_grad_loop"] = {"contract", "reassoc"}  # sums vectorize
+_FASTMATH["_matmul_nt_entry"] = _FASTMATH["depthwise_filter_grad_loop"] = {"contract", "reassoc"}  # sums vectorize
 _FASTMATH["softmax_loop"] = {"contract", "reassoc"}
 # layer_norm_loop's float64 sums vectorize too: a BERT-like encoder's (128, 256) 62 -> 32 us, as accurate (float32
 # sums took 9 us, but a row of mean 1000 and deviation 0.01 came out 1e-2 off, against 2e-7).
