@@ -521,3 +521,35 @@ def test_a_one_way_recurrence_shares_its_steps_between_threads(op, direction, ba
             else:
                 np.testing.assert_array_equal(b, a)
             np.testing.assert_array_equal(c, b)
+
+
+@pytest.mark.parametrize("op", ["lstm", "gru"])
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+@pytest.mark.parametrize("threads_", [1, 2])
+@pytest.mark.parametrize("batch,hidden", [(2, 16), (3, 13), (8, 37)])
+def test_the_compiled_loops_products_run_on_native_gemm_from_three_rows(op, direction, threads_, batch, hidden):
+    """From rnn.NATIVE_ROWS batch rows, with R a model's float32 constant, the compiled loops
+    (one thread's, the batch split's, the shared steps') take their products h @ R^T from
+    native_gemm's tile (jit._product; R packed once), at fewer rows from _matmul_nt:
+    onnxruntime's outputs either way."""
+    from edgeflow.interp.kernels import jit, native_gemm, rnn
+    assert jit.available() and native_gemm.available()
+    rng = np.random.default_rng(batch * hidden)
+    arrays = recurrent_arrays(rng, op, 5, batch, 6, hidden, direction, OPTIONAL[op])
+    attrs = {"hidden_size": hidden, "direction": direction}
+    if op == "gru":
+        attrs["linear_before_reset"] = int(batch % 2)  # both kinds of candidate
+    got, made = _threaded_outputs(op, arrays, attrs, threads_)
+    for name, a, e in zip(OUTPUTS[op], got, onnxruntime_reference(op, arrays, attrs)):
+        assert_close(a, e, np.float32, **TOL), name
+    kernel = made[0]  # with the directions apart (2 threads), made[1] runs the second
+    assert kernel.sequence is not None
+    tables = [table for k in made for table in k._natives.values()]
+    directions = 2 if direction == "bidirectional" else 1
+    if batch < rnn.NATIVE_ROWS:
+        assert not tables
+    else:
+        pieces = 1 if kernel.shared is not None else len(kernel.rows)
+        assert len(tables) == directions * pieces  # a table per direction and piece of the batch
+        for table in tables:
+            assert (table != 0).all()  # every product native: an address and its fields

@@ -215,8 +215,8 @@ def _compile_scalars(numba):
     _matmul_nt_entry, compiled with the reassociation its sums vectorize by."""
     names = globals()
     if not hasattr(names["_fetch_add"], "_defn"):
-        (names["_fetch_add"], names["_load_acquire"], names["_call0"], names["_call_matmul_nt"], names["_pointer_f32"],
-         names["_pointer_u64"], names["_pointer_u8"], names["_pointer_i64"]) = _intrinsics(numba)
+        (names["_fetch_add"], names["_load_acquire"], names["_call0"], names["_call1"], names["_call_matmul_nt"],
+         names["_pointer_f32"], names["_pointer_u64"], names["_pointer_u8"], names["_pointer_i64"]) = _intrinsics(numba)
         names["_carray"] = numba.carray
     for name in SCALARS:
         if not hasattr(names[name], "py_func"):
@@ -225,10 +225,11 @@ def _compile_scalars(numba):
 
 
 def _intrinsics(numba):
-    """_fetch_add, _load_acquire, _call0 and _call_matmul_nt as numba intrinsics: an atomic
-    add (sequentially consistent) and an acquiring load of an int64 array's element; a call
-    of the function of no arguments at an address (none at 0); a call of the C function
-    MATMUL_NT_SYMBOL on three float32 matrices; then _pointer_f32, _pointer_u64, _pointer_u8
+    """_fetch_add, _load_acquire, _call0, _call1 and _call_matmul_nt as numba intrinsics: an
+    atomic add (sequentially consistent) and an acquiring load of an int64 array's element; a
+    call of the function of no arguments at an address (none at 0); a call of the function
+    of one int64 at an address; a call of the C function MATMUL_NT_SYMBOL on three float32
+    matrices; then _pointer_f32, _pointer_u64, _pointer_u8
     and _pointer_i64: an int64 address as a pointer to that type (the native entries')."""
     from llvmlite import ir
     from numba.core import cgutils, types
@@ -263,6 +264,14 @@ def _intrinsics(numba):
         return types.none(address), codegen
 
     @intrinsic
+    def call1(typingctx, address, argument):
+        def codegen(context, builder, signature, args):
+            function = ir.FunctionType(ir.VoidType(), [ir.IntType(64)])
+            builder.call(builder.inttoptr(args[0], function.as_pointer()), [args[1]])
+            return context.get_dummy_value()
+        return types.none(address, argument), codegen
+
+    @intrinsic
     def call_matmul_nt(typingctx, a, w, out):
         if not all(isinstance(t, types.Array) and t.dtype == types.float32 and t.ndim == 2 for t in (a, w, out)):
             return None
@@ -286,7 +295,7 @@ def _intrinsics(numba):
         return to_pointer
 
     pointers = tuple(pointer(t) for t in (types.float32, types.uint64, types.uint8, types.int64))
-    return (fetch_add, load_acquire, call0, call_matmul_nt) + pointers
+    return (fetch_add, load_acquire, call0, call1, call_matmul_nt) + pointers
 
 
 def _takes(*arrays):
@@ -1892,6 +1901,24 @@ def _call_matmul_nt(a, w, out):
     _matmul_nt(a, w, out)
 
 
+def _call1(address, argument):
+    """Call the C function of one int64 at `address` (an intrinsic once numba is loaded)."""
+    import ctypes
+    ctypes.CFUNCTYPE(None, ctypes.c_int64)(int(address))(int(argument))
+
+
+def _product(entry, a, w, out):
+    """out = a @ w^T: by native_gemm's compiled product where `entry` names one (its
+    address, then the address of its operands' fields: rnn.py binds it, w packed in
+    strips), else by _call_matmul_nt. native_gemm's tile (4 rows of a by 24 columns)
+    took 0.64-0.77x _matmul_nt's time on an LSTM's products from 3 rows of a (8 x 256 by
+    256 x 1024 64 against 83 us, 4 rows 33 against 52), 1.13x at 1 row."""
+    if entry[0] != 0:
+        _call1(entry[0], entry[1])
+    else:
+        _call_matmul_nt(a, w, out)
+
+
 def _copy_row(src, dst):
     """dst[:] = src, a loop of its own: a bidirectional recurrence's y[:, d] is strided, and
     a store into it inside the gates' loop kept that loop scalar (the BiGRU's direction at
@@ -1900,11 +1927,12 @@ def _copy_row(src, dst):
         dst[k] = src[k]
 
 
-def lstm_loop(xw, r, h, c, g, y, backward, b0, b1):
+def lstm_loop(xw, r, h, c, g, y, backward, b0, b1, native):
     """ONNX LSTM with its default gate functions (sigmoid, tanh, tanh), no peepholes, in
     float32, for the batch rows b0:b1 (the others are other threads' work): per step t (in
     reverse when `backward`), g = h @ r^T + xw[t] (gates i, o, f, c; r as ONNX's R,
-    (4n, n)), c = f * c + i * tanh(g_c), h = o * tanh(c), y[t] = h. The gates' sigmoids and
+    (4n, n); the product _product's, native[0] its native entry or zeros), c = f * c + i *
+    tanh(g_c), h = o * tanh(c), y[t] = h. The gates' sigmoids and
     tanhs are _sigmoidf and _tanhf, which LLVM vectorizes (libm's scalar exp and tanh took
     most of a batch-8 LSTM's time). Whole arrays and a row range, not views of the rows:
     numba types a view of xw's rows as strided, and its loops stay scalar."""
@@ -1913,7 +1941,7 @@ def lstm_loop(xw, r, h, c, g, y, backward, b0, b1):
     hr, gr = h[b0:b1], g[b0:b1]
     for s in range(seq):
         t = seq - 1 - s if backward else s
-        _call_matmul_nt(hr, r, gr)
+        _product(native[0], hr, r, gr)
         x = xw[t]
         for b in range(b0, b1):
             gb, xb, hb, cb = g[b], x[b], h[b], c[b]
@@ -1928,24 +1956,25 @@ def lstm_loop(xw, r, h, c, g, y, backward, b0, b1):
             _copy_row(hb, y[t, b])
 
 
-def gru_loop(xw, r_zr, r_h, rbh, h, zr, hh, rh, y, backward, linear_before_reset, b0, b1):
+def gru_loop(xw, r_zr, r_h, rbh, h, zr, hh, rh, y, backward, linear_before_reset, b0, b1, native):
     """ONNX GRU with its default gate functions (sigmoid, tanh), in float32 (_sigmoidf,
     _tanhf), for the batch rows b0:b1, as lstm_loop: per step, z and r from h @ r_zr^T +
     xw[t][:2n]; the candidate from (h @ r_h^T + rbh) * r (linear_before_reset) or
     (r * h) @ r_h^T, plus xw[t][2n:] (r_zr and r_h: the rows of ONNX's R, (2n, n) and
-    (n, n)); h = (1 - z) * candidate + z * h; y[t] = h."""
+    (n, n)); h = (1 - z) * candidate + z * h; y[t] = h. The products are _product's, the
+    gates' and the candidate's by native[0] and native[1]."""
     seq = xw.shape[0]
     n = h.shape[1]
     hr, zrr, hhr, rhr = h[b0:b1], zr[b0:b1], hh[b0:b1], rh[b0:b1]
     for s in range(seq):
         t = seq - 1 - s if backward else s
         x = xw[t]
-        _call_matmul_nt(hr, r_zr, zrr)
+        _product(native[0], hr, r_zr, zrr)
         for b in range(b0, b1):
             for k in range(2 * n):
                 zr[b, k] = _sigmoidf(zr[b, k] + x[b, k])
         if linear_before_reset:
-            _call_matmul_nt(hr, r_h, hhr)
+            _product(native[1], hr, r_h, hhr)
             for b in range(b0, b1):
                 for k in range(n):
                     hh[b, k] = (hh[b, k] + rbh[k]) * zr[b, n + k]
@@ -1953,7 +1982,7 @@ def gru_loop(xw, r_zr, r_h, rbh, h, zr, hh, rh, y, backward, linear_before_reset
             for b in range(b0, b1):
                 for k in range(n):
                     rh[b, k] = zr[b, n + k] * h[b, k]
-            _call_matmul_nt(rhr, r_h, hhr)
+            _product(native[1], rhr, r_h, hhr)
         for b in range(b0, b1):
             for k in range(n):
                 cand = _tanhf(hh[b, k] + x[b, 2 * n + k])
@@ -2043,10 +2072,11 @@ def _wait_step(sync, base, threads, n, units):
             _call0(sync[sync.shape[0] - 1])
 
 
-def lstm_shared(xw, r, hbuf, c, gs, y, sync, backward, me, threads, units):
+def lstm_shared(xw, r, hbuf, c, gs, y, sync, backward, native, me, threads, units):
     """lstm_loop's sequence, as one of `threads` threads running it at once (`me` this one):
     per step, blocks of `units` hidden units claimed (`_claim_units`), each block's four
-    gates from its rows of R (`_matmul_nt`, into this thread's scratch gs[me]), its cells
+    gates from its rows of R (`_product`, by native[me, s % 2, block, gate], into this
+    thread's scratch gs[me]), its cells
     and hidden units updated; h read from hbuf[s % 2] and written to hbuf[(s + 1) % 2]
     (every block reads all of h), y[t] its copy. The same arithmetic per element as
     lstm_loop."""
@@ -2058,8 +2088,9 @@ def lstm_shared(xw, r, hbuf, c, gs, y, sync, backward, me, threads, units):
             if w == 0:
                 break
             g = gs[me, :4 * batch * w].reshape(4, batch, w)
+            products = native[me, s % 2, u0 // units]
             for q in range(4):
-                _call_matmul_nt(h, r[q * n + u0:q * n + u0 + w], g[q])
+                _product(products[q], h, r[q * n + u0:q * n + u0 + w], g[q])
             # unsigned indices: numba checks a signed one for a negative value on each access,
             # which kept the loop scalar (70 ns an element)
             first, un = _U(u0), _U(n)
@@ -2079,7 +2110,7 @@ def lstm_shared(xw, r, hbuf, c, gs, y, sync, backward, me, threads, units):
         _wait_step(sync, base, threads, n, units)
 
 
-def gru_shared(xw, r_zr, r_h, rbh, hbuf, gs, y, sync, backward, me, threads, units):
+def gru_shared(xw, r_zr, r_h, rbh, hbuf, gs, y, sync, backward, native, me, threads, units):
     """gru_loop's sequence with linear_before_reset, shared between `threads` threads as
     lstm_shared's: a block's update and reset gates and candidate from its rows of R, all
     three of its units alone."""
@@ -2091,9 +2122,10 @@ def gru_shared(xw, r_zr, r_h, rbh, hbuf, gs, y, sync, backward, me, threads, uni
             if w == 0:
                 break
             g = gs[me, :3 * batch * w].reshape(3, batch, w)
-            _call_matmul_nt(h, r_zr[u0:u0 + w], g[0])
-            _call_matmul_nt(h, r_zr[n + u0:n + u0 + w], g[1])
-            _call_matmul_nt(h, r_h[u0:u0 + w], g[2])
+            products = native[me, s % 2, u0 // units]
+            _product(products[0], h, r_zr[u0:u0 + w], g[0])
+            _product(products[1], h, r_zr[n + u0:n + u0 + w], g[1])
+            _product(products[2], h, r_h[u0:u0 + w], g[2])
             first, un = _U(u0), _U(n)  # unsigned indices, as lstm_shared's
             for b in range(batch):
                 xb, hb, nb = x[b], h[b], hn[b]
@@ -2398,7 +2430,7 @@ def _hard_swishf(v):
 
 SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_nonpositive", "_exp_wide", "_exp_less_half_square", "_sigmoidf",
            "_tanhf", "_swishf", "_hard_swishf", "_activate_run", "_load_phases", "_unload_phases", "_window_maxima",
-           "_add_taps", "_add_taps4", "_crop_rows", "_matmul_nt", "_copy_row", "_shared_step", "_claim_units",
+           "_add_taps", "_add_taps4", "_crop_rows", "_matmul_nt", "_product", "_copy_row", "_shared_step", "_claim_units",
            "_wait_step", "_floats", "_uints", "_bytes", "_uints2", "_tap_span", "_clip_bounds", "_same_run", "_fold",
            "_column5", "_sum5", "_combine2", "_combine4", "_combine6", "_combine", "_gather_tiles", "_gather_block")
 # The activation and depthwise loops and SCALARS may contract a * b + c into one fused multiply-add where the
