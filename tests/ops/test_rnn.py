@@ -530,8 +530,9 @@ def test_a_one_way_recurrence_shares_its_steps_between_threads(op, direction, ba
 def test_the_compiled_loops_products_run_on_native_gemm_from_three_rows(op, direction, threads_, batch, hidden):
     """From rnn.NATIVE_ROWS batch rows, with R a model's float32 constant, the compiled loops
     (one thread's, the batch split's, the shared steps') take their products h @ R^T from
-    native_gemm's tile (jit._product; R packed once), at fewer rows from _matmul_nt:
-    onnxruntime's outputs either way."""
+    native_gemm's tile (jit._product; R packed once), at fewer rows from _matmul_nt; the
+    input projections x @ W^T + B's part run as native_gemm's product with the bias in its
+    pass (fused_projection): onnxruntime's outputs either way."""
     from edgeflow.interp.kernels import jit, native_gemm, rnn
     assert jit.available() and native_gemm.available()
     rng = np.random.default_rng(batch * hidden)
@@ -544,6 +545,7 @@ def test_the_compiled_loops_products_run_on_native_gemm_from_three_rows(op, dire
         assert_close(a, e, np.float32, **TOL), name
     kernel = made[0]  # with the directions apart (2 threads), made[1] runs the second
     assert kernel.sequence is not None
+    assert all(all(k.fused_bias) for k in made)
     tables = [table for k in made for table in k._natives.values()]
     directions = 2 if direction == "bidirectional" else 1
     if batch < rnn.NATIVE_ROWS:

@@ -124,17 +124,39 @@ class _Recurrence:
         apart = len(self.directions) == 2 and threaded and self.workers.n == 2
         self.rows = threads.pieces(batch, self.workers.n) if threaded and not (self.shares or apart) \
             else [(0, batch)]
-        # Each direction's input projection, one product of the whole sequence, split over the
-        # workers with the batch or the shared steps (on one thread it kept lstm2 at batch 8
-        # and 2 threads at 14.95 ms, 12.34 split; the BiGRU 12.96 and 10.77); None where the
-        # operands need a cast first, or the loop runs on one thread (at batch 1 a split
-        # product was 4-10% slower). native_gemm's product with the bias fused (math.
-        # matmul_epilogue) took 1.5-1.7x numpy's product and bias pass at lstm2's 512 x 256 @
-        # 256 x 1024, 0.9-1.5x at batch 1's 64 rows.
+        # Each direction's input projection, one product of the whole sequence: with W (and
+        # B) a model's float32 constants, native_gemm's, the bias added in its pass
+        # (fused_projection); else numpy's, split over the workers with the batch or the
+        # shared steps (on one thread it kept lstm2 at batch 8 and 2 threads at 14.95 ms,
+        # 12.34 split; the BiGRU 12.96 and 10.77), or None: the operands need a cast first, or
+        # the loop runs on one thread (at batch 1 a split product was 4-10% slower).
         x = self.X.reshape(seq * batch, -1)
-        self.projections = [split_matmul(x, self.W[d].T, self.xw)
-                            if (len(self.rows) > 1 or self.shares) and x.dtype == self.W.dtype == self.dtype else None
-                            for d, _ in self.directions]
+        split = len(self.rows) > 1 or self.shares
+        self.projections, self.fused_bias = [], []
+        for d, _ in self.directions:
+            step = self.fused_projection(x, d, split)
+            self.fused_bias.append(step is not None and self.B is not None)
+            if step is None and split and x.dtype == self.W.dtype == self.dtype:
+                step = split_matmul(x, self.W[d].T, self.xw)
+            self.projections.append(step)
+
+    def fused_projection(self, x, d, split):
+        """xw = x @ W[d]^T + the bias's part that joins it, one step of native_gemm's
+        (math.matmul_epilogue: W packed once; its columns split over the workers where
+        `split`), or None: W or B not a model's float32 constant, numba not loaded, shapes
+        it leaves to BLAS. Interleaved against numpy's product and bias pass, one thread:
+        lstm2's 512 x 128 @ 128 x 1024 0.65x of their time, 512 x 256 @ 256 x 1024 0.99x,
+        batch 1's 64 x 256 @ 256 x 1024 0.89x."""
+        from .math import matmul_epilogue
+        constant = [self.W] + ([] if self.B is None else [self.B])
+        if any(a.flags.writeable or a.dtype != np.float32 for a in constant) or x.dtype != np.float32:
+            return None
+        bias = None
+        if self.B is not None:
+            bias = self.bias(self.B[d])
+            bias.flags.writeable = False  # made once, here: a constant to matmul_epilogue
+        with threads.using(self.workers if split else None):
+            return matmul_epilogue([x, self.W[d]], self.xw, {"transpose_a": False, "transpose_b": True}, bias=bias)
 
     def native_products(self, d, shape, products):
         """The int64 table (`shape`, 2) of native_gemm products the compiled loop runs
@@ -233,7 +255,7 @@ class _Recurrence:
                 self.projections[d]()
             else:
                 np.matmul(x, self.W[d].astype(dt, copy=False).T, out=self.xw)
-            if b is not None:
+            if b is not None and not self.fused_bias[d]:
                 self.xw += self.bias(b)
             recurrent = self.recurrent(self.R[d].astype(dt, copy=False), b)
             self.fns = self.fn_sets[d]
@@ -334,8 +356,8 @@ class _GRU(_Recurrence):
     gates, functions, optional = 3, 2, GRU_OPTIONAL
 
     def __init__(self, ins, outs, attrs):
+        self.linear_before_reset = attrs["linear_before_reset"]  # before the projections bind: bias() reads it
         super().__init__("gru", ins, outs, attrs)
-        self.linear_before_reset = attrs["linear_before_reset"]
         n, batch = self.hidden, self.state[0].shape[0]
         self.zr = np.empty((batch, 2 * n), self.dtype)
         self.hh, self.rh = np.empty((batch, n), self.dtype), np.empty((batch, n), self.dtype)
@@ -573,8 +595,8 @@ class _GRUBackward(_Backward):
     gates, optional = 3, GRU_OPTIONAL
 
     def __init__(self, ins, outs, attrs):
+        self.linear_before_reset = attrs["linear_before_reset"]  # before the projections bind: bias() reads it
         super().__init__("gru", ins, outs, attrs)
-        self.linear_before_reset = attrs["linear_before_reset"]
         self.q = np.empty_like(self.h[1:])  # h @ Rh^T + Rbh, where the reset gate comes after it
 
     bias = _GRU.bias
