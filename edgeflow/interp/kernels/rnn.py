@@ -111,12 +111,15 @@ class _Recurrence:
         threaded = self.workers is not None and flops >= threads.MIN_FLOPS
         # A one-way recurrence's compiled loop runs on all the plan's workers at once, each
         # step's hidden units in blocks they share (jit.lstm_shared, gru_shared; `shared`,
-        # bound by the subclass), at every batch (lstm2 on 2 threads, alternating processes:
-        # batch 1 5.0-5.5 -> 3.0-4.2 ms, onnxruntime 2.1-2.8; batch 8 12-13 ms as with its
-        # batch split); a bidirectional one's runs its two directions at once
-        # (_directions_apart), or, on more workers, splits the batch, its rows independent
-        # recurrences.
+        # bound by the subclass), where a worker's share of the batch would be fewer than
+        # NATIVE_ROWS rows (lstm2 on 2 threads, alternating processes: batch 1 5.0-5.5 ->
+        # 3.0-4.2 ms, onnxruntime 2.1-2.8); from there the batch splits, each worker's rows
+        # an independent recurrence whose products run on native_gemm, with no meeting a
+        # step (lstm2 at batch 8: 13.4, 13.8, 11.5-11.9 ms shared, 11.7, 10.9, 10.7 split; at
+        # batch 6 12.2 and 9.9); a bidirectional one's runs its two directions at once
+        # (_directions_apart), or, on more workers, splits the batch.
         self.shares = threaded and self.plain and len(self.directions) == 1 and self.dtype == np.float32 \
+            and batch < NATIVE_ROWS * self.workers.n \
             and (op == "lstm" or (op == "gru" and attrs["linear_before_reset"]))
         # Two workers run a bidirectional recurrence's two directions at once at every batch
         # (_directions_apart): the BiGRU at batch 8, alternating processes, 10.0-10.7 ms with
