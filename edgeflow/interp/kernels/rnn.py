@@ -34,12 +34,13 @@ def _hard_sigmoid(a, alpha, beta):
     np.clip(a, 0, 1, out=a)
 
 
-# ONNX's gate functions, each f(a, alpha, beta) in place (a may be a view).
 # Batch rows from which a compiled loop's products run on native_gemm's tile (jit._product),
 # R packed once: lstm2 at batch 8, alternating processes, 19.7 -> 18.6 ms at 1 thread, 13.0
 # -> 12.3 at 2; the BiGRU 13.3 -> 12.0 and 8.3 -> 7.2. At 1 row _matmul_nt's dot products
 # were faster (28.5 against 32.2 us for lstm2's 1 x 256 by 256 x 1024), at 2 the same.
 NATIVE_ROWS = 3
+
+# ONNX's gate functions, each f(a, alpha, beta) in place (a may be a view).
 _FUNCTIONS = {
     "sigmoid": lambda a, al, be: _sigmoid(a),
     "tanh": lambda a, al, be: np.tanh(a, out=a),
@@ -161,32 +162,32 @@ class _Recurrence:
         with threads.using(self.workers if split else None):
             return matmul_epilogue([x, self.W[d]], self.xw, {"transpose_a": False, "transpose_b": True}, bias=bias)
 
-    def native_products(self, d, shape, products):
+    def native_products(self, key, d, shape, products):
         """The int64 table (`shape`, 2) of native_gemm products the compiled loop runs
-        (jit._product): at each index of `products`' (index, first, last, a, out), the
+        (jit._product): at each index of products()' (index, first, last, a, out), the
         product a @ R[d][first:last]^T into out (its address, then its fields'), R's rows
-        packed once (kept as long as the table); zeros where the loop runs its own
+        packed once; made on the first run and kept under (key, d) with the steps it calls
+        (the buffers it names live as long as the kernel). Zeros where the loop runs its own
         _matmul_nt: R not a model's float32 constant (fed, or trained: the packing would be
         stale), d None (typing the loop), fewer than NATIVE_ROWS rows of a, or no native_gemm."""
         from . import native_gemm
+        found = self._natives.get((key, d))
+        if found is not None:
+            return found
         table = np.zeros((*shape, 2), np.int64)
         if d is None or self.R.flags.writeable or self.R.dtype != np.float32 or self.dtype != np.float32 \
                 or self.X.shape[1] < NATIVE_ROWS or not native_gemm.available():
             return table
-        key = (d, shape, tuple((index, first, last, a.ctypes.data, out.ctypes.data)
-                               for index, first, last, a, out in products))
-        found = self._natives.get(key)
-        if found is not None:
-            return found
         keep = []
-        for index, first, last, a, out in products:
+        for index, first, last, a, out in products():
             if a.shape[0] < NATIVE_ROWS:
-                return table
+                return np.zeros_like(table)
             step = native_gemm.bind_rows(native_gemm.pack_columns(self.R[d, first:last].T), a[None], out[None])
             if step is None:
                 return np.zeros_like(table)
-            table[index], _ = step.native_call, keep.append(step)
-        self._natives[key] = table
+            table[index] = step.native_call
+            keep.append(step)
+        self._natives[key, d] = table
         self._keep.append(keep)
         return table
 
@@ -230,16 +231,17 @@ class _Recurrence:
         into the worker's scratch."""
         parts, batch, n, units = self.workers.n, self.X.shape[1], self.hidden, self.units
         blocks = -(-n // units)
-        products = []
-        for me in range(parts):
-            for parity in range(2):
-                for block in range(blocks):
-                    u0 = block * units
-                    w = min(units, n - u0)
-                    g = self.scratch[me, :self.gates * batch * w].reshape(self.gates, batch, w)
-                    products += [((me, parity, block, q), q * n + u0, q * n + u0 + w, self.hbuf[parity], g[q])
-                                 for q in range(self.gates)]
-        return self.native_products(d, (parts, 2, blocks, self.gates), products)
+
+        def products():
+            for me in range(parts):
+                for parity in range(2):
+                    for block in range(blocks):
+                        u0 = block * units
+                        w = min(units, n - u0)
+                        g = self.scratch[me, :self.gates * batch * w].reshape(self.gates, batch, w)
+                        for q in range(self.gates):
+                            yield (me, parity, block, q), q * n + u0, q * n + u0 + w, self.hbuf[parity], g[q]
+        return self.native_products("shared", d, (parts, 2, blocks, self.gates), products)
 
     def clipped(self, a):
         if self.clip:
@@ -319,7 +321,8 @@ class _LSTM(_Recurrence):
         """lstm_loop's arguments for the batch rows `rows` (R as ONNX lays it out) of
         direction d."""
         b0, b1 = rows
-        native = self.native_products(d, (1,), [((0,), 0, 4 * self.hidden, self.state[0][b0:b1], self.g[b0:b1])])
+        native = self.native_products(rows, d, (1,), lambda: [((0,), 0, 4 * self.hidden, self.state[0][b0:b1],
+                                                                self.g[b0:b1])])
         return (xw, np.ascontiguousarray(recurrent[0].T), *self.state, self.g, y, backward) + rows + (native,)
 
     def shared_args(self, xw, recurrent, y, backward, d=None):
@@ -387,9 +390,9 @@ class _GRU(_Recurrence):
         (r_zr, r_h), rbh = (np.ascontiguousarray(a.T) for a in recurrent[:2]), recurrent[2]
         (b0, b1), n = rows, self.hidden
         h = self.state[0][b0:b1]
-        native = self.native_products(d, (2,), [((0,), 0, 2 * n, h, self.zr[b0:b1]),
-                                                 ((1,), 2 * n, 3 * n, h if self.linear_before_reset else self.rh[b0:b1],
-                                                  self.hh[b0:b1])])
+        native = self.native_products(rows, d, (2,), lambda: [
+            ((0,), 0, 2 * n, h, self.zr[b0:b1]),
+            ((1,), 2 * n, 3 * n, h if self.linear_before_reset else self.rh[b0:b1], self.hh[b0:b1])])
         return (xw, r_zr, r_h, self.zero_rbh if rbh is None else rbh, self.state[0], self.zr, self.hh, self.rh, y,
                 backward, bool(self.linear_before_reset)) + rows + (native,)
 
