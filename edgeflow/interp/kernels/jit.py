@@ -1871,7 +1871,7 @@ def _matmul_nt(a, w, out):
 # callee's own copy). One copy also gives every loop that calls it the same sums: an LSTM
 # or GRU shared between threads the bits of one thread's.
 MATMUL_NT_SYMBOL = "edgeflow_matmul_nt"
-_MATMUL_NT = []  # the C function's address, once registered
+_MATMUL_NT = []  # the C function (numba's cfunc), once registered
 
 
 def _matmul_nt_entry(a, w, out, b, k, n):
@@ -1932,9 +1932,9 @@ def lstm_loop(xw, r, h, c, g, y, backward, b0, b1, native):
     float32, for the batch rows b0:b1 (the others are other threads' work): per step t (in
     reverse when `backward`), g = h @ r^T + xw[t] (gates i, o, f, c; r as ONNX's R,
     (4n, n); the product _product's, native[0] its native entry or zeros), c = f * c + i *
-    tanh(g_c), h = o * tanh(c), y[t] = h. The gates' sigmoids and
-    tanhs are _sigmoidf and _tanhf, which LLVM vectorizes (libm's scalar exp and tanh took
-    most of a batch-8 LSTM's time). Whole arrays and a row range, not views of the rows:
+    tanh(g_c), h = o * tanh(c), y[t] = h. The gates' sigmoids and tanhs are _sigmoidf and
+    _tanhf, which LLVM vectorizes (libm's scalar exp and tanh took most of a batch-8 LSTM's
+    time). Whole arrays and a row range, not views of the rows:
     numba types a view of xw's rows as strided, and its loops stay scalar."""
     seq = xw.shape[0]
     n = h.shape[1]
