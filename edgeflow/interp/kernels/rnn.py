@@ -199,9 +199,9 @@ class _Recurrence:
         return jit.bind_recurrence(self.op, *self.sequence_args(xw, recurrent, self.outs[0][:, 0], True, self.rows[0]))
 
     def bind_shared(self):
-        """(loop, units): the compiled loop that the workers run at once (jit.lstm_shared,
-        gru_shared), and the hidden units of a block, a block a worker's share; or None
-        where numba does not bind it."""
+        """The compiled loop that the workers run at once (jit.lstm_shared, gru_shared), or
+        None where numba does not bind it; `units`, the hidden units of a block (a block a
+        worker's share), and the loop's buffers are set here."""
         seq, batch, _ = self.X.shape
         n, parts = self.hidden, self.workers.n
         units = self.units = max(4, -(-n // (4 * parts)) * 4)  # a multiple of 4: _matmul_nt's tile
@@ -212,17 +212,15 @@ class _Recurrence:
         xw = self.xw.reshape(seq, batch, -1)
         recurrent = self.recurrent(np.empty(self.R.shape[1:], self.dtype), np.empty(self.B.shape[1:], self.dtype)
                                    if self.B is not None else None)
-        loop = jit.bind_recurrence(self.op + "_shared", *self.shared_args(xw, recurrent, self.outs[0][:, 0], True),
+        return jit.bind_recurrence(self.op + "_shared", *self.shared_args(xw, recurrent, self.outs[0][:, 0], True),
                                    0, parts, units)
-        return None if loop is None else (loop, units)
 
     def run_shared(self, xw, recurrent, y, backward, d):
         """The sequence of one direction on all the workers at once (`shared`)."""
-        loop, units = self.shared
         self.hbuf[0] = self.state[0]
         self.sync[:-1] = 0
         args, parts = self.shared_args(xw, recurrent, y, backward, d), self.workers.n
-        self.workers.run([partial(loop, *args, me, parts, units) for me in range(parts)])
+        self.workers.run([partial(self.shared, *args, me, parts, self.units) for me in range(parts)])
         self.state[0][...] = self.hbuf[xw.shape[0] % 2]
 
     def shared_products(self, d):
