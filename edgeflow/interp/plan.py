@@ -121,7 +121,8 @@ class Plan:
         specs = self._infer(needed_operators(subgraph, outputs, producer, targets), input_shapes,
                             constants, variables, folded, known or {})
         self.preserve_all = preserve_all
-        self.chains = {}  # conv or matmul index -> the ops right after it that its step may run (_fusions)
+        self.chains = {}  # conv, matmul or mul index -> the ops right after it that its step may run (_fusions)
+        self.scaled = {}  # mul index -> (x, scale): a 1x1 conv reads x times scale (_epilogues)
         self.provisional = False  # bound without numba while it loads (_bind): made again once it is ready
         if not preserve_all:
             self.order = self._epilogues(self.order, specs)
@@ -326,8 +327,13 @@ class Plan:
     def _bind_fused(self, i, fusion):
         """The fused step of the chain from op i (conv_epilogue or matmul_epilogue), or None."""
         op = self.subgraph.operators[i]
-        _, out, residual, extra, activation = fusion
+        chain, out, residual, extra, activation, scale = fusion
         with self.workspace.step(), bounded(self.max_bytes):
+            if scale is not None:  # a multiply's x and factors, its conv's other operands
+                conv = self.subgraph.operators[chain[0]]
+                x, scale = scale
+                return conv_kernels.conv_epilogue([self.arrays[t] for t in [x, *conv.inputs[1:]]], out, conv.attrs,
+                                                  residual, extra, activation, self.arrays[scale])
             if op.opcode == "conv":
                 return conv_kernels.conv_epilogue([self.arrays[t] for t in op.inputs], out, op.attrs,
                                                   residual, extra, activation)
@@ -370,6 +376,11 @@ class Plan:
         prelu, prelu):
         - after a conv: the add of a residual of its shape (the conv without an activation of
           its own), then or instead the prelu;
+        - before a 1x1 conv: the multiply of x by a factor for each image and channel (a
+          squeeze-excitation's, (N, C, H, W) by (N, C, 1, 1)) that alone makes its x: the
+          multiply heads a chain of the conv and the conv's own chain, and the product applies
+          the factors as it packs x (self.scaled; the same bits: the products are rounded
+          where numpy's multiply would round them);
         - after a matmul (a not transposed, no activation of its own): the add of a bias, a
           vector along its last axis (a BERT layer's dense layers), then the add of a residual
           of its shape; an add's relu or relu6 ends the chain, and one with another activation
@@ -407,6 +418,20 @@ class Plan:
                 chain.append(prelu)
             return chain
 
+        def scaled_conv(i):  # (conv, x, scale) where mul i's product is x * scale, which a 1x1 conv alone reads
+            t = operators[i].outputs[0]
+            conv = sole_reader(t, "conv")
+            if conv is None or len(operators[i].inputs) != 2 or operators[conv].inputs[0] != t \
+                    or t in operators[conv].inputs[1:] or operators[conv].attrs.get("group", 1) != 1:
+                return None
+            shape = tuple(specs[t].shape)
+            for x, scale in (operators[i].inputs, operators[i].inputs[::-1]):
+                sx, ss = tuple(specs[x].shape), tuple(specs[scale].shape)
+                if x != scale and sx == shape and len(shape) == 4 and ss[1:] == (shape[1], 1, 1) \
+                        and ss[0] in (1, shape[0]) and specs[x].dtype == specs[scale].dtype == np.float32:
+                    return conv, x, scale
+            return None
+
         def matmul_chain(t):
             attrs, shape = operators[i].attrs, specs[t].shape
             if attrs.get("activation") or attrs.get("transpose_a") or not shape:
@@ -439,6 +464,22 @@ class Plan:
                 order.insert(at, j)
             if chain:
                 self.chains[i] = chain
+        for i in [i for i in order if operators[i].opcode == "mul" and not operators[i].attrs.get("activation")]:
+            found = scaled_conv(i)
+            if found is None:
+                continue
+            conv, x, scale = found
+            chain = [conv] + self.chains.get(conv, [])
+            made = set(order[:order.index(i) + 1])
+            if any(u in made_by and made_by[u] not in made | set(chain) for j in chain
+                   for u in operators[j].inputs if u != operators[i].outputs[0]):
+                continue  # an operand made after the multiply
+            at = order.index(i)
+            for j in chain:
+                order.remove(j)
+                at += 1
+                order.insert(at, j)
+            self.chains[i], self.scaled[i] = chain, (x, scale)
         return order
 
     def _fusions(self, indices):
@@ -452,8 +493,12 @@ class Plan:
             chain = self.chains.get(i)
             if not chain or list(indices[pos + 1:pos + 1 + len(chain)]) != chain:
                 continue
-            t, residual, extra, activation = operators[i].outputs[0], None, None, operators[i].attrs.get("activation", "")
-            for j in chain:
+            head, scale = i, None
+            if i in self.scaled:  # a multiply, then its conv
+                head, scale = chain[0], self.scaled[i]
+            t, residual, extra = operators[head].outputs[0], None, None
+            activation = operators[head].attrs.get("activation", "")
+            for j in chain[1:] if head != i else chain:
                 op = operators[j]
                 if op.opcode == "add" and operators[i].opcode == "matmul" and extra is None:
                     extra = self.arrays[next(u for u in op.inputs if u != t)]  # the bias
@@ -464,7 +509,7 @@ class Plan:
                 else:
                     extra = self.arrays[op.inputs[1]]  # the slope
                 t = op.outputs[0]
-            out[i] = (chain, self.arrays[t], residual, extra, activation)
+            out[i] = (chain, self.arrays[t], residual, extra, activation, scale)
         return out
 
     def _bind_delegated(self, delegates, constants, folded):

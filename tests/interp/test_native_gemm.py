@@ -52,12 +52,15 @@ def _reference(w, bias, x, activation, residual, slope):
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 3), m=st.integers(1, 40), k=st.integers(1, 70), p=st.integers(4, 130),
        activation=st.sampled_from(sorted(native_gemm.ACTIVATIONS)), residual=st.booleans(), slope=st.booleans(),
-       offset=st.integers(0, 3), block=st.sampled_from([5, 16, native_gemm.MAX_BLOCK]), seed=st.integers(0, 2 ** 16))
-def test_product_and_epilogue(n, m, k, p, activation, residual, slope, offset, block, seed):
+       offset=st.integers(0, 3), block=st.sampled_from([5, 16, native_gemm.MAX_BLOCK]),
+       scale=st.sampled_from([None, "each", "shared"]), seed=st.integers(0, 2 ** 16))
+def test_product_and_epilogue(n, m, k, p, activation, residual, slope, offset, block, scale, seed):
     """Every panel and strip remainder (m not a multiple of MR, p of NR), x's rows and images
-    apart (a view into a larger array), each epilogue, and depths in one block of x's rows or
-    several (MAX_BLOCK lowered: partial sums stored, then added to): within float32
-    rounding of the float64 evaluation; out's padding and elements past it are not written."""
+    apart (a view into a larger array), each epilogue, depths in one block of x's rows or
+    several (MAX_BLOCK lowered: partial sums stored, then added to), and x's rows scaled by
+    a factor for each image or one for all: within float32 rounding of the float64
+    evaluation of the product of float32 x * scale; out's padding and elements past it are
+    not written."""
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((m, k)).astype(np.float32)
     bias = rng.standard_normal(m).astype(np.float32)
@@ -67,10 +70,11 @@ def test_product_and_epilogue(n, m, k, p, activation, residual, slope, offset, b
     out = frame[:, :, :p]
     res = rng.standard_normal((n, m, p)).astype(np.float32) if residual else None
     s = rng.standard_normal(m).astype(np.float32) if slope else None
+    factors = None if scale is None else rng.uniform(-2, 2, (n if scale == "each" else 1, k)).astype(np.float32)
     with mock.patch.object(native_gemm, "MAX_BLOCK", block):
-        step = native_gemm.bind(native_gemm.pack(w, bias), x, out, activation, res, s)
+        step = native_gemm.bind(native_gemm.pack(w, bias), x, out, activation, res, s, factors)
     step()
-    expected = _reference(w, bias, x, activation, res, s)
+    expected = _reference(w, bias, x if factors is None else x * factors[:, :, None], activation, res, s)
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5 * max(np.abs(expected).max(), 1.0))
     assert (frame[:, :, p:] == 7.0).all()
 
@@ -223,6 +227,39 @@ def test_a_chain_of_residual_blocks_with_activations(num_threads, batch, size):
     windows = y.reshape(batch, channels, size // 2, 2, size // 2, 2)
     want = np.einsum("mcij,ncyixj->nmyx", w3.astype(np.float64), windows) + b3[:, None, None]
     np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def _sigmoid(v):
+    return 1 / (1 + np.exp(-v))
+
+
+@pytest.mark.parametrize("num_threads, batch, channels, size", [(1, 1, 16, 9), (2, 1, 16, 9), (2, 3, 24, 7),
+                                                                 (1, 2, 800, 4)])
+def test_a_squeeze_excitation_multiply_runs_in_the_product_of_its_conv(num_threads, batch, channels, size):
+    """x times a factor for each image and channel, into a 1x1 conv and its residual add
+    (EfficientNet's blocks): one step where the product runs (the multiply's; its conv and
+    add in it), giving numpy's values and the same bits as the multiply and the conv apart
+    (the multiply's product a signature output too). Past native_gemm.MAX_DEPTH input
+    channels the product is BLAS's and the ops run apart."""
+    assert jit.available()
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((batch, channels, size, size)).astype(np.float32)
+    w1, w2 = (rng.standard_normal((channels, channels, 1, 1)).astype(np.float32) * 0.2 for _ in range(2))
+    b1, b2 = (rng.standard_normal(channels).astype(np.float32) for _ in range(2))
+
+    def build(t, keep=False):
+        s = apply("sigmoid", [_conv(apply("reduce_mean", [t], {"axes": (2, 3), "keepdims": True}), w1, b1)], {})
+        y = apply("mul", [t, s], {})
+        return {"z": apply("add", [_conv(y, w2, b2), t], {}), **({"y": y} if keep else {})}
+    got, ran = _run(build, x, profile=True, num_threads=num_threads)
+    apart, _ = _run(lambda t: build(t, keep=True), x, num_threads=num_threads)
+    s = _sigmoid(_np_conv(x.mean(axis=(2, 3), keepdims=True, dtype=np.float64), w1, b1)).astype(np.float32)
+    want = _np_conv(x * s, w2, b2) + x
+    np.testing.assert_allclose(got["z"], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    native = native_gemm.available() and channels <= native_gemm.MAX_DEPTH
+    if native:
+        assert (got["z"] == apart["z"]).all()
+    assert ran == sorted(["reduce_mean", "conv", "sigmoid", "mul"] + ([] if native else ["conv", "add"]))
 
 
 @pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")

@@ -142,7 +142,7 @@ def _pointwise(x, w, group, out):
         or (lambda: np.matmul(ws, xs, out=result))
 
 
-def conv_epilogue(ins, out, attrs, residual=None, slope=None, activation=None):
+def conv_epilogue(ins, out, attrs, residual=None, slope=None, activation=None, scale=None):
     """A step for a one-group 2-D conv (operands `ins`) that the direct path would run as a
     product (a 1x1 stride-1 conv: w @ x; windows tiling x: _patches' columns; others:
     jit.py's im2col columns), writing prelu(act(conv + bias + residual), slope) to `out` in
@@ -154,7 +154,9 @@ def conv_epilogue(ins, out, attrs, residual=None, slope=None, activation=None):
     between runs (variables: packed once here), convs that jit.py's loops or winograd.py
     take, or shapes native_gemm leaves to BLAS. `activation` (default: the conv's own) comes
     after the residual; plan.py passes the add's where the conv has none. residual: out's
-    shape; slope: a PReLU's, constant along all but the channel axis."""
+    shape; slope: a PReLU's, constant along all but the channel axis; scale: (N or 1, C, 1,
+    1), each image's factor for each channel of x, applied as the product packs x (a
+    squeeze-excitation's multiply before a 1x1 conv; the conv then reads x unscaled)."""
     x, w = ins[:2]
     bias = ins[2] if len(ins) > 2 else None
     activation = attrs["activation"] if activation is None else activation
@@ -182,8 +184,15 @@ def conv_epilogue(ins, out, attrs, residual=None, slope=None, activation=None):
             return None  # not one value a channel
         slope = spread[0, :, 0, 0]
     results = [reshaped(a, (n, m, p)) for a in (out,) + ((residual,) if residual is not None else ())]
+    if scale is not None:
+        if scale.ndim != 4 or scale.shape[1:] != (c, 1, 1) or scale.shape[0] not in (1, n) \
+                or scale.dtype != np.float32:
+            return None
+        scale = scale.reshape(scale.shape[0], c)
     if depth == c and set(strides) == {1} and not any(begin + end):  # 1x1: x is the columns
         copy, cols = None, reshaped(x, (n, c, p))
+    elif scale is not None:
+        return None
     else:
         cols = scratch((n, depth, p), x.dtype)  # rewritten whole every run
         if _tiles_without_overlap(x, kernel_shape, 1, strides, dilations, begin, end, out_shape):
@@ -198,7 +207,8 @@ def conv_epilogue(ins, out, attrs, residual=None, slope=None, activation=None):
         packed = native_gemm.pack_constant(w, bias, *rows.indices(m)[:2])
         return native_gemm.bind(packed, cols[images, :, columns], results[0][images, rows, columns], activation,
                                 results[1][images, rows, columns] if residual is not None else None,
-                                None if slope is None else slope[rows])
+                                None if slope is None else slope[rows],
+                                None if scale is None else scale[images] if scale.shape[0] == n else scale)
     workers = threads.current()
     if workers is None or 2 * n * m * depth * p < threads.MIN_FLOPS:
         parts = [product(everything, everything)]

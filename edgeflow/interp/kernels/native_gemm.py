@@ -9,7 +9,9 @@ product and applies all of it to each tile of the result while it is in register
   M), the bias padded alike;
 - for each strip of NR columns of x, the strip is copied into a contiguous K x NR buffer
   (x's rows lie P floats apart: at P = 1024 the 4 KiB stride put a strip's rows in one
-  set of the L1 cache, which cost 1.3x), then every panel runs over it: MR x NR
+  set of the L1 cache, which cost 1.3x), each row times its image's factor for that row
+  where the step has factors (a squeeze-excitation's multiply before a 1x1 conv: that
+  pass over x saved; else 1), then every panel runs over it: MR x NR
   accumulators (3 x 8-float vectors a row, 12 registers of AVX2's 16) taking a fused
   multiply-add of a broadcast weight and a row of the strip per k; past MAX_BLOCK rows of
   x, in blocks of rows, each tile's partial sums stored and added to by the next block;
@@ -54,8 +56,9 @@ MR, NR = 4, 24  # a panel's rows, a strip's columns (3 vectors of 8 floats)
 VEC = 8
 NV = NR // VEC
 # Operands of one call, in the int64 array the compiled function reads.
-(W, X, BIAS, OUT, RES, SLOPE, STRIP, M, K, P, LDX, LDO, LDR, ACT, IMAGES, SX, SO, SR, KC, LDA) = range(20)
-FIELDS = 20
+(W, X, BIAS, OUT, RES, SLOPE, STRIP, M, K, P, LDX, LDO, LDR, ACT, IMAGES, SX, SO, SR, KC, LDA, SCALE,
+ SSC) = range(22)
+FIELDS = 22
 ACTIVATIONS = {"": 0, "relu": 1, "relu6": 2, "swish": 3, "hard_swish": 4}  # jit.ACTIVATION_CODES
 # Shapes left to BLAS: fewer columns than MIN_COLUMNS (a strip mostly empty) unless the
 # weights are few (at most NARROW_WEIGHTS: 64x128 @ 128x4 with bias and relu 0.88x of
@@ -257,16 +260,18 @@ def _module(ir):
             width = splat(b.sub(p_, p0), ir.VectorType(i64, VEC))
             return [b.icmp_signed("<", lane, width) for lane in lanes[:nv]]
 
-        def pack(x, strip, p0, masked, k0, k1, nv):
-            """Rows k0:k1 of x, columns p0:p0 + nv * VEC, into the strip buffer (zeros past P)."""
+        def pack(x, scale, strip, p0, masked, k0, k1, nv):
+            """Rows k0:k1 of x, columns p0:p0 + nv * VEC, into the strip buffer (zeros past P),
+            each row times its float of `scale` (an address: K floats)."""
             keep = masks(p0, nv) if masked else [None] * nv
 
             def row(k):
+                times = splat(load(at(scale, k), f32))
                 for h in range(nv):
                     source = at(x, b.add(b.add(b.mul(k, field[LDX]), p0), c(VEC * h)), v8)
                     value = b.call(masked_load, [source, ir.Constant(i32, 4), keep[h], zero]) if masked \
                         else load(source, v8, 4)
-                    b.store(value, at(strip, b.add(b.mul(b.sub(k, k0), c(NR)), c(VEC * h)), v8)).align = 32
+                    b.store(b.fmul(value, times), at(strip, b.add(b.mul(b.sub(k, k0), c(NR)), c(VEC * h)), v8)).align = 32
             loop(k0, k1, c(1), row)
 
         def tile(a, strip, out, res, panel, p0, masked, k0, k1, nv):
@@ -415,6 +420,7 @@ def _module(ir):
 
         def image(n):
             x = b.add(field[W if dense else X], b.mul(n, b.mul(field[SX], c(4))))
+            scale = b.add(field[SCALE], b.mul(n, b.mul(field[SSC], c(4))))
             out = b.add(field[OUT], b.mul(n, b.mul(field[SO], c(4))))
             res = b.select(b.icmp_signed("!=", field[RES], c(0)),
                            b.add(field[RES], b.mul(n, b.mul(field[SR], c(4)))), c(0))
@@ -427,7 +433,7 @@ def _module(ir):
                         a = x
                     else:
                         strip, a = field[STRIP], field[W]
-                        pack(x, strip, p0, masked, k0, k1, nv)
+                        pack(x, scale, strip, p0, masked, k0, k1, nv)
                     loop(c(0), panels, c(1), lambda panel: tile(a, strip, out, res, panel, p0, masked, k0, k1, nv))
                 loop(c(0), k_, field[KC], rows_block)
 
@@ -572,12 +578,15 @@ def bind_rows(packed, a, out, activation="", residual=None):
     return _step("gemm_rows", fields, residual, (strips, bias, a, out))
 
 
-def bind(packed, x, out, activation="", residual=None, slope=None):
-    """A step writing f(w @ x + bias [+ residual]) to out: x (N, K, P) and out, residual
-    (N, M, P) float32 arrays whose last axis is contiguous (rows may be apart: ld), their
-    images apart by any stride; `packed` is pack(w, bias); activation one of ACTIVATIONS,
-    then `slope` (M,) a PReLU's per-row slope. None where available() is False or the
-    operands do not qualify (the caller keeps its own path)."""
+def bind(packed, x, out, activation="", residual=None, slope=None, scale=None):
+    """A step writing f(w @ (x scale) + bias [+ residual]) to out: x (N, K, P) and out,
+    residual (N, M, P) float32 arrays whose last axis is contiguous (rows may be apart: ld),
+    their images apart by any stride; `packed` is pack(w, bias); activation one of
+    ACTIVATIONS, then `slope` (M,) a PReLU's per-row slope; `scale` (N, K) float32, its rows
+    contiguous, an image's factor for each row of x (a squeeze-excitation's multiply, whose
+    rounded products the strips pack: the bits of numpy's x * scale, then this product), or
+    None. None where available() is False or the operands do not qualify (the caller keeps
+    its own path)."""
     if not available() or activation not in ACTIVATIONS:
         return None
     if not _takes(out, residual, x):
@@ -594,6 +603,14 @@ def bind(packed, x, out, activation="", residual=None, slope=None):
     strip = _aligned(kc * NR)
     if slope is not None:
         slope = np.ascontiguousarray(np.broadcast_to(np.asarray(slope, np.float32).reshape(-1), (m,)))
+    if scale is None:
+        scale = np.ones((1, k), np.float32)  # times 1: x's bits
+        scale_stride = 0
+    elif scale.dtype != np.float32 or scale.shape[-1] != k or scale.ndim != 2 or scale.shape[0] not in (1, n) \
+            or scale.strides[1] != 4 or scale.strides[0] % 4:
+        return None
+    else:
+        scale_stride = scale.strides[0] // 4 if scale.shape[0] == n else 0
     fields = np.zeros(FIELDS, np.int64)
     fields[[W, X, BIAS, OUT, STRIP]] = [panels.ctypes.data, x.ctypes.data, bias.ctypes.data, out.ctypes.data,
                                         strip.ctypes.data]
@@ -602,7 +619,8 @@ def bind(packed, x, out, activation="", residual=None, slope=None):
                                                             out.strides[0] // 4, kc]
     if slope is not None:
         fields[SLOPE] = slope.ctypes.data
-    return _step("gemm", fields, residual, (panels, bias, strip, slope, x, out))
+    fields[[SCALE, SSC]] = [scale.ctypes.data, scale_stride]
+    return _step("gemm", fields, residual, (panels, bias, strip, slope, scale, x, out))
 
 
 def _takes(out, residual, *inputs):
