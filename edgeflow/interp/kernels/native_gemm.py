@@ -57,8 +57,8 @@ VEC = 8
 NV = NR // VEC
 # Operands of one call, in the int64 array the compiled function reads.
 (W, X, BIAS, OUT, RES, SLOPE, STRIP, M, K, P, LDX, LDO, LDR, ACT, IMAGES, SX, SO, SR, KC, LDA, SCALE,
- SSC) = range(22)
-FIELDS = 22
+ SSC, SB) = range(23)
+FIELDS = 23
 ACTIVATIONS = {"": 0, "relu": 1, "relu6": 2, "swish": 3, "hard_swish": 4}  # jit.ACTIVATION_CODES
 # Shapes left to BLAS: fewer columns than MIN_COLUMNS (a strip mostly empty) unless the
 # weights are few (at most NARROW_WEIGHTS: 64x128 @ 128x4 with bias and relu 0.88x of
@@ -72,6 +72,14 @@ MAX_DEPTH = 768
 # cost: 384 rows in two blocks took 1.1-1.2x the time of one; past 768 rows (MobileNetV2's
 # 960 -> 160 projections: 1.14x BLAS's sgemm and its passes, in blocks of 256) BLAS runs them.
 MAX_BLOCK = 512
+# Floats of x's packed strips at most (32 KiB, this host's L1): as many strips as fit are
+# packed at once, then each panel of w runs over all of them, so that a panel's rows of
+# out are written in runs of that many columns. A strip at a time, each tile wrote 4 rows
+# of 24 columns and a strip's panels touched all M rows of out, whose rows lie P floats
+# apart: alone, 16 -> 96 at 112x112 (MobileNetV2's and EfficientNet's first expansion)
+# took 1,384 us, 896 so; at batch 8 9.5 -> 5.5 ms; 32 -> 16 there 350 -> 283 us, 24 -> 144
+# at 56x56 529 -> 425 (16 Ki floats did no better, projections of 96-576 rows the same).
+STRIP_BLOCK = 8192
 # bind_rows: rows of a packed strip of w run at a time (a deeper product in blocks of equal
 # depth, partial sums stored and added to). Measured interleaved against numpy's sgemm plus
 # its bias pass, at 128 x 1024 @ 1024 x 256: one block of 1024 rows 0.90x of their time, 512
@@ -437,7 +445,24 @@ def _module(ir):
                     loop(c(0), panels, c(1), lambda panel: tile(a, strip, out, res, panel, p0, masked, k0, k1, nv))
                 loop(c(0), k_, field[KC], rows_block)
 
-            loop(c(0), full, c(NR), lambda p0: columns(p0, False))
+            if dense:
+                loop(c(0), full, c(NR), lambda p0: columns(p0, False))
+            else:
+                def block_of_strips(q0):  # SB strips from column q0: packed, then each panel over them
+                    q1 = b.select(b.icmp_signed("<", b.add(q0, b.mul(field[SB], c(NR))), full),
+                                  b.add(q0, b.mul(field[SB], c(NR))), full)
+
+                    def strip_at(p0):
+                        return b.add(field[STRIP], b.mul(b.mul(b.udiv(b.sub(p0, q0), c(NR)), field[KC]), c(NR * 4)))
+
+                    def rows_block(k0):
+                        k1 = b.select(b.icmp_signed("<", b.add(k0, field[KC]), k_), b.add(k0, field[KC]), k_)
+                        loop(q0, q1, c(NR), lambda p0: pack(x, scale, strip_at(p0), p0, False, k0, k1, NV))
+                        loop(c(0), panels, c(1), lambda panel: loop(
+                            q0, q1, c(NR), lambda p0: tile(field[W], strip_at(p0), out, res, panel, p0, False, k0, k1,
+                                                           NV)))
+                    loop(c(0), k_, field[KC], rows_block)
+                loop(c(0), full, b.mul(field[SB], c(NR)), block_of_strips)
             # The last columns (fewer than NR) in a strip of as few vectors as hold them: 49
             # columns (a 7x7 map) as 24 + 24 + 8, not 24 + 24 + 24.
             rest = b.sub(p_, full)
@@ -600,7 +625,8 @@ def bind(packed, x, out, activation="", residual=None, slope=None, scale=None):
         raise ValueError(f"packed weights of {panels.size} floats do not fit a ({m}, {k}) product")
     blocks = -(-k // MAX_BLOCK)
     kc = -(-k // blocks)  # rows of x a strip holds: blocks of equal depth, none past MAX_BLOCK
-    strip = _aligned(kc * NR)
+    sb = max(1, STRIP_BLOCK // (kc * NR))  # strips packed at once
+    strip = _aligned(kc * NR * sb)
     if slope is not None:
         slope = np.ascontiguousarray(np.broadcast_to(np.asarray(slope, np.float32).reshape(-1), (m,)))
     if scale is None:
@@ -619,7 +645,7 @@ def bind(packed, x, out, activation="", residual=None, slope=None, scale=None):
                                                             out.strides[0] // 4, kc]
     if slope is not None:
         fields[SLOPE] = slope.ctypes.data
-    fields[[SCALE, SSC]] = [scale.ctypes.data, scale_stride]
+    fields[[SCALE, SSC, SB]] = [scale.ctypes.data, scale_stride, sb]
     return _step("gemm", fields, residual, (panels, bias, strip, slope, scale, x, out))
 
 
