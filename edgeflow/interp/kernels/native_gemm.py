@@ -31,7 +31,7 @@ MobileNetV2's and iris_landmark's pointwise shapes (144x24 @ 24x3136 0.61x, 32x6
 64x1024 0.73x, 64x384 @ 384x196 0.93x, 96x576 @ 576x196 in two blocks 0.97x); the
 product alone 0.84-0.94x of sgemm's. Left to BLAS (`suits`): fewer than 16 columns where
 the weights are many (1.5x at 4 columns of a 512x512 product; 0.75-0.9x of 64x128's at
-4-12), and depths past 768 (1.14x at 960, the strip outgrowing L1). Tile shapes tried:
+4-12), and depths past MAX_DEPTH (2,304: ResNet-18's deepest columns). Tile shapes tried:
 6x16 (12 accumulators; M = 32 wastes a third of a panel) and 8x8 (9 loads per 8
 multiply-adds) were 1.0-1.3x slower than 4x24. The last columns run in a strip of as many
 vectors as hold them (49 columns: 24 + 24 + 8, not 24 + 24 + 24): MobileNetV2's 7x7
@@ -63,14 +63,16 @@ ACTIVATIONS = {"": 0, "relu": 1, "relu6": 2, "swish": 3, "hard_swish": 4}  # jit
 # Shapes left to BLAS: fewer columns than MIN_COLUMNS (a strip mostly empty) unless the
 # weights are few (at most NARROW_WEIGHTS: 64x128 @ 128x4 with bias and relu 0.88x of
 # numpy's time, 256x256 @ 256x4 1.10x, 512x512 1.52x), fewer than 4 columns, or deeper
-# than MAX_DEPTH.
+# than MAX_DEPTH: with the strips packed a block at a time and TAIL_GROUP, deep products
+# alone against BLAS's sgemm and its bias pass: 960x160 @ 160x49 194 against 199 us,
+# 1152x320 @ 320x49 507 against 524, 2304x512 @ 512x49 2,186 against 2,305, 1152x256 @
+# 256x196 1,726 against 1,771 (at 768, before those, 960 deep took 1.14x BLAS's time).
 MIN_COLUMNS = 16
 NARROW_WEIGHTS = 1 << 15
-MAX_DEPTH = 768
+MAX_DEPTH = 2304
 # Rows of x a packed strip holds at most (512 x 24 floats: 48 KiB); a deeper product runs in
 # blocks of rows of equal depth, each adding to the partial sums the last one stored. Blocks
-# cost: 384 rows in two blocks took 1.1-1.2x the time of one; past 768 rows (MobileNetV2's
-# 960 -> 160 projections: 1.14x BLAS's sgemm and its passes, in blocks of 256) BLAS runs them.
+# cost: 384 rows in two blocks took 1.1-1.2x the time of one.
 MAX_BLOCK = 512
 # Floats of x's packed strips at most (32 KiB, this host's L1): as many strips as fit are
 # packed at once, then each panel of w runs over all of them, so that a panel's rows of
@@ -80,6 +82,12 @@ MAX_BLOCK = 512
 # took 1,384 us, 896 so; at batch 8 9.5 -> 5.5 ms; 32 -> 16 there 350 -> 283 us, 24 -> 144
 # at 56x56 529 -> 425 (16 Ki floats did no better, projections of 96-576 rows the same).
 STRIP_BLOCK = 8192
+# Panels of w a tile runs where a strip's last columns fit one vector (49 = 24 + 24 + 1: a 7x7
+# map; 196 = 8 x 24 + 4): one panel gave 4 accumulators, whose multiply-adds wait on each
+# other (4 cycles each), 3 give 12. Alone (alternating processes, medians): 576 -> 160 at 7x7
+# 133 -> 117 us, 160 -> 960 212 -> 194, the latter at batch 8 1,838 -> 1,656; 576 -> 96 at 14x14
+# 295 -> 267, 96 -> 576 263 -> 242.
+TAIL_GROUP = 3
 # bind_rows: rows of a packed strip of w run at a time (a deeper product in blocks of equal
 # depth, partial sums stored and added to). Measured interleaved against numpy's sgemm plus
 # its bias pass, at 128 x 1024 @ 1024 x 256: one block of 1024 rows 0.90x of their time, 512
@@ -282,33 +290,34 @@ def _module(ir):
                     b.store(b.fmul(value, times), at(strip, b.add(b.mul(b.sub(k, k0), c(NR)), c(VEC * h)), v8)).align = 32
             loop(k0, k1, c(1), row)
 
-        def tile(a, strip, out, res, panel, p0, masked, k0, k1, nv):
-            """Rows panel*MR.. of the product over the packed strip's first nv vectors of
-            columns (x's rows k0:k1), added to the bias (k0 = 0) or to what earlier blocks of
-            rows stored; then the epilogue (k1 = K) or a plain store. Dense: rows of a (rows
-            past M read row M - 1), the bias a column's."""
+        def tile(a, strip, out, res, panel, p0, masked, k0, k1, nv, group=1):
+            """Rows panel*MR.. of the product (`group` panels: MR * group rows) over the packed
+            strip's first nv vectors of columns (x's rows k0:k1), added to the bias (k0 = 0) or
+            to what earlier blocks of rows stored; then the epilogue (k1 = K) or a plain store.
+            Dense: rows of a (rows past M read row M - 1), the bias a column's."""
+            R = MR * group
             first = b.mul(panel, c(MR))
             keep = masks(p0, nv) if masked else [None] * nv
             if dense:
                 rows = [b.select(b.icmp_signed("<", b.add(first, c(r)), m_), b.add(first, c(r)), b.sub(m_, c(1)))
-                        for r in range(MR)]
+                        for r in range(R)]
                 rows_at = [b.add(a, b.mul(b.mul(row, field[LDA]), c(4))) for row in rows]
             else:
-                weights = b.add(a, b.mul(b.mul(panel, k_), c(MR * 4)))
+                weights = [b.add(a, b.mul(b.mul(b.add(panel, c(g)), k_), c(MR * 4))) for g in range(group)]
             from_bias, from_out = block("from_bias"), block("from_out")
             b.cbranch(b.icmp_signed("==", k0, c(0)), from_bias, from_out)
             b.position_at_end(from_bias)
             if dense:  # sums from 0, the bias added as they are stored (numpy's matmul, then its add)
-                biased = [zero] * (nv * MR)
+                biased = [zero] * (nv * R)
             else:
-                biased = [splat(load(at(field[BIAS], b.add(first, c(r))), f32)) for r in range(MR)]
+                biased = [splat(load(at(field[BIAS], b.add(first, c(r))), f32)) for r in range(R)]
                 biased = [v for v in biased for _ in range(nv)]
             bias_end = b.block
             before = block("k_start")
             b.branch(before)
             b.position_at_end(from_out)
             stored = []
-            for r in range(MR):  # rows past M read row M - 1 (their sums are never stored)
+            for r in range(R):  # rows past M read row M - 1 (their sums are never stored)
                 m = b.select(b.icmp_signed("<", b.add(first, c(r)), m_), b.add(first, c(r)), b.sub(m_, c(1)))
                 for h in range(nv):
                     source = at(out, b.add(b.add(b.mul(m, field[LDO]), p0), c(VEC * h)), v8)
@@ -337,10 +346,10 @@ def _module(ir):
             b.position_at_end(inside)
             xs = [load(at(strip, b.add(b.mul(b.sub(k, k0), c(NR)), c(VEC * h)), v8), v8, 32) for h in range(nv)]
             if not dense:
-                row_weights = b.add(weights, b.mul(k, c(MR * 4)))
+                row_weights = [b.add(w, b.mul(k, c(MR * 4))) for w in weights]
             new = []
-            for r in range(MR):
-                weight_at = b.add(rows_at[r], b.mul(k, c(4))) if dense else b.add(row_weights, c(4 * r))
+            for r in range(R):
+                weight_at = b.add(rows_at[r], b.mul(k, c(4))) if dense else b.add(row_weights[r // MR], c(4 * (r % MR)))
                 weight = splat(load(b.inttoptr(weight_at, f32.as_pointer()), f32))
                 new += [b.call(fma, [weight, xs[h], acc[nv * r + h]]) for h in range(nv)]
             k.add_incoming(b.add(k, c(1)), b.block)
@@ -352,7 +361,7 @@ def _module(ir):
             partial_sums, epilogue, tile_done = block("partial"), block("epilogue"), block("tile_done")
             b.cbranch(b.icmp_signed("<", k1, k_), partial_sums, epilogue)
             b.position_at_end(partial_sums)
-            for r in range(MR):
+            for r in range(R):
                 def store_sums(r=r):
                     m = b.add(first, c(r))
                     for h in range(nv):
@@ -377,7 +386,7 @@ def _module(ir):
             has_bias = b.icmp_signed("!=", field[BIAS], c(0))
             bias_at = b.select(has_bias, field[BIAS], field[X])  # an address that may be read either way
             clamped = [b.select(b.icmp_signed("<", b.add(first, c(r)), m_), b.add(first, c(r)), b.sub(m_, c(1)))
-                       for r in range(MR)]
+                       for r in range(R)]
             values = list(acc)
             if dense:  # the strip's columns of the bias (zeros past P), where there is one
                 column_bias = [b.select(has_bias, load(at(bias_at, b.add(p0, c(VEC * h)), v8), v8, 4), zero)
@@ -389,7 +398,7 @@ def _module(ir):
             b.cbranch(has_res, with_res_block, join)
             b.position_at_end(with_res_block)
             added = []
-            for r in range(MR):
+            for r in range(R):
                 for h in range(nv):
                     source = at(res, b.add(b.add(b.mul(clamped[r], field[LDR]), p0), c(VEC * h)), v8)
                     extra = b.call(masked_load, [source, ir.Constant(i32, 4), keep[h], zero]) if masked \
@@ -408,10 +417,10 @@ def _module(ir):
             if not dense:  # each row's PReLU slope
                 slope_at = b.select(has_slope, field[SLOPE], field[BIAS])
                 slopes = [splat(b.select(has_slope, load(at(slope_at, clamped[r]), f32), ir.Constant(f32, 1.0)))
-                          for r in range(MR)]
+                          for r in range(R)]
                 activated = [b.select(b.fcmp_ordered("<", v, zero), b.fmul(v, slopes[i // nv]), v)
                              for i, v in enumerate(activated)]
-            for r in range(MR):
+            for r in range(R):
                 def store_row(r=r):
                     m = b.add(first, c(r))
                     for h in range(nv):
@@ -442,7 +451,13 @@ def _module(ir):
                     else:
                         strip, a = field[STRIP], field[W]
                         pack(x, scale, strip, p0, masked, k0, k1, nv)
-                    loop(c(0), panels, c(1), lambda panel: tile(a, strip, out, res, panel, p0, masked, k0, k1, nv))
+                    if dense or nv > 1:
+                        loop(c(0), panels, c(1), lambda panel: tile(a, strip, out, res, panel, p0, masked, k0, k1, nv))
+                    else:  # one vector of columns: TAIL_GROUP panels a tile (see TAIL_GROUP), then one
+                        whole = b.sub(panels, b.urem(panels, c(TAIL_GROUP)))
+                        loop(c(0), whole, c(TAIL_GROUP), lambda panel: tile(a, strip, out, res, panel, p0, masked, k0,
+                                                                            k1, nv, TAIL_GROUP))
+                        loop(whole, panels, c(1), lambda panel: tile(a, strip, out, res, panel, p0, masked, k0, k1, nv))
                 loop(c(0), k_, field[KC], rows_block)
 
             if dense:
