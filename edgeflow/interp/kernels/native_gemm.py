@@ -290,6 +290,27 @@ def _module(ir):
                     b.store(b.fmul(value, times), at(strip, b.add(b.mul(b.sub(k, k0), c(NR)), c(VEC * h)), v8)).align = 32
             loop(k0, k1, c(1), row)
 
+        def row_vectors(base, ld, rows, p0, keep, masked):
+            """The len(keep) vectors from column p0 of each of `rows` of the array at `base`
+            (rows ld floats apart), masked loads where `masked`."""
+            loaded = []
+            for row in rows:
+                for h, lanes_kept in enumerate(keep):
+                    source = at(base, b.add(b.add(b.mul(row, ld), p0), c(VEC * h)), v8)
+                    loaded.append(b.call(masked_load, [source, ir.Constant(i32, 4), lanes_kept, zero]) if masked
+                                  else load(source, v8, 4))
+            return loaded
+
+        def merged(first, first_end, second, second_end):
+            """Phi nodes taking `first` from block first_end and `second` from second_end."""
+            phis = []
+            for one, other in zip(first, second):
+                phi = b.phi(v8)
+                phi.add_incoming(one, first_end)
+                phi.add_incoming(other, second_end)
+                phis.append(phi)
+            return phis
+
         def tile(a, strip, out, res, panel, p0, masked, k0, k1, nv, group=1):
             """Rows panel*MR.. of the product (`group` panels: MR * group rows) over the packed
             strip's first nv vectors of columns (x's rows k0:k1), added to the bias (k0 = 0) or
@@ -297,11 +318,12 @@ def _module(ir):
             Dense: rows of a (rows past M read row M - 1), the bias a column's."""
             R = MR * group
             first = b.mul(panel, c(MR))
+            # rows past M read row M - 1 (their sums are never stored)
+            clamped = [b.select(b.icmp_signed("<", b.add(first, c(r)), m_), b.add(first, c(r)), b.sub(m_, c(1)))
+                       for r in range(R)]
             keep = masks(p0, nv) if masked else [None] * nv
             if dense:
-                rows = [b.select(b.icmp_signed("<", b.add(first, c(r)), m_), b.add(first, c(r)), b.sub(m_, c(1)))
-                        for r in range(R)]
-                rows_at = [b.add(a, b.mul(b.mul(row, field[LDA]), c(4))) for row in rows]
+                rows_at = [b.add(a, b.mul(b.mul(row, field[LDA]), c(4))) for row in clamped]
             else:
                 weights = [b.add(a, b.mul(b.mul(b.add(panel, c(g)), k_), c(MR * 4))) for g in range(group)]
             from_bias, from_out = block("from_bias"), block("from_out")
@@ -316,22 +338,11 @@ def _module(ir):
             before = block("k_start")
             b.branch(before)
             b.position_at_end(from_out)
-            stored = []
-            for r in range(R):  # rows past M read row M - 1 (their sums are never stored)
-                m = b.select(b.icmp_signed("<", b.add(first, c(r)), m_), b.add(first, c(r)), b.sub(m_, c(1)))
-                for h in range(nv):
-                    source = at(out, b.add(b.add(b.mul(m, field[LDO]), p0), c(VEC * h)), v8)
-                    stored.append(b.call(masked_load, [source, ir.Constant(i32, 4), keep[h], zero]) if masked
-                                  else load(source, v8, 4))
+            stored = row_vectors(out, field[LDO], clamped, p0, keep, masked)
             out_end = b.block
             b.branch(before)
             b.position_at_end(before)
-            start = []
-            for a_, b_ in zip(biased, stored):
-                phi = b.phi(v8)
-                phi.add_incoming(a_, bias_end)
-                phi.add_incoming(b_, out_end)
-                start.append(phi)
+            start = merged(biased, bias_end, stored, out_end)
             test, inside, after = block("k_test"), block("k_body"), block("k_after")
             b.branch(test)
             b.position_at_end(test)
@@ -385,8 +396,6 @@ def _module(ir):
             has_slope = b.icmp_signed("!=", field[SLOPE], c(0))
             has_bias = b.icmp_signed("!=", field[BIAS], c(0))
             bias_at = b.select(has_bias, field[BIAS], field[X])  # an address that may be read either way
-            clamped = [b.select(b.icmp_signed("<", b.add(first, c(r)), m_), b.add(first, c(r)), b.sub(m_, c(1)))
-                       for r in range(R)]
             values = list(acc)
             if dense:  # the strip's columns of the bias (zeros past P), where there is one
                 column_bias = [b.select(has_bias, load(at(bias_at, b.add(p0, c(VEC * h)), v8), v8, 4), zero)
@@ -397,23 +406,12 @@ def _module(ir):
             came_from = b.block
             b.cbranch(has_res, with_res_block, join)
             b.position_at_end(with_res_block)
-            added = []
-            for r in range(R):
-                for h in range(nv):
-                    source = at(res, b.add(b.add(b.mul(clamped[r], field[LDR]), p0), c(VEC * h)), v8)
-                    extra = b.call(masked_load, [source, ir.Constant(i32, 4), keep[h], zero]) if masked \
-                        else load(source, v8, 4)
-                    added.append(b.fadd(values[nv * r + h], extra))
+            added = [b.fadd(v, extra) for v, extra in
+                     zip(values, row_vectors(res, field[LDR], clamped, p0, keep, masked))]
             res_end = b.block
             b.branch(join)
             b.position_at_end(join)
-            merged = []
-            for value, with_res in zip(values, added):
-                phi = b.phi(v8)
-                phi.add_incoming(value, came_from)
-                phi.add_incoming(with_res, res_end)
-                merged.append(phi)
-            activated = activate(merged, relu, relu6)
+            activated = activate(merged(values, came_from, added, res_end), relu, relu6)
             if not dense:  # each row's PReLU slope
                 slope_at = b.select(has_slope, field[SLOPE], field[BIAS])
                 slopes = [splat(b.select(has_slope, load(at(slope_at, clamped[r]), f32), ir.Constant(f32, 1.0)))
