@@ -327,13 +327,13 @@ class Plan:
     def _bind_fused(self, i, fusion):
         """The fused step of the chain from op i (conv_epilogue or matmul_epilogue), or None."""
         op = self.subgraph.operators[i]
-        chain, out, residual, extra, activation, scale = fusion
+        chain, out, residual, extra, activation, scaled = fusion
         with self.workspace.step(), bounded(self.max_bytes):
-            if scale is not None:  # a multiply's x and factors, its conv's other operands
+            if scaled is not None:  # a multiply's x and factors, its conv's other operands
                 conv = self.subgraph.operators[chain[0]]
-                x, scale = scale
+                x, factors = scaled
                 return conv_kernels.conv_epilogue([self.arrays[t] for t in [x, *conv.inputs[1:]]], out, conv.attrs,
-                                                  residual, extra, activation, self.arrays[scale])
+                                                  residual, extra, activation, self.arrays[factors])
             if op.opcode == "conv":
                 return conv_kernels.conv_epilogue([self.arrays[t] for t in op.inputs], out, op.attrs,
                                                   residual, extra, activation)
@@ -486,16 +486,16 @@ class Plan:
         """The chains (self.chains) whose ops follow their conv or matmul in `indices` (a
         delegate partition may take some of them): {index: (the ops after it, the final
         output array, the residual, a conv's PReLU slope or a matmul's bias, the activation
-        after the residual)}; kernels/conv.py's conv_epilogue and kernels/math.py's
+        after the residual, a multiply's (x, factors) tensors or None)}; kernels/conv.py's conv_epilogue and kernels/math.py's
         matmul_epilogue bind each, or decline (the ops then bind apart)."""
         operators, out = self.subgraph.operators, {}
         for pos, i in enumerate(indices):
             chain = self.chains.get(i)
             if not chain or list(indices[pos + 1:pos + 1 + len(chain)]) != chain:
                 continue
-            head, scale = i, None
-            if i in self.scaled:  # a multiply, then its conv
-                head, scale = chain[0], self.scaled[i]
+            head, scaled = i, self.scaled.get(i)
+            if scaled is not None:  # a multiply, then its conv
+                head = chain[0]
             t, residual, extra = operators[head].outputs[0], None, None
             activation = operators[head].attrs.get("activation", "")
             for j in chain[1:] if head != i else chain:
@@ -509,7 +509,7 @@ class Plan:
                 else:
                     extra = self.arrays[op.inputs[1]]  # the slope
                 t = op.outputs[0]
-            out[i] = (chain, self.arrays[t], residual, extra, activation, scale)
+            out[i] = (chain, self.arrays[t], residual, extra, activation, scaled)
         return out
 
     def _bind_delegated(self, delegates, constants, folded):
