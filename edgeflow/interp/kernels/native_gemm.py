@@ -440,48 +440,49 @@ def _module(ir):
             res = b.select(b.icmp_signed("!=", field[RES], c(0)),
                            b.add(field[RES], b.mul(n, b.mul(field[SR], c(4)))), c(0))
 
-            def columns(p0, masked, nv=NV):
-                def rows_block(k0):  # x's rows k0:k0 + KC (the strip stays in L1)
-                    k1 = b.select(b.icmp_signed("<", b.add(k0, field[KC]), k_), b.add(k0, field[KC]), k_)
-                    if dense:  # the packed strip's rows k0:k1 (each strip K x NR floats)
-                        strip = b.add(field[X], b.mul(b.add(b.mul(p0, k_), b.mul(k0, c(NR))), c(4)))
-                        a = x
+            def smaller(u, v):
+                return b.select(b.icmp_signed("<", u, v), u, v)
+
+            def columns(p0, masked, nv=NV):  # dense: w's packed strip at column p0 over every panel of a's rows
+                def rows_block(k0):  # the packed strip's rows k0:k1 (each strip K x NR floats)
+                    k1 = smaller(b.add(k0, field[KC]), k_)
+                    strip = b.add(field[X], b.mul(b.add(b.mul(p0, k_), b.mul(k0, c(NR))), c(4)))
+                    loop(c(0), panels, c(1), lambda panel: tile(x, strip, out, res, panel, p0, masked, k0, k1, nv))
+                loop(c(0), k_, field[KC], rows_block)
+
+            def strips(q0, q1, masked=False, nv=NV):
+                """x's strips from column q0 to q1 packed (x's rows k0:k0 + KC at a time), then each
+                panel of w over all of them; where a strip is one vector, TAIL_GROUP panels a tile."""
+                def strip_at(p0):
+                    return b.add(field[STRIP], b.mul(b.mul(b.udiv(b.sub(p0, q0), c(NR)), field[KC]), c(NR * 4)))
+
+                def rows_block(k0):
+                    k1 = smaller(b.add(k0, field[KC]), k_)
+                    loop(q0, q1, c(NR), lambda p0: pack(x, scale, strip_at(p0), p0, masked, k0, k1, nv))
+
+                    def panels_over(first, last, group):
+                        loop(first, last, c(group), lambda panel: loop(
+                            q0, q1, c(NR), lambda p0: tile(field[W], strip_at(p0), out, res, panel, p0, masked, k0, k1,
+                                                           nv, group)))
+                    if nv > 1:
+                        panels_over(c(0), panels, 1)
                     else:
-                        strip, a = field[STRIP], field[W]
-                        pack(x, scale, strip, p0, masked, k0, k1, nv)
-                    if dense or nv > 1:
-                        loop(c(0), panels, c(1), lambda panel: tile(a, strip, out, res, panel, p0, masked, k0, k1, nv))
-                    else:  # one vector of columns: TAIL_GROUP panels a tile (see TAIL_GROUP), then one
                         whole = b.sub(panels, b.urem(panels, c(TAIL_GROUP)))
-                        loop(c(0), whole, c(TAIL_GROUP), lambda panel: tile(a, strip, out, res, panel, p0, masked, k0,
-                                                                            k1, nv, TAIL_GROUP))
-                        loop(whole, panels, c(1), lambda panel: tile(a, strip, out, res, panel, p0, masked, k0, k1, nv))
+                        panels_over(c(0), whole, TAIL_GROUP)
+                        panels_over(whole, panels, 1)
                 loop(c(0), k_, field[KC], rows_block)
 
             if dense:
                 loop(c(0), full, c(NR), lambda p0: columns(p0, False))
-            else:
-                def block_of_strips(q0):  # SB strips from column q0: packed, then each panel over them
-                    q1 = b.select(b.icmp_signed("<", b.add(q0, b.mul(field[SB], c(NR))), full),
-                                  b.add(q0, b.mul(field[SB], c(NR))), full)
-
-                    def strip_at(p0):
-                        return b.add(field[STRIP], b.mul(b.mul(b.udiv(b.sub(p0, q0), c(NR)), field[KC]), c(NR * 4)))
-
-                    def rows_block(k0):
-                        k1 = b.select(b.icmp_signed("<", b.add(k0, field[KC]), k_), b.add(k0, field[KC]), k_)
-                        loop(q0, q1, c(NR), lambda p0: pack(x, scale, strip_at(p0), p0, False, k0, k1, NV))
-                        loop(c(0), panels, c(1), lambda panel: loop(
-                            q0, q1, c(NR), lambda p0: tile(field[W], strip_at(p0), out, res, panel, p0, False, k0, k1,
-                                                           NV)))
-                    loop(c(0), k_, field[KC], rows_block)
-                loop(c(0), full, b.mul(field[SB], c(NR)), block_of_strips)
+            else:  # SB strips at a time
+                loop(c(0), full, b.mul(field[SB], c(NR)),
+                     lambda q0: strips(q0, smaller(b.add(q0, b.mul(field[SB], c(NR))), full)))
             # The last columns (fewer than NR) in a strip of as few vectors as hold them: 49
             # columns (a 7x7 map) as 24 + 24 + 8, not 24 + 24 + 24.
             rest = b.sub(p_, full)
             for nv in range(1, NV + 1):
                 when(b.and_(b.icmp_signed(">", rest, c(VEC * (nv - 1))), b.icmp_signed("<=", rest, c(VEC * nv))),
-                     lambda nv=nv: columns(full, True, nv))
+                     lambda nv=nv: columns(full, True, nv) if dense else strips(full, b.add(full, c(NR)), True, nv))
         loop(c(0), field[IMAGES], c(1), image)
         b.ret(c(0))
 
