@@ -82,6 +82,33 @@ def test_product_and_epilogue(n, m, k, p, activation, residual, slope, offset, b
 
 
 @pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 2), m=st.integers(1, 30), k=st.integers(1, 40), strips=st.integers(0, 2),
+       tail=st.integers(1, native_gemm.COLUMN_TAIL), activation=st.sampled_from(sorted(native_gemm.ACTIVATIONS)),
+       residual=st.booleans(), slope=st.booleans(), scale=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_last_few_columns_one_at_a_time(n, m, k, strips, tail, activation, residual, slope, scale, seed):
+    """The last COLUMN_TAIL columns or fewer run one at a time (vectors of rows): the bits of
+    the same columns where a strip of NR runs them (x's columns followed by NR more), with each
+    epilogue, factors, rows past M (m not a multiple of VEC) and images apart; nothing past
+    out's columns written."""
+    rng = np.random.default_rng(seed)
+    p = strips * native_gemm.NR + tail
+    w, bias = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal(m).astype(np.float32)
+    wide = rng.standard_normal((n, k, p + native_gemm.NR)).astype(np.float32)
+    res = rng.standard_normal((n, m, p + native_gemm.NR)).astype(np.float32) if residual else None
+    s = rng.standard_normal(m).astype(np.float32) if slope else None
+    factors = rng.uniform(-2, 2, (n, k)).astype(np.float32) if scale else None
+    frame = np.full((n, m, p + 3), 7.0, np.float32)
+    packed = native_gemm.pack(w, bias)
+    native_gemm.bind(packed, wide[:, :, :p], frame[:, :, :p], activation, None if res is None else res[:, :, :p], s,
+                     factors)()
+    whole = np.empty((n, m, p + native_gemm.NR), np.float32)
+    native_gemm.bind(packed, wide, whole, activation, res, s, factors)()
+    np.testing.assert_array_equal(frame[:, :, :p], whole[:, :, :p])
+    assert (frame[:, :, p:] == 7.0).all()
+
+
+@pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
 def test_residual_may_be_the_output_itself_but_not_overlap_it():
     rng = np.random.default_rng(0)
     w, x = rng.standard_normal((8, 8)).astype(np.float32), rng.standard_normal((1, 8, 50)).astype(np.float32)

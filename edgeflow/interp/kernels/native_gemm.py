@@ -34,9 +34,8 @@ the weights are many (1.5x at 4 columns of a 512x512 product; 0.75-0.9x of 64x12
 4-12), and depths past MAX_DEPTH (2,304: ResNet-18's deepest columns). Tile shapes tried:
 6x16 (12 accumulators; M = 32 wastes a third of a panel) and 8x8 (9 loads per 8
 multiply-adds) were 1.0-1.3x slower than 4x24. The last columns run in a strip of as many
-vectors as hold them (49 columns: 24 + 24 + 8, not 24 + 24 + 24): MobileNetV2's 7x7
-pointwise products 0.83-0.87x their time alone (960x160 @ 160x49 321 -> 268 us), 0.91-0.99x
-in the model's per-op profile.
+vectors as hold them (60 columns: 24 + 24 + 16, not 24 + 24 + 24), or where one or two are
+left (a 7x7 map's 49), one at a time, vectors of 8 rows each (COLUMN_TAIL).
 
 Used where the host has AVX2 and FMA (x86-64; the IR's vectors are generic, but the tile
 is sized for AVX2's registers) and llvmlite imports; `available()` says so, and callers
@@ -88,6 +87,15 @@ STRIP_BLOCK = 8192
 # 133 -> 117 us, 160 -> 960 212 -> 194, the latter at batch 8 1,838 -> 1,656; 576 -> 96 at 14x14
 # 295 -> 267, 96 -> 576 263 -> 242.
 TAIL_GROUP = 3
+# The conv product's last columns, where at most this many are left (49 = 24 + 24 + 1: a 7x7
+# map), run one at a time: vectors of VEC rows (two panels' k-slices) take a multiply-add a k
+# with x's broadcast float, COLUMN_GROUP vectors a pass (the same sums in the same order: the
+# same bits). A strip of one vector used 1 of its 8 lanes there: 7x7 products took 1.2x the
+# time of 48 columns'. Alone, interleaved: 960 -> 160 at 7x7 193 -> 175 us, 160 -> 960 193 ->
+# 172, 1152 -> 192 301 -> 278, 192 -> 1152 370 -> 314; with 2 columns left 2-3% faster, with 4
+# 5-10% slower (4 groups of vectors a pass as fast as 8, 12 within noise).
+COLUMN_TAIL = 2
+COLUMN_GROUP = 8
 # bind_rows: rows of a packed strip of w run at a time (a deeper product in blocks of equal
 # depth, partial sums stored and added to). Measured interleaved against numpy's sgemm plus
 # its bias pass, at 128 x 1024 @ 1024 x 256: one block of 1024 rows 0.90x of their time, 512
@@ -145,7 +153,7 @@ def suits_rows(m, k, n, split=False):
 def _module(ir):
     module = ir.Module(name="edgeflow_native_gemm")
     f32, i64, i32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
-    v8, m8 = ir.VectorType(f32, VEC), ir.VectorType(ir.IntType(1), VEC)
+    v8, m8, v4 = ir.VectorType(f32, VEC), ir.VectorType(ir.IntType(1), VEC), ir.VectorType(f32, MR)
     opaque = getattr(f32.as_pointer(), "is_opaque", False)
     suffix = "p0" if opaque else "p0v8f32"
     vptr = v8.as_pointer()
@@ -480,9 +488,81 @@ def _module(ir):
             # The last columns (fewer than NR) in a strip of as few vectors as hold them: 49
             # columns (a 7x7 map) as 24 + 24 + 8, not 24 + 24 + 24.
             rest = b.sub(p_, full)
+            if not dense:  # a few last columns one at a time, each a product of vectors of rows
+                few = b.icmp_signed("<=", rest, c(COLUMN_TAIL))
+                when(few, lambda: loop(full, p_, c(1), lambda q: column(q, x, scale, out, res)))
+                rest = b.select(few, c(0), rest)
             for nv in range(1, NV + 1):
                 when(b.and_(b.icmp_signed(">", rest, c(VEC * (nv - 1))), b.icmp_signed("<=", rest, c(VEC * nv))),
                      lambda nv=nv: columns(full, True, nv) if dense else strips(full, b.add(full, c(NR)), True, nv))
+
+        def column(q, x, scale, out, res):
+            """Column q of the product: vectors of VEC rows (two panels' k-slices), COLUMN_GROUP
+            of them a pass over x's column, then the epilogue: the sums of the tile's columns
+            (from the bias, one multiply-add a k in order), with none of a strip's lanes idle."""
+            eights = b.udiv(b.add(m_, c(VEC - 1)), c(VEC))
+            whole = b.sub(eights, b.urem(eights, c(COLUMN_GROUP)))
+            loop(c(0), whole, c(COLUMN_GROUP), lambda g: column_rows(q, g, COLUMN_GROUP, x, scale, out, res))
+            loop(whole, eights, c(1), lambda g: column_rows(q, g, 1, x, scale, out, res))
+
+        def column_rows(q, g, count, x, scale, out, res):
+            firsts = [b.mul(b.add(g, c(j)), c(VEC)) for j in range(count)]
+            start = [load(at(field[BIAS], first, v8), v8, 4) for first in firsts]  # pack pads it to VEC rows
+            before, test, inside, after = b.block, block("c_test"), block("c_body"), block("c_after")
+            b.branch(test)
+            b.position_at_end(test)
+            k = b.phi(i64)
+            k.add_incoming(c(0), before)
+            acc = []
+            for value in start:
+                phi = b.phi(v8)
+                phi.add_incoming(value, before)
+                acc.append(phi)
+            b.cbranch(b.icmp_signed("<", k, k_), inside, after)
+            b.position_at_end(inside)
+            xk = splat(b.fmul(load(at(x, b.add(b.mul(k, field[LDX]), q)), f32), load(at(scale, k), f32)))
+            new = []
+            for j, first in enumerate(firsts):
+                halves = [load(at(field[W], b.mul(b.add(b.mul(b.add(b.udiv(first, c(MR)), c(h)), k_), k), c(MR)), v4),
+                               v4, 4) for h in (0, 1)]
+                weights = b.shuffle_vector(halves[0], halves[1], ir.Constant(i32x8, list(range(VEC))))
+                new.append(b.call(fma, [weights, xk, acc[j]]))
+            k.add_incoming(b.add(k, c(1)), b.block)
+            for phi, value in zip(acc, new):
+                phi.add_incoming(value, b.block)
+            b.branch(test)
+            b.position_at_end(after)
+            last = b.sub(m_, c(1))
+            rows = [[b.select(b.icmp_signed("<", b.add(first, c(i)), m_), b.add(first, c(i)), last) for i in range(VEC)]
+                    for first in firsts]  # rows past M read row M - 1 (never stored)
+
+            def gather(base, ld, column, j):  # the floats at rows[j] of base's rows (ld floats apart), column
+                value = ir.Constant(v8, ir.Undefined)
+                for i, row in enumerate(rows[j]):
+                    value = b.insert_element(value, load(at(base, b.add(b.mul(row, ld), column)), f32),
+                                             ir.Constant(i32, i))
+                return value
+            has_res, has_slope = b.icmp_signed("!=", res, c(0)), b.icmp_signed("!=", field[SLOPE], c(0))
+            with_res_block, join = block("c_res"), block("c_res_done")
+            came_from = b.block
+            b.cbranch(has_res, with_res_block, join)
+            b.position_at_end(with_res_block)
+            added = [b.fadd(v, gather(res, field[LDR], q, j)) for j, v in enumerate(acc)]
+            res_end = b.block
+            b.branch(join)
+            b.position_at_end(join)
+            act = field[ACT]
+            activated = activate(merged(acc, came_from, added, res_end), b.icmp_signed("==", act, c(1)),
+                                 b.icmp_signed("==", act, c(2)))
+            slope_at = b.select(has_slope, field[SLOPE], field[BIAS])  # an address that may be read either way
+            for j, v in enumerate(activated):
+                slopes = b.select(has_slope, gather(slope_at, c(1), c(0), j), ir.Constant(v8, [1.0] * VEC))
+                v = b.select(b.fcmp_ordered("<", v, zero), b.fmul(v, slopes), v)
+                for i in range(VEC):
+                    row = b.add(firsts[j], c(i))
+                    when(b.icmp_signed("<", row, m_), lambda i=i, v=v, row=row: b.store(
+                        b.extract_element(v, ir.Constant(i32, i)), at(out, b.add(b.mul(row, field[LDO]), q))))
+
         loop(c(0), field[IMAGES], c(1), image)
         b.ret(c(0))
 
@@ -534,9 +614,10 @@ def _aligned(n):
 
 def pack(w, bias=None):
     """(panels, bias): w (M, K) as panels of MR rows, each k-major (MR floats a k), rows
-    past M zero; the bias (or zeros) padded to the panels' rows."""
+    past M zero, an even count of them (a column's vectors of VEC rows read two); the bias
+    (or zeros) padded to the panels' rows."""
     m, k = w.shape
-    count = -(-m // MR)
+    count = -(-m // VEC) * (VEC // MR)
     padded = np.zeros((count * MR, k), np.float32)
     padded[:m] = w
     panels = _aligned(padded.size)
