@@ -11,7 +11,7 @@ from hypothesis import assume, given, settings, strategies as st
 from edgeflow import ops
 from edgeflow.errors import EdgeflowError
 from edgeflow.interp import threads
-from edgeflow.interp.kernels import KERNELS, jit, winograd
+from edgeflow.interp.kernels import KERNELS, jit, native_gemm, native_winograd, winograd
 
 
 def onnx_conv(x, w, b, pads):
@@ -76,9 +76,23 @@ def transforms(request, monkeypatch):
     else:
         assert jit.available(), "numba does not import"
         monkeypatch.setattr(jit, "SMALL_CONV_CHANNELS", 0)  # convs of 1-4 channels take Winograd too, not the stem loop
-        compiled = jit.compiled
+        compiled, native = jit.compiled, native_winograd.bind_input
         monkeypatch.setattr(jit, "compiled", lambda loop, *args, **kwargs: bound.append(loop.__name__) or compiled(loop, *args, **kwargs))
+
+        def native_input(*args):
+            step = native(*args)
+            if step is not None:
+                bound.append("native_winograd_input")
+            return step
+        monkeypatch.setattr(native_winograd, "bind_input", native_input)
     return request.param, bound
+
+
+def input_loop(algo, dtype=np.float32):
+    """The input transform's loop: native_winograd's for F(4x4, 3x3) in float32 where
+    native_gemm runs (x86-64 with AVX2 and FMA), else jit.py's."""
+    native = algo == "winograd4" and dtype == np.float32 and native_gemm.available()
+    return "native_winograd_input" if native else "winograd_input_loop"
 
 
 def check_transforms(transforms, *loops):
@@ -114,7 +128,7 @@ def test_winograd_matches_references(algo, problem, transforms):
         w.setflags(write=False)
     step, out = conv(x, w, b, pads, activation, algo)
     step()
-    check_transforms(transforms, "winograd_input_loop", "winograd_output_loop")
+    check_transforms(transforms, input_loop(algo), "winograd_output_loop")
     want = reference(x, w, b, pads, activation)
     assert_near(out, want)
     direct_step, direct = conv(x, w, b, pads, activation, "direct")
@@ -137,7 +151,8 @@ def test_winograd_float64(algo, activation, transforms):
     x, w, b = rng.standard_normal((2, 6, 9, 10)), rng.standard_normal((7, 6, 3, 3)), rng.standard_normal(7)
     step, out = conv(x, w, b, (1, 0, 2, 1), activation, algo)
     step()
-    check_transforms(transforms, "winograd_input_loop", *(["winograd_output_loop"] if activation != "hard_swish" else []))
+    check_transforms(transforms, input_loop(algo, np.float64),
+                     *(["winograd_output_loop"] if activation != "hard_swish" else []))
     y = reference(x, w, b, (1, 0, 2, 1))
     want = {"": y, "relu6": np.clip(y, 0, 6), "hard_swish": y * np.clip(y + 3, 0, 6) / 6}[activation]
     assert_near(out, want, 1e-12)
@@ -157,7 +172,7 @@ def test_winograd_output_loop_activations(algo, transforms):
         transforms[1].clear()
         step, out = conv(x, w, b, (1, 1, 1, 1), activation, algo)
         step()
-        check_transforms(transforms, "winograd_input_loop", "winograd_output_loop")
+        check_transforms(transforms, input_loop(algo), "winograd_output_loop")
         assert_near(out, f(y))
 
 
@@ -395,7 +410,7 @@ def test_filter_gradient_on_the_winograd_path(algo, problem, transforms):
     step, out, bound = filter_grad(x, dy, m, pads, algo)
     step()
     assert bound == [algo]
-    check_transforms(transforms, "winograd_input_loop", "winograd_gradient_loop")
+    check_transforms(transforms, input_loop(algo), "winograd_gradient_loop")
     assert_near(out, filter_grad_reference(x, dy, pads))
     direct_step, direct, none = filter_grad(x, dy, m, pads, "direct")
     direct_step()

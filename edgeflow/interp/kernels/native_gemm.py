@@ -24,7 +24,8 @@ where they lie, the bias a column's, added after the sums.
 
 The loop nest is LLVM IR built with llvmlite (numba's compiler, the `jit` extra) and
 compiled for the host's CPU by MCJIT once a process (some 100-200 ms), called through
-ctypes with its operands in one int64 array (ctypes lets go of the GIL). Measured on this
+ctypes with its operands in one int64 array (ctypes lets go of the GIL). The same module
+holds native_winograd.py's input transform (its IR there; `step` binds either). Measured on this
 project's 2-core AMD EPYC (Zen 3), interleaved in one process, against numpy's OpenBLAS
 sgemm and numpy's passes for the bias and relu6: 0.6-0.95x of their time on
 MobileNetV2's and iris_landmark's pointwise shapes (144x24 @ 24x3136 0.61x, 32x64 @
@@ -49,7 +50,7 @@ import os
 
 import numpy as np
 
-from . import jit, per_constant
+from . import jit, native_winograd, per_constant
 
 MR, NR = 4, 24  # a panel's rows, a strip's columns (3 vectors of 8 floats)
 VEC = 8
@@ -568,6 +569,7 @@ def _module(ir):
 
     emit("gemm", False)
     emit("gemm_rows", True)
+    native_winograd.emit(module, ir, "winograd_input")
     return module
 
 
@@ -602,7 +604,7 @@ def _compile(llvm, ir):
     engine.finalize_object()
     kind = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p)
     return engine, {name: (kind(engine.get_function_address(name)), engine.get_function_address(name))
-                    for name in ("gemm", "gemm_rows")}
+                    for name in ("gemm", "gemm_rows", "winograd_input")}
 
 
 def _aligned(n):
@@ -695,7 +697,7 @@ def bind_rows(packed, a, out, activation="", residual=None):
     fields[[M, K, P, LDA, LDO, ACT, IMAGES, SX, SO, KC]] = [m, k, p, a.strides[1] // 4, out.strides[1] // 4,
                                                             ACTIVATIONS[activation], n, a.strides[0] // 4,
                                                             out.strides[0] // 4, -(-k // blocks)]
-    return _step("gemm_rows", fields, residual, (strips, bias, a, out))
+    return step("gemm_rows", fields, residual, (strips, bias, a, out))
 
 
 def bind(packed, x, out, activation="", residual=None, slope=None, scale=None):
@@ -741,7 +743,7 @@ def bind(packed, x, out, activation="", residual=None, slope=None, scale=None):
     if slope is not None:
         fields[SLOPE] = slope.ctypes.data
     fields[[SCALE, SSC, SB]] = [scale.ctypes.data, scale_stride, sb]
-    return _step("gemm", fields, residual, (panels, bias, strip, slope, scale, x, out))
+    return step("gemm", fields, residual, (panels, bias, strip, slope, scale, x, out))
 
 
 def _takes(out, residual, *inputs):
@@ -756,9 +758,10 @@ def _takes(out, residual, *inputs):
         residual.ctypes.data == out.ctypes.data and residual.strides == out.strides)
 
 
-def _step(name, fields, residual, keep):
-    """The step calling compiled function `name` on `fields` (the residual's set here),
-    keeping `keep` (the arrays it reads and writes) alive as long as itself."""
+def step(name, fields, residual, keep):
+    """The step calling compiled function `name` of the module on `fields` (a product's
+    residual set here, or None), keeping `keep` (the arrays it reads and writes) alive as
+    long as itself."""
     if residual is not None:
         fields[[RES, LDR, SR]] = [residual.ctypes.data, residual.strides[1] // 4, residual.strides[0] // 4]
     function, address = _built[0][1][name]
