@@ -1,7 +1,7 @@
-"""edgeflow/interp/kernels/native_winograd.py's F(4x4, 3x3) input transform against B^T d B
-of each tile evaluated here in float64 (numpy, from winograd.py's B^T), and against jit.py's
-loop. It runs where native_gemm does (x86-64 with AVX2 and FMA); elsewhere bind_input
-declines and the loop runs."""
+"""edgeflow/interp/kernels/native_winograd.py's F(4x4, 3x3) transforms against B^T d B of each
+input tile and act(A^T P A + bias) of each tile's products, evaluated here in float64 (numpy,
+from winograd.py's B^T and A^T), and against jit.py's loops. They run where native_gemm does
+(x86-64 with AVX2 and FMA); elsewhere they decline and the loops run."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -77,3 +77,79 @@ def test_declines_where_native_gemm_does_not_run(monkeypatch):
     monkeypatch.setattr(native_gemm, "available", lambda: False)
     x = np.zeros((1, 2, 8, 8), np.float32)
     assert native_winograd.bind_input(x, np.zeros((36, 2, 4), np.float32), (1, 1), 2, 2, 0, 2) is None
+
+
+def untransformed(p, bias, out_shape, tile_rows, tile_cols, activation):
+    """act(A^T P A + bias) of each tile's products p (36, M, N * tiles) in float64, tiles
+    placed at 4 i, 4 j of out (N, M, OH, OW) and cropped; and the largest |A^T| |P| |A| (the
+    sums' terms' scale, which float32's rounding is relative to)."""
+    n, m, oh, ow = out_shape
+    at = winograd.TRANSFORMS[4][2]
+
+    def placed(t, q):
+        tiles = q.astype(np.float64).reshape(6, 6, m, n, tile_rows, tile_cols)
+        return np.einsum("rk,ksmnij,cs->nmirjc", t, tiles, t).reshape(n, m, 4 * tile_rows, 4 * tile_cols)
+    y = placed(at, p)[:, :, :oh, :ow] + bias.astype(np.float64)[:, None, None]
+    terms = np.nanmax(placed(np.abs(at), np.abs(p))) + np.abs(bias).max()
+    return {"": y, "relu": np.maximum(y, 0), "relu6": np.clip(y, 0, 6)}[activation], terms
+
+
+@pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 2), m=st.integers(1, 5), oh=st.integers(1, 50), ow=st.integers(21, 70),
+       activation=st.sampled_from(["", "relu", "relu6"]), channels=st.data(), seed=st.integers(0, 2 ** 16))
+def test_output_transform(n, m, oh, ow, activation, channels, seed):
+    """Planes of OUTPUT_MIN_TILE_COLS tile columns and more (a last group of 8 tiles
+    overlapping the one before where they are 8 or more), rows and columns cropped at the
+    plane's edge (OH, OW not multiples of 4), images, each activation and a range of output
+    channels (the others left as they were): float64's values within float32 rounding, and
+    jit.py's loop's."""
+    m0 = channels.draw(st.integers(0, m - 1))
+    m1 = channels.draw(st.integers(m0 + 1, m))
+    rows, cols = -(-oh // 4), -(-ow // 4)
+    rng = np.random.default_rng(seed)
+    p = rng.standard_normal((36, m, n * rows * cols)).astype(np.float32)
+    bias = rng.standard_normal(m).astype(np.float32)
+    out = np.full((n, m, oh, ow), np.nan, np.float32)
+    native_winograd.bind_output(p, bias, out, rows, cols, activation, m0, m1)()
+    want, scale = untransformed(p, bias, out.shape, rows, cols, activation)
+    np.testing.assert_allclose(out[:, m0:m1], want[:, m0:m1], rtol=0, atol=1e-6 * scale)
+    assert np.isnan(out[:, :m0]).all() and np.isnan(out[:, m1:]).all()
+    loop = np.full_like(out, np.nan)
+    jit.bind_winograd_output(p, bias, loop, 4, rows, cols, activation, m0, m1)()
+    np.testing.assert_allclose(out[:, m0:m1], loop[:, m0:m1], rtol=0, atol=1e-6 * scale)
+
+
+@pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
+@pytest.mark.parametrize("n, m, oh, ow", [(1, 3, 56, 56), (2, 2, 28, 28), (1, 2, 24, 64)])
+def test_output_transform_of_whole_layers(n, m, oh, ow):
+    """ResNet-like planes (56x56: 14 tile columns, 28x28: 7) with relu, NaN kept by it."""
+    rows, cols = -(-oh // 4), -(-ow // 4)
+    rng = np.random.default_rng(oh)
+    p = rng.standard_normal((36, m, n * rows * cols)).astype(np.float32)
+    p[:, 0, 0] = np.nan  # tile (0, 0) of channel 0's first image: NaN throughout, through the clip
+    bias = rng.standard_normal(m).astype(np.float32)
+    out = np.empty((n, m, oh, ow), np.float32)
+    native_winograd.bind_output(p, bias, out, rows, cols, "relu", 0, m)()
+    want, scale = untransformed(p, bias, out.shape, rows, cols, "relu")
+    np.testing.assert_allclose(out, want, rtol=0, atol=1e-6 * scale)
+    assert np.isnan(out[0, 0, :4, :4]).all() and not np.isnan(out[0, 0, 4:]).any()
+
+
+@pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
+def test_output_transform_declines_what_it_does_not_take():
+    """Narrow planes (fewer than OUTPUT_MIN_TILE_COLS tile columns: jit.py's loop is as fast),
+    more products than OUTPUT_MAX_PRODUCTS, activations other than relu and relu6, float64:
+    None."""
+    p, bias = np.zeros((36, 2, 2 * 7), np.float32), np.zeros(2, np.float32)
+    out = np.zeros((1, 2, 8, 28), np.float32)
+    assert native_winograd.bind_output(p, bias, out, 2, 7, "relu", 0, 2) is not None
+    assert native_winograd.bind_output(p, bias, out, 2, 7, "swish", 0, 2) is None
+    assert native_winograd.bind_output(p, bias, out.astype(np.float64), 2, 7, "", 0, 2) is None
+    narrow = np.zeros((36, 2, 4 * 4), np.float32)
+    assert native_winograd.bind_output(narrow, bias, np.zeros((1, 2, 16, 16), np.float32), 4, 4, "", 0, 2) is None
+    many = native_winograd.OUTPUT_MAX_PRODUCTS // (36 * 2 * 14 * 14) + 1  # images of 56x56
+    large = np.zeros((36, 2, many * 14 * 14), np.float32)
+    assert native_winograd.bind_output(large, bias, np.zeros((many, 2, 56, 56), np.float32), 14, 14, "", 0, 2) is None
+    one = np.zeros((36, 2, 14 * 14), np.float32)
+    assert native_winograd.bind_output(one, bias, np.zeros((1, 2, 56, 56), np.float32), 14, 14, "", 0, 2) is not None

@@ -76,15 +76,19 @@ def transforms(request, monkeypatch):
     else:
         assert jit.available(), "numba does not import"
         monkeypatch.setattr(jit, "SMALL_CONV_CHANNELS", 0)  # convs of 1-4 channels take Winograd too, not the stem loop
-        compiled, native = jit.compiled, native_winograd.bind_input
+        compiled = jit.compiled
         monkeypatch.setattr(jit, "compiled", lambda loop, *args, **kwargs: bound.append(loop.__name__) or compiled(loop, *args, **kwargs))
 
-        def native_input(*args):
-            step = native(*args)
-            if step is not None:
-                bound.append("native_winograd_input")
-            return step
-        monkeypatch.setattr(native_winograd, "bind_input", native_input)
+        def recording(bind, name):
+            def binding(*args):
+                step = bind(*args)
+                if step is not None:
+                    bound.append(name)
+                return step
+            return binding
+        monkeypatch.setattr(native_winograd, "bind_input", recording(native_winograd.bind_input, "native_winograd_input"))
+        monkeypatch.setattr(native_winograd, "bind_output",
+                            recording(native_winograd.bind_output, "native_winograd_output"))
     return request.param, bound
 
 
@@ -250,6 +254,32 @@ def test_split_over_workers(algo, constant, transforms):
             assert_near(out, reference(x, w, b, (1, 0, 2, 1), "relu"))
     finally:
         workers.close()
+
+
+@pytest.mark.parametrize("workers_n", [1, 2])
+@pytest.mark.parametrize("shape", [(1, 16, 56, 56), (2, 8, 28, 30)])
+def test_wide_planes_take_both_native_transforms(workers_n, shape, transforms):
+    """F(4x4) on planes of 14 and 7-8 tile columns: native_winograd's input and output
+    transforms where native_gemm runs (under the JIT), alone and split over 2 workers (each
+    its channels), the values the float64 reference's."""
+    rng = np.random.default_rng(shape[2])
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = (rng.standard_normal((12, shape[1], 3, 3)) * 0.3).astype(np.float32)
+    w.setflags(write=False)
+    b = rng.standard_normal(12).astype(np.float32)
+    workers = threads.Workers(workers_n) if workers_n > 1 else None
+    transforms[1].clear()
+    try:
+        with threads.using(workers), mock.patch.object(threads, "MIN_FLOPS", 1):
+            step, out = conv(x, w, b, (1, 1, 1, 1), "relu", "winograd4")
+        step()
+    finally:
+        if workers is not None:
+            workers.close()
+    native = native_gemm.available()
+    check_transforms(transforms, input_loop("winograd4"),
+                     "native_winograd_output" if native else "winograd_output_loop")
+    assert_near(out, reference(x, w, b, (1, 1, 1, 1), "relu"))
 
 
 @pytest.mark.parametrize("m, shape", [(4, (170, 160)), (2, (250, 240)), (4, (5, 3))])

@@ -570,6 +570,7 @@ def _module(ir):
     emit("gemm", False)
     emit("gemm_rows", True)
     native_winograd.emit(module, ir, "winograd_input")
+    native_winograd.emit_output(module, ir, "winograd_output")
     return module
 
 
@@ -604,7 +605,7 @@ def _compile(llvm, ir):
     engine.finalize_object()
     kind = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p)
     return engine, {name: (kind(engine.get_function_address(name)), engine.get_function_address(name))
-                    for name in ("gemm", "gemm_rows", "winograd_input")}
+                    for name in ("gemm", "gemm_rows", "winograd_input", "winograd_output")}
 
 
 def _aligned(n):

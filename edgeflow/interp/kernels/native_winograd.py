@@ -1,6 +1,6 @@
-"""The input transform of F(4x4, 3x3) Winograd convolutions (winograd.py) as LLVM IR:
-V = B^T d B for each 6x6 tile d of x, eight tiles of a tile row at a time, one vector a
-tile element.
+"""The input and output transforms of F(4x4, 3x3) Winograd convolutions (winograd.py) as
+LLVM IR: V = B^T d B for each 6x6 tile d of x, and out = act(A^T P A + bias) for each
+tile's products P, eight tiles of a tile row at a time, one vector a tile element.
 
 jit.py's winograd_input_loop gathers each tile's 36 elements into runs one float at a
 time (x's rows are read at stride 4, the tiles overlap by two columns), then sums the runs:
@@ -9,10 +9,13 @@ small planes paid a loop per tile row (512 channels at 7x7: 5.5 ns a float of V)
 tile row's 8 tiles come from five vector loads of each of x's six rows (masked where the
 tiles reach past x's edges: its zero padding), split into the stride-4 columns by shuffles,
 and the transforms are the 1-D transform's twelve adds and multiply-adds (B^T's zeros and
-ones skipped), along the rows and then the columns, before 36 vector stores into V.
+ones skipped), along the rows and then the columns, before 36 vector stores into V. The
+output transform loads the 36 products of 8 tiles, transforms them alike (A^T's ten
+operations), adds the bias, clips (relu, relu6), and interleaves each output row's 8 x 4
+floats by shuffles into whole-vector stores.
 
-The function is compiled into native_gemm's module (native_gemm.available() says whether
-it runs); winograd.py binds it where numba's loops would run the F(4x4) input transform.
+The functions are compiled into native_gemm's module (native_gemm.available() says whether
+they run); winograd.py binds them where numba's loops would run F(4x4)'s transforms.
 """
 import numpy as np
 
@@ -217,6 +220,208 @@ def emit(module, ir, name):
     # at 28x28 4.4 ms against 1.3 so)
     loop(c0, c1, c(1), lambda ch: loop(c(0), n_, c(1), lambda n: channel(n, ch)))
     b.ret(c(0))
+
+
+def output_transform(b, fma, const, d):
+    """o = A^T d for six vectors d (F(4x4, 3x3)'s A^T, winograd._F4[2]): ten operations."""
+    sum12, diff12 = b.fadd(d[1], d[2]), b.fsub(d[1], d[2])
+    sum34, diff34 = b.fadd(d[3], d[4]), b.fsub(d[3], d[4])
+    return [b.fadd(b.fadd(d[0], sum12), sum34), b.call(fma, [const(2.0), diff34, diff12]),
+            b.call(fma, [const(4.0), sum34, sum12]), b.fadd(b.call(fma, [const(8.0), diff34, diff12]), d[5])]
+
+
+# Tile columns below which the output transform is left to jit.py's loop: its 8 tiles a
+# vector run half empty or worse (ResNet-18's layers, batch 1, against the loop: 64 channels
+# at 56x56 462 -> 200 us, 128 at 28x28 (7 tile columns) 297 -> 112, 256 at 14x14 (4) 226 ->
+# 217, 512 at 7x7 (2) 146 -> 237).
+OUTPUT_MIN_TILE_COLS = 6
+# Products (floats) past which it is left to the loop too: read from memory, 36 rows at a
+# time, they take as long either way (ResNet-18 at batch 8: 64 channels at 56x56 3.4 against
+# 3.6 ms, 128 at 28x28 1.5 against 1.5; the model 250 against 240 ms, within this machine's
+# spread).
+OUTPUT_MAX_PRODUCTS = 1 << 20
+# Operands of the output transform's call.
+(P, BIAS, OUT, ON, OM, OH, OW, OTH, OTW, M0, M1, OPLANE, ACT) = range(13)
+OUTPUT_FIELDS = 13
+
+
+def emit_output(module, ir, name):
+    """The function `name`(fields): out (N, M, OH, OW)[:, M0:M1] = act(A^T P A + bias) of
+    each tile's products P (p: (36, M, N * OTH * OTW), OPLANE floats from one of the 36
+    positions to the next), tile (n, i, j) at out's row 4 i, column 4 j (cropped at its
+    edge); ACT 0 none, 1 relu, 2 relu6 (selects that keep NaN)."""
+    f32, i64, i32, i1 = ir.FloatType(), ir.IntType(64), ir.IntType(32), ir.IntType(1)
+    v8, m8, i64x8 = ir.VectorType(f32, TILES), ir.VectorType(i1, TILES), ir.VectorType(i64, TILES)
+    vptr = v8.as_pointer()
+    opaque = getattr(f32.as_pointer(), "is_opaque", False)
+    suffix = "p0" if opaque else "p0v8f32"
+    fma = module.globals.get("llvm.fma.v8f32")
+    masked_load = module.globals.get("llvm.masked.load.v8f32." + suffix)
+    fn = ir.Function(module, ir.FunctionType(i64, [i64]), name=name)
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+
+    def c(v):
+        return ir.Constant(i64, v)
+
+    def const(value):
+        return ir.Constant(v8, [float(value)] * TILES)
+
+    def load(pointer, kind):
+        return b.load(pointer, typ=kind) if opaque else b.load(pointer)
+
+    field = [load(b.inttoptr(b.add(fn.args[0], c(8 * k)), i64.as_pointer()), i64) for k in range(OUTPUT_FIELDS)]
+    p, bias, out, n_, m_, oh, ow, th, tw, m0, m1, plane, act = field
+    zero = const(0.0)
+    tiles = b.mul(n_, b.mul(th, tw))  # p's floats from one output channel to the next
+    lanes = ir.Constant(i64x8, list(range(TILES)))
+
+    def block(label):
+        return fn.append_basic_block(label)
+
+    def loop(first, last, step, body):
+        before, test, inside, after = b.block, block("test"), block("body"), block("after")
+        b.branch(test)
+        b.position_at_end(test)
+        k = b.phi(i64)
+        k.add_incoming(first, before)
+        b.cbranch(b.icmp_signed("<", k, last), inside, after)
+        b.position_at_end(inside)
+        body(k)
+        k.add_incoming(b.add(k, step), b.block)
+        b.branch(test)
+        b.position_at_end(after)
+
+    def when(condition, body):
+        yes, after = block("then"), block("done")
+        b.cbranch(condition, yes, after)
+        b.position_at_end(yes)
+        body()
+        b.branch(after)
+        b.position_at_end(after)
+
+    def shuffle(u, w, order):
+        return b.shuffle_vector(u, w, ir.Constant(ir.VectorType(i32, TILES), order))
+
+    def splat(value, kind=i64x8):
+        vector = b.insert_element(ir.Constant(kind, ir.Undefined), value, ir.Constant(i32, 0))
+        return b.shuffle_vector(vector, ir.Constant(kind, ir.Undefined), ir.Constant(ir.VectorType(i32, TILES),
+                                                                                     [0] * TILES))
+    end = b.mul(b.mul(m_, tiles), c(1))  # p's tiles in a position's row (reads past it masked)
+    relu, relu6 = b.icmp_signed("==", act, c(1)), b.icmp_signed("==", act, c(2))
+    low = b.select(b.or_(relu, relu6), const(0.0), const(float("-inf")))
+    high = b.select(relu6, const(6.0), const(float("inf")))
+
+    def products(at):
+        """The 36 positions' vectors of tiles at..at + 7 (plain loads, masked at p's end)."""
+        plain, masked, joined = block("plain"), block("masked"), block("loaded")
+        b.cbranch(b.icmp_signed("<=", b.add(at, c(TILES)), end), plain, masked)
+        values = []
+        for where in (plain, masked):
+            b.position_at_end(where)
+            loaded = []
+            keep = b.icmp_signed("<", b.add(splat(at), lanes), splat(end)) if where is masked else None
+            for k in range(36):
+                pointer = b.inttoptr(b.add(p, b.mul(b.add(b.mul(c(k), plane), at), c(4))), vptr)
+                if where is plain:
+                    value = load(pointer, v8)
+                    value.align = 4
+                else:
+                    value = b.call(masked_load, [pointer, ir.Constant(i32, 4), keep, zero])
+                loaded.append(value)
+            values.append((b.block, loaded))
+            b.branch(joined)
+        b.position_at_end(joined)
+        merged = []
+        for k in range(36):
+            phi = b.phi(v8)
+            for where, loaded in values:
+                phi.add_incoming(loaded[k], where)
+            merged.append(phi)
+        return merged
+
+    def pieces(target, value, count):
+        """value's first `count` (< 8) floats stored at target: 4, 2 and 1 as its bits say."""
+        v4, v2 = ir.VectorType(f32, 4), ir.VectorType(f32, 2)
+        four, two = b.and_(count, c(4)), b.and_(count, c(2))
+        when(b.icmp_signed("!=", four, c(0)), lambda: setattr(b.store(
+            b.shuffle_vector(value, value, ir.Constant(ir.VectorType(i32, 4), [0, 1, 2, 3])),
+            b.inttoptr(target, v4.as_pointer())), "align", 4))
+        pair = b.select(b.icmp_signed("!=", four, c(0)),
+                        b.shuffle_vector(value, value, ir.Constant(ir.VectorType(i32, 2), [4, 5])),
+                        b.shuffle_vector(value, value, ir.Constant(ir.VectorType(i32, 2), [0, 1])))
+        when(b.icmp_signed("!=", two, c(0)), lambda: setattr(b.store(
+            pair, b.inttoptr(b.add(target, b.mul(four, c(4))), v2.as_pointer())), "align", 4))
+        single = b.extract_element(value, b.trunc(b.add(four, two), i32))
+        when(b.icmp_signed("!=", b.and_(count, c(1)), c(0)), lambda: setattr(b.store(
+            single, b.inttoptr(b.add(target, b.mul(b.add(four, two), c(4))), f32.as_pointer())), "align", 4))
+
+    def tile_row(mo, n, i, j0):
+        """Output rows 4 i .. 4 i + 3 (those inside OH) of tiles (n, i, j0..j0 + 7)."""
+        at = b.add(b.add(b.mul(mo, tiles), b.mul(n, b.mul(th, tw))), b.add(b.mul(i, tw), j0))
+        loaded = products(at)
+        columns = [output_transform(b, fma, const, [loaded[k * 6 + s] for s in range(6)])
+                   for k in range(6)]  # (A^T P)... along each row k of P: 4 columns
+        shift = splat(load(b.inttoptr(b.add(bias, b.mul(mo, c(4))), f32.as_pointer()), f32),
+                      ir.VectorType(f32, TILES))
+        y = [output_transform(b, fma, const, [columns[k][col] for k in range(6)]) for col in range(4)]  # y[col][r]
+        width = b.sub(ow, b.mul(j0, c(4)))
+        width = b.select(b.icmp_signed("<", width, c(4 * TILES)), width, c(4 * TILES))  # the row's floats here
+        whole = b.udiv(width, c(TILES))
+        for r in range(4):
+            row = b.add(b.mul(i, c(4)), c(r))
+
+            def store_row(r=r, row=row):
+                values = []
+                for col in range(4):
+                    value = b.fadd(y[col][r], shift)
+                    value = b.select(b.fcmp_ordered("<", value, low), low, value)
+                    values.append(b.select(b.fcmp_ordered(">", value, high), high, value))
+                first = shuffle(values[0], values[1], [0, 8, 1, 9, 2, 10, 3, 11])  # tiles 0-3: columns 0, 1
+                second = shuffle(values[2], values[3], [0, 8, 1, 9, 2, 10, 3, 11])  # columns 2, 3
+                third = shuffle(values[0], values[1], [4, 12, 5, 13, 6, 14, 7, 15])  # tiles 4-7
+                fourth = shuffle(values[2], values[3], [4, 12, 5, 13, 6, 14, 7, 15])
+                runs = [shuffle(first, second, [0, 1, 8, 9, 2, 3, 10, 11]), shuffle(first, second, [4, 5, 12, 13, 6, 7, 14, 15]),
+                        shuffle(third, fourth, [0, 1, 8, 9, 2, 3, 10, 11]), shuffle(third, fourth, [4, 5, 12, 13, 6, 7, 14, 15])]
+                target = b.add(out, b.mul(b.add(b.mul(b.add(b.mul(n, m_), mo), b.mul(oh, ow)),
+                                                b.add(b.mul(row, ow), b.mul(j0, c(4)))), c(4)))
+                for q in range(4):
+                    when(b.icmp_signed("<", c(q), whole), lambda q=q: setattr(b.store(
+                        runs[q], b.inttoptr(b.add(target, c(4 * TILES * q)), vptr)), "align", 4))
+                rest = b.urem(width, c(TILES))
+                last = runs[3]
+                for q in (2, 1, 0):
+                    last = b.select(b.icmp_signed("==", whole, c(q)), runs[q], last)
+                when(b.icmp_signed("!=", rest, c(0)),
+                     lambda: pieces(b.add(target, b.mul(whole, c(4 * TILES))), last, rest))
+            when(b.icmp_signed("<", row, oh), store_row)
+
+    last = b.select(b.icmp_signed(">=", tw, c(TILES)), b.sub(tw, c(TILES)), c(0))
+
+    def group(mo, n, i, j):
+        tile_row(mo, n, i, b.select(b.icmp_signed("<", j, last), j, last))
+    loop(m0, m1, c(1), lambda mo: loop(c(0), n_, c(1), lambda n: loop(
+        c(0), th, c(1), lambda i: loop(c(0), tw, c(TILES), lambda j: group(mo, n, i, j)))))
+    b.ret(c(0))
+
+
+def bind_output(p, bias, out, tile_rows, tile_cols, activation, m0, m1):
+    """A step writing out (N, M, OH, OW)[:, m0:m1] = act(A^T P A + bias) of the products p
+    (36, M, N * tile_rows * tile_cols) (F(4x4, 3x3)), activation "", "relu" or "relu6";
+    or None where native_gemm does not run or the operands do not qualify (float32,
+    contiguous, OUTPUT_MIN_TILE_COLS tile columns or more, OUTPUT_MAX_PRODUCTS at most)."""
+    from . import native_gemm
+    codes = {"": 0, "relu": 1, "relu6": 2}
+    if activation not in codes or tile_cols < OUTPUT_MIN_TILE_COLS or p.size > OUTPUT_MAX_PRODUCTS \
+            or not native_gemm.available() or out.ndim != 4 \
+            or any(a.dtype != np.float32 or not a.flags.c_contiguous for a in (p, out)) \
+            or p.shape != (36, out.shape[1], out.shape[0] * tile_rows * tile_cols):
+        return None
+    b = np.zeros(out.shape[1], np.float32) if bias is None else np.ascontiguousarray(bias, np.float32)
+    fields = np.zeros(OUTPUT_FIELDS, np.int64)
+    fields[[P, BIAS, OUT, ON, OM, OH, OW, OTH, OTW, M0, M1, OPLANE, ACT]] = [
+        p.ctypes.data, b.ctypes.data, out.ctypes.data, *out.shape, tile_rows, tile_cols, m0, m1, p[0].size,
+        codes[activation]]
+    return native_gemm.step("winograd_output", fields, None, (p, b, out))
 
 
 def bind_input(x, v, begin, tile_rows, tile_cols, c0, c1):

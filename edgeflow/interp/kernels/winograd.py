@@ -24,8 +24,8 @@ output transform by tile rows, then by tile columns with the scatter) is split o
 where numba's loops run the transforms, the products and the output transform are one
 phase split by output channels, each worker transforming the products it made (one
 meeting of the workers fewer, and no products read from another core's cache); F(4x4)'s
-input transform then runs as native_winograd.py's compiled function where native_gemm
-runs (x86-64 with AVX2 and FMA).
+transforms then run as native_winograd.py's compiled functions where native_gemm runs
+(x86-64 with AVX2 and FMA; the output's on planes of 6 tile columns or more).
 
 Which path a conv takes (`choose`, when its kernel binds): EDGEFLOW_CONV_ALGO=direct,
 winograd2 or winograd4 forces one where it applies (tests, benchmarks); unset or "auto",
@@ -203,6 +203,17 @@ def _input_loop(x, v, m, begin, tile_rows, tile_cols, c0, c1):
     return jit.bind_winograd_input(x, v, m, begin, tile_rows, tile_cols, c0, c1)
 
 
+def _output_loop(products, bias, out, m, tile_rows, tile_cols, activation, m0, m1):
+    """A step writing out's channels m0:m1 from the products where numba is loaded:
+    native_winograd's for F(4x4) where native_gemm runs and it takes the plane (wide enough,
+    the activation none, relu or relu6), else jit.py's loop; or None (numpy's steps)."""
+    if m == 4 and jit.loaded():
+        step = native_winograd.bind_output(products, bias, out, tile_rows, tile_cols, activation or "", m0, m1)
+        if step is not None:
+            return step
+    return jit.bind_winograd_output(products, bias, out, m, tile_rows, tile_cols, activation, m0, m1)
+
+
 def _loops_or(bind, make, length, n_parts):
     """The steps of a phase over range(length) split in `n_parts`: bind(lo, hi) for each
     piece (jit.py's loops, None where numba is not loaded) where every piece binds, else
@@ -321,7 +332,7 @@ def conv(x, w, bias, begin, out, algo, activation=""):
     phases = ([weights] if weights is not None else []) \
         + [_loops_or(partial(_input_loop, x, v, m, begin, th, tw), load, c, n_parts)]
     spans = threads.pieces(mm, n_parts)
-    outputs = [jit.bind_winograd_output(products, bias, out, m, th, tw, activation, lo, hi)
+    outputs = [_output_loop(products, bias, out, m, th, tw, activation, lo, hi)
                for lo, hi in spans]  # with the bias and the activation
     if None not in outputs:
         if n_parts == 1:
