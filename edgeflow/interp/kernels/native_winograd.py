@@ -95,6 +95,9 @@ def emit(module, ir, name):
     def shuffle(p, q, order):
         return b.shuffle_vector(p, q, ir.Constant(ir.VectorType(i32, TILES), order))
 
+    def block(label):
+        return fn.append_basic_block(label)
+
     tiles = b.mul(n_, b.mul(th, tw))  # V's floats from one channel to the next
 
     def copy_plane(n, ch):
@@ -135,27 +138,47 @@ def emit(module, ir, name):
             b.position_at_end(done)
         loop(c(0), rows, c(1), row)
 
-    def tile_row(n, ch, i, j0):
-        """Tiles (n, i, j0..j0 + 7) of channel ch (lanes past TW computed, not stored)."""
+    def split_row(i, r, j0):
+        """Elements (r, 0..5) of tiles (i, j0..j0 + 7), a vector each: the plane buffer's row
+        4 i + r from column 4 j0, its 34 floats split into the stride-4 columns."""
+        base = b.add(pad, b.mul(b.add(b.mul(b.add(b.mul(i, c(4)), c(r)), pad_cols), b.mul(j0, c(4))), c(4)))
+        vectors = []
+        for h in range(5):
+            value = load(b.inttoptr(b.add(base, c(4 * TILES * h)), vptr), v8)
+            value.align = 4
+            vectors.append(value)
+        low01 = shuffle(vectors[0], vectors[1], [0, 4, 8, 12, 1, 5, 9, 13])  # columns 4t, 4t + 1 of tiles 0-3
+        low23 = shuffle(vectors[0], vectors[1], [2, 6, 10, 14, 3, 7, 11, 15])
+        high01 = shuffle(vectors[2], vectors[3], [0, 4, 8, 12, 1, 5, 9, 13])  # of tiles 4-7
+        high23 = shuffle(vectors[2], vectors[3], [2, 6, 10, 14, 3, 7, 11, 15])
+        d0 = shuffle(low01, high01, [0, 1, 2, 3, 8, 9, 10, 11])
+        d1 = shuffle(low01, high01, [4, 5, 6, 7, 12, 13, 14, 15])
+        d2 = shuffle(low23, high23, [0, 1, 2, 3, 8, 9, 10, 11])
+        d3 = shuffle(low23, high23, [4, 5, 6, 7, 12, 13, 14, 15])
+        d4 = shuffle(d0, vectors[4], [1, 2, 3, 4, 5, 6, 7, 8])  # column 4t + 4: the next tile's first
+        d5 = shuffle(d1, vectors[4], [1, 2, 3, 4, 5, 6, 7, 9])
+        return [d0, d1, d2, d3, d4, d5]
+
+    def tile_row(n, ch, i, j0, rows_per=1):
+        """Tiles (n, i, j0..j0 + 7) of channel ch (lanes past TW computed, not stored); with
+        rows_per 2 or 4 (TW 4 or 2: j0 0), tile rows i..i + rows_per - 1, TW tiles of each,
+        so that the vector's 8 lanes are 8 tiles (rows past TH read row TH - 1: lanes of
+        tiles this call writes later, or not at all)."""
         rows = []
-        for r in range(6):  # the plane buffer's columns 4 j0 .. 4 j0 + 33 (the 8 tiles'), 8 at a time
-            base = b.add(pad, b.mul(b.add(b.mul(b.add(b.mul(i, c(4)), c(r)), pad_cols), b.mul(j0, c(4))), c(4)))
-            vectors = []
-            for h in range(5):
-                value = load(b.inttoptr(b.add(base, c(4 * TILES * h)), vptr), v8)
-                value.align = 4
-                vectors.append(value)
-            low01 = shuffle(vectors[0], vectors[1], [0, 4, 8, 12, 1, 5, 9, 13])  # columns 4t, 4t + 1 of tiles 0-3
-            low23 = shuffle(vectors[0], vectors[1], [2, 6, 10, 14, 3, 7, 11, 15])
-            high01 = shuffle(vectors[2], vectors[3], [0, 4, 8, 12, 1, 5, 9, 13])  # of tiles 4-7
-            high23 = shuffle(vectors[2], vectors[3], [2, 6, 10, 14, 3, 7, 11, 15])
-            d0 = shuffle(low01, high01, [0, 1, 2, 3, 8, 9, 10, 11])
-            d1 = shuffle(low01, high01, [4, 5, 6, 7, 12, 13, 14, 15])
-            d2 = shuffle(low23, high23, [0, 1, 2, 3, 8, 9, 10, 11])
-            d3 = shuffle(low23, high23, [4, 5, 6, 7, 12, 13, 14, 15])
-            d4 = shuffle(d0, vectors[4], [1, 2, 3, 4, 5, 6, 7, 8])  # column 4t + 4: the next tile's first
-            d5 = shuffle(d1, vectors[4], [1, 2, 3, 4, 5, 6, 7, 9])
-            rows.append(transform(b, fma, const, [d0, d1, d2, d3, d4, d5]))  # d B, a row of each tile
+        for r in range(6):
+            if rows_per == 1:
+                elements = split_row(i, r, j0)
+            else:
+                last_row = b.sub(th, c(1))
+                members = [split_row(b.select(b.icmp_signed("<", b.add(i, c(q)), th), b.add(i, c(q)), last_row), r,
+                                     c(0)) for q in range(rows_per)]
+                if rows_per == 2:  # 4 tiles of each
+                    elements = [shuffle(members[0][e], members[1][e], [0, 1, 2, 3, 8, 9, 10, 11]) for e in range(6)]
+                else:  # 2 tiles of each
+                    elements = [shuffle(shuffle(members[0][e], members[1][e], [0, 1, 8, 9, 2, 3, 10, 11]),
+                                        shuffle(members[2][e], members[3][e], [0, 1, 8, 9, 2, 3, 10, 11]),
+                                        [0, 1, 2, 3, 8, 9, 10, 11]) for e in range(6)]
+            rows.append(transform(b, fma, const, elements))  # d B, a row of each tile
         at = b.add(b.add(b.mul(ch, tiles), b.mul(n, b.mul(th, tw))), b.add(b.mul(i, tw), j0))
         outputs = []
         for s in range(6):
@@ -173,7 +196,9 @@ def emit(module, ir, name):
             b.store(value, b.inttoptr(b.add(v, b.mul(b.add(b.mul(c(position), plane), at), c(4))), vptr)).align = 4
         b.branch(done)
         b.position_at_end(part)  # the last tiles (TW < 8): 4, 2 and 1 of them as count's bits say
-        count = b.sub(tw, j0)
+        left_in_range = b.sub(b.mul(c1, tiles), at)
+        count = b.sub(tw, j0) if rows_per == 1 else c(TILES)
+        count = b.select(b.icmp_signed("<", count, left_in_range), count, left_in_range)
         four, two = b.and_(count, c(4)), b.and_(count, c(2))
         v4, v2 = ir.VectorType(f32, 4), ir.VectorType(f32, 2)
 
@@ -214,7 +239,23 @@ def emit(module, ir, name):
         tile_row(n, ch, i, b.select(b.icmp_signed("<", j, last), j, last))
     def channel(n, ch):
         copy_plane(n, ch)
+        # Planes of 4 or 2 tile columns (ResNet's 14x14 and 7x7): 2 or 4 tile rows a vector,
+        # not half or a quarter of one (alone, batch 1: 256 channels at 14x14 209 -> 128-157 us,
+        # 512 at 7x7 235 -> 191-194; batch 8 1.8 -> 1.4 ms and 2.0 -> 1.4)
+        four, two, other = block("four"), block("two"), block("other")
+        done = block("channel_done")
+        test_two = block("test_two")
+        b.cbranch(b.icmp_signed("==", tw, c(4)), four, test_two)
+        b.position_at_end(test_two)
+        b.cbranch(b.icmp_signed("==", tw, c(2)), two, other)
+        for start, rows_per in ((four, 2), (two, 4)):
+            b.position_at_end(start)
+            loop(c(0), th, c(rows_per), lambda i, rows_per=rows_per: tile_row(n, ch, i, c(0), rows_per))
+            b.branch(done)
+        b.position_at_end(other)
         loop(c(0), th, c(1), lambda i: loop(c(0), tw, c(TILES), lambda j: group(n, ch, i, j)))
+        b.branch(done)
+        b.position_at_end(done)
     # A channel's images in turn: their tiles lie side by side in each of V's 36 rows (images
     # outermost, a batch of 8 wrote each row's lines in pieces a channel apart: 128 channels
     # at 28x28 4.4 ms against 1.3 so)
