@@ -437,3 +437,47 @@ def test_long_rows_run_here_where_the_product_is_split(num_threads):
     np.testing.assert_allclose(got["y"], h @ r + b + h, rtol=1e-5, atol=1e-5 * np.abs(h).max())
     if native_gemm.available():
         assert ran == (["add", "add", "matmul", "matmul"] if num_threads == 1 else ["matmul", "matmul"]), ran
+
+
+@pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
+def test_machine_code_cache_loads_without_building_the_ir_and_survives_damage(monkeypatch):
+    """The module's machine code is cached under its source key: a process that finds the
+    file loads it as an object file (the IR never built) and runs the same products; a
+    damaged file (its digest off) is compiled again and rewritten whole, not loaded."""
+    import os
+    import llvmlite.binding as llvm
+    import llvmlite.ir as ir
+    assert native_gemm.available()  # LLVM's native target and its printer initialized
+    key = f"test{os.getpid()}"
+    monkeypatch.setattr(native_gemm, "_source_key", lambda _: key)
+    path = os.path.join(os.path.dirname(native_gemm.__file__), "__pycache__", f"native_gemm.{key}.o")
+    rng = np.random.default_rng(3)
+    w, x = rng.standard_normal((8, 20)).astype(np.float32), rng.standard_normal((1, 20, 30)).astype(np.float32)
+
+    def product(built):
+        monkeypatch.setattr(native_gemm, "_built", [built])
+        out = np.empty((1, 8, 30), np.float32)
+        native_gemm.bind(native_gemm.pack(w), x, out, "relu")()
+        return out
+    try:
+        compiled = native_gemm._compile(llvm, ir)
+        with open(path, "rb") as f:
+            written = f.read()
+        want = product(compiled)
+        np.testing.assert_allclose(want, np.maximum(w @ x[0], 0)[None], rtol=1e-5, atol=1e-5)
+        built = []
+        module = native_gemm._module
+        monkeypatch.setattr(native_gemm, "_module", lambda ir: built.append(1) or module(ir))
+        loaded = native_gemm._compile(llvm, ir)
+        assert not built
+        np.testing.assert_array_equal(product(loaded), want)
+        with open(path, "wb") as f:
+            f.write(written[:40] + bytes(len(written) - 40))  # the code past its first bytes zeroed
+        again = native_gemm._compile(llvm, ir)
+        assert built == [1]
+        np.testing.assert_array_equal(product(again), want)
+        with open(path, "rb") as f:
+            assert f.read() == written
+    finally:
+        if os.path.exists(path):
+            os.remove(path)

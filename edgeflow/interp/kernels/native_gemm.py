@@ -23,8 +23,10 @@ A dense layer, a (M, K) @ w (K, N) + bias, runs the same tile the other way roun
 where they lie, the bias a column's, added after the sums.
 
 The loop nest is LLVM IR built with llvmlite (numba's compiler, the `jit` extra) and
-compiled for the host's CPU by MCJIT once a process (some 100-200 ms), called through
-ctypes with its operands in one int64 array (ctypes lets go of the GIL). The same module
+compiled for the host's CPU by MCJIT (some 2 s, once a machine: its machine code is cached
+beside the module under a key of its sources, and later processes load it in some 50 ms
+without building the IR), called through ctypes with its operands in one int64 array
+(ctypes lets go of the GIL). The same module
 holds native_winograd.py's input transform (its IR there; `step` binds either). Measured on this
 project's 2-core AMD EPYC (Zen 3), interleaved in one process, against numpy's OpenBLAS
 sgemm and numpy's passes for the bias and relu6: 0.6-0.95x of their time on
@@ -574,38 +576,75 @@ def _module(ir):
     return module
 
 
-def _compile(llvm, ir):
-    """The product compiled for this host's CPU: machine code from the cache file where one
-    matches (the IR, the CPU and its features, llvmlite's version: 40-60 ms to build the
-    IR and load), else compiled (some 200-300 ms) and the cache file written (atomically;
-    skipped where the folder is read-only), as numba caches its loops."""
-    import llvmlite
-    from ...atomic import write_bytes
-    text = str(_module(ir))
-    cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
-    key = hashlib.sha256("\0".join((text, cpu, features, llvmlite.__version__)).encode()).hexdigest()[:24]
-    path = os.path.join(os.path.dirname(__file__), "__pycache__", f"native_gemm.{key}.o")
-    module = llvm.parse_assembly(text)
-    module.verify()
-    machine = llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features, opt=3)
-    engine = llvm.create_mcjit_compiler(module, machine)
+FUNCTIONS = ("gemm", "gemm_rows", "winograd_input", "winograd_output")
 
-    def cached(_):
+
+def _source_key(llvm):
+    """What the module's machine code follows from, without building its IR: this file's
+    and native_winograd.py's source, their constants' values (tests and benchmarks may set
+    them before the module compiles), jit.py's exp constants, the CPU and its features,
+    llvmlite's version; None where a source file cannot be read."""
+    import llvmlite
+    parts = [llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(), llvmlite.__version__,
+             repr(sorted(jit.EXP_CONSTANTS.items()))]
+    for module in (globals(), vars(native_winograd)):
         try:
-            with open(path, "rb") as f:
-                return f.read()
+            with open(module["__file__"], "rb") as f:
+                parts.append(f.read().decode("utf-8", "replace"))
         except OSError:
             return None
+        parts.append(repr(sorted((k, v) for k, v in module.items() if k.isupper() and isinstance(v, int))))
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
-    def compiled(_, data):
-        with contextlib.suppress(OSError):  # a read-only install: compiled again next time
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            write_bytes(path, data)
-    engine.set_object_cache(compiled, cached)
+
+def _compile(llvm, ir):
+    """The module compiled for this host's CPU: machine code from the cache file of its
+    source key where there is one (loaded as an object file: a few ms, where building the
+    IR to key the cache by took some 800 ms), else compiled (some 300-400 ms more) and the
+    cache file written (atomically; skipped where the folder is read-only), as numba caches
+    its loops."""
+    from ...atomic import write_bytes
+    cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+    machine = llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features, opt=3)
+    key = _source_key(llvm)
+    path = os.path.join(os.path.dirname(__file__), "__pycache__", f"native_gemm.{key}.o") if key else None
+    found = None
+    code = None
+    if path is not None:
+        with contextlib.suppress(OSError):
+            with open(path, "rb") as f:
+                code = f.read()
+    # The file is its code's digest, then the code: LLVM takes a damaged object file down
+    # with the process, so only an intact one is loaded (else it is compiled again).
+    if code is not None and hashlib.sha256(code[32:]).digest() == code[:32]:
+        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), machine)
+        engine.code = code[32:]  # the object file reads these bytes in place: kept as long as the engine
+        engine.add_object_file(llvm.ObjectFileRef.from_data(engine.code))
+        found = _functions(engine)
+    if found is None:
+        module = llvm.parse_assembly(str(_module(ir)))
+        module.verify()
+        engine = llvm.create_mcjit_compiler(module, machine)
+
+        def compiled(_, code):
+            if path is not None:
+                with contextlib.suppress(OSError):  # a read-only install: compiled again next time
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    write_bytes(path, hashlib.sha256(code).digest() + code)
+        engine.set_object_cache(compiled, lambda _: None)
+        found = _functions(engine)
+    return found
+
+
+def _functions(engine):
+    """(engine, {name: (a ctypes function, its address)}) of the module's FUNCTIONS, once
+    the engine's code is finalized; None where one is missing (a cache file of other code)."""
     engine.finalize_object()
+    addresses = {name: engine.get_function_address(name) for name in FUNCTIONS}
+    if not all(addresses.values()):
+        return None
     kind = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p)
-    return engine, {name: (kind(engine.get_function_address(name)), engine.get_function_address(name))
-                    for name in ("gemm", "gemm_rows", "winograd_input", "winograd_output")}
+    return engine, {name: (kind(address), address) for name, address in addresses.items()}
 
 
 def _aligned(n):
