@@ -12,24 +12,27 @@ from edgeflow.interp.kernels import jit, native_gemm, native_winograd, winograd
 HERE = native_gemm.available()
 
 
-def transformed(x, top, left, tile_rows, tile_cols):
-    """V (36, C, N * tiles) in float64: B^T d B of each 6x6 tile d of x zero-padded."""
+def transformed(x, top, left, tile_rows, tile_cols, m=4):
+    """V (a^2, C, N * tiles) in float64: B^T d B of each a x a tile d of x zero-padded,
+    tiles m apart (F(m x m, 3x3), a = m + 2)."""
     n, c, h, w = x.shape
-    padded = np.zeros((n, c, 4 * tile_rows + 2 + h + top, 4 * tile_cols + 2 + w + left))
+    a = m + 2
+    padded = np.zeros((n, c, m * tile_rows + 2 + h + top, m * tile_cols + 2 + w + left))
     padded[:, :, top:top + h, left:left + w] = x
-    windows = np.lib.stride_tricks.sliding_window_view(padded, (6, 6), axis=(2, 3))[:, :, ::4, ::4]
-    d = windows[:, :, :tile_rows, :tile_cols]  # (N, C, TH, TW, 6, 6)
-    bt = winograd.TRANSFORMS[4][0]
-    v = np.einsum("kr,ncijrs,ts->ktncij", bt, d, bt)  # (6, 6, N, C, TH, TW)
-    return v.transpose(0, 1, 3, 2, 4, 5).reshape(36, c, n * tile_rows * tile_cols)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (a, a), axis=(2, 3))[:, :, ::m, ::m]
+    d = windows[:, :, :tile_rows, :tile_cols]  # (N, C, TH, TW, a, a)
+    bt = winograd.TRANSFORMS[m][0]
+    v = np.einsum("kr,ncijrs,ts->ktncij", bt, d, bt)  # (a, a, N, C, TH, TW)
+    return v.transpose(0, 1, 3, 2, 4, 5).reshape(a * a, c, n * tile_rows * tile_cols)
 
 
 @pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
+@pytest.mark.parametrize("m", [4, 2])
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 2), c=st.integers(1, 5), h=st.integers(1, 40), w=st.integers(1, 40),
        top=st.integers(0, 2), left=st.integers(0, 2), tile_rows=st.integers(1, 11), tile_cols=st.integers(1, 11),
        channels=st.data(), seed=st.integers(0, 2 ** 16))
-def test_input_transform(n, c, h, w, top, left, tile_rows, tile_cols, channels, seed):
+def test_input_transform(m, n, c, h, w, top, left, tile_rows, tile_cols, channels, seed):
     """Planes narrower and wider than a vector's 8 tiles (the last group overlapping the one
     before), rows and columns of x past the tiles' reach and tiles past x's edge, pads, images
     and a range of channels (the others left as they were): float64's values within float32
@@ -37,29 +40,31 @@ def test_input_transform(n, c, h, w, top, left, tile_rows, tile_cols, channels, 
     c0 = channels.draw(st.integers(0, c - 1))
     c1 = channels.draw(st.integers(c0 + 1, c))
     x = np.random.default_rng(seed).standard_normal((n, c, h, w)).astype(np.float32)
-    v = np.full((36, c, n * tile_rows * tile_cols), np.nan, np.float32)
-    native_winograd.bind_input(x, v, (top, left), tile_rows, tile_cols, c0, c1)()
-    want = transformed(x.astype(np.float64), top, left, tile_rows, tile_cols)
+    v = np.full(((m + 2) ** 2, c, n * tile_rows * tile_cols), np.nan, np.float32)
+    native_winograd.bind_input(x, v, (top, left), tile_rows, tile_cols, c0, c1, m)()
+    want = transformed(x.astype(np.float64), top, left, tile_rows, tile_cols, m)
     scale = np.abs(want[:, c0:c1]).max() + 1e-30
     np.testing.assert_allclose(v[:, c0:c1], want[:, c0:c1], rtol=0, atol=1e-6 * scale)
     assert np.isnan(v[:, :c0]).all() and np.isnan(v[:, c1:]).all()
     assert jit.available()
     loop = np.full_like(v, np.nan)
-    jit.bind_winograd_input(x, loop, 4, (top, left), tile_rows, tile_cols, c0, c1)()
+    jit.bind_winograd_input(x, loop, m, (top, left), tile_rows, tile_cols, c0, c1)()
     np.testing.assert_allclose(v[:, c0:c1], loop[:, c0:c1], rtol=0, atol=1e-6 * scale)
 
 
 @pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
+@pytest.mark.parametrize("m", [4, 2])
 @pytest.mark.parametrize("n, c, h, w, pads", [(1, 3, 56, 56, 1), (2, 2, 28, 28, 1), (1, 4, 14, 14, 1), (1, 5, 7, 7, 1),
                                               (1, 2, 37, 45, 0), (1, 2, 33, 64, 2)])
-def test_input_transform_of_whole_layers(n, c, h, w, pads):
-    """ResNet-like planes (56 x 56: 14 tiles a row, two groups of 8, the second overlapping;
-    28: 7; 14: 4; 7: 2) and odd ones, the tiles a 'same' conv's: float64's values."""
+def test_input_transform_of_whole_layers(m, n, c, h, w, pads):
+    """ResNet-like planes (F4 at 56 x 56: 14 tiles a row, two groups of 8, the second
+    overlapping; 28: 7; 14: 4; 7: 2; F2 twice as many) and odd ones, the tiles a 'same'
+    conv's: float64's values."""
     x = np.random.default_rng(h * w).standard_normal((n, c, h, w)).astype(np.float32)
-    rows, cols = -(-(h + 2 * pads - 2) // 4), -(-(w + 2 * pads - 2) // 4)
-    v = np.full((36, c, n * rows * cols), np.nan, np.float32)
-    native_winograd.bind_input(x, v, (pads, pads), rows, cols, 0, c)()
-    want = transformed(x.astype(np.float64), pads, pads, rows, cols)
+    rows, cols = -(-(h + 2 * pads - 2) // m), -(-(w + 2 * pads - 2) // m)
+    v = np.full(((m + 2) ** 2, c, n * rows * cols), np.nan, np.float32)
+    native_winograd.bind_input(x, v, (pads, pads), rows, cols, 0, c, m)()
+    want = transformed(x.astype(np.float64), pads, pads, rows, cols, m)
     np.testing.assert_allclose(v, want, rtol=0, atol=1e-6 * np.abs(want).max())
 
 
@@ -70,6 +75,8 @@ def test_input_transform_declines_what_it_does_not_take():
     assert native_winograd.bind_input(x, v, (1, 1), 2, 2, 0, 2) is not None
     assert native_winograd.bind_input(x.astype(np.float64), v.astype(np.float64), (1, 1), 2, 2, 0, 2) is None
     assert native_winograd.bind_input(x, v[:, :, :3], (1, 1), 2, 2, 0, 2) is None  # not (36, C, tiles)
+    assert native_winograd.bind_input(x, v, (1, 1), 2, 2, 0, 2, m=2) is None  # F2's V is (16, C, tiles)
+    assert native_winograd.bind_input(x, np.zeros((16, 2, 16), np.float32), (1, 1), 4, 4, 0, 2, m=2) is not None
     assert native_winograd.bind_input(x[:, :, :, ::2], v, (1, 1), 2, 2, 0, 2) is None  # not contiguous
 
 

@@ -93,9 +93,9 @@ def transforms(request, monkeypatch):
 
 
 def input_loop(algo, dtype=np.float32):
-    """The input transform's loop: native_winograd's for F(4x4, 3x3) in float32 where
-    native_gemm runs (x86-64 with AVX2 and FMA), else jit.py's."""
-    native = algo == "winograd4" and dtype == np.float32 and native_gemm.available()
+    """The input transform's loop: native_winograd's in float32 where native_gemm runs
+    (x86-64 with AVX2 and FMA), else jit.py's."""
+    native = dtype == np.float32 and native_gemm.available()
     return "native_winograd_input" if native else "winograd_input_loop"
 
 

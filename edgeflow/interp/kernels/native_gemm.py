@@ -572,11 +572,12 @@ def _module(ir):
     emit("gemm", False)
     emit("gemm_rows", True)
     native_winograd.emit(module, ir, "winograd_input")
+    native_winograd.emit(module, ir, "winograd2_input", m=2)
     native_winograd.emit_output(module, ir, "winograd_output")
     return module
 
 
-FUNCTIONS = ("gemm", "gemm_rows", "winograd_input", "winograd_output")
+FUNCTIONS = ("gemm", "gemm_rows", "winograd_input", "winograd2_input", "winograd_output")
 
 
 def _source_key(llvm):

@@ -23,9 +23,10 @@ intra-op workers (interp/threads.py) each of the four phases (input transform, p
 output transform by tile rows, then by tile columns with the scatter) is split over them;
 where numba's loops run the transforms, the products and the output transform are one
 phase split by output channels, each worker transforming the products it made (one
-meeting of the workers fewer, and no products read from another core's cache); F(4x4)'s
-transforms then run as native_winograd.py's compiled functions where native_gemm runs
-(x86-64 with AVX2 and FMA; the output's on planes of 6 tile columns or more).
+meeting of the workers fewer, and no products read from another core's cache); the input
+transforms and F(4x4)'s output transform then run as native_winograd.py's compiled
+functions where native_gemm runs (x86-64 with AVX2 and FMA; the output's on planes of 6
+tile columns or more).
 
 Which path a conv takes (`choose`, when its kernel binds): EDGEFLOW_CONV_ALGO=direct,
 winograd2 or winograd4 forces one where it applies (tests, benchmarks); unset or "auto",
@@ -193,11 +194,11 @@ def weights_buffer(memory):
 
 def _input_loop(x, v, m, begin, tile_rows, tile_cols, c0, c1):
     """A step writing the input's transform V (a^2, C, tiles) for channels c0:c1 where numba
-    is loaded: native_winograd's for F(4x4) where native_gemm runs (ResNet-18's layers 1.4-2.6x
-    faster: its 64 channels at 56x56 724 -> 275 us, 512 at 7x7 429 -> 219), else jit.py's
-    loop; or None (numpy's steps then)."""
-    if m == 4 and jit.loaded():
-        step = native_winograd.bind_input(x, v, begin, tile_rows, tile_cols, c0, c1)
+    is loaded: native_winograd's where native_gemm runs (ResNet-18's layers, F(4x4) 1.4-3.5x
+    faster: its 64 channels at 56x56 724 -> 275 us; F(2x2) 4-5x: 512 at 7x7 395 -> 96), else
+    jit.py's loop; or None (numpy's steps then)."""
+    if jit.loaded():
+        step = native_winograd.bind_input(x, v, begin, tile_rows, tile_cols, c0, c1, m)
         if step is not None:
             return step
     return jit.bind_winograd_input(x, v, m, begin, tile_rows, tile_cols, c0, c1)
