@@ -195,19 +195,29 @@ def _module(ir):
         def block(name):
             return fn.append_basic_block(name)
 
-        def loop(first, last, step, body):
-            """for i in range(first, last, step): body(i) (its counter a phi node)."""
+        def loop(first, last, step, body, carried=()):
+            """for i in range(first, last, step): body(i) (its counter a phi node); with
+            `carried` (values: a tile's sums), body(i, values) returns their next values, and
+            the loop returns the values it ends with."""
             before, test, inside, after = b.block, block("test"), block("body"), block("after")
             b.branch(test)
             b.position_at_end(test)
             i = b.phi(i64)
             i.add_incoming(first, before)
+            values = []
+            for value in carried:
+                phi = b.phi(value.type)
+                phi.add_incoming(value, before)
+                values.append(phi)
             b.cbranch(b.icmp_signed("<", i, last), inside, after)
             b.position_at_end(inside)
-            body(i)
+            new = body(i, values) if carried else body(i)
             i.add_incoming(b.add(i, step), b.block)
+            for phi, value in zip(values, new if carried else ()):
+                phi.add_incoming(value, b.block)
             b.branch(test)
             b.position_at_end(after)
+            return values
 
         def when(condition, body):
             yes, done = block("then"), block("done")
@@ -354,31 +364,19 @@ def _module(ir):
             b.branch(before)
             b.position_at_end(before)
             start = merged(biased, bias_end, stored, out_end)
-            test, inside, after = block("k_test"), block("k_body"), block("k_after")
-            b.branch(test)
-            b.position_at_end(test)
-            k = b.phi(i64)
-            k.add_incoming(k0, before)
-            acc = []
-            for value in start:
-                phi = b.phi(v8)
-                phi.add_incoming(value, before)
-                acc.append(phi)
-            b.cbranch(b.icmp_signed("<", k, k1), inside, after)
-            b.position_at_end(inside)
-            xs = [load(at(strip, b.add(b.mul(b.sub(k, k0), c(NR)), c(VEC * h)), v8), v8, 32) for h in range(nv)]
-            if not dense:
-                row_weights = [b.add(w, b.mul(k, c(MR * 4))) for w in weights]
-            new = []
-            for r in range(R):
-                weight_at = b.add(rows_at[r], b.mul(k, c(4))) if dense else b.add(row_weights[r // MR], c(4 * (r % MR)))
-                weight = splat(load(b.inttoptr(weight_at, f32.as_pointer()), f32))
-                new += [b.call(fma, [weight, xs[h], acc[nv * r + h]]) for h in range(nv)]
-            k.add_incoming(b.add(k, c(1)), b.block)
-            for phi, value in zip(acc, new):
-                phi.add_incoming(value, b.block)
-            b.branch(test)
-            b.position_at_end(after)
+
+            def step(k, acc):  # a multiply-add of each sum: a broadcast weight of its row, x's strip row k
+                xs = [load(at(strip, b.add(b.mul(b.sub(k, k0), c(NR)), c(VEC * h)), v8), v8, 32) for h in range(nv)]
+                if not dense:
+                    row_weights = [b.add(w, b.mul(k, c(MR * 4))) for w in weights]
+                new = []
+                for r in range(R):
+                    weight_at = b.add(rows_at[r], b.mul(k, c(4))) if dense \
+                        else b.add(row_weights[r // MR], c(4 * (r % MR)))
+                    weight = splat(load(b.inttoptr(weight_at, f32.as_pointer()), f32))
+                    new += [b.call(fma, [weight, xs[h], acc[nv * r + h]]) for h in range(nv)]
+                return new
+            acc = loop(k0, k1, c(1), step, start)
             rows = b.sub(m_, first)
             partial_sums, epilogue, tile_done = block("partial"), block("epilogue"), block("tile_done")
             b.cbranch(b.icmp_signed("<", k1, k_), partial_sums, epilogue)
@@ -511,30 +509,17 @@ def _module(ir):
         def column_rows(q, g, count, x, scale, out, res):
             firsts = [b.mul(b.add(g, c(j)), c(VEC)) for j in range(count)]
             start = [load(at(field[BIAS], first, v8), v8, 4) for first in firsts]  # pack pads it to VEC rows
-            before, test, inside, after = b.block, block("c_test"), block("c_body"), block("c_after")
-            b.branch(test)
-            b.position_at_end(test)
-            k = b.phi(i64)
-            k.add_incoming(c(0), before)
-            acc = []
-            for value in start:
-                phi = b.phi(v8)
-                phi.add_incoming(value, before)
-                acc.append(phi)
-            b.cbranch(b.icmp_signed("<", k, k_), inside, after)
-            b.position_at_end(inside)
-            xk = splat(b.fmul(load(at(x, b.add(b.mul(k, field[LDX]), q)), f32), load(at(scale, k), f32)))
-            new = []
-            for j, first in enumerate(firsts):
-                halves = [load(at(field[W], b.mul(b.add(b.mul(b.add(b.udiv(first, c(MR)), c(h)), k_), k), c(MR)), v4),
-                               v4, 4) for h in (0, 1)]
-                weights = b.shuffle_vector(halves[0], halves[1], ir.Constant(i32x8, list(range(VEC))))
-                new.append(b.call(fma, [weights, xk, acc[j]]))
-            k.add_incoming(b.add(k, c(1)), b.block)
-            for phi, value in zip(acc, new):
-                phi.add_incoming(value, b.block)
-            b.branch(test)
-            b.position_at_end(after)
+
+            def step(k, acc):  # x's float at row k (times its factor) into each vector of rows
+                xk = splat(b.fmul(load(at(x, b.add(b.mul(k, field[LDX]), q)), f32), load(at(scale, k), f32)))
+                new = []
+                for j, first in enumerate(firsts):
+                    halves = [load(at(field[W], b.mul(b.add(b.mul(b.add(b.udiv(first, c(MR)), c(h)), k_), k), c(MR)),
+                                      v4), v4, 4) for h in (0, 1)]
+                    weights = b.shuffle_vector(halves[0], halves[1], ir.Constant(i32x8, list(range(VEC))))
+                    new.append(b.call(fma, [weights, xk, acc[j]]))
+                return new
+            acc = loop(c(0), k_, c(1), step, start)
             last = b.sub(m_, c(1))
             rows = [[b.select(b.icmp_signed("<", b.add(first, c(i)), m_), b.add(first, c(i)), last) for i in range(VEC)]
                     for first in firsts]  # rows past M read row M - 1 (never stored)

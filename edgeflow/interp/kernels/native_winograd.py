@@ -27,6 +27,100 @@ X, V, N, C, H, W, TH, TW, TOP, LEFT, C0, C1, PLANE, PAD, PAD_COLS = range(15)
 FIELDS = 15
 
 
+class _Emitter:
+    """A function `name` of one int64 (the address of `count` int64 operands, `fields`)
+    being emitted into `module`, and the IR helpers both transforms' loops use."""
+
+    def __init__(self, module, ir, name, count):
+        self.ir = ir
+        self.f32, self.i64, self.i32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
+        self.v8, self.i64x8 = ir.VectorType(self.f32, TILES), ir.VectorType(self.i64, TILES)
+        self.vptr = self.v8.as_pointer()
+        self.opaque = getattr(self.f32.as_pointer(), "is_opaque", False)
+        v8 = self.v8
+        self.fma = module.globals.get("llvm.fma.v8f32") or ir.Function(
+            module, ir.FunctionType(v8, [v8, v8, v8]), name="llvm.fma.v8f32")
+        suffix = "p0" if self.opaque else "p0v8f32"
+        self.masked_load = module.globals.get("llvm.masked.load.v8f32." + suffix) or ir.Function(
+            module, ir.FunctionType(v8, [self.vptr, self.i32, ir.VectorType(ir.IntType(1), TILES), v8]),
+            name="llvm.masked.load.v8f32." + suffix)
+        self.fn = ir.Function(module, ir.FunctionType(self.i64, [self.i64]), name=name)
+        self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        self.fields = [self.load(self.b.inttoptr(self.b.add(self.fn.args[0], self.c(8 * k)), self.i64.as_pointer()),
+                                 self.i64) for k in range(count)]
+
+    def c(self, value):
+        return self.ir.Constant(self.i64, value)
+
+    def const(self, value):
+        return self.ir.Constant(self.v8, [float(value)] * TILES)
+
+    def load(self, pointer, kind, align=None):
+        value = self.b.load(pointer, typ=kind) if self.opaque else self.b.load(pointer)
+        if align:
+            value.align = align
+        return value
+
+    def vector_at(self, address):
+        """The 8 floats at `address` (an i64)."""
+        return self.load(self.b.inttoptr(address, self.vptr), self.v8, 4)
+
+    def shuffle(self, u, w, order):
+        return self.b.shuffle_vector(u, w, self.ir.Constant(self.ir.VectorType(self.i32, len(order)), order))
+
+    def splat(self, value, kind):
+        vector = self.b.insert_element(self.ir.Constant(kind, self.ir.Undefined), value, self.ir.Constant(self.i32, 0))
+        return self.shuffle(vector, self.ir.Constant(kind, self.ir.Undefined), [0] * TILES)
+
+    def block(self, label):
+        return self.fn.append_basic_block(label)
+
+    def loop(self, first, last, step, body):
+        """for k in range(first, last, step): body(k) (its counter a phi node)."""
+        b = self.b
+        before, test, inside, after = b.block, self.block("test"), self.block("body"), self.block("after")
+        b.branch(test)
+        b.position_at_end(test)
+        k = b.phi(self.i64)
+        k.add_incoming(first, before)
+        b.cbranch(b.icmp_signed("<", k, last), inside, after)
+        b.position_at_end(inside)
+        body(k)
+        k.add_incoming(b.add(k, step), b.block)
+        b.branch(test)
+        b.position_at_end(after)
+
+    def when(self, condition, body):
+        yes, after = self.block("then"), self.block("done")
+        self.b.cbranch(condition, yes, after)
+        self.b.position_at_end(yes)
+        body()
+        self.b.branch(after)
+        self.b.position_at_end(after)
+
+    def min(self, u, w):
+        return self.b.select(self.b.icmp_signed("<", u, w), u, w)
+
+    def pieces(self, count, stores):
+        """The first `count` (< 8) floats of each (address, vector) of `stores` stored at its
+        address: 4, 2 and 1 of them as count's bits say (whole stores: AMD's masked stores are
+        microcoded, ~12 cycles each)."""
+        b, c = self.b, self.c
+        four, two = b.and_(count, c(4)), b.and_(count, c(2))
+        has_four = b.icmp_signed("!=", four, c(0))
+        v4, v2 = self.ir.VectorType(self.f32, 4), self.ir.VectorType(self.f32, 2)
+
+        def store(width, offset, take):
+            for address, value in stores:
+                pointer = b.inttoptr(b.add(address, b.mul(offset, c(4))), {4: v4, 2: v2, 1: self.f32}[width].as_pointer())
+                b.store(take(value), pointer).align = 4
+        self.when(has_four, lambda: store(4, c(0), lambda value: self.shuffle(value, value, [0, 1, 2, 3])))
+        self.when(b.icmp_signed("!=", two, c(0)), lambda: store(2, four, lambda value: b.select(
+            has_four, self.shuffle(value, value, [4, 5]), self.shuffle(value, value, [0, 1]))))
+        self.when(b.icmp_signed("!=", b.and_(count, c(1)), c(0)), lambda: store(
+            1, b.add(four, two), lambda value: b.extract_element(value, b.trunc(b.add(four, two), self.i32))))
+
+
 def transform(b, fma, const, d):
     """o = B^T d for six vectors d (F(4x4, 3x3)'s B^T, winograd._F4[0]): twelve operations."""
     four, five, two = const(4.0), const(-5.0), const(2.0)
@@ -53,62 +147,14 @@ def emit(module, ir, name, m=4):
     LEFT (zeros outside x); PLANE: V's floats from one of the a^2 positions to the next."""
     a = m + 2
     loads = 5 if m == 4 else 3  # vectors of a group's floats of a row: 34 or 18 of them
-    f32, i64, i32, i1 = ir.FloatType(), ir.IntType(64), ir.IntType(32), ir.IntType(1)
-    v8, m8, i64x8 = ir.VectorType(f32, TILES), ir.VectorType(i1, TILES), ir.VectorType(i64, TILES)
-    vptr = v8.as_pointer()
-    opaque = getattr(f32.as_pointer(), "is_opaque", False)
-    suffix = "p0" if opaque else "p0v8f32"
-    fma = module.globals.get("llvm.fma.v8f32") or ir.Function(module, ir.FunctionType(v8, [v8, v8, v8]),
-                                                                name="llvm.fma.v8f32")
-    masked_load = module.globals.get("llvm.masked.load.v8f32." + suffix) or ir.Function(
-        module, ir.FunctionType(v8, [vptr, i32, m8, v8]), name="llvm.masked.load.v8f32." + suffix)
-    masked_store = module.globals.get("llvm.masked.store.v8f32." + suffix) or ir.Function(
-        module, ir.FunctionType(ir.VoidType(), [v8, vptr, i32, m8]), name="llvm.masked.store.v8f32." + suffix)
-    fn = ir.Function(module, ir.FunctionType(i64, [i64]), name=name)
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-
-    def c(v):
-        return ir.Constant(i64, v)
-
-    def const(value):
-        return ir.Constant(v8, [float(value)] * TILES)
-
-    def load(pointer, kind):
-        return b.load(pointer, typ=kind) if opaque else b.load(pointer)
-
-    field = [load(b.inttoptr(b.add(fn.args[0], c(8 * k)), i64.as_pointer()), i64) for k in range(FIELDS)]
-    x, v, n_, c_, h_, w_, th, tw, top, left, c0, c1, plane, pad, pad_cols = field
+    e = _Emitter(module, ir, name, FIELDS)
+    b, c, loop, shuffle, block = e.b, e.c, e.loop, e.shuffle, e.block
+    f32, vptr = e.f32, e.vptr
+    x, v, n_, c_, h_, w_, th, tw, top, left, c0, c1, plane, pad, pad_cols = e.fields
     pad_rows = b.add(b.mul(th, c(m)), c(2))
-    zero = const(0.0)
-    lanes = ir.Constant(i64x8, list(range(TILES)))
-
-    def splat(value):
-        vector = b.insert_element(ir.Constant(i64x8, ir.Undefined), value, ir.Constant(i32, 0))
-        return b.shuffle_vector(vector, ir.Constant(i64x8, ir.Undefined), ir.Constant(ir.VectorType(i32, TILES),
-                                                                                      [0] * TILES))
-
-    def loop(first, last, step, body):
-        before, test, inside, after = b.block, fn.append_basic_block("test"), fn.append_basic_block("body"), \
-            fn.append_basic_block("after")
-        b.branch(test)
-        b.position_at_end(test)
-        k = b.phi(i64)
-        k.add_incoming(first, before)
-        b.cbranch(b.icmp_signed("<", k, last), inside, after)
-        b.position_at_end(inside)
-        body(k)
-        k.add_incoming(b.add(k, step), b.block)
-        b.branch(test)
-        b.position_at_end(after)
-
-    def shuffle(p, q, order):
-        return b.shuffle_vector(p, q, ir.Constant(ir.VectorType(i32, TILES), order))
-
-    def block(label):
-        return fn.append_basic_block(label)
 
     def one_d(d):
-        return transform(b, fma, const, d) if m == 4 else transform2(b, d)
+        return transform(b, e.fma, e.const, d) if m == 4 else transform2(b, d)
 
     tiles = b.mul(n_, b.mul(th, tw))  # V's floats from one channel to the next
 
@@ -116,8 +162,7 @@ def emit(module, ir, name, m=4):
         """Channel ch of image n into the plane buffer, at row TOP and column LEFT of its
         zeros (rows and columns past the tiles' reach left out)."""
         base = b.add(x, b.mul(b.mul(b.add(b.mul(n, c_), ch), b.mul(h_, w_)), c(4)))
-        rows = b.select(b.icmp_signed("<", h_, b.sub(pad_rows, top)), h_, b.sub(pad_rows, top))
-        width = b.select(b.icmp_signed("<", w_, b.sub(pad_cols, left)), w_, b.sub(pad_cols, left))
+        rows, width = e.min(h_, b.sub(pad_rows, top)), e.min(w_, b.sub(pad_cols, left))
         last = b.sub(width, c(TILES))  # a row's last 8 columns (its others in whole vectors before)
 
         def row(y):
@@ -125,9 +170,7 @@ def emit(module, ir, name, m=4):
             target = b.add(pad, b.mul(b.add(b.mul(b.add(y, top), pad_cols), left), c(4)))
 
             def move(u):
-                value = load(b.inttoptr(b.add(source, b.mul(u, c(4))), vptr), v8)
-                value.align = 4
-                b.store(value, b.inttoptr(b.add(target, b.mul(u, c(4))), vptr)).align = 4
+                b.store(e.vector_at(b.add(source, b.mul(u, c(4)))), b.inttoptr(b.add(target, b.mul(u, c(4))), vptr)).align = 4
 
             def wide():
                 loop(c(0), last, c(TILES), move)
@@ -135,11 +178,10 @@ def emit(module, ir, name, m=4):
 
             def narrow():  # fewer than 8 columns: one at a time
                 def one(u):
-                    b.store(load(b.inttoptr(b.add(source, b.mul(u, c(4))), f32.as_pointer()), f32),
+                    b.store(e.load(b.inttoptr(b.add(source, b.mul(u, c(4))), f32.as_pointer()), f32),
                             b.inttoptr(b.add(target, b.mul(u, c(4))), f32.as_pointer()))
                 loop(c(0), width, c(1), one)
-            wide_block, narrow_block, done = fn.append_basic_block("wide"), fn.append_basic_block("narrow"), \
-                fn.append_basic_block("copied")
+            wide_block, narrow_block, done = block("wide"), block("narrow"), block("copied")
             b.cbranch(b.icmp_signed(">=", width, c(TILES)), wide_block, narrow_block)
             b.position_at_end(wide_block)
             wide()
@@ -154,11 +196,7 @@ def emit(module, ir, name, m=4):
         """Elements (r, 0..a - 1) of tiles (i, j0..j0 + 7), a vector each: the plane buffer's
         row m i + r from column m j0, its floats split into the stride-m columns."""
         base = b.add(pad, b.mul(b.add(b.mul(b.add(b.mul(i, c(m)), c(r)), pad_cols), b.mul(j0, c(m))), c(4)))
-        vectors = []
-        for h in range(loads):
-            value = load(b.inttoptr(b.add(base, c(4 * TILES * h)), vptr), v8)
-            value.align = 4
-            vectors.append(value)
+        vectors = [e.vector_at(b.add(base, c(4 * TILES * h))) for h in range(loads)]
         if m == 2:
             even = shuffle(vectors[0], vectors[1], list(range(0, 16, 2)))
             odd = shuffle(vectors[0], vectors[1], list(range(1, 16, 2)))
@@ -187,8 +225,7 @@ def emit(module, ir, name, m=4):
                 elements = split_row(i, r, j0)
             else:
                 last_row = b.sub(th, c(1))
-                members = [split_row(b.select(b.icmp_signed("<", b.add(i, c(q)), th), b.add(i, c(q)), last_row), r,
-                                     c(0)) for q in range(rows_per)]
+                members = [split_row(e.min(b.add(i, c(q)), last_row), r, c(0)) for q in range(rows_per)]
                 if rows_per == 2:  # 4 tiles of each
                     elements = [shuffle(members[0][e], members[1][e], [0, 1, 2, 3, 8, 9, 10, 11]) for e in range(a)]
                 else:  # 2 tiles of each
@@ -201,59 +238,29 @@ def emit(module, ir, name, m=4):
         for s in range(a):
             column = one_d([rows[r][s] for r in range(a)])  # B^T (d B)
             outputs += [(k * a + s, column[k]) for k in range(a)]
-        whole, part, done = fn.append_basic_block("whole"), fn.append_basic_block("part"), \
-            fn.append_basic_block("stored")
-        # Whole vectors (AMD's masked stores are microcoded: ~12 cycles each) wherever they end
-        # inside channel c1 - 1's tiles: lanes past TW land on tiles this call writes later
-        # (channels, then images, then tile rows in turn: 128 channels at 28x28, batch 8,
-        # 4.0 -> 1.0 ms)
+        targets = [(b.add(v, b.mul(b.add(b.mul(c(position), plane), at), c(4))), value) for position, value in outputs]
+        whole, part, done = block("whole"), block("part"), block("stored")
+        # Whole vectors wherever they end inside channel c1 - 1's tiles: lanes past TW land on
+        # tiles this call writes later (channels, then images, then tile rows in turn: 128
+        # channels at 28x28, batch 8, 4.0 -> 1.0 ms)
         b.cbranch(b.icmp_signed("<=", b.add(at, c(TILES)), b.mul(c1, tiles)), whole, part)
         b.position_at_end(whole)
-        for position, value in outputs:
-            b.store(value, b.inttoptr(b.add(v, b.mul(b.add(b.mul(c(position), plane), at), c(4))), vptr)).align = 4
+        for target, value in targets:
+            b.store(value, b.inttoptr(target, vptr)).align = 4
         b.branch(done)
-        b.position_at_end(part)  # the last tiles (TW < 8): 4, 2 and 1 of them as count's bits say
-        left_in_range = b.sub(b.mul(c1, tiles), at)
-        count = b.sub(tw, j0) if rows_per == 1 else c(TILES)
-        count = b.select(b.icmp_signed("<", count, left_in_range), count, left_in_range)
-        four, two = b.and_(count, c(4)), b.and_(count, c(2))
-        v4, v2 = ir.VectorType(f32, 4), ir.VectorType(f32, 2)
-
-        def pieces(bit, width, first, take):
-            def store():
-                for position, value in outputs:
-                    target = b.add(b.add(v, b.mul(b.add(b.mul(c(position), plane), at), c(4))), b.mul(first, c(4)))
-                    b.store(take(value), b.inttoptr(target, {4: v4, 2: v2, 1: f32}[width].as_pointer())).align = 4
-            when(b.icmp_signed("!=", bit, c(0)), store)
-        pieces(four, 4, c(0), lambda value: b.shuffle_vector(value, value, ir.Constant(ir.VectorType(i32, 4), [0, 1, 2, 3])))
-        pieces(two, 2, four, lambda value: b.select(
-            b.icmp_signed("!=", four, c(0)),
-            b.shuffle_vector(value, value, ir.Constant(ir.VectorType(i32, 2), [4, 5])),
-            b.shuffle_vector(value, value, ir.Constant(ir.VectorType(i32, 2), [0, 1]))))
-        pieces(b.and_(count, c(1)), 1, b.add(four, two),
-               lambda value: b.extract_element(value, b.trunc(b.add(four, two), i32)))
+        b.position_at_end(part)  # the last tiles
+        count = e.min(b.sub(tw, j0) if rows_per == 1 else c(TILES), b.sub(b.mul(c1, tiles), at))
+        e.pieces(count, targets)
         b.branch(done)
         b.position_at_end(done)
-
-    def when(condition, body):
-        yes, after = fn.append_basic_block("then"), fn.append_basic_block("done")
-        b.cbranch(condition, yes, after)
-        b.position_at_end(yes)
-        body()
-        b.branch(after)
-        b.position_at_end(after)
-
-    def splat_bit(bit):
-        vector = b.insert_element(ir.Constant(m8, ir.Undefined), bit, ir.Constant(i32, 0))
-        return b.shuffle_vector(vector, ir.Constant(m8, ir.Undefined), ir.Constant(ir.VectorType(i32, TILES),
-                                                                               [0] * TILES))
 
     # Groups of 8 tiles from the row's start; where TW >= 8, the last group ends at its end
     # (overlapping the one before: the same values stored twice), so that every store is whole.
     last = b.select(b.icmp_signed(">=", tw, c(TILES)), b.sub(tw, c(TILES)), c(0))
 
     def group(n, ch, i, j):
-        tile_row(n, ch, i, b.select(b.icmp_signed("<", j, last), j, last))
+        tile_row(n, ch, i, e.min(j, last))
+
     def channel(n, ch):
         copy_plane(n, ch)
         # Planes of 4 or 2 tile columns (ResNet's 14x14 and 7x7): 2 or 4 tile rows a vector,
@@ -308,63 +315,14 @@ def emit_output(module, ir, name):
     each tile's products P (p: (36, M, N * OTH * OTW), OPLANE floats from one of the 36
     positions to the next), tile (n, i, j) at out's row 4 i, column 4 j (cropped at its
     edge); ACT 0 none, 1 relu, 2 relu6 (selects that keep NaN)."""
-    f32, i64, i32, i1 = ir.FloatType(), ir.IntType(64), ir.IntType(32), ir.IntType(1)
-    v8, m8, i64x8 = ir.VectorType(f32, TILES), ir.VectorType(i1, TILES), ir.VectorType(i64, TILES)
-    vptr = v8.as_pointer()
-    opaque = getattr(f32.as_pointer(), "is_opaque", False)
-    suffix = "p0" if opaque else "p0v8f32"
-    fma = module.globals.get("llvm.fma.v8f32")
-    masked_load = module.globals.get("llvm.masked.load.v8f32." + suffix)
-    fn = ir.Function(module, ir.FunctionType(i64, [i64]), name=name)
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-
-    def c(v):
-        return ir.Constant(i64, v)
-
-    def const(value):
-        return ir.Constant(v8, [float(value)] * TILES)
-
-    def load(pointer, kind):
-        return b.load(pointer, typ=kind) if opaque else b.load(pointer)
-
-    field = [load(b.inttoptr(b.add(fn.args[0], c(8 * k)), i64.as_pointer()), i64) for k in range(OUTPUT_FIELDS)]
-    p, bias, out, n_, m_, oh, ow, th, tw, m0, m1, plane, act = field
+    e = _Emitter(module, ir, name, OUTPUT_FIELDS)
+    b, c, const, loop, when, shuffle, block = e.b, e.c, e.const, e.loop, e.when, e.shuffle, e.block
+    f32, v8, vptr, i64x8 = e.f32, e.v8, e.vptr, e.i64x8
+    p, bias, out, n_, m_, oh, ow, th, tw, m0, m1, plane, act = e.fields
     zero = const(0.0)
     tiles = b.mul(n_, b.mul(th, tw))  # p's floats from one output channel to the next
     lanes = ir.Constant(i64x8, list(range(TILES)))
-
-    def block(label):
-        return fn.append_basic_block(label)
-
-    def loop(first, last, step, body):
-        before, test, inside, after = b.block, block("test"), block("body"), block("after")
-        b.branch(test)
-        b.position_at_end(test)
-        k = b.phi(i64)
-        k.add_incoming(first, before)
-        b.cbranch(b.icmp_signed("<", k, last), inside, after)
-        b.position_at_end(inside)
-        body(k)
-        k.add_incoming(b.add(k, step), b.block)
-        b.branch(test)
-        b.position_at_end(after)
-
-    def when(condition, body):
-        yes, after = block("then"), block("done")
-        b.cbranch(condition, yes, after)
-        b.position_at_end(yes)
-        body()
-        b.branch(after)
-        b.position_at_end(after)
-
-    def shuffle(u, w, order):
-        return b.shuffle_vector(u, w, ir.Constant(ir.VectorType(i32, TILES), order))
-
-    def splat(value, kind=i64x8):
-        vector = b.insert_element(ir.Constant(kind, ir.Undefined), value, ir.Constant(i32, 0))
-        return b.shuffle_vector(vector, ir.Constant(kind, ir.Undefined), ir.Constant(ir.VectorType(i32, TILES),
-                                                                                     [0] * TILES))
-    end = b.mul(b.mul(m_, tiles), c(1))  # p's tiles in a position's row (reads past it masked)
+    end = b.mul(m_, tiles)  # p's tiles in a position's row (reads past it masked)
     relu, relu6 = b.icmp_signed("==", act, c(1)), b.icmp_signed("==", act, c(2))
     low = b.select(b.or_(relu, relu6), const(0.0), const(float("-inf")))
     high = b.select(relu6, const(6.0), const(float("inf")))
@@ -377,15 +335,11 @@ def emit_output(module, ir, name):
         for where in (plain, masked):
             b.position_at_end(where)
             loaded = []
-            keep = b.icmp_signed("<", b.add(splat(at), lanes), splat(end)) if where is masked else None
+            keep = b.icmp_signed("<", b.add(e.splat(at, i64x8), lanes), e.splat(end, i64x8)) if where is masked else None
             for k in range(36):
-                pointer = b.inttoptr(b.add(p, b.mul(b.add(b.mul(c(k), plane), at), c(4))), vptr)
-                if where is plain:
-                    value = load(pointer, v8)
-                    value.align = 4
-                else:
-                    value = b.call(masked_load, [pointer, ir.Constant(i32, 4), keep, zero])
-                loaded.append(value)
+                address = b.add(p, b.mul(b.add(b.mul(c(k), plane), at), c(4)))
+                loaded.append(e.vector_at(address) if where is plain else b.call(
+                    e.masked_load, [b.inttoptr(address, vptr), ir.Constant(e.i32, 4), keep, zero]))
             values.append((b.block, loaded))
             b.branch(joined)
         b.position_at_end(joined)
@@ -397,33 +351,15 @@ def emit_output(module, ir, name):
             merged.append(phi)
         return merged
 
-    def pieces(target, value, count):
-        """value's first `count` (< 8) floats stored at target: 4, 2 and 1 as its bits say."""
-        v4, v2 = ir.VectorType(f32, 4), ir.VectorType(f32, 2)
-        four, two = b.and_(count, c(4)), b.and_(count, c(2))
-        when(b.icmp_signed("!=", four, c(0)), lambda: setattr(b.store(
-            b.shuffle_vector(value, value, ir.Constant(ir.VectorType(i32, 4), [0, 1, 2, 3])),
-            b.inttoptr(target, v4.as_pointer())), "align", 4))
-        pair = b.select(b.icmp_signed("!=", four, c(0)),
-                        b.shuffle_vector(value, value, ir.Constant(ir.VectorType(i32, 2), [4, 5])),
-                        b.shuffle_vector(value, value, ir.Constant(ir.VectorType(i32, 2), [0, 1])))
-        when(b.icmp_signed("!=", two, c(0)), lambda: setattr(b.store(
-            pair, b.inttoptr(b.add(target, b.mul(four, c(4))), v2.as_pointer())), "align", 4))
-        single = b.extract_element(value, b.trunc(b.add(four, two), i32))
-        when(b.icmp_signed("!=", b.and_(count, c(1)), c(0)), lambda: setattr(b.store(
-            single, b.inttoptr(b.add(target, b.mul(b.add(four, two), c(4))), f32.as_pointer())), "align", 4))
-
     def tile_row(mo, n, i, j0):
         """Output rows 4 i .. 4 i + 3 (those inside OH) of tiles (n, i, j0..j0 + 7)."""
         at = b.add(b.add(b.mul(mo, tiles), b.mul(n, b.mul(th, tw))), b.add(b.mul(i, tw), j0))
         loaded = products(at)
-        columns = [output_transform(b, fma, const, [loaded[k * 6 + s] for s in range(6)])
+        columns = [output_transform(b, e.fma, const, [loaded[k * 6 + s] for s in range(6)])
                    for k in range(6)]  # (A^T P)... along each row k of P: 4 columns
-        shift = splat(load(b.inttoptr(b.add(bias, b.mul(mo, c(4))), f32.as_pointer()), f32),
-                      ir.VectorType(f32, TILES))
-        y = [output_transform(b, fma, const, [columns[k][col] for k in range(6)]) for col in range(4)]  # y[col][r]
-        width = b.sub(ow, b.mul(j0, c(4)))
-        width = b.select(b.icmp_signed("<", width, c(4 * TILES)), width, c(4 * TILES))  # the row's floats here
+        shift = e.splat(e.load(b.inttoptr(b.add(bias, b.mul(mo, c(4))), f32.as_pointer()), f32), v8)
+        y = [output_transform(b, e.fma, const, [columns[k][col] for k in range(6)]) for col in range(4)]  # y[col][r]
+        width = e.min(b.sub(ow, b.mul(j0, c(4))), c(4 * TILES))  # the row's floats here
         whole = b.udiv(width, c(TILES))
         for r in range(4):
             row = b.add(b.mul(i, c(4)), c(r))
@@ -450,13 +386,13 @@ def emit_output(module, ir, name):
                 for q in (2, 1, 0):
                     last = b.select(b.icmp_signed("==", whole, c(q)), runs[q], last)
                 when(b.icmp_signed("!=", rest, c(0)),
-                     lambda: pieces(b.add(target, b.mul(whole, c(4 * TILES))), last, rest))
+                     lambda: e.pieces(rest, [(b.add(target, b.mul(whole, c(4 * TILES))), last)]))
             when(b.icmp_signed("<", row, oh), store_row)
 
     last = b.select(b.icmp_signed(">=", tw, c(TILES)), b.sub(tw, c(TILES)), c(0))
 
     def group(mo, n, i, j):
-        tile_row(mo, n, i, b.select(b.icmp_signed("<", j, last), j, last))
+        tile_row(mo, n, i, e.min(j, last))
     loop(m0, m1, c(1), lambda mo: loop(c(0), n_, c(1), lambda n: loop(
         c(0), th, c(1), lambda i: loop(c(0), tw, c(TILES), lambda j: group(mo, n, i, j)))))
     b.ret(c(0))
