@@ -86,7 +86,8 @@ def transforms(request, monkeypatch):
                     bound.append(name)
                 return step
             return binding
-        monkeypatch.setattr(native_winograd, "bind_input", recording(native_winograd.bind_input, "native_winograd_input"))
+        monkeypatch.setattr(native_winograd, "bind_input",
+                            recording(native_winograd.bind_input, "native_winograd_input"))
         monkeypatch.setattr(native_winograd, "bind_output",
                             recording(native_winograd.bind_output, "native_winograd_output"))
     return request.param, bound

@@ -112,7 +112,8 @@ class _Emitter:
 
         def store(width, offset, take):
             for address, value in stores:
-                pointer = b.inttoptr(b.add(address, b.mul(offset, c(4))), {4: v4, 2: v2, 1: self.f32}[width].as_pointer())
+                kind = {4: v4, 2: v2, 1: self.f32}[width]
+                pointer = b.inttoptr(b.add(address, b.mul(offset, c(4))), kind.as_pointer())
                 b.store(take(value), pointer).align = 4
         self.when(has_four, lambda: store(4, c(0), lambda value: self.shuffle(value, value, [0, 1, 2, 3])))
         self.when(b.icmp_signed("!=", two, c(0)), lambda: store(2, four, lambda value: b.select(
@@ -170,7 +171,8 @@ def emit(module, ir, name, m=4):
             target = b.add(pad, b.mul(b.add(b.mul(b.add(y, top), pad_cols), left), c(4)))
 
             def move(u):
-                b.store(e.vector_at(b.add(source, b.mul(u, c(4)))), b.inttoptr(b.add(target, b.mul(u, c(4))), vptr)).align = 4
+                value = e.vector_at(b.add(source, b.mul(u, c(4))))
+                b.store(value, b.inttoptr(b.add(target, b.mul(u, c(4))), vptr)).align = 4
 
             def wide():
                 loop(c(0), last, c(TILES), move)
@@ -227,11 +229,11 @@ def emit(module, ir, name, m=4):
                 last_row = b.sub(th, c(1))
                 members = [split_row(e.min(b.add(i, c(q)), last_row), r, c(0)) for q in range(rows_per)]
                 if rows_per == 2:  # 4 tiles of each
-                    elements = [shuffle(members[0][e], members[1][e], [0, 1, 2, 3, 8, 9, 10, 11]) for e in range(a)]
+                    elements = [shuffle(members[0][k], members[1][k], [0, 1, 2, 3, 8, 9, 10, 11]) for k in range(a)]
                 else:  # 2 tiles of each
-                    elements = [shuffle(shuffle(members[0][e], members[1][e], [0, 1, 8, 9, 2, 3, 10, 11]),
-                                        shuffle(members[2][e], members[3][e], [0, 1, 8, 9, 2, 3, 10, 11]),
-                                        [0, 1, 2, 3, 8, 9, 10, 11]) for e in range(a)]
+                    elements = [shuffle(shuffle(members[0][k], members[1][k], [0, 1, 8, 9, 2, 3, 10, 11]),
+                                        shuffle(members[2][k], members[3][k], [0, 1, 8, 9, 2, 3, 10, 11]),
+                                        [0, 1, 2, 3, 8, 9, 10, 11]) for k in range(a)]
             rows.append(one_d(elements))  # d B, a row of each tile
         at = b.add(b.add(b.mul(ch, tiles), b.mul(n, b.mul(th, tw))), b.add(b.mul(i, tw), j0))
         outputs = []
@@ -335,7 +337,7 @@ def emit_output(module, ir, name):
         for where in (plain, masked):
             b.position_at_end(where)
             loaded = []
-            keep = b.icmp_signed("<", b.add(e.splat(at, i64x8), lanes), e.splat(end, i64x8)) if where is masked else None
+            keep = None if where is plain else b.icmp_signed("<", b.add(e.splat(at, i64x8), lanes), e.splat(end, i64x8))
             for k in range(36):
                 address = b.add(p, b.mul(b.add(b.mul(c(k), plane), at), c(4)))
                 loaded.append(e.vector_at(address) if where is plain else b.call(
@@ -374,8 +376,8 @@ def emit_output(module, ir, name):
                 second = shuffle(values[2], values[3], [0, 8, 1, 9, 2, 10, 3, 11])  # columns 2, 3
                 third = shuffle(values[0], values[1], [4, 12, 5, 13, 6, 14, 7, 15])  # tiles 4-7
                 fourth = shuffle(values[2], values[3], [4, 12, 5, 13, 6, 14, 7, 15])
-                runs = [shuffle(first, second, [0, 1, 8, 9, 2, 3, 10, 11]), shuffle(first, second, [4, 5, 12, 13, 6, 7, 14, 15]),
-                        shuffle(third, fourth, [0, 1, 8, 9, 2, 3, 10, 11]), shuffle(third, fourth, [4, 5, 12, 13, 6, 7, 14, 15])]
+                runs = [shuffle(low, high, order) for low, high in ((first, second), (third, fourth))
+                        for order in ([0, 1, 8, 9, 2, 3, 10, 11], [4, 5, 12, 13, 6, 7, 14, 15])]
                 target = b.add(out, b.mul(b.add(b.mul(b.add(b.mul(n, m_), mo), b.mul(oh, ow)),
                                                 b.add(b.mul(row, ow), b.mul(j0, c(4)))), c(4)))
                 for q in range(4):
