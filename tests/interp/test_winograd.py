@@ -261,8 +261,9 @@ def test_split_over_workers(algo, constant, transforms):
 @pytest.mark.parametrize("shape", [(1, 16, 56, 56), (2, 8, 28, 30)])
 def test_wide_planes_take_both_native_transforms(workers_n, shape, transforms):
     """F(4x4) on planes of 14 and 7-8 tile columns: native_winograd's input and output
-    transforms where native_gemm runs (under the JIT), alone and split over 2 workers (each
-    its channels), the values the float64 reference's."""
+    transforms and native_gemm's products (36 a worker, over U packed for each worker's
+    output channels) where native_gemm runs (under the JIT), alone and split over 2 workers
+    (each its channels), the values the float64 reference's."""
     rng = np.random.default_rng(shape[2])
     x = rng.standard_normal(shape).astype(np.float32)
     w = (rng.standard_normal((12, shape[1], 3, 3)) * 0.3).astype(np.float32)
@@ -270,8 +271,11 @@ def test_wide_planes_take_both_native_transforms(workers_n, shape, transforms):
     b = rng.standard_normal(12).astype(np.float32)
     workers = threads.Workers(workers_n) if workers_n > 1 else None
     transforms[1].clear()
+    products = []
+    bind = native_gemm.bind
     try:
-        with threads.using(workers), mock.patch.object(threads, "MIN_FLOPS", 1):
+        with threads.using(workers), mock.patch.object(threads, "MIN_FLOPS", 1), \
+                mock.patch.object(native_gemm, "bind", lambda *args, **kw: products.append(1) or bind(*args, **kw)):
             step, out = conv(x, w, b, (1, 1, 1, 1), "relu", "winograd4")
         step()
     finally:
@@ -280,6 +284,7 @@ def test_wide_planes_take_both_native_transforms(workers_n, shape, transforms):
     native = native_gemm.available()
     check_transforms(transforms, input_loop("winograd4"),
                      "native_winograd_output" if native else "winograd_output_loop")
+    assert len(products) == (36 * workers_n if native and transforms[0] == "jit" else 0)
     assert_near(out, reference(x, w, b, (1, 1, 1, 1), "relu"))
 
 
@@ -305,7 +310,9 @@ def test_transformed_weights_match_numpy(m, shape, split):
 
 def test_plans_of_one_model_share_its_transformed_weights():
     """An interpreter's plans for two batch sizes bind a Winograd conv to one transformed
-    copy of its constant weights, freed with the model; the outputs are the reference's."""
+    copy of its constant weights (U, or U packed for native_gemm's products where they run:
+    a plan made before numba loads takes U), freed with the model; the outputs are the
+    reference's."""
     import gc
 
     import edgeflow as ef
@@ -320,15 +327,20 @@ def test_plans_of_one_model_share_its_transformed_weights():
     it = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})), num_threads=1)
     runner = it.get_signature_runner("infer")
     gc.collect()
-    before = len(winograd._TRANSFORMED)
+
+    def copies():
+        return len(winograd._TRANSFORMED) + len(winograd._PACKED)
+    before = copies()
+    made = []
     with mock.patch.dict(os.environ, {winograd.ENV: "winograd4"}):
-        for batch in (1, 3):
+        for batch in (1, 3, 1):
             x = rng.standard_normal((batch, 32, 16, 16)).astype(np.float32)
             assert_near(runner(x=x)["y"], reference(x, w, None, (1, 1, 1, 1), ""))
-            assert len(winograd._TRANSFORMED) == before + 1
+            made.append(copies() - before)
+    assert made[-1] == made[-2] and 1 <= made[-1] <= 2  # each form once: the plans share it
     del it, runner
     gc.collect()
-    assert len(winograd._TRANSFORMED) == before
+    assert copies() == before
 
 
 def test_steps_sharing_the_workspace():
