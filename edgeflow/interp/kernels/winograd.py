@@ -182,7 +182,7 @@ def constant_weights(w, m, workers=None):
     return per_constant(_TRANSFORMED, (id(w), m), (w,), lambda: transformed_weights(w, m, workers))
 
 
-_PACKED = {}  # (id(w), m, spans) -> packed_weights(w, m, spans), while w lives
+_PACKED = {}  # (id(w), m) -> packed_weights(w, m), while w lives
 # Tiles (the products' columns) from which a conv's products stay BLAS's: alone, against
 # OpenBLAS's sgemm on one thread, native_gemm's took 4.0 -> 3.3 ms for ResNet-18's F(2x2)
 # products of 512 channels at 7x7 (batch 1: 16 tiles), 2.3 -> 1.9 for 256 at 14x14 (49), the
@@ -193,14 +193,22 @@ _PACKED = {}  # (id(w), m, spans) -> packed_weights(w, m, spans), while w lives
 NATIVE_TILES = 1024
 
 
-def packed_weights(w, m, spans):
-    """For each (lo, hi) of `spans` (output channels), a list of native_gemm.pack(U[k][lo:hi])
-    for each of the a^2 positions k: a constant w's U as native_gemm's product takes it, made
-    once however many plans bind it (U made for it and let go: no more memory than U)."""
+def packed_weights(w, m):
+    """native_gemm.pack(U[k]) for each of the a^2 positions k: a constant w's U as
+    native_gemm's product takes it, made once however many plans bind it, whatever their
+    threads (a worker's output channels from a multiple of 8 on are a view: `_rows`); U is
+    made for it and let go (no more memory than U)."""
     def make():
-        u = transformed_weights(w, m)
-        return [[native_gemm.pack(u[k, lo:hi]) for k in range(u.shape[0])] for lo, hi in spans]
-    return per_constant(_PACKED, (id(w), m, tuple(map(tuple, spans))), (w,), make)
+        u = transformed_weights(w, m, threads.current())  # the plan's workers, as constant_weights
+        return [native_gemm.pack(u[k]) for k in range(u.shape[0])]
+    return per_constant(_PACKED, (id(w), m), (w,), make)
+
+
+def _rows(packed, lo, k):
+    """native_gemm.pack's (panels, bias) of a (M, k) matrix from row lo on (a multiple of
+    native_gemm.MR): views."""
+    panels, bias = packed
+    return panels[lo * k:], bias[lo:]
 
 
 def weights_buffer(memory):
@@ -357,15 +365,18 @@ def conv(x, w, bias, begin, out, algo, activation=""):
     n_parts = workers.n if split else 1
     phases = ([weights] if weights is not None else []) \
         + [_loops_or(partial(_input_loop, x, v, m, begin, th, tw), load, c, n_parts)]
-    spans = threads.pieces(mm, n_parts)
+    if native:  # whole vectors of 8 output channels a worker (its packed rows a view)
+        spans = [(8 * lo, min(8 * hi, mm)) for lo, hi in threads.pieces(-(-mm // 8), n_parts)]
+    else:
+        spans = threads.pieces(mm, n_parts)
     outputs = [_output_loop(products, bias, out, m, th, tw, activation, lo, hi)
                for lo, hi in spans]  # with the bias and the activation
     if None not in outputs and native:
         # Each worker's output channels: a product a position on the tile, then its output transform.
-        packs = packed_weights(w, m, spans)
-        parts = [threads.chain(*[native_gemm.bind(packed, v[k][None], products[k, lo:hi][None])
-                                 for k, packed in enumerate(packed_span)], output)
-                 for (lo, hi), packed_span, output in zip(spans, packs, outputs)]
+        packs = packed_weights(w, m)
+        parts = [threads.chain(*[native_gemm.bind(_rows(packed, lo, c), v[k][None], products[k, lo:hi][None])
+                                 for k, packed in enumerate(packs)], output)
+                 for (lo, hi), output in zip(spans, outputs)]
         return _phases(phases + [parts], workers)
     if u is None:  # native_gemm declined after all: BLAS's products over U
         u = constant_weights(w, m, workers=workers)
