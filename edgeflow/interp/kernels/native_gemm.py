@@ -26,8 +26,8 @@ The loop nest is LLVM IR built with llvmlite (numba's compiler, the `jit` extra)
 compiled for the host's CPU by MCJIT (some 2 s, once a machine: its machine code is cached
 beside the module under a key of its sources, and later processes load it in some 50 ms
 without building the IR), called through ctypes with its operands in one int64 array
-(ctypes lets go of the GIL). The same module
-holds native_winograd.py's input transform (its IR there; `step` binds either). Measured on this
+(ctypes lets go of the GIL). The same module holds native_winograd.py's Winograd
+transforms (their IR there; `step` binds any of its functions). Measured on this
 project's 2-core AMD EPYC (Zen 3), interleaved in one process, against numpy's OpenBLAS
 sgemm and numpy's passes for the bias and relu6: 0.6-0.95x of their time on
 MobileNetV2's and iris_landmark's pointwise shapes (144x24 @ 24x3136 0.61x, 32x64 @

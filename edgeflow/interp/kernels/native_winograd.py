@@ -17,7 +17,7 @@ operations), adds the bias, clips (relu, relu6), and interleaves each output row
 floats by shuffles into whole-vector stores.
 
 The functions are compiled into native_gemm's module (native_gemm.available() says whether
-they run); winograd.py binds them where numba's loops would run F(4x4)'s transforms.
+they run); winograd.py binds them where numba's loops would run those transforms.
 """
 import numpy as np
 

@@ -374,10 +374,11 @@ def conv(x, w, bias, begin, out, algo, activation=""):
     if None not in outputs and native:
         # Each worker's output channels: a product a position on the tile, then its output transform.
         packs = packed_weights(w, m)
-        parts = [threads.chain(*[native_gemm.bind(_rows(packed, lo, c), v[k][None], products[k, lo:hi][None])
-                                 for k, packed in enumerate(packs)], output)
-                 for (lo, hi), output in zip(spans, outputs)]
-        return _phases(phases + [parts], workers)
+        steps = [[native_gemm.bind(_rows(packed, lo, c), v[k][None], products[k, lo:hi][None])
+                  for k, packed in enumerate(packs)] for lo, hi in spans]
+        if not any(None in worker for worker in steps):
+            return _phases(phases + [[threads.chain(*worker, output) for worker, output in zip(steps, outputs)]],
+                           workers)
     if u is None:  # native_gemm declined after all: BLAS's products over U
         u = constant_weights(w, m, workers=workers)
     if None not in outputs:
