@@ -481,3 +481,26 @@ def test_machine_code_cache_loads_without_building_the_ir_and_survives_damage(mo
     finally:
         if os.path.exists(path):
             os.remove(path)
+
+
+@pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
+@pytest.mark.parametrize("m, k, p", [(12, 20, 30), (5, 3, 49), (64, 130, 16)])
+def test_a_chain_of_products_bound_once(m, k, p):
+    """bind_chain's products (one pack, x and out each, sharing the first's strip) run one
+    after another: each the float64 product of its own weights and x, plus its bias; a
+    product of other strides is refused."""
+    rng = np.random.default_rng(m + k + p)
+    ws = rng.standard_normal((4, m, k)).astype(np.float32)
+    biases = rng.standard_normal((4, m)).astype(np.float32)
+    xs = rng.standard_normal((4, 1, k, p)).astype(np.float32)
+    outs = np.zeros((4, 1, m, p), np.float32)
+    packs = [native_gemm.pack(w, b) for w, b in zip(ws, biases)]
+    steps = native_gemm.bind_chain(packs, xs, outs)
+    assert len(steps) == 4 and len({s.keep[0][native_gemm.STRIP] for s in steps}) == 1
+    for step in steps:
+        step()
+    for w, b, x, out in zip(ws, biases, xs, outs):
+        np.testing.assert_allclose(out, _reference(w, b, x, "", None, None), rtol=1e-5, atol=1e-5)
+    wider = np.zeros((1, m, p + 1), np.float32)[:, :, :p]
+    with pytest.raises(ValueError, match="match the first"):
+        native_gemm.bind_chain(packs[:2], xs[:2], [outs[0], wider])

@@ -261,8 +261,8 @@ def test_split_over_workers(algo, constant, transforms):
 @pytest.mark.parametrize("shape", [(1, 16, 56, 56), (2, 8, 28, 30)])
 def test_wide_planes_take_both_native_transforms(workers_n, shape, transforms):
     """F(4x4) on planes of 14 and 7-8 tile columns: native_winograd's input and output
-    transforms and native_gemm's products (36 a worker, over U packed for each worker's
-    output channels) where native_gemm runs (under the JIT), alone and split over 2 workers
+    transforms and native_gemm's products (36 a worker, bound as one chain, over U packed for
+    each worker's output channels) where native_gemm runs (under the JIT), alone and split over 2 workers
     (each its channels), the values the float64 reference's."""
     rng = np.random.default_rng(shape[2])
     x = rng.standard_normal(shape).astype(np.float32)
@@ -272,10 +272,15 @@ def test_wide_planes_take_both_native_transforms(workers_n, shape, transforms):
     workers = threads.Workers(workers_n) if workers_n > 1 else None
     transforms[1].clear()
     products = []
-    bind = native_gemm.bind
+    bind_chain = native_gemm.bind_chain
+
+    def counted(*args):
+        steps = bind_chain(*args)
+        products.extend(steps or ())
+        return steps
     try:
         with threads.using(workers), mock.patch.object(threads, "MIN_FLOPS", 1), \
-                mock.patch.object(native_gemm, "bind", lambda *args, **kw: products.append(1) or bind(*args, **kw)):
+                mock.patch.object(native_gemm, "bind_chain", counted):
             step, out = conv(x, w, b, (1, 1, 1, 1), "relu", "winograd4")
         step()
     finally:
@@ -306,6 +311,36 @@ def test_transformed_weights_match_numpy(m, shape, split):
             workers.close()
     assert got.dtype == np.float32 and got.shape == want.shape and got.strides[2] == 4
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("m, shape", [(4, (170, 160)), (2, (250, 240)), (4, (5, 3)), (2, (13, 7)), (4, (8, 1))])
+@pytest.mark.parametrize("split", [False, True])
+def test_packed_weights_match_numpy(m, shape, split):
+    """packed_weights, made without U (split over 2 workers where the product is large
+    enough): for each position, native_gemm's panels of U[k] from a float64 einsum
+    (MR rows each, k-major, the rows past M zero, on 64-byte boundaries), and a zero bias
+    as long as the panels' rows."""
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal(shape + (3, 3)).astype(np.float32)
+    g = winograd.TRANSFORMS[m][1]
+    u = np.einsum("ik,mckl,jl->ijmc", g, w.astype(np.float64), g).reshape((m + 2) ** 2, *shape)
+    mm, c = shape
+    rows = -(-mm // native_gemm.VEC) * native_gemm.VEC
+    workers = threads.Workers(2) if split else None
+    try:
+        with threads.using(workers):
+            packs = winograd.packed_weights(w, m)
+    finally:
+        if workers is not None:
+            workers.close()
+    assert len(packs) == (m + 2) ** 2
+    for k, (panels, bias) in enumerate(packs):
+        padded = np.zeros((rows, c))
+        padded[:mm] = u[k]
+        want = padded.reshape(-1, native_gemm.MR, c).transpose(0, 2, 1).reshape(-1)
+        assert panels.dtype == np.float32 and panels.ctypes.data % 64 == 0
+        np.testing.assert_allclose(panels, want, rtol=1e-5, atol=1e-5)
+        assert bias.shape == (rows,) and not bias.any()
 
 
 def test_plans_of_one_model_share_its_transformed_weights():
