@@ -231,7 +231,7 @@ def _matmul_model(a_shape, b_shape, transpose_a, transpose_b):
 
 
 @settings(max_examples=12)
-@given(batch=st.sampled_from([(), (1,), (3,), (2, 3)]), m=st.integers(1, 70), k=st.integers(1, 40),
+@given(batch=st.sampled_from([(), (1,), (3,), (2, 3), (4,), (2, 13)]), m=st.integers(1, 70), k=st.integers(1, 40),
        n=st.integers(1, 700), transpose_a=st.booleans(), transpose_b=st.booleans(),
        b_batch=st.sampled_from(["none", "same", "broadcast"]))
 def test_a_matmul_split_over_threads_equals_numpy(batch, m, k, n, transpose_a, transpose_b, b_batch):
@@ -248,6 +248,35 @@ def test_a_matmul_split_over_threads_equals_numpy(batch, m, k, n, transpose_a, t
         patch.setattr(threads, "MIN_COLUMNS", 1)
         got = ef.Interpreter(data, num_threads=3).get_signature_runner("infer")(a=a, b=b)["y"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+def test_a_stack_of_products_splits_by_whole_matrices():
+    """Attention's heads (a stack of 4 products of 128x64 @ 64x128) split over 2 workers by
+    heads, each worker's products whole (not halves of every head's rows or columns); a
+    stack of 3 (not even over 2, fewer than 8) splits each product instead. Both give
+    numpy's product."""
+    from edgeflow.interp import native_threads
+    from edgeflow.interp.kernels.math import split_matmul
+    rng = np.random.default_rng(11)
+    workers = threads.Workers(2)
+    try:
+        for heads, whole in ((4, True), (3, False)):
+            a = rng.standard_normal((1, heads, 128, 64)).astype(np.float32)
+            b = rng.standard_normal((1, heads, 64, 128)).astype(np.float32)
+            out = np.empty((1, heads, 128, 128), np.float32)
+            with threads.using(workers):
+                step = split_matmul(a, b, out)
+            tasks = step.args[-1] if step.func == workers._run_native else step.args[0]
+            shapes = {task.keywords["out"].shape for task in tasks}
+            assert (shapes == {(1, heads // 2, 128, 128)}) == whole
+            if workers.native is not None:
+                table = step.args[0]
+                assert len(table) == (heads if whole else 2 * heads)
+                assert ((table[:, native_threads.M] == 128) & (table[:, native_threads.N] == 128)).all() == whole
+            step()
+            np.testing.assert_allclose(out, np.matmul(a.astype(np.float64), b), rtol=1e-4, atol=1e-4)
+    finally:
+        workers.close()
 
 
 def test_a_vector_product_splits_only_from_vector_min_flops(monkeypatch):
