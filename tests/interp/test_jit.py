@@ -10,6 +10,8 @@ import json
 import subprocess
 import sys
 
+from unittest import mock
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -837,6 +839,29 @@ def test_gelu(mode, shape, approximate, seed):
     x = np.asarray(np.random.default_rng(seed).standard_normal(shape) * 4, np.float32)
     expected = onnx_run([helper.make_node("Gelu", ["x"], ["y"], approximate=approximate)], x, {}, opset=20)
     check(mode, lambda t: apply("gelu", [t], {"approximate": approximate}), x, expected, "gelu_float32_loop")
+
+
+@pytest.mark.parametrize("name, elements, split", [("gelu", 1 << 16, True), ("gelu", (1 << 16) - 16, False),
+                                                    ("swish", 1 << 17, True), ("hard_swish", 1 << 17, False)])
+def test_costly_activations_split_from_fewer_elements(jit_mode, name, elements, split):
+    """At 2 threads an activation splits from threads.MIN_ELEMENTS weighted by its loop's
+    cost an element (gelu 4, swish 2, hard_swish 1: `_COSTS`); split or not, the bits of one
+    thread's run."""
+    x = np.asarray(np.random.default_rng(4).standard_normal(elements) * 4, np.float32)
+    bind = (lambda out: jit.bind_gelu(x, out, "none")) if name == "gelu" \
+        else (lambda out: jit.bind_activation(name, x, out, {}))
+    whole, pieces = np.empty_like(x), np.empty_like(x)
+    bind(whole)()
+    workers = threads.Workers(2)
+    runs = []
+    try:
+        with threads.using(workers), mock.patch.object(workers, "run", lambda tasks: runs.append(len(tasks)) or
+                                                       [task() for task in tasks]):
+            bind(pieces)()
+    finally:
+        workers.close()
+    assert runs == ([2] if split else [])
+    np.testing.assert_array_equal(pieces, whole)
 
 
 def test_gelu_float64(mode):

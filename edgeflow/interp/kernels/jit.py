@@ -2725,17 +2725,26 @@ def bind_where(cond, x, y, out):
     return _elementwise(where_loop, (cond, x, y), out)
 
 
+# Weights of the loops that cost more an element than a copy-like pass, for where they are
+# split (`_elementwise`): a piece must outweigh a thread hop (some 40 us), which
+# threads.MIN_ELEMENTS of a cheap loop do (hard_swish 0.16 ns an element). 131,072 floats
+# (BERT's feed-forward at batch 1) alone, then split over 2 threads: gelu 229 -> 157 us
+# (1.75 ns an element), tanh's 265 -> 180, swish 106 -> 84, sigmoid 100 -> 72, hard_swish
+# 21 -> 35.
+_COSTS = {"gelu_loop": 4, "gelu_float32_loop": 4, "swish_loop": 2, "sigmoid_loop": 2}
+
+
 def _elementwise(loop, ins, out, *args):
     """A step running loop(*ins, *outs, *args) over the elements of `ins` and `out` (an array,
     or a tuple of them; all C-contiguous, of one shape), in pieces on the current workers
-    where they are many; or None."""
+    where they are many (threads.MIN_ELEMENTS, fewer for the costly loops: `_COSTS`); or None."""
     arrays = (*ins, *(out if isinstance(out, tuple) else (out,)))
     size, shape = arrays[-1].size, arrays[-1].shape
     if any(x.shape != shape or not x.flags.c_contiguous for x in arrays) or not size:
         return None
     flat = [x.reshape(-1) for x in arrays]
     workers = threads.current()
-    if workers is None or size < threads.MIN_ELEMENTS:
+    if workers is None or size * _COSTS.get(loop.__name__, 1) < threads.MIN_ELEMENTS:
         return _bound(loop, *flat, *args)
     edges = [[a * 16, b * 16] for a, b in threads.pieces(size // 16, workers.n)]  # whole cache lines
     edges[-1][1] = size
