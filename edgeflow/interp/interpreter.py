@@ -131,6 +131,8 @@ class Interpreter:
     def run_plan(self, plan):
         # subgraphs may be planned while running
         with self._threads(), threads.using(self._workers), jit_kernels.using(self.jit):
+            if self._workers is not None:
+                self._workers.wake()  # awake by the time the run's first split comes
             if self.profiler is not None:
                 self.profiler.run(plan)
             elif self._workers is not None and self._workers.adaptive:

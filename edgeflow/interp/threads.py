@@ -210,6 +210,11 @@ class Workers:
                     return functools.partial(self._run_native, np.array(table, np.int64), spans, tasks)
         return functools.partial(self.run, tasks)
 
+    def wake(self):
+        """Wake the native workers that went to sleep since the last run (native_threads.Pool.wake)."""
+        if self.native is not None:
+            self.native.wake()
+
     def _run_native(self, table, spans, tasks):
         if not self._busy.acquire(blocking=False):
             _each(tasks)  # another thread's run is under way

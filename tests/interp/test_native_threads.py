@@ -127,6 +127,32 @@ def test_sleeping_workers_wake_for_the_next_post(monkeypatch):
         p.close()
 
 
+def test_a_sleeping_worker_woken_without_work_spins_then_serves(monkeypatch):
+    """wake() brings a sleeping worker back to looking for work (IDLE) with nothing posted;
+    a wake of an awake worker changes nothing, and the next post is served (no lost or
+    doubled release of its lock)."""
+    monkeypatch.setattr(native_threads, "SPIN_YIELDS", 10)
+    p = native_threads.Pool(1)
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((40, 30)).astype(np.float32), rng.standard_normal((30, 20)).astype(np.float32)
+    try:
+        deadline = time.monotonic() + 5
+        while p.slots[native_threads.STATE] != native_threads.SLEEPING:
+            assert time.monotonic() < deadline, "the worker never went to sleep"
+            time.sleep(0.001)
+        monkeypatch.setattr(native_threads, "SPIN_YIELDS", 10 ** 12)  # once woken it spins until work comes
+        p.wake()
+        assert p.slots[native_threads.STATE] == native_threads.IDLE
+        p.wake()  # awake already: nothing to release
+        assert p.slots[native_threads.STATE] == native_threads.IDLE
+        for _ in range(2):
+            out = np.full((40, 20), np.nan, np.float32)
+            p.run(*_halves(a, b, out))
+            np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
+    finally:
+        p.close()
+
+
 def test_a_closed_pool_runs_the_products_itself():
     p = native_threads.Pool(1)
     p.close()
