@@ -49,12 +49,11 @@ import numpy as np
 M, N, K, A, LDA, TA, B, LDB, TB, C, LDC = range(11)
 WIDTH = 11
 CALL = 2
-CAPACITY = 4096  # rows of the shared table (a split needing more runs through Python)
 IDLE, POSTED, SLEEPING, STOP = 0, 1, 2, 3
-# State, done count, first and last row: one 64-byte line a worker, so that two workers'
-# slots do not share a cache line.
+# State, done count, first and last row, the table's address: one 64-byte line a worker, so
+# that two workers' slots do not share a cache line.
 SLOT = 8
-STATE, DONE, FIRST, LAST = range(4)
+STATE, DONE, FIRST, LAST, TABLE = range(5)
 # sched_yield calls a worker makes looking for work before it sleeps (~0.3-1 us each here:
 # a few hundred us, enough to bridge the ops of a run that are not split).
 SPIN_YIELDS = 1000
@@ -204,7 +203,7 @@ class _Emitter:
 
 def _module(ir, integer_bits):
     """The pool's functions in LLVM IR (each described where its Python use is): run_rows,
-    serve, post, finish, stop. BLAS's integers are `integer_bits` wide."""
+    serve, rouse, finish, dispatch, stop. BLAS's integers are `integer_bits` wide."""
     module = ir.Module(name="edgeflow_native_threads")
     blas_int = ir.IntType(integer_bits)
 
@@ -234,7 +233,7 @@ def _module(ir, integer_bits):
     e.b.ret(e.const(0))
     run_rows = e.function
 
-    e = _Emitter(ir, module, "serve", ("slots", "k", "table", "sgemm", "ints", "floats", "chars", "sched_yield", "spins"))
+    e = _Emitter(ir, module, "serve", ("slots", "k", "sgemm", "ints", "floats", "chars", "sched_yield", "spins"))
     a = e.args
     at = e.b.mul(a["k"], e.const(SLOT))
     state_at, done_at = e.b.add(at, e.const(STATE)), e.b.add(at, e.const(DONE))
@@ -247,7 +246,7 @@ def _module(ir, integer_bits):
     state = e.load(a["slots"], state_at, "acquire")
     e.b.cbranch(e.b.icmp_signed("==", state, e.const(POSTED)), posted, other)
     e.b.position_at_end(posted)
-    e.b.call(run_rows, [a["table"], e.load(a["slots"], e.b.add(at, e.const(FIRST))),
+    e.b.call(run_rows, [e.load(a["slots"], e.b.add(at, e.const(TABLE))), e.load(a["slots"], e.b.add(at, e.const(FIRST))),
                         e.load(a["slots"], e.b.add(at, e.const(LAST))), a["sgemm"], a["ints"], a["floats"], a["chars"]])
     count = e.b.add(e.read(done), e.const(1))
     e.b.store(count, done)
@@ -271,18 +270,6 @@ def _module(ir, integer_bits):
     e.b.ret(e.const(SLEEPING))
     e.b.position_at_end(leave)
     e.b.ret(e.const(STOP))
-
-    e = _Emitter(ir, module, "post", ("slots", "workers", "asleep"))
-    a = e.args
-
-    def post(k):
-        state_at = e.b.add(e.b.mul(k, e.const(SLOT)), e.const(STATE))
-        woke = e.swap(a["slots"], state_at, e.const(IDLE), e.const(POSTED))
-        e.b.store(e.b.zext(e.b.not_(woke), ir.IntType(8)), e.pointer(a["asleep"], k, ir.IntType(8)))
-        with e.b.if_then(e.b.not_(woke)):
-            e.store_release(a["slots"], state_at, e.const(POSTED))
-    e.loop_over(e.const(0), a["workers"], post)
-    e.b.ret(e.const(0))
 
     e = _Emitter(ir, module, "rouse", ("slots", "workers", "asleep"))
     a = e.args
@@ -318,6 +305,36 @@ def _module(ir, integer_bits):
         e.b.position_at_end(after)
     e.loop_over(e.const(0), a["workers"], finish)
     e.b.ret(e.const(0))
+    finish = e.function
+
+    e = _Emitter(ir, module, "dispatch", ("slots", "workers", "table", "spans", "posted", "asleep", "sgemm", "ints",
+                                          "floats", "chars", "sched_yield", "usleep"))
+    a = e.args
+    slept = e.variable(e.const(0))
+
+    def hand(k):  # worker k's rows and the table posted (the swap releases the stores before it)
+        at = e.b.mul(k, e.const(SLOT))
+        for field, value in ((FIRST, e.load(a["spans"], e.b.add(e.b.mul(k, e.const(2)), e.const(2)))),
+                             (LAST, e.load(a["spans"], e.b.add(e.b.mul(k, e.const(2)), e.const(3)))),
+                             (TABLE, a["table"])):
+            e.b.store(value, e.pointer(a["slots"], e.b.add(at, e.const(field))))
+        count = e.pointer(a["posted"], k)
+        e.b.store(e.b.add(e.read(count), e.const(1)), count)
+        woke = e.swap(a["slots"], e.b.add(at, e.const(STATE)), e.const(IDLE), e.const(POSTED))
+        e.b.store(e.b.zext(e.b.not_(woke), ir.IntType(8)), e.pointer(a["asleep"], k, ir.IntType(8)))
+        with e.b.if_then(e.b.not_(woke)):
+            e.store_release(a["slots"], e.b.add(at, e.const(STATE)), e.const(POSTED))
+            e.b.store(e.const(1), slept)
+    e.loop_over(e.const(0), a["workers"], hand)
+    asleep, awake = e.block("asleep"), e.block("awake")
+    e.b.cbranch(e.b.icmp_signed("!=", e.read(slept), e.const(0)), asleep, awake)
+    e.b.position_at_end(asleep)
+    e.b.ret(e.const(1))  # the caller wakes the sleepers first, then runs its rows and waits
+    e.b.position_at_end(awake)
+    e.b.call(run_rows, [a["table"], e.load(a["spans"], e.const(0)), e.load(a["spans"], e.const(1)), a["sgemm"],
+                        a["ints"], a["floats"], a["chars"]])
+    e.b.call(finish, [a["slots"], a["workers"], a["posted"], a["sched_yield"], a["usleep"]])
+    e.b.ret(e.const(0))
 
     e = _Emitter(ir, module, "stop", ("slots", "k"))
     a = e.args
@@ -345,7 +362,7 @@ def _compile(llvm, ir, sgemm, integer, sched_yield, usleep):
     engine = llvm.create_mcjit_compiler(module, llvm.Target.from_default_triple().create_target_machine(opt=2))
     engine.finalize_object()
     native = SimpleNamespace(engine=engine, sgemm=sgemm, integer=integer, sched_yield=sched_yield, usleep=usleep)
-    for name, arity in (("run_rows", 7), ("serve", 9), ("post", 3), ("rouse", 3), ("finish", 5), ("stop", 2)):
+    for name, arity in (("run_rows", 7), ("serve", 8), ("rouse", 3), ("finish", 5), ("dispatch", 12), ("stop", 2)):
         kind = ctypes.CFUNCTYPE(ctypes.c_int64, *[ctypes.c_int64] * arity)
         setattr(native, name, kind(engine.get_function_address(name)))
     return native
@@ -368,14 +385,12 @@ class Pool:
         self.native = _build()
         self.n = n
         self.slots = np.zeros(n * SLOT, np.int64)
-        self.table = np.zeros((CAPACITY, WIDTH), np.int64)
         self.posted = np.zeros(n, np.int64)
         self.asleep = np.zeros(n, np.bool_)
         self.wakes = [threading.Lock() for _ in range(n)]
         self.mine = _blas_args(self.native.integer)
         # The native functions take addresses: these arrays live as long as the pool.
-        self._slots, self._table, self._posted, self._asleep = _addresses(self.slots, self.table, self.posted,
-                                                                          self.asleep)
+        self._slots, self._posted, self._asleep = _addresses(self.slots, self.posted, self.asleep)
         self._mine = (self.native.sgemm, *_addresses(*self.mine))
         self.pid = os.getpid()  # a forked child has none of these threads
         self.closed = False
@@ -383,31 +398,39 @@ class Pool:
             wake.acquire()
             threading.Thread(target=_work, args=(self, k), name="edgeflow-native-worker", daemon=True).start()
 
+    def prepare(self, table, spans):
+        """(table, spans) as `run_prepared` takes them: int64 arrays (the rows; each span's
+        first and last row, the caller's first) and their addresses, made once a step."""
+        table = np.ascontiguousarray(table, np.int64)
+        flat = np.array([x for span in spans for x in span], np.int64)
+        return table, flat, table.ctypes.data, flat.ctypes.data, len(spans) - 1
+
     def run(self, table, spans):
         """Run `table`'s rows: spans[0] (first, last) on this thread, spans[1 + k] on worker k."""
-        self.table[:len(table)] = table
+        self.run_prepared(self.prepare(table, spans))
+
+    def run_prepared(self, prepared):
+        """`run` of `prepare`'s arrays: one native call posts the workers' rows, runs this
+        thread's and waits for theirs (a split of two small products: 21 us, 7 of them this
+        call, where the table's copy, the posts and the wait were Python's); where a worker
+        was asleep, it returns first, and the rest follows once its lock is released."""
+        table, spans, table_at, spans_at, workers = prepared
         if self.closed or os.getpid() != self.pid:  # no workers to post to
-            self.native.run_rows(self._table, 0, len(table), *self._mine)
+            self.native.run_rows(table_at, 0, len(table), *self._mine)
             return
-        for k, (first, last) in enumerate(spans[1:]):
-            self.slots[k * SLOT + FIRST] = first
-            self.slots[k * SLOT + LAST] = last
-        self._post(len(spans) - 1)
-        try:
-            self.native.run_rows(self._table, spans[0][0], spans[0][1], *self._mine)
-        finally:
-            self.native.finish(self._slots, len(spans) - 1, self._posted, self.native.sched_yield, self.native.usleep)
+        if self.native.dispatch(self._slots, workers, table_at, spans_at, self._posted, self._asleep, *self._mine,
+                                self.native.sched_yield, self.native.usleep):
+            for k in np.flatnonzero(self.asleep[:workers]):
+                self.wakes[k].release()
+            try:
+                self.native.run_rows(table_at, spans[0], spans[1], *self._mine)
+            finally:
+                self.native.finish(self._slots, workers, self._posted, self.native.sched_yield, self.native.usleep)
 
     def run_here(self, table):
         """Run `table`'s rows (an int64 array of WIDTH columns) on this thread alone."""
         table = np.ascontiguousarray(table, np.int64)
         self.native.run_rows(table.ctypes.data, 0, len(table), *self._mine)
-
-    def _post(self, workers):
-        self.posted[:workers] += 1
-        self.native.post(self._slots, workers, self._asleep)
-        for k in np.flatnonzero(self.asleep[:workers]):
-            self.wakes[k].release()
 
     def wake(self):
         """Bring the sleeping workers back to spinning (for SPIN_YIELDS sched_yields), with no
@@ -416,7 +439,7 @@ class Pool:
         its workers asleep since the last run: 0.9 ms alone, 1.1-1.2 split)."""
         if self.closed or os.getpid() != self.pid:
             return
-        asleep = np.zeros(self.n, np.bool_)  # this call's own: a post on another thread writes self.asleep
+        asleep = np.zeros(self.n, np.bool_)  # this call's own: a run on another thread writes self.asleep
         self.native.rouse(self._slots, self.n, asleep.ctypes.data)
         for k in np.flatnonzero(asleep):
             self.wakes[k].release()
@@ -433,7 +456,7 @@ def _work(pool, k):
     SLEEPING."""
     native, wake = pool.native, pool.wakes[k]
     scratch = _blas_args(native.integer)  # kept alive while it serves
-    arguments = (pool._slots, k, pool._table, native.sgemm, *_addresses(*scratch), native.sched_yield)
+    arguments = (pool._slots, k, native.sgemm, *_addresses(*scratch), native.sched_yield)
     while native.serve(*arguments, SPIN_YIELDS) != STOP:
         wake.acquire()  # the next post releases it
 

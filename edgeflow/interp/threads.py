@@ -206,8 +206,8 @@ class Workers:
                     for found in rows[k::self.n]:
                         table += found
                     spans.append((first, len(table)))
-                if 0 < len(table) <= native_threads.CAPACITY:
-                    return functools.partial(self._run_native, np.array(table, np.int64), spans, tasks)
+                if table:
+                    return functools.partial(self._run_native, self.native.prepare(table, spans), tasks)
         return functools.partial(self.run, tasks)
 
     def wake(self):
@@ -215,15 +215,15 @@ class Workers:
         if self.native is not None:
             self.native.wake()
 
-    def _run_native(self, table, spans, tasks):
+    def _run_native(self, prepared, tasks):
         if not self._busy.acquire(blocking=False):
             _each(tasks)  # another thread's run is under way
             return
         try:
             if self.alone:  # the same BLAS calls on this thread: the same bits
-                self.native.run_here(table)
+                self.native.run_here(prepared[0])
             else:
-                self.native.run(table, spans)
+                self.native.run_prepared(prepared)
         finally:
             self._busy.release()
 
