@@ -417,26 +417,25 @@ def test_last_columns_in_narrow_strips(p):
 
 
 @pytest.mark.parametrize("num_threads", [1, 2])
-def test_long_rows_run_here_where_the_product_is_split(num_threads):
-    """A dense layer (bias, then a residual add) whose rows pass MAX_ROWS_FLOATS: BLAS's
-    product and numpy's adds at one thread, one step of bind_rows with both adds at two
-    (the product split over the workers); numpy's values either way."""
+def test_long_rows_run_here_with_their_adds(num_threads):
+    """A dense layer (bias, then a residual add) of 1,024 rows of 300 floats (more than
+    L2): one step of bind_rows with both adds, at one thread and split over two; numpy's
+    values either way."""
     assert jit.available()
     rng = np.random.default_rng(9)
-    x = rng.standard_normal((2, 64, 40)).astype(np.float32)
-    w = rng.standard_normal((40, 256)).astype(np.float32) * 0.1
-    r = rng.standard_normal((256, 256)).astype(np.float32) * 0.1
-    b = rng.standard_normal(256).astype(np.float32)
+    x = rng.standard_normal((4, 256, 40)).astype(np.float32)
+    w = rng.standard_normal((40, 300)).astype(np.float32) * 0.1
+    r = rng.standard_normal((300, 300)).astype(np.float32) * 0.1
+    b = rng.standard_normal(300).astype(np.float32)
 
     def build(t):
         h = apply("matmul", [t, w], {})  # not fused: a residual for the next layer
         return {"y": apply("add", [_dense(h, r, b), h], {})}
-    with mock.patch.object(native_gemm, "MAX_ROWS_FLOATS", 1024):
-        got, ran = _run(build, x, profile=True, num_threads=num_threads)
+    got, ran = _run(build, x, profile=True, num_threads=num_threads)
     h = x.astype(np.float64) @ w
     np.testing.assert_allclose(got["y"], h @ r + b + h, rtol=1e-5, atol=1e-5 * np.abs(h).max())
     if native_gemm.available():
-        assert ran == (["add", "add", "matmul", "matmul"] if num_threads == 1 else ["matmul", "matmul"]), ran
+        assert ran == ["matmul", "matmul"], ran
 
 
 @pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")

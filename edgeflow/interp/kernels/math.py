@@ -184,7 +184,7 @@ def matmul_epilogue(ins, out, attrs, bias=None, residual=None, activation=""):
         return None
     workers = threads.current()
     split = workers is not None and 2 * rows.shape[0] * k * n >= threads.MIN_FLOPS
-    if not native_gemm.suits_rows(rows.shape[0], k, n, split) or not native_gemm.available():
+    if not native_gemm.suits_rows(rows.shape[0], k, n) or not native_gemm.available():
         return None
     if np.may_share_memory(flat, rows):
         return None  # the plan placed the chain's output over a, which the pass still reads

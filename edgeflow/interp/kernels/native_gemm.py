@@ -104,18 +104,13 @@ COLUMN_GROUP = 8
 # its bias pass, at 128 x 1024 @ 1024 x 256: one block of 1024 rows 0.90x of their time, 512
 # 0.94x, 256 0.99x, 128 1.05x.
 ROWS_BLOCK = 1024
-# a's floats at most (512 KiB, this host's L2) for bind_rows (suits_rows): the product against
-# numpy's sgemm and its bias pass, 128 x 256 @ 256 x 768-1024 0.82-0.91x of their time, 512 x
-# 256 @ 256 x 1024 0.91-0.95x, 128 x 1024 @ 1024 x 256 0.85-1.05x; past it, 256 x 1024 @
-# 1024 x 256 1.02-1.09x, 1024 x 256 @ 256 x 256-768 1.02-1.14x (a's rows in blocks that fit
-# did no better): OpenBLAS packs a and w once a call, which pays where a is long. Split over
-# workers, the long products run here all the same (suits_rows(split=True)), their adds in
-# the product's pass where BLAS's would be ops of their own, each split through the lock
-# workers: the BERT-like encoder at 2 threads, batch 8, beside onnxruntime and another
-# interpreter in one process, 94-110 -> 70-86 ms a run (batch 4: 62 -> 39); alone, in
-# alternating processes, 81.5 against 81.5. At one thread bind_rows was within 1-4% of BLAS
-# and its adds (123 against 122 ms at batch 8), so BLAS keeps them there.
-MAX_ROWS_FLOATS = 1 << 17
+# bind_rows takes rows of any length (suits_rows): at one thread a cap of 512 KiB of a kept
+# longer products on BLAS's sgemm and a pass of its own for the bias, once measured 1-14%
+# faster there; on this host now, interleaved, bind_rows with its bias took 0.77x of their
+# time at 1024 x 256 @ 256 x 1024, 0.90x at 1024 x 1024 @ 1024 x 256, 0.96x at 1024 x 256 @
+# 256 x 768 (BERT's layers at batch 8; a's rows in blocks of 64-256 no faster), and the
+# BERT-like encoder at batch 8 on one thread ran 107.3 -> 101.8 ms without the cap
+# (alternating processes): its bias and residual adds had been 6 ms of passes of their own.
 
 _built = []
 
@@ -145,12 +140,10 @@ def suits(m, k, p):
     return (p >= MIN_COLUMNS or (p >= 4 and m * k <= NARROW_WEIGHTS)) and 1 <= k <= MAX_DEPTH and m >= 1
 
 
-def suits_rows(m, k, n, split=False):
+def suits_rows(m, k, n):
     """Whether bind_rows's product of (M, K) rows by (K, N) weights runs here rather than
-    through BLAS: as suits, rows for columns, and at most MAX_ROWS_FLOATS of a unless the
-    product is `split` over workers."""
-    return (m >= MIN_COLUMNS or (m >= 4 and k * n <= NARROW_WEIGHTS)) and k >= 1 and n >= 1 \
-        and (split or m * k <= MAX_ROWS_FLOATS)
+    through BLAS: as suits, rows for columns."""
+    return (m >= MIN_COLUMNS or (m >= 4 and k * n <= NARROW_WEIGHTS)) and k >= 1 and n >= 1
 
 
 def _module(ir):
