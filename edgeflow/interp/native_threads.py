@@ -45,10 +45,13 @@ import numpy as np
 # A row of a posted table: C (M, N) = op(A) (M, K) @ op(B) (K, N), row-major, where op
 # transposes an operand whose elements run down its columns (TA, TB: 0 or 1). A row whose
 # TA is CALL calls the function at address A with the one argument B instead (a compiled
-# kernel's piece: kernels/native_gemm.py's products).
+# kernel's piece: kernels/native_gemm.py's products). A row whose TA is GEMV calls BLAS's
+# sgemv (its address in K) as Fortran sees it: y = op(A) x for the column-major M x N
+# matrix at A (leading dimension LDA; op transposes it where TB is 1), x at B (LDB floats
+# apart), y at C (LDC apart): a product with a one-row or one-column result.
 M, N, K, A, LDA, TA, B, LDB, TB, C, LDC = range(11)
 WIDTH = 11
-CALL = 2
+CALL, GEMV = 2, 3
 IDLE, POSTED, SLEEPING, STOP = 0, 1, 2, 3
 # State, done count, first and last row, the table's address: one 64-byte line a worker, so
 # that two workers' slots do not share a cache line.
@@ -87,22 +90,24 @@ def _build():
     try:
         from llvmlite import binding, ir  # the jit extra's (numba's compiler)
         sched_yield, usleep = libc_address("sched_yield"), libc_address("usleep")
-        sgemm = _numpy_sgemm()
-        if sgemm is None:
+        blas = _numpy_blas()
+        if blas is None:
             from scipy.linalg import cython_blas
-            sgemm = _capsule_address(cython_blas.__pyx_capi__["sgemm"]), np.int32
+            blas = (_capsule_address(cython_blas.__pyx_capi__["sgemm"]),
+                    _capsule_address(cython_blas.__pyx_capi__["sgemv"]), np.int32)
     except (ImportError, OSError, AttributeError, TypeError):
         return None
-    _built[0] = _compile(binding, ir, *sgemm, sched_yield, usleep)
+    _built[0] = _compile(binding, ir, *blas, sched_yield, usleep)
     return _built[0]
 
 
-def _numpy_sgemm():
-    """(address, integer type) of numpy's own BLAS sgemm, or None: the 64-bit-integer OpenBLAS
-    that numpy's wheels bundle (its sgemm named scipy_sgemm_64_ there), found among the loaded
-    libraries by threadpoolctl. Its results are numpy's matmul's, bit for bit, and it ran the
-    pointwise convs' products 25% faster than scipy's build of OpenBLAS (24x96 @ 96x1568: 122
-    us against 183); elsewhere scipy's cython_blas sgemm serves."""
+def _numpy_blas():
+    """(sgemm's address, sgemv's, integer type) of numpy's own BLAS, or None: the
+    64-bit-integer OpenBLAS that numpy's wheels bundle (its sgemm named scipy_sgemm_64_
+    there), found among the loaded libraries by threadpoolctl. Its results are numpy's
+    matmul's, bit for bit, and it ran the pointwise convs' products 25% faster than scipy's
+    build of OpenBLAS (24x96 @ 96x1568: 122 us against 183); elsewhere scipy's cython_blas
+    serves."""
     try:
         from threadpoolctl import threadpool_info
     except ImportError:
@@ -114,10 +119,11 @@ def _numpy_sgemm():
                 or os.path.relpath(path, root).split(os.sep)[0] not in ("numpy", "numpy.libs"):
             continue
         library = ctypes.CDLL(path)
-        for name in ("scipy_sgemm_64_", "sgemm_64_", "sgemm64_"):
-            function = getattr(library, name, None)
-            if function is not None:
-                return ctypes.cast(function, ctypes.c_void_p).value, np.int64
+        for prefix, suffix in (("scipy_", "_64_"), ("", "_64_"), ("", "64_")):
+            gemm, gemv = (getattr(library, f"{prefix}{name}{suffix}", None) for name in ("sgemm", "sgemv"))
+            if gemm is not None and gemv is not None:
+                return (ctypes.cast(gemm, ctypes.c_void_p).value, ctypes.cast(gemv, ctypes.c_void_p).value,
+                        np.int64)
     return None
 
 
@@ -215,9 +221,20 @@ def _module(ir, integer_bits):
         at = e.b.mul(r, e.const(WIDTH))
         field = {f: e.load(a["table"], e.b.add(at, e.const(f))) for f in range(WIDTH)}
         call, product, done = e.block("call"), e.block("product"), e.block("row_done")
-        e.b.cbranch(e.b.icmp_signed("==", field[TA], e.const(CALL)), call, product)
+        gemv, not_call = e.block("gemv"), e.block("not_call")
+        e.b.cbranch(e.b.icmp_signed("==", field[TA], e.const(CALL)), call, not_call)
         e.b.position_at_end(call)
         e.call(field[A], [field[B]], e.i64)
+        e.b.branch(done)
+        e.b.position_at_end(not_call)
+        e.b.cbranch(e.b.icmp_signed("==", field[TA], e.const(GEMV)), gemv, product)
+        e.b.position_at_end(gemv)
+        for k, f in enumerate((M, N, LDA, LDB, LDC)):
+            e.b.store(e.b.trunc(field[f], blas_int) if integer_bits < 64 else field[f],
+                      e.pointer(a["ints"], e.const(k), blas_int))
+        ints = [e.b.add(a["ints"], e.const(k * integer_bits // 8)) for k in range(5)]
+        e.call(field[K], [e.b.add(a["chars"], field[TB]), ints[0], ints[1], a["floats"], field[A], ints[2],
+                          field[B], ints[3], e.b.add(a["floats"], e.const(4)), field[C], ints[4]])
         e.b.branch(done)
         e.b.position_at_end(product)
         for k, f in enumerate((N, M, K, LDB, LDA, LDC)):
@@ -349,7 +366,7 @@ def _module(ir, integer_bits):
     return module
 
 
-def _compile(llvm, ir, sgemm, integer, sched_yield, usleep):
+def _compile(llvm, ir, sgemm, sgemv, integer, sched_yield, usleep):
     """The pool's functions compiled with llvmlite (numba's LLVM binding, without numba: 50 ms
     against numba's 0.7-1.2 s to import and load its cache), as a namespace of ctypes
     functions taking addresses and integers; `sgemm` takes its dimensions as numpy integer
@@ -361,7 +378,8 @@ def _compile(llvm, ir, sgemm, integer, sched_yield, usleep):
     module.verify()
     engine = llvm.create_mcjit_compiler(module, llvm.Target.from_default_triple().create_target_machine(opt=2))
     engine.finalize_object()
-    native = SimpleNamespace(engine=engine, sgemm=sgemm, integer=integer, sched_yield=sched_yield, usleep=usleep)
+    native = SimpleNamespace(engine=engine, sgemm=sgemm, sgemv=sgemv, integer=integer, sched_yield=sched_yield,
+                             usleep=usleep)
     for name, arity in (("run_rows", 7), ("serve", 8), ("rouse", 3), ("finish", 5), ("dispatch", 12), ("stop", 2)):
         kind = ctypes.CFUNCTYPE(ctypes.c_int64, *[ctypes.c_int64] * arity)
         setattr(native, name, kind(engine.get_function_address(name)))
@@ -473,11 +491,33 @@ def _operand(x):
     return None
 
 
+def _gemv(a, b, c):
+    """The GEMV row computing c = a @ b, c (1, N) or (M, 1), or None where an operand's
+    layout is not BLAS's (a vector's elements a positive whole number of floats apart)."""
+    column = c.shape[0] > 1
+    matrix, vector = (a, b[:, 0]) if column else (b, a[0])
+    y = c[:, 0] if column else c[0]
+    found = _operand(matrix)
+    if found is None or any(v.strides[0] <= 0 or v.strides[0] % 4 for v in (vector, y) if v.size > 1):
+        return None
+    address, ld, transposed = found
+    # Row-major (R, S) with ld is, column-major, (S, R): op(A) x transposes it back where
+    # the product wants (R, S) @ x (a column's), and keeps it where it wants x @ (R, S).
+    rows, cols = matrix.shape
+    if transposed:  # column-major (R, S) as stored
+        m, n, trans = rows, cols, 0 if column else 1
+    else:
+        m, n, trans = cols, rows, 1 if column else 0
+    native = _build()
+    return (m, n, native.sgemv, address, max(ld, m), GEMV, vector.ctypes.data,
+            max(1, vector.strides[0] // 4), trans, y.ctypes.data, max(1, y.strides[0] // 4))
+
+
 def gemms(part):
     """The table rows computing `part`, a functools.partial(np.matmul, a, b, out=c) of
-    float32 operands (a and b broadcast over c's leading axes), or None where it is not such
-    a product, an operand is not in a layout BLAS reads, or c is a vector (the part then
-    runs as is). A part with a `native_call` attribute, (address, argument) of a compiled
+    float32 operands (a and b broadcast over c's leading axes; sgemv's rows where c is one
+    row or column), or None where it is not such a product or an operand is not in a
+    layout BLAS reads (the part then runs as is). A part with a `native_call` attribute, (address, argument) of a compiled
     function taking one int64, is one CALL row; a threads.chain of such parts, their rows
     in turn."""
     call = getattr(part, "native_call", None)
@@ -497,8 +537,7 @@ def gemms(part):
     if c.shape[-2:] != (a.shape[-2], b.shape[-1]) or a.shape[-1] != b.shape[-2] or a.shape[-1] == 0 \
             or np.may_share_memory(c, a) or np.may_share_memory(c, b) or not c.flags.writeable:
         return None
-    if 1 in c.shape[-2:]:  # a matrix-vector product: sgemm runs it 5-10x slower than numpy's
-        return None        # sgemv (1x1024 @ 1024x1000: 590 us against 86)
+    vector = 1 in c.shape[-2:]  # sgemv's: sgemm ran 1x1024 @ 1024x1000 in 590 us, numpy's sgemv 86
     batch = c.shape[:-2]
     try:
         a = np.broadcast_to(a, batch + a.shape[-2:])
@@ -507,6 +546,12 @@ def gemms(part):
         return None
     rows = []
     for index in np.ndindex(batch):
+        if vector:
+            row = _gemv(a[index], b[index], c[index])
+            if row is None:
+                return None
+            rows.append(row)
+            continue
         out = _operand(c[index])
         left, right = _operand(a[index]), _operand(b[index])
         if out is None or (out[2] and c.shape[-2] > 1 and c.shape[-1] > 1) or left is None or right is None:

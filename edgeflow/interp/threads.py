@@ -51,6 +51,12 @@ ROWS_FIRST = 144
 # 512x1000 (a classifier at batch 1) 34-50 us against 190-320, 1x1024 @ 1024x1000 75 against
 # 370, 1x2048 @ 2048x2048 690 against 520-1,170, 1x4096 @ 4096x4096 3.0-3.4 ms against 2.1-2.4.
 VECTOR_MIN_FLOPS = 1 << 25
+# The same, on the native workers (sgemv's rows, native_threads.gemms; a hand-off of some 5
+# us): split in two against whole, alone, weights in cache: 1x1280 @ 1280x1000 (MobileNetV2's
+# classifier) 103-110 -> 71-86 us, 1x1024 @ 1024x1000 79-88 -> 59, but 1x512 @ 512x1000 39
+# -> 44 and 1x576 @ 576x1024 45-52 -> 40-51. mobilenet_v3_small at 2 threads, batch 1
+# (two such layers), alternating processes: 3.76 -> 2.83 ms.
+NATIVE_VECTOR_MIN_FLOPS = 1 << 20
 
 
 # Adaptive: the first TRIALS calls of each variant alternate (the threaded first, so that a

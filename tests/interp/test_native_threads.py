@@ -64,12 +64,12 @@ def test_posted_products_equal_numpy(pool, batch, m, k, n, a_how, b_how, broadca
 
 def test_the_workers_call_numpys_own_blas_where_its_wheels_bundle_one(pool):
     """numpy's wheels bundle an OpenBLAS (scipy-openblas, 64-bit integers): the workers call its
-    sgemm, so that their products are numpy's matmul's bit for bit (scipy's build of OpenBLAS
-    rounds differently, and ran the pointwise convs' products 25% slower)."""
+    sgemm and sgemv, so that their products are numpy's matmul's bit for bit (scipy's build of
+    OpenBLAS rounds differently, and ran the pointwise convs' products 25% slower)."""
     blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-    found = native_threads._numpy_sgemm()
+    found = native_threads._numpy_blas()
     if blas.get("name") == "scipy-openblas":
-        assert found is not None and found[1] is np.int64
+        assert found is not None and all(found[:2]) and found[2] is np.int64
     rng = np.random.default_rng(4)
     a, b = rng.standard_normal((37, 150)).astype(np.float32), rng.standard_normal((150, 300)).astype(np.float32)
     out = np.full((37, 300), np.nan, np.float32)
@@ -85,13 +85,15 @@ def test_products_blas_cannot_read_are_left_to_numpy():
     b = np.ones((6, 5), np.float32)
     out = np.empty((4, 5), np.float32)
     assert native_threads.gemms(functools.partial(np.matmul, a, b, out=out)) is not None
+    for one_row_or_column in (functools.partial(np.matmul, a[:1], b, out=out[:1]),
+                              functools.partial(np.matmul, a, b[:, :1], out=out[:, :1])):
+        assert [row[native_threads.TA] for row in native_threads.gemms(one_row_or_column)] == [native_threads.GEMV]
     refused = [
         functools.partial(np.matmul, a.astype(np.float64), b.astype(np.float64), out=out.astype(np.float64)),
         functools.partial(np.matmul, np.ones((4, 12), np.float32)[:, ::2], b, out=out),  # strided both ways
         functools.partial(np.matmul, a, b, out=np.empty((5, 4), np.float32).T),  # output down its columns
         functools.partial(np.matmul, a, np.ones(6, np.float32), out=np.empty(4, np.float32)),  # a vector
-        functools.partial(np.matmul, a[:1], b, out=out[:1]),  # one row: sgemm is far slower than sgemv
-        functools.partial(np.matmul, a, b[:, :1], out=out[:, :1]),  # one column
+        functools.partial(np.matmul, np.ones((1, 12), np.float32)[:, ::-2], b, out=out[:1]),  # x backwards
         functools.partial(np.add, a, a, out=a),
         functools.partial(np.matmul, a, b),  # no output
     ]
@@ -107,6 +109,39 @@ def _halves(a, b, out):
     rows = native_threads.gemms(functools.partial(np.matmul, a[:h], b, out=out[:h])) \
         + native_threads.gemms(functools.partial(np.matmul, a[h:], b, out=out[h:]))
     return np.array(rows, np.int64), [(0, 1), (1, 2)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(k=st.integers(1, 70), n=st.integers(1, 90), column=st.booleans(), transposed=st.booleans(),
+       step_x=st.integers(1, 3), step_y=st.integers(1, 3), seed=st.integers(0, 2 ** 16))
+def test_vector_products_run_as_sgemv_rows(pool, k, n, column, transposed, step_x, step_y, seed):
+    """A product with one row (x @ W) or one column (W @ x) of result is one GEMV row, its
+    matrix read in either layout and its vectors strided; split by the result's elements
+    over the caller and a worker, numpy's values."""
+    rng = np.random.default_rng(seed)
+    matrix = rng.standard_normal((n, k) if column else (k, n)).astype(np.float32)
+    if transposed:
+        matrix = np.asfortranarray(matrix)
+    x = rng.standard_normal(k * step_x).astype(np.float32)[::step_x]
+    x = x.reshape(k, 1) if column else x.reshape(1, k)
+    y = np.full((n * step_y,), np.nan, np.float32)[::step_y]
+    y = y.reshape(n, 1) if column else y.reshape(1, n)
+    cut = n // 2
+    if column:
+        halves = [functools.partial(np.matmul, matrix[:cut], x, out=y[:cut]),
+                  functools.partial(np.matmul, matrix[cut:], x, out=y[cut:])]
+    else:
+        halves = [functools.partial(np.matmul, x, matrix[:, :cut], out=y[:, :cut]),
+                  functools.partial(np.matmul, x, matrix[:, cut:], out=y[:, cut:])]
+    halves = [h for h in halves if h.keywords["out"].size]
+    rows = [native_threads.gemms(h) for h in halves]
+    assert all(found is not None and [row[native_threads.TA] for row in found] == [native_threads.GEMV]
+               for found in rows)
+    table = [row for found in rows for row in found]
+    spans = [(0, 1), (1, len(table)), (len(table), len(table))]
+    pool.run(np.array(table, np.int64), spans)
+    want = matrix.astype(np.float64) @ x if column else x.astype(np.float64) @ matrix
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(want).max())))
 
 
 def test_sleeping_workers_wake_for_the_next_post(monkeypatch):

@@ -279,25 +279,30 @@ def test_a_stack_of_products_splits_by_whole_matrices():
         workers.close()
 
 
-def test_a_vector_product_splits_only_from_vector_min_flops(monkeypatch):
+def test_a_vector_product_splits_only_from_vector_min_flops(monkeypatch, workers_kind):
     """A product of one row or column (a classifier at batch 1) stays whole below
-    threads.VECTOR_MIN_FLOPS, where a matrix product of as many operations splits; from it,
-    it splits too, and the pieces give numpy's product."""
+    threads.VECTOR_MIN_FLOPS on the lock workers, NATIVE_VECTOR_MIN_FLOPS on the native ones
+    (sgemv's rows), where a matrix product of as many operations splits; from it, it splits
+    too, and the pieces give numpy's product."""
     from edgeflow.interp.kernels.math import split_matmul
     rng = np.random.default_rng(5)
     x, w = rng.standard_normal((1, 512)).astype(np.float32), rng.standard_normal((512, 1000)).astype(np.float32)
     rows = rng.standard_normal((8, 512)).astype(np.float32)
     workers = threads.Workers(2)
+    native = workers.native is not None
+    assert native == (workers_kind == "native")
+    bound = "NATIVE_VECTOR_MIN_FLOPS" if native else "VECTOR_MIN_FLOPS"
+    monkeypatch.setattr(threads, bound, 2 * 512 * 1000 + 1)
     try:
         with threads.using(workers):
             assert split_matmul(x, w, np.empty((1, 1000), np.float32)) is None
             column = rng.standard_normal((1000, 1)).astype(np.float32)
             assert split_matmul(w.T.copy(), column, np.empty((512, 1), np.float32)) is None
             assert split_matmul(rows, w, np.empty((8, 1000), np.float32)) is not None
-            monkeypatch.setattr(threads, "VECTOR_MIN_FLOPS", 2 * 512 * 1000)
+            monkeypatch.setattr(threads, bound, 2 * 512 * 1000)
             out = np.empty((1, 1000), np.float32)
             step = split_matmul(x, w, out)
-            assert step is not None
+            assert step is not None and (step.func == workers._run_native) == native
             step()
     finally:
         workers.close()
