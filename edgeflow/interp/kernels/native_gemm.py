@@ -98,6 +98,7 @@ TAIL_GROUP = 3
 # 172, 1152 -> 192 301 -> 278, 192 -> 1152 370 -> 314; with 2 columns left 2-3% faster, with 4
 # 5-10% slower (4 groups of vectors a pass as fast as 8, 12 within noise).
 COLUMN_TAIL = 2
+COLUMN_GROUP = 8
 # Floats ahead in each of x's rows that the strips' packing prefetches (two cache lines a
 # row a strip): x's rows are apart by a plane, too many streams for the hardware's
 # prefetchers where K is small. Alone, interleaved in one process against none, batch 8,
@@ -105,7 +106,6 @@ COLUMN_TAIL = 2
 # (MobileNetV2's narrowing convs), 576 -> 96 at 14x14 0.97x, 16 -> 96 and 24 -> 144 and batch
 # 1 0.96-1.04x; 240 floats ahead gained less, 720 and 1,024 less still.
 PACK_PREFETCH = 480
-COLUMN_GROUP = 8
 # bind_rows: rows of a packed strip of w run at a time (a deeper product in blocks of equal
 # depth, partial sums stored and added to). Measured interleaved against numpy's sgemm plus
 # its bias pass, at 128 x 1024 @ 1024 x 256: one block of 1024 rows 0.90x of their time, 512

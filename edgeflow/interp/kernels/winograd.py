@@ -214,8 +214,8 @@ def packed_weights(w, m):
     24 -> 20 (most of the rest: the first writes of the packs' 16.8 MB fresh memory)."""
     def make():
         mm, c = w.shape[:2]
-        panels = -(-mm // native_gemm.VEC) * (native_gemm.VEC // native_gemm.MR)
         mr = native_gemm.MR
+        panels = -(-mm // native_gemm.VEC) * (native_gemm.VEC // mr)  # an even count, as pack's
         kernels = np.zeros((panels, c, mr, 9), np.float32)
         full = mm // mr
         kernels[:full] = np.asarray(w[:full * mr]).reshape(full, mr, c, 9).transpose(0, 2, 1, 3)
