@@ -842,25 +842,29 @@ def test_gelu(mode, shape, approximate, seed):
 
 
 @pytest.mark.parametrize("name, elements, split", [("gelu", 1 << 16, True), ("gelu", (1 << 16) - 16, False),
-                                                    ("swish", 1 << 17, True), ("hard_swish", 1 << 17, False)])
+                                                    ("swish", 1 << 17, True), ("sigmoid", 1 << 17, True),
+                                                    ("hard_swish", 1 << 17, False), ("hard_swish", 1 << 18, True)])
 def test_costly_activations_split_from_fewer_elements(jit_mode, name, elements, split):
     """At 2 threads an activation splits from threads.MIN_ELEMENTS weighted by its loop's
-    cost an element (gelu 4, swish 2, hard_swish 1: `_COSTS`); split or not, the bits of one
-    thread's run."""
+    cost an element (gelu 4, swish and sigmoid 2, hard_swish 1: `_COSTS`), on the native
+    workers where its loop has a native entry (gelu, sigmoid, hard_swish); split or not, the
+    bits of one thread's run."""
     x = np.asarray(np.random.default_rng(4).standard_normal(elements) * 4, np.float32)
     bind = (lambda out: jit.bind_gelu(x, out, "none")) if name == "gelu" \
         else (lambda out: jit.bind_activation(name, x, out, {}))
     whole, pieces = np.empty_like(x), np.empty_like(x)
     bind(whole)()
     workers = threads.Workers(2)
-    runs = []
     try:
-        with threads.using(workers), mock.patch.object(workers, "run", lambda tasks: runs.append(len(tasks)) or
-                                                       [task() for task in tasks]):
-            bind(pieces)()
+        with threads.using(workers):
+            step = bind(pieces)
+        tasks = step.args[-1] if getattr(step, "func", None) in (workers._run_native, workers.run) else None
+        assert (tasks is not None and len(tasks) == 2) == split
+        if split and workers.native is not None and name != "swish":  # their pieces' native entries
+            assert step.func == workers._run_native
+        step()
     finally:
         workers.close()
-    assert runs == ([2] if split else [])
     np.testing.assert_array_equal(pieces, whole)
 
 

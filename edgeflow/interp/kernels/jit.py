@@ -342,13 +342,17 @@ def _bound(loop, *args):
 # uint64 (uint8: `masks`).
 
 # A loop's arguments, one letter each: arrays f float32, u uint64, b uint8 (1-D), U uint64
-# (2-D); i an integer. (Entries for the float32 activations, gelu and softmax, whose pieces
-# went to the native workers too, measured no faster: the BERT-like encoder at 2 threads and
-# batch 8 73.1 against 75.8 ms, EfficientNet-B0 137.5 against 139.2; split from 2^15
-# elements rather than 2^18, slower at batch 1: 12.3 against 12.6 and 18.1 against 18.4.)
+# (2-D); i an integer. gelu, softmax, sigmoid and hard_swish have entries since the native
+# split became one native call (native_threads' dispatch, some 5 us): 131,072 floats split
+# over 2 threads, native against lock workers, gelu 154 against 186 us, its tanh form 171
+# against 220, sigmoid 67 against 92, hard_swish 28 against 46 (one thread: 279, 327, 118,
+# 27). Against a lock hand-off of 20 us more they had measured no faster (the BERT-like
+# encoder at 2 threads and batch 8 73.1 against 75.8 ms); the BERT-like encoder at 2
+# threads, batch 1 moved within this machine's spread (10.94 against 11.08 ms).
 _NATIVE_ENTRIES = {
     "depthwise_loop": "ffffuUfufi", "depthwise_same_loop": "ffffubffi", "depthwise_channels_loop": "ffffufffi",
-    "winograd_input_loop": "ffffffu", "winograd_output_loop": "ffffffui"}
+    "winograd_input_loop": "ffffffu", "winograd_output_loop": "ffffffui",
+    "gelu_float32_loop": "ffi", "softmax_loop": "ffii", "sigmoid_loop": "ff", "hard_swish_loop": "ff"}
 _KINDS = {"f": np.float32, "u": np.uint64, "b": np.uint8, "U": np.uint64}
 
 _NATIVE_ADDRESSES = {}
@@ -356,7 +360,7 @@ _NATIVE_ADDRESSES = {}
 # (_compile_scalars); each loop's dispatcher, which its entry calls (_native_entry).
 _carray = _pointer_f32 = _pointer_u64 = _pointer_u8 = _pointer_i64 = None
 _depthwise_loop = _depthwise_same_loop = _depthwise_channels_loop = _winograd_input_loop = \
-    _winograd_output_loop = None
+    _winograd_output_loop = _gelu_float32_loop = _softmax_loop = _sigmoid_loop = _hard_swish_loop = None
 
 
 def _native_fields(kinds, args):
@@ -433,6 +437,30 @@ def winograd_input_loop_entry(address):
     f = _carray(_pointer_i64(address), (14,))
     _winograd_input_loop(_floats(f, 0), _floats(f, 2), _floats(f, 4), _floats(f, 6), _floats(f, 8), _floats(f, 10),
                          _uints(f, 12))
+    return 0
+
+
+def gelu_float32_loop_entry(address):
+    f = _carray(_pointer_i64(address), (5,))
+    _gelu_float32_loop(_floats(f, 0), _floats(f, 2), f[4])
+    return 0
+
+
+def softmax_loop_entry(address):
+    f = _carray(_pointer_i64(address), (6,))
+    _softmax_loop(_floats(f, 0), _floats(f, 2), _U(f[4]), _U(f[5]))
+    return 0
+
+
+def sigmoid_loop_entry(address):
+    f = _carray(_pointer_i64(address), (4,))
+    _sigmoid_loop(_floats(f, 0), _floats(f, 2))
+    return 0
+
+
+def hard_swish_loop_entry(address):
+    f = _carray(_pointer_i64(address), (4,))
+    _hard_swish_loop(_floats(f, 0), _floats(f, 2))
     return 0
 
 
@@ -2244,7 +2272,7 @@ def bind_softmax(x, out, axis):
     workers = threads.current()
     pieces = [(0, rows)] if workers is None or x.size < threads.MIN_ELEMENTS else threads.pieces(rows, workers.n)
     steps = [_bound(softmax_loop, x1[a * k:b * k], out1[a * k:b * k], _U(b - a), _U(k)) for a, b in pieces]
-    return steps[0] if len(steps) == 1 else (lambda: workers.run(steps))
+    return steps[0] if len(steps) == 1 else workers.split(steps)
 
 
 def bind_layer_norm(x, scale, bias, out, axis, eps):
@@ -2281,7 +2309,7 @@ def bind_gelu(x, out, approximate):
     if not available() or not _takes(x, out):
         return None
     loop = gelu_float32_loop if x.dtype == np.float32 else gelu_loop
-    return _elementwise(loop, (x,), out, approximate == "tanh")
+    return _elementwise(loop, (x,), out, int(approximate == "tanh"))  # an int: the native entry's field
 
 
 # -- float32 activations on an exp that vectorizes --------------------------------------------
@@ -2749,4 +2777,4 @@ def _elementwise(loop, ins, out, *args):
     edges = [[a * 16, b * 16] for a, b in threads.pieces(size // 16, workers.n)]  # whole cache lines
     edges[-1][1] = size
     steps = [_bound(loop, *(x[a:b] for x in flat), *args) for a, b in edges]
-    return lambda: workers.run(steps)
+    return workers.split(steps)  # on the native workers where every piece has a native entry
