@@ -819,6 +819,28 @@ def test_softmax_split_over_threads(jit_mode):
     assert "softmax_loop" in jit_mode[1]
 
 
+@pytest.mark.parametrize("columns, split", [(128, True), (127, False)])
+def test_softmax_splits_from_its_cost(jit_mode, columns, split):
+    """A softmax splits its rows over 2 workers from threads.MIN_ELEMENTS / 4 elements (its
+    loop's weight in `_COSTS`: BERT's attention at batch 1, 4 x 128 x 128, splits; 127
+    columns do not), on the native workers where they run; the bits of one thread's run."""
+    x = (np.random.default_rng(5).standard_normal((1, 4, 128, columns)) * 3).astype(np.float32)
+    whole, pieces = np.empty_like(x), np.empty_like(x)
+    jit.bind_softmax(x, whole, -1)()
+    workers = threads.Workers(2)
+    try:
+        with threads.using(workers):
+            step = jit.bind_softmax(x, pieces, -1)
+        tasks = step.args[-1] if getattr(step, "func", None) in (workers._run_native, workers.run) else None
+        assert (tasks is not None and len(tasks) == 2) == split
+        if split and workers.native is not None:
+            assert step.func == workers._run_native
+        step()
+    finally:
+        workers.close()
+    np.testing.assert_array_equal(pieces, whole)
+
+
 def test_softmax_loads_numba_when_large(monkeypatch):
     """A softmax of SOFTMAX_LOADS elements or more binds the loop where numba is not loaded
     yet (and loads it); a smaller one only where it is; another axis, or float64, never."""

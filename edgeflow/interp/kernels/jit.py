@@ -2270,7 +2270,8 @@ def bind_softmax(x, out, axis):
     k = x.shape[-1]
     x1, out1, rows = x.reshape(-1), out.reshape(-1), x.size // k
     workers = threads.current()
-    pieces = [(0, rows)] if workers is None or x.size < threads.MIN_ELEMENTS else threads.pieces(rows, workers.n)
+    split = workers is not None and x.size * _COSTS["softmax_loop"] >= threads.MIN_ELEMENTS
+    pieces = threads.pieces(rows, workers.n) if split else [(0, rows)]
     steps = [_bound(softmax_loop, x1[a * k:b * k], out1[a * k:b * k], _U(b - a), _U(k)) for a, b in pieces]
     return steps[0] if len(steps) == 1 else workers.split(steps)
 
@@ -2758,8 +2759,9 @@ def bind_where(cond, x, y, out):
 # threads.MIN_ELEMENTS of a cheap loop do (hard_swish 0.16 ns an element). 131,072 floats
 # (BERT's feed-forward at batch 1) alone, then split over 2 threads: gelu 229 -> 157 us
 # (1.75 ns an element), tanh's 265 -> 180, swish 106 -> 84, sigmoid 100 -> 72, hard_swish
-# 21 -> 35.
-_COSTS = {"gelu_loop": 4, "gelu_float32_loop": 4, "swish_loop": 2, "sigmoid_loop": 2}
+# 21 -> 35. softmax (its rows apart, `bind_softmax`): 1.3 ns an element; BERT's attention at
+# batch 1, 4 x 128 x 128, alone: 67 us on one thread, 45 split over 2 (the same bits).
+_COSTS = {"gelu_loop": 4, "gelu_float32_loop": 4, "swish_loop": 2, "sigmoid_loop": 2, "softmax_loop": 4}
 
 
 def _elementwise(loop, ins, out, *args):
