@@ -243,8 +243,8 @@ def split_matmul(a, b, out):
     if workers is None or a.ndim < 2 or b.ndim < 2 or flops < threads.MIN_FLOPS:
         return None
     rows, columns = out.shape[-2], out.shape[-1]
-    if 1 in (rows, columns) and flops < (threads.VECTOR_MIN_FLOPS if workers.native is None
-                                         else threads.NATIVE_VECTOR_MIN_FLOPS):
+    native = workers.native is not None and a.dtype == b.dtype == out.dtype == np.float32  # sgemv's rows
+    if 1 in (rows, columns) and flops < (threads.NATIVE_VECTOR_MIN_FLOPS if native else threads.VECTOR_MIN_FLOPS):
         return None
     wide = columns >= threads.MIN_COLUMNS * workers.n
     stacked = _stacked_axis(out.shape[:-2], workers.n)
