@@ -2755,9 +2755,10 @@ def bind_where(cond, x, y, out):
 
 
 # Weights of the loops that cost more an element than a copy-like pass, for where they are
-# split (`_elementwise`): a piece must outweigh a thread hop (some 40 us), which
+# split (`_elementwise`): a piece must outweigh a thread hop (some 40 us through the lock
+# workers, 5 on the native ones for the loops with native entries), which
 # threads.MIN_ELEMENTS of a cheap loop do (hard_swish 0.16 ns an element). 131,072 floats
-# (BERT's feed-forward at batch 1) alone, then split over 2 threads: gelu 229 -> 157 us
+# (BERT's feed-forward at batch 1) alone, then split over 2 lock workers: gelu 229 -> 157 us
 # (1.75 ns an element), tanh's 265 -> 180, swish 106 -> 84, sigmoid 100 -> 72, hard_swish
 # 21 -> 35. softmax (its rows apart, `bind_softmax`): 1.3 ns an element; BERT's attention at
 # batch 1, 4 x 128 x 128, alone: 67 us on one thread, 45 split over 2 (the same bits).
