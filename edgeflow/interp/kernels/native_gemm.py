@@ -27,7 +27,8 @@ compiled for the host's CPU by MCJIT (some 2 s, once a machine: its machine code
 beside the module under a key of its sources, and later processes load it in some 50 ms
 without building the IR), called through ctypes with its operands in one int64 array
 (ctypes lets go of the GIL). The same module holds native_winograd.py's Winograd
-transforms (their IR there; `step` binds any of its functions). Measured on this
+transforms (their IR there, built with native_ir.py's helpers; `step` binds any of its
+functions). Measured on this
 project's 2-core AMD EPYC (Zen 3), interleaved in one process, against numpy's OpenBLAS
 sgemm and numpy's passes for the bias and relu6: 0.6-0.95x of their time on
 MobileNetV2's and iris_landmark's pointwise shapes (144x24 @ 24x3136 0.61x, 32x64 @
@@ -52,7 +53,7 @@ import os
 
 import numpy as np
 
-from . import jit, native_winograd, per_constant
+from . import jit, native_ir, native_winograd, per_constant
 
 MR, NR = 4, 24  # a panel's rows, a strip's columns (3 vectors of 8 floats)
 VEC = 8
@@ -187,7 +188,8 @@ def _module(ir):
 
         args = fn.args[0]
         field = [load(b.inttoptr(b.add(args, c(8 * i)), i64.as_pointer()), i64) for i in range(FIELDS)]
-        zero, six = ir.Constant(v8, [0.0] * VEC), ir.Constant(v8, [6.0] * VEC)
+        zero = ir.Constant(v8, [0.0] * VEC)
+        i32x8 = ir.VectorType(i32, VEC)
         lanes = [ir.Constant(ir.VectorType(i64, VEC), list(range(VEC * h, VEC * h + VEC))) for h in range(NV)]
         broadcast = ir.Constant(ir.VectorType(i32, VEC), [0] * VEC)
 
@@ -230,68 +232,10 @@ def _module(ir):
             b.branch(done)
             b.position_at_end(done)
 
-        i32x8 = ir.VectorType(i32, VEC)
-
-        def const(value):
-            return ir.Constant(v8, [float(np.float32(value))] * VEC)
-
-        def swish(v):
-            """v sigmoid(v), as jit.py's _swishf: e = exp(-|v|) (jit._exp_nonpositive's steps,
-            multiply-adds fused), then (1 or e) / (1 + e); NaN kept."""
-            k = jit.EXP_CONSTANTS
-            t = b.fsub(zero, b.call(fabs, [v]))
-            lo = const(k["lo"])
-            u = b.select(b.fcmp_ordered(">", t, lo), t, lo)
-            magic = const(k["magic"])
-            n = b.fsub(b.call(fma, [u, const(k["log2e"]), magic]), magic)
-            minus_n = b.fsub(zero, n)
-            r = b.call(fma, [minus_n, const(k["ln2_lo"]), b.call(fma, [minus_n, const(k["ln2_hi"]), u])])
-            poly = const(k["poly"][-1])
-            for coefficient in reversed(k["poly"][:-1]):
-                poly = b.call(fma, [poly, r, const(coefficient)])
-            poly = b.fadd(b.call(fma, [poly, b.fmul(r, r), r]), const(1.0))
-            bits = b.shl(b.add(b.fptosi(n, i32x8), ir.Constant(i32x8, [127 + 64] * VEC)), ir.Constant(i32x8, [23] * VEC))
-            e = b.fmul(b.fmul(poly, b.bitcast(bits, v8)), const(2.0 ** -64))
-            e = b.select(b.fcmp_ordered(">", t, lo), e, zero)
-            one = const(1.0)
-            return b.fmul(v, b.fdiv(b.select(b.fcmp_ordered(">=", v, zero), one, e), b.fadd(one, e)))
-
-        def hard_swish(v):
-            """v max(0, min(1, (v + 3) / 6)), NaN kept."""
-            s = b.fdiv(b.fadd(v, const(3.0)), six)
-            s = b.select(b.fcmp_ordered("<", s, zero), zero, s)
-            return b.fmul(v, b.select(b.fcmp_ordered(">", s, const(1.0)), const(1.0), s))
-
         def activate(values, relu, relu6):
-            """ACTIVATIONS[...] of each vector: relu and relu6 as selects that keep NaN (numpy's
-            maximum and clip do); swish and hard_swish in blocks of their own."""
-            code = field[ACT]
-            simple, smooth, is_hard, join = block("simple"), block("swish"), block("hard_swish"), block("activated")
-            hard_test = block("hard_test")
-            b.cbranch(b.icmp_signed("<", code, c(3)), simple, hard_test)
-            b.position_at_end(hard_test)
-            b.cbranch(b.icmp_signed("==", code, c(4)), is_hard, smooth)
-            outcomes = []
-            for start, compute in ((simple, None), (is_hard, hard_swish), (smooth, swish)):
-                b.position_at_end(start)
-                if compute is None:
-                    out = []
-                    for v in values:
-                        clipped = b.select(b.fcmp_ordered("<", v, zero), zero, v)
-                        v = b.select(relu, clipped, v)
-                        out.append(b.select(relu6, b.select(b.fcmp_ordered(">", clipped, six), six, clipped), v))
-                else:
-                    out = [compute(v) for v in values]
-                outcomes.append((b.block, out))
-                b.branch(join)
-            b.position_at_end(join)
-            merged = []
-            for h in range(len(values)):
-                phi = b.phi(v8)
-                for where, out in outcomes:
-                    phi.add_incoming(out[h], where)
-                merged.append(phi)
-            return merged
+            """ACTIVATIONS[...] of each vector (native_ir.activate: relu and relu6 as selects
+            that keep NaN, swish and hard_swish in blocks of their own)."""
+            return native_ir.activate(b, ir, fma, fabs, block, field[ACT], values, relu, relu6)
 
         m_, k_, p_ = field[M], field[K], field[P]
         panels = b.udiv(b.add(m_, c(MR - 1)), c(MR))
@@ -573,14 +517,14 @@ FUNCTIONS = ("gemm", "gemm_rows", "winograd_input", "winograd2_input", "winograd
 
 
 def _source_key(llvm):
-    """What the module's machine code follows from, without building its IR: this file's
-    and native_winograd.py's source, their constants' values (tests and benchmarks may set
+    """What the module's machine code follows from, without building its IR: this file's,
+    native_ir.py's and native_winograd.py's source, their constants' values (tests and benchmarks may set
     them before the module compiles), jit.py's exp constants, the CPU and its features,
     llvmlite's version; None where a source file cannot be read."""
     import llvmlite
     parts = [llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(), llvmlite.__version__,
              repr(sorted(jit.EXP_CONSTANTS.items()))]
-    for module in (globals(), vars(native_winograd)):
+    for module in (globals(), vars(native_ir), vars(native_winograd)):
         try:
             with open(module["__file__"], "rb") as f:
                 parts.append(f.read().decode("utf-8", "replace"))

@@ -21,105 +21,11 @@ they run); winograd.py binds them where numba's loops would run those transforms
 """
 import numpy as np
 
-TILES = 8  # tiles a vector: AVX2's 8 floats
+from .native_ir import TILES, Emitter  # TILES: tiles a vector, AVX2's 8 floats
+
 # Operands of one call (the int64 array the compiled function reads).
 X, V, N, C, H, W, TH, TW, TOP, LEFT, C0, C1, PLANE, PAD, PAD_COLS = range(15)
 FIELDS = 15
-
-
-class _Emitter:
-    """A function `name` of one int64 (the address of `count` int64 operands, `fields`)
-    being emitted into `module`, and the IR helpers both transforms' loops use."""
-
-    def __init__(self, module, ir, name, count):
-        self.ir = ir
-        self.f32, self.i64, self.i32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
-        self.v8, self.i64x8 = ir.VectorType(self.f32, TILES), ir.VectorType(self.i64, TILES)
-        self.vptr = self.v8.as_pointer()
-        self.opaque = getattr(self.f32.as_pointer(), "is_opaque", False)
-        v8 = self.v8
-        self.fma = module.globals.get("llvm.fma.v8f32") or ir.Function(
-            module, ir.FunctionType(v8, [v8, v8, v8]), name="llvm.fma.v8f32")
-        suffix = "p0" if self.opaque else "p0v8f32"
-        self.masked_load = module.globals.get("llvm.masked.load.v8f32." + suffix) or ir.Function(
-            module, ir.FunctionType(v8, [self.vptr, self.i32, ir.VectorType(ir.IntType(1), TILES), v8]),
-            name="llvm.masked.load.v8f32." + suffix)
-        self.fn = ir.Function(module, ir.FunctionType(self.i64, [self.i64]), name=name)
-        self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
-        self.fields = [self.load(self.b.inttoptr(self.b.add(self.fn.args[0], self.c(8 * k)), self.i64.as_pointer()),
-                                 self.i64) for k in range(count)]
-
-    def c(self, value):
-        return self.ir.Constant(self.i64, value)
-
-    def const(self, value):
-        return self.ir.Constant(self.v8, [float(value)] * TILES)
-
-    def load(self, pointer, kind, align=None):
-        value = self.b.load(pointer, typ=kind) if self.opaque else self.b.load(pointer)
-        if align:
-            value.align = align
-        return value
-
-    def vector_at(self, address):
-        """The 8 floats at `address` (an i64)."""
-        return self.load(self.b.inttoptr(address, self.vptr), self.v8, 4)
-
-    def shuffle(self, u, w, order):
-        return self.b.shuffle_vector(u, w, self.ir.Constant(self.ir.VectorType(self.i32, len(order)), order))
-
-    def splat(self, value, kind):
-        vector = self.b.insert_element(self.ir.Constant(kind, self.ir.Undefined), value, self.ir.Constant(self.i32, 0))
-        return self.shuffle(vector, self.ir.Constant(kind, self.ir.Undefined), [0] * TILES)
-
-    def block(self, label):
-        return self.fn.append_basic_block(label)
-
-    def loop(self, first, last, step, body):
-        """for k in range(first, last, step): body(k) (its counter a phi node)."""
-        b = self.b
-        before, test, inside, after = b.block, self.block("test"), self.block("body"), self.block("after")
-        b.branch(test)
-        b.position_at_end(test)
-        k = b.phi(self.i64)
-        k.add_incoming(first, before)
-        b.cbranch(b.icmp_signed("<", k, last), inside, after)
-        b.position_at_end(inside)
-        body(k)
-        k.add_incoming(b.add(k, step), b.block)
-        b.branch(test)
-        b.position_at_end(after)
-
-    def when(self, condition, body):
-        yes, after = self.block("then"), self.block("done")
-        self.b.cbranch(condition, yes, after)
-        self.b.position_at_end(yes)
-        body()
-        self.b.branch(after)
-        self.b.position_at_end(after)
-
-    def min(self, u, w):
-        return self.b.select(self.b.icmp_signed("<", u, w), u, w)
-
-    def pieces(self, count, stores):
-        """The first `count` (< 8) floats of each (address, vector) of `stores` stored at its
-        address: 4, 2 and 1 of them as count's bits say (whole stores: AMD's masked stores are
-        microcoded, ~12 cycles each)."""
-        b, c = self.b, self.c
-        four, two = b.and_(count, c(4)), b.and_(count, c(2))
-        has_four = b.icmp_signed("!=", four, c(0))
-        v4, v2 = self.ir.VectorType(self.f32, 4), self.ir.VectorType(self.f32, 2)
-
-        def store(width, offset, take):
-            for address, value in stores:
-                kind = {4: v4, 2: v2, 1: self.f32}[width]
-                pointer = b.inttoptr(b.add(address, b.mul(offset, c(4))), kind.as_pointer())
-                b.store(take(value), pointer).align = 4
-        self.when(has_four, lambda: store(4, c(0), lambda value: self.shuffle(value, value, [0, 1, 2, 3])))
-        self.when(b.icmp_signed("!=", two, c(0)), lambda: store(2, four, lambda value: b.select(
-            has_four, self.shuffle(value, value, [4, 5]), self.shuffle(value, value, [0, 1]))))
-        self.when(b.icmp_signed("!=", b.and_(count, c(1)), c(0)), lambda: store(
-            1, b.add(four, two), lambda value: b.extract_element(value, b.trunc(b.add(four, two), self.i32))))
 
 
 def transform(b, fma, const, d):
@@ -148,9 +54,9 @@ def emit(module, ir, name, m=4):
     LEFT (zeros outside x); PLANE: V's floats from one of the a^2 positions to the next."""
     a = m + 2
     loads = 5 if m == 4 else 3  # vectors of a group's floats of a row: 34 or 18 of them
-    e = _Emitter(module, ir, name, FIELDS)
+    e = Emitter(module, ir, name, FIELDS)
     b, c, loop, shuffle, block = e.b, e.c, e.loop, e.shuffle, e.block
-    f32, vptr = e.f32, e.vptr
+    vptr = e.vptr
     x, v, n_, c_, h_, w_, th, tw, top, left, c0, c1, plane, pad, pad_cols = e.fields
     pad_rows = b.add(b.mul(th, c(m)), c(2))
 
@@ -164,35 +70,8 @@ def emit(module, ir, name, m=4):
         zeros (rows and columns past the tiles' reach left out)."""
         base = b.add(x, b.mul(b.mul(b.add(b.mul(n, c_), ch), b.mul(h_, w_)), c(4)))
         rows, width = e.min(h_, b.sub(pad_rows, top)), e.min(w_, b.sub(pad_cols, left))
-        last = b.sub(width, c(TILES))  # a row's last 8 columns (its others in whole vectors before)
-
-        def row(y):
-            source = b.add(base, b.mul(b.mul(y, w_), c(4)))
-            target = b.add(pad, b.mul(b.add(b.mul(b.add(y, top), pad_cols), left), c(4)))
-
-            def move(u):
-                value = e.vector_at(b.add(source, b.mul(u, c(4))))
-                b.store(value, b.inttoptr(b.add(target, b.mul(u, c(4))), vptr)).align = 4
-
-            def wide():
-                loop(c(0), last, c(TILES), move)
-                move(last)
-
-            def narrow():  # fewer than 8 columns: one at a time
-                def one(u):
-                    b.store(e.load(b.inttoptr(b.add(source, b.mul(u, c(4))), f32.as_pointer()), f32),
-                            b.inttoptr(b.add(target, b.mul(u, c(4))), f32.as_pointer()))
-                loop(c(0), width, c(1), one)
-            wide_block, narrow_block, done = block("wide"), block("narrow"), block("copied")
-            b.cbranch(b.icmp_signed(">=", width, c(TILES)), wide_block, narrow_block)
-            b.position_at_end(wide_block)
-            wide()
-            b.branch(done)
-            b.position_at_end(narrow_block)
-            narrow()
-            b.branch(done)
-            b.position_at_end(done)
-        loop(c(0), rows, c(1), row)
+        target = b.add(pad, b.mul(b.add(b.mul(top, pad_cols), left), c(4)))
+        e.copy_rows(base, target, rows, width, w_, pad_cols)
 
     def split_row(i, r, j0):
         """Elements (r, 0..a - 1) of tiles (i, j0..j0 + 7), a vector each: the plane buffer's
@@ -317,7 +196,7 @@ def emit_output(module, ir, name):
     each tile's products P (p: (36, M, N * OTH * OTW), OPLANE floats from one of the 36
     positions to the next), tile (n, i, j) at out's row 4 i, column 4 j (cropped at its
     edge); ACT 0 none, 1 relu, 2 relu6 (selects that keep NaN)."""
-    e = _Emitter(module, ir, name, OUTPUT_FIELDS)
+    e = Emitter(module, ir, name, OUTPUT_FIELDS)
     b, c, const, loop, when, shuffle, block = e.b, e.c, e.const, e.loop, e.when, e.shuffle, e.block
     f32, v8, vptr, i64x8 = e.f32, e.v8, e.vptr, e.i64x8
     p, bias, out, n_, m_, oh, ow, th, tw, m0, m1, plane, act = e.fields
