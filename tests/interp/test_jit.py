@@ -23,7 +23,7 @@ import edgeflow as ef
 from edgeflow.format import writer
 from edgeflow.graph.math_ops import apply
 from edgeflow.interp import threads
-from edgeflow.interp.kernels import jit, native_gemm
+from edgeflow.interp.kernels import jit, native_depthwise, native_gemm
 
 FEW = settings(max_examples=12)
 ACTIVATIONS = {"": lambda y: y, "relu": lambda y: np.maximum(y, 0), "relu6": lambda y: np.clip(y, 0, 6),
@@ -48,7 +48,7 @@ def _bind_mode(path, monkeypatch):
     monkeypatch.setenv("EDGEFLOW_JIT", "1" if path == "jit" else "0")
     if path == "jit":  # the jit extra is installed with the tests: a broken numba fails here
         assert jit.available(), "numba does not import"  # loaded: the loops of small gains bind too
-    bound, compiled, native = [], jit.compiled, native_gemm.bind
+    bound, compiled, native, native_dw = [], jit.compiled, native_gemm.bind, native_depthwise.bind
 
     def recording(loop, *args, **kwargs):
         bound.append(loop.__name__)
@@ -59,8 +59,14 @@ def _bind_mode(path, monkeypatch):
         if step is not None:
             bound.append("native_gemm")
         return step
+    def recording_depthwise(*args, **kwargs):
+        step = native_dw(*args, **kwargs)
+        if step is not None:
+            bound.append("native_depthwise")
+        return step
     monkeypatch.setattr(jit, "compiled", recording)
     monkeypatch.setattr(native_gemm, "bind", recording_native)
+    monkeypatch.setattr(native_depthwise, "bind", recording_depthwise)
     return path, bound
 
 
@@ -128,9 +134,11 @@ def depthwise_cases(draw):
 
 @pytest.fixture(params=["depthwise_loop", "depthwise_channels_loop"])
 def depthwise(request, monkeypatch):
-    """Which of the two depthwise loops binds, whatever the plane's width: the name."""
+    """Which of the two depthwise loops binds, whatever the plane's width: the name (the
+    compiled stride-2 kernel, native_depthwise, left out)."""
     monkeypatch.setattr(jit, "DEPTHWISE_PLANE_MIN", 0 if request.param == "depthwise_loop" else 1 << 30)
     monkeypatch.setattr(jit, "DEPTHWISE_SAME_MIN", 1 << 30)
+    monkeypatch.setattr(native_depthwise, "suits", lambda *args: False)
     return request.param
 
 
@@ -1124,7 +1132,7 @@ import numpy as np
 import edgeflow as ef
 from edgeflow.format import writer
 from edgeflow.graph.math_ops import apply
-from edgeflow.interp.kernels import jit, native_gemm
+from edgeflow.interp.kernels import jit, native_depthwise, native_gemm
 rng = np.random.default_rng(0)
 x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
 g = ef.Graph()
@@ -1244,7 +1252,7 @@ import sys, json
 import numpy as np
 import edgeflow as ef
 from edgeflow.format import writer
-from edgeflow.interp.kernels import jit, native_gemm
+from edgeflow.interp.kernels import jit, native_depthwise, native_gemm
 g = ef.Graph()
 with g.as_default():
     x = ef.placeholder(ef.float32, [2, 8, 8, 8], name="x")  # 8 channels: no stem loop (it loads numba)
@@ -1336,15 +1344,17 @@ def test_kinds_part_arguments_as_numba_types_them(a, b):
 
 
 @pytest.mark.parametrize("case", ["same", "plane", "channels", "winograd"])
-def test_a_loops_native_entry_gives_its_bits_on_the_native_workers(case):
+def test_a_loops_native_entry_gives_its_bits_on_the_native_workers(case, monkeypatch):
     """Where a plan has native workers, the depthwise and Winograd loops' steps carry a
     native entry (a C function of one int64, jit._NATIVE_ENTRIES): called by address it
     writes the step's own bits; Workers.split posts such steps to the native workers, and
-    the split gives the bits of one thread and numpy's float64 result within 1e-4."""
+    the split gives the bits of one thread and numpy's float64 result within 1e-4 (the
+    stride-2 plane's loop: native_depthwise's compiled kernel left out)."""
     import ctypes
 
     from edgeflow.interp.kernels import winograd
     assert jit.available()
+    monkeypatch.setattr(native_depthwise, "suits", lambda *args: False)
     rng = np.random.default_rng(3)
     c, size, stride = {"same": (24, 14, 1), "plane": (24, 40, 2), "channels": (70, 7, 1), "winograd": (16, 12, 1)}[case]
     x = rng.standard_normal((1, c, size, size)).astype(np.float32)

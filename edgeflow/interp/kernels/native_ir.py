@@ -1,5 +1,5 @@
-"""LLVM IR helpers of the compiled kernels (native_gemm's module: native_gemm.py and
-native_winograd.py): `Emitter`, a function of one int64 argument
+"""LLVM IR helpers of the compiled kernels (native_gemm's module: native_gemm.py,
+native_winograd.py, native_depthwise.py): `Emitter`, a function of one int64 argument
 being built, with its loops, branches, vector loads and partial stores, and the fused
 activations as IR on vectors of 8 floats (`swish`, `hard_swish`, `activate`), the same
 sums as jit.py's loops compute them."""

@@ -1,0 +1,178 @@
+"""Stride-2 depthwise convolutions (3x3 and 5x5 kernels, dilation 1) as LLVM IR: a plane's
+even and odd columns split apart once by shuffles, then each output row 8 columns a vector,
+every tap a plain vector load, the bias and activation applied in registers before a whole
+store.
+
+jit.py's loops run these a channel at a time over the plane's stride phases, copied one
+float at a time (a row of a 28x28 plane is 14 pairs: too short a loop for LLVM to
+vectorize), or, on planes narrower than 16 output columns, over blocks of 64 channels laid
+channels-last by a gather of one float at a time. MobileNetV2's stride-2 layers took
+1.6-3.9x onnxruntime's time in the model at batch 1 (192 channels 28x28 -> 14x14: 152
+against 39 us).
+
+Here each plane (image, channel) is copied into PHASES: the padded plane's rows the taps
+reach, each as its even columns then its odd ones (16 floats of x a step, split by two
+shuffles; a row's last by masked loads), inside zeros written once (the conv's padding).
+Output column j's tap t reads column 2j + t of the padded row: phase t % 2, from j + t // 2,
+so 8 outputs' tap is one unaligned load. Each kernel row's taps are a chain of multiply-adds
+of its own (K chains, added at the end, with the bias), then the activation (relu, relu6,
+swish, hard_swish: native_ir.activate). The last group of a row overlaps the one before
+where the row holds 8 or more, so every store is whole; a narrower row (7x7) stores whole
+vectors whose last lanes land on the plane's next row (written after), where they would
+pass the plane's end 4, 2 and 1 floats.
+
+Planes go in memory order (images outermost: at batch 8, 576 channels 14x14 -> 7x7 took 1.26x
+the loops' time a channel's images at a time, 0.56x so). Against the loops, interleaved in
+one process, relu6, batch 1 and 8: 96 channels 112x112 -> 56x56 0.70x and 0.84x of their
+time, 144 56 -> 28 0.47x and 0.71x (5x5: 0.56x, 0.75x), 192 28 -> 14 0.47x and 0.51x, 576 14 ->
+7 0.75x and 0.56x (5x5: 0.77x, 0.72x). Tried first: three vector loads a kernel row and a
+group, split by shuffles for every tap (3 a row for 3x3 kernels, 5 for 5x5: shuffles bound
+the loop; 0.5-1.0x), and masked loads from x in place, no copy (1.0-1.5x: most groups of
+small planes touch an edge).
+
+The functions are compiled into native_gemm's module (native_gemm.available() says whether
+they run); jit.bind_depthwise binds them (`bind`) for float32 convs that `suits`.
+"""
+import numpy as np
+
+from .native_ir import TILES, Emitter
+
+# Operands of one call (the int64 array the compiled function reads).
+X, WT, BIAS, OUT, N, C, H, W, OH, OW, TOP, LEFT, ACT, PHASES, QW = range(15)
+FIELDS = 15
+KERNELS = (3, 5)  # kernel sizes with a function: depthwise2_3x3, depthwise2_5x5
+ACTIVATIONS = {"": 0, "relu": 1, "relu6": 2, "swish": 3, "hard_swish": 4}  # jit.ACTIVATION_CODES
+
+
+def name(k):
+    return f"depthwise2_{k}x{k}"
+
+
+FUNCTIONS = tuple(name(k) for k in KERNELS)
+
+
+def emit(module, ir, k):
+    """The function depthwise2_KxK(fields) of one int64 (the address of FIELDS int64s): out (N,
+    C, OH, OW) = act(the depthwise conv of x (N, C, H, W) by wt (C, K * K), stride 2, TOP and
+    LEFT zeros before x's rows and columns (and zeros past them), + bias (C,)); ACT as
+    jit.ACTIVATION_CODES. PHASES: a buffer of zeros, 2 (OH - 1) + K rows of the padded
+    plane, each as its even columns then its odd ones, QW floats each (its zeros, the
+    padding, stay: each plane is copied inside them)."""
+    e = Emitter(module, ir, name(k), FIELDS)
+    b, c, loop, shuffle, block, when = e.b, e.c, e.loop, e.shuffle, e.block, e.when
+    x, wt, bias, out, n_, c_, h_, w_, oh, ow, top, left, act, phases, qw = e.fields
+    f32, v8, vptr = e.f32, e.v8, e.vptr
+    fptr = f32.as_pointer()
+    relu, relu6 = b.icmp_signed("==", act, c(1)), b.icmp_signed("==", act, c(2))
+    # Groups of 8 columns from the row's start; where OW >= 8 the last ends at the row's end.
+    last = b.select(b.icmp_signed(">=", ow, c(TILES)), b.sub(ow, c(TILES)), c(0))
+    reach = b.add(b.mul(b.sub(oh, c(1)), c(2)), c(k))  # the padded rows the taps read
+    rows = e.min(h_, b.sub(reach, top))  # x's rows copied
+    # x's even columns land in phase LEFT % 2 from LEFT // 2 on, its odd ones in the other
+    # from (LEFT + 1) // 2 on (floats from a phase row's start)
+    odd_left = b.icmp_signed("!=", b.and_(left, c(1)), c(0))
+    even_at = b.add(b.select(odd_left, qw, c(0)), b.udiv(left, c(2)))
+    odd_at = b.add(b.select(odd_left, c(0), qw), b.udiv(b.add(left, c(1)), c(2)))
+
+    def address(base, index):
+        return b.add(base, b.mul(index, c(4)))
+
+    def scalar(base, index):
+        return e.load(b.inttoptr(address(base, index), fptr), f32)
+
+    def copy_plane(source):
+        """x's plane at `source` into the phase rows: 16 floats at a time split by shuffles
+        into 8 even and 8 odd, a row's last (fewer) by masked loads (zeros past x: its
+        right padding)."""
+        whole = b.sub(w_, b.urem(w_, c(16)))
+        rest = e.splat(b.sub(w_, whole), e.i64x8)
+        keep = [b.icmp_signed("<", ir.Constant(e.i64x8, list(range(h * TILES, h * TILES + TILES))), rest)
+                for h in (0, 1)]
+
+        def row(y):
+            start = address(source, b.mul(y, w_))
+            line = address(phases, b.mul(b.add(y, top), b.mul(qw, c(2))))
+            evens, odds = address(line, even_at), address(line, odd_at)
+
+            def split(m0, v0, v1):
+                half = b.udiv(m0, c(2))
+                b.store(shuffle(v0, v1, list(range(0, 16, 2))), b.inttoptr(address(evens, half), vptr)).align = 4
+                b.store(shuffle(v0, v1, list(range(1, 16, 2))), b.inttoptr(address(odds, half), vptr)).align = 4
+            loop(c(0), whole, c(16), lambda m0: split(
+                m0, e.vector_at(address(start, m0)), e.vector_at(address(start, b.add(m0, c(TILES))))))
+            when(b.icmp_signed("<", whole, w_), lambda: split(whole, *(
+                b.call(e.masked_load, [b.inttoptr(address(start, b.add(whole, c(TILES * h))), vptr),
+                                       ir.Constant(e.i32, 4), keep[h], e.const(0.0)]) for h in (0, 1))))
+        loop(c(0), rows, c(1), row)
+
+    def plane_of(n, ch):
+        """Image n's channel ch."""
+        taps = [e.splat(scalar(wt, b.add(b.mul(ch, c(k * k)), c(t))), v8) for t in range(k * k)]
+        shift = e.splat(scalar(bias, ch), v8)
+        plane = b.add(b.mul(n, c_), ch)
+        copy_plane(address(x, b.mul(plane, b.mul(h_, w_))))
+        target_plane = address(out, b.mul(plane, b.mul(oh, ow)))
+
+        def group(i, j):
+            j0 = e.min(j, last)
+            sums = []
+            for r in range(k):  # a chain of multiply-adds a kernel row
+                line = address(phases, b.mul(b.add(b.mul(i, c(2)), c(r)), b.mul(qw, c(2))))
+                acc = None
+                for t in range(k):  # column 2 j + t: phase t % 2, from j + t // 2
+                    value = e.vector_at(address(line, b.add(b.mul(c(t % 2), qw), b.add(j0, c(t // 2)))))
+                    acc = b.fmul(taps[r * k + t], value) if acc is None else b.call(e.fma, [taps[r * k + t], value, acc])
+                sums.append(acc)
+            total = b.fadd(shift, sums[0])
+            for acc in sums[1:]:
+                total = b.fadd(total, acc)
+            value = e.activate(act, [total], relu, relu6)[0]
+            target = address(target_plane, b.add(b.mul(i, ow), j0))
+            whole, part, done = block("whole"), block("part"), block("stored")
+            # Whole where the row holds 8, or where the lanes past it land on the plane's
+            # next rows (written after)
+            spill_inside = b.icmp_signed("<=", b.add(b.mul(i, ow), c(TILES)), b.mul(oh, ow))
+            b.cbranch(b.or_(b.icmp_signed(">=", ow, c(TILES)), spill_inside), whole, part)
+            b.position_at_end(whole)
+            b.store(value, b.inttoptr(target, vptr)).align = 4
+            b.branch(done)
+            b.position_at_end(part)
+            e.pieces(ow, [(target, value)])
+            b.branch(done)
+            b.position_at_end(done)
+        loop(c(0), oh, c(1), lambda i: loop(c(0), ow, c(TILES), lambda j: group(i, j)))
+    loop(c(0), n_, c(1), lambda n: loop(c(0), c_, c(1), lambda ch: plane_of(n, ch)))
+    b.ret(c(0))
+
+
+def suits(x_shape, kernel_shape, strides, dilations, begin, out_shape, activation):
+    """Whether `bind` takes a depthwise conv of these: stride 2, dilation 1, a 3x3 or 5x5
+    kernel, padding inside the kernel's reach, an activation it computes."""
+    (kh, kw), (top, left) = kernel_shape, begin[:2]
+    return (tuple(strides) == (2, 2) and tuple(dilations) == (1, 1) and kh == kw and kh in KERNELS
+            and 0 <= top < kh and 0 <= left < kw and activation in ACTIVATIONS and all(out_shape))
+
+
+def bind(x, w, bias, out, begin, activation):
+    """A step writing out (N, C, OH, OW) = act(depthwise conv of x (N, C, H, W) by w (C, 1, K,
+    K), stride 2, `begin` the top and left zeros (those past x's end follow from OH and OW),
+    + bias (C,) or zeros), float32 arrays, contiguous; None where native_gemm does not run
+    or the operands do not qualify (`suits`, checked by the caller)."""
+    from . import native_gemm
+    if not native_gemm.available() or x.ndim != 4 or out.ndim != 4 \
+            or any(a.dtype != np.float32 or not a.flags.c_contiguous for a in (x, w, out)):
+        return None
+    (n, ch, h, wd), k, (oh, ow) = x.shape, w.shape[2], out.shape[2:]
+    if w.shape != (ch, 1, k, k) or out.shape[:2] != (n, ch):
+        return None
+    wt = np.ascontiguousarray(w.reshape(ch, k * k))
+    b = np.zeros(ch, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).reshape(ch)
+    # a phase row: the groups' reach (the last from max(OW, 8) - 8, taps to 2 floats past
+    # it), and x's columns after the left zeros; the rows the taps reach
+    qw = max(max(ow, TILES) + (k - 1) // 2, (begin[1] + wd) // 2 + TILES + 1)  # with the last 16's zeros
+    phases = np.zeros((max(2 * (oh - 1) + k, begin[0] + 1), 2, qw), np.float32)
+    fields = np.zeros(FIELDS, np.int64)
+    fields[[X, WT, BIAS, OUT, N, C, H, W, OH, OW, TOP, LEFT, ACT, PHASES, QW]] = [
+        x.ctypes.data, wt.ctypes.data, b.ctypes.data, out.ctypes.data, n, ch, h, wd, oh, ow, *begin[:2],
+        ACTIVATIONS[activation], phases.ctypes.data, qw]
+    return native_gemm.step(name(k), fields, None, (x, wt, b, out, phases))
