@@ -132,13 +132,15 @@ def depthwise_cases(draw):
                              "group": c}, draw(st.sampled_from(list(ACTIVATIONS))), draw(st.booleans())
 
 
-@pytest.fixture(params=["depthwise_loop", "depthwise_channels_loop"])
+@pytest.fixture(params=["depthwise_loop", "depthwise_channels_loop", "native_depthwise"])
 def depthwise(request, monkeypatch):
-    """Which of the two depthwise loops binds, whatever the plane's width: the name (the
-    compiled stride-2 kernel, native_depthwise, left out)."""
-    monkeypatch.setattr(jit, "DEPTHWISE_PLANE_MIN", 0 if request.param == "depthwise_loop" else 1 << 30)
-    monkeypatch.setattr(jit, "DEPTHWISE_SAME_MIN", 1 << 30)
-    monkeypatch.setattr(native_depthwise, "suits", lambda *args: False)
+    """Which of the two depthwise loops binds, whatever the plane's width, the compiled
+    kernel (native_depthwise) left out; or the default choice, the compiled kernel where it
+    `suits`: the name."""
+    if request.param != "native_depthwise":
+        monkeypatch.setattr(jit, "DEPTHWISE_PLANE_MIN", 0 if request.param == "depthwise_loop" else 1 << 30)
+        monkeypatch.setattr(jit, "DEPTHWISE_SAME_MIN", 1 << 30)
+        monkeypatch.setattr(native_depthwise, "suits", lambda *args: False)
     return request.param
 
 
@@ -153,12 +155,20 @@ def test_depthwise_conv(mode, depthwise, case, seed):
     operands = [w] + ([b] if with_bias else [])
     inits = {"w": w, **({"b": b} if with_bias else {})}
     expected = ACTIVATIONS[activation](onnx_run([helper.make_node("Conv", ["x", *inits], ["y"], **attrs)], x, inits))
-    check(mode, lambda t: apply("conv", [t] + operands, {**attrs, "activation": activation}), x, expected,
-          depthwise)
+    loop = depthwise
+    if depthwise == "native_depthwise":
+        pads = attrs["pads"]
+        out = [(size + pads[i] + pads[i + 2] - (k - 1) * attrs["dilations"][i] - 1) // attrs["strides"][i] + 1
+               for i, size in enumerate(shape[2:])]
+        if not native_depthwise.suits(shape[2:], (k, k), attrs["strides"], attrs["dilations"], pads[:2], out,
+                                      activation):
+            loop = ("depthwise_loop", "depthwise_channels_loop", "depthwise_same_loop")
+    check(mode, lambda t: apply("conv", [t] + operands, {**attrs, "activation": activation}), x, expected, loop)
 
 
 def test_depthwise_float64(jit_mode, depthwise):
-    """float64 operands take the loops too, in float64."""
+    """float64 operands take the loops too, in float64 (the compiled kernel, float32's alone,
+    declines them: a plane of 11 columns then takes the channel blocks' loop)."""
     rng = np.random.default_rng(1)
     x = rng.standard_normal((2, 70, 9, 11))
     w, b = rng.standard_normal((70, 1, 3, 3)), rng.standard_normal(70)
@@ -169,7 +179,7 @@ def test_depthwise_float64(jit_mode, depthwise):
     jit_mode[1].clear()
     got = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})}))) \
         .get_signature_runner("infer")(x=x)["y"]
-    assert depthwise in jit_mode[1]
+    assert (depthwise if depthwise != "native_depthwise" else "depthwise_channels_loop") in jit_mode[1]
     padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
     expected = sum(w[None, :, 0, i, j, None, None] * padded[:, :, i:i + 9, j:j + 11]
                    for i in range(3) for j in range(3))
@@ -190,8 +200,9 @@ def same_cases(draw):
 @FEW
 @given(case=same_cases(), seed=st.integers(0, 2 ** 16))
 def test_depthwise_same_conv(mode, case, seed):
-    """depthwise_same_loop (taken here whatever the plane's width) against onnxruntime and
-    the numpy path, on planes whose rows and bands are a few elements long."""
+    """depthwise_same_loop (taken here whatever the plane's width, native_depthwise left
+    out) against onnxruntime and the numpy path, on planes whose rows and bands are a few
+    elements long."""
     shape, k, attrs, activation, with_bias = case
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(shape).astype(np.float32)
@@ -201,15 +212,20 @@ def test_depthwise_same_conv(mode, case, seed):
     expected = ACTIVATIONS[activation](onnx_run([helper.make_node("Conv", ["x", *inits], ["y"], **attrs)], x, inits))
     with pytest.MonkeyPatch.context() as m:
         m.setattr(jit, "DEPTHWISE_SAME_MIN", 0)
+        m.setattr(native_depthwise, "suits", lambda *args: False)  # its stride-1 convs left out
         check(mode, lambda t: apply("conv", [t, *inits.values()], {**attrs, "activation": activation}), x,
               expected, "depthwise_same_loop")
 
 
 @pytest.mark.parametrize("k", [3, 5])
-def test_depthwise_same_keeps_rows_apart(jit_mode, k):
+@pytest.mark.parametrize("kernel", ["depthwise_same_loop", "native_depthwise"])
+def test_depthwise_same_keeps_rows_apart(jit_mode, k, kernel, monkeypatch):
     """The long run reads a row's neighbours past its ends and drops them by mask: an inf or
     a NaN at the end of a row (or of a channel) reaches only the outputs whose windows hold
-    it, as in onnxruntime; the default width threshold picks the loop for a 16-wide plane."""
+    it, as in onnxruntime; so in native_depthwise's copy inside zeros, which the default
+    thresholds pick for a 16-wide plane."""
+    if kernel == "depthwise_same_loop":
+        monkeypatch.setattr(native_depthwise, "suits", lambda *args: False)
     rng = np.random.default_rng(k)
     x = rng.standard_normal((1, 3, 12, 16)).astype(np.float32)
     x[0, 0, 4, -1], x[0, 1, 7, 0], x[0, 2, -1, -1], x[0, 1, 0, 0] = np.inf, -np.inf, np.nan, np.inf
@@ -219,7 +235,7 @@ def test_depthwise_same_keeps_rows_apart(jit_mode, k):
     assert np.isfinite(expected).sum() > expected.size // 2
     jit_mode[1].clear()
     got = run(lambda t: apply("conv", [t, w], {**attrs, "activation": ""}), x)
-    assert "depthwise_same_loop" in jit_mode[1]
+    assert kernel in jit_mode[1]
     np.testing.assert_array_equal(np.isfinite(got), np.isfinite(expected))
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected[np.isfinite(expected)]).max())
 
@@ -1238,7 +1254,7 @@ def test_jit_off_keeps_numpy_kernels_where_numba_is_loaded(jit_mode):
         numpy_only = ef.Interpreter(model).get_signature_runner("infer")(x=x)["y"]
     np.testing.assert_array_equal(off, numpy_only)
     ef.Interpreter(model).get_signature_runner("infer")(x=x)
-    assert "depthwise_same_loop" in bound, bound
+    assert "native_depthwise" in bound, bound  # a 12x12 plane's 3x3: the compiled kernel
     with pytest.raises(ef.errors.InvalidInputError, match="jit"):
         ef.Interpreter(model, jit="on")
 

@@ -974,7 +974,7 @@ def bind_depthwise(x, w, bias, out, strides, dilations, begin, activation):
     (n, c, h, wd), (kh, kw), (oh, ow) = x.shape, w.shape[2:], out.shape[2:]
     if out.dtype == np.float32 and native_depthwise.suits(x.shape[2:], (kh, kw), strides, dilations, begin,
                                                           (oh, ow), activation):
-        step = native_depthwise.bind(x, w, b, out, begin, activation)
+        step = native_depthwise.bind(x, w, b, out, strides[0], begin, activation)
         if step is not None:
             return step
     flat = (x.reshape(-1), w.reshape(-1), b, out.reshape(-1))

@@ -1,7 +1,7 @@
-"""Stride-2 depthwise convolutions (3x3 and 5x5 kernels, dilation 1) as LLVM IR: a plane's
-even and odd columns split apart once by shuffles, then each output row 8 columns a vector,
-every tap a plain vector load, the bias and activation applied in registers before a whole
-store.
+"""Depthwise convolutions of stride 1 and 2 (3x3 and 5x5 kernels, dilation 1) as LLVM IR:
+each plane copied inside zeros (its padding; at stride 2 its even and odd columns split
+apart by shuffles), then each output row 8 columns a vector, every tap a plain vector load,
+the bias and activation applied in registers before a whole store.
 
 jit.py's loops run these a channel at a time over the plane's stride phases, copied one
 float at a time (a row of a 28x28 plane is 14 pairs: too short a loop for LLVM to
@@ -14,7 +14,9 @@ Here each plane (image, channel) is copied into PHASES: the padded plane's rows 
 reach, each as its even columns then its odd ones (16 floats of x a step, split by two
 shuffles; a row's last by masked loads), inside zeros written once (the conv's padding).
 Output column j's tap t reads column 2j + t of the padded row: phase t % 2, from j + t // 2,
-so 8 outputs' tap is one unaligned load. Each kernel row's taps are a chain of multiply-adds
+so 8 outputs' tap is one unaligned load. At stride 1 the rows are copied as they are (whole
+vectors) and tap t reads from j + t: SAME_3X3_MAX_WIDTH says where that beats jit.py's
+depthwise_same_loop, which reads x in place. Each kernel row's taps are a chain of multiply-adds
 of its own (K chains, added at the end, with the bias), then the activation (relu, relu6,
 swish, hard_swish: native_ir.activate). The last group of a row overlaps the one before
 where the row holds 8 or more, so every store is whole; a narrower row (7x7) stores whole
@@ -40,25 +42,33 @@ from .native_ir import TILES, Emitter
 # Operands of one call (the int64 array the compiled function reads).
 X, WT, BIAS, OUT, N, C, H, W, OH, OW, TOP, LEFT, ACT, PHASES, QW = range(15)
 FIELDS = 15
-KERNELS = (3, 5)  # kernel sizes with a function: depthwise2_3x3, depthwise2_5x5
+KERNELS = (3, 5)  # kernel sizes with a function: depthwise1_3x3, ..., depthwise2_5x5
+STRIDES = (1, 2)
+# Stride-1 3x3 convs run here on planes at most this wide (output columns); wider ones run
+# jit.py's depthwise_same_loop over x in place, with no copy (against it, interleaved, batch
+# 1 and 8: 576 channels at 14x14 0.74x and 0.63x, 960 at 7x7 0.93x and 0.97x, 32 at 24x24
+# 0.91x and 0.85x, 64 at 20x20 1.0x, 192 at 28x28 1.69x and 1.04x, 32 at 112x112 1.78x and
+# 1.52x). 5x5 kernels run here at every width (28x28 0.80-0.89x, 56x56 0.82-0.84x, 112x112
+# 0.84-0.97x, 14x14 and 7x7 0.69-0.79x).
+SAME_3X3_MAX_WIDTH = 24
 ACTIVATIONS = {"": 0, "relu": 1, "relu6": 2, "swish": 3, "hard_swish": 4}  # jit.ACTIVATION_CODES
 
 
-def name(k):
-    return f"depthwise2_{k}x{k}"
+def name(k, stride):
+    return f"depthwise{stride}_{k}x{k}"
 
 
-FUNCTIONS = tuple(name(k) for k in KERNELS)
+FUNCTIONS = tuple(name(k, s) for s in STRIDES for k in KERNELS)
 
 
-def emit(module, ir, k):
-    """The function depthwise2_KxK(fields) of one int64 (the address of FIELDS int64s): out (N,
-    C, OH, OW) = act(the depthwise conv of x (N, C, H, W) by wt (C, K * K), stride 2, TOP and
-    LEFT zeros before x's rows and columns (and zeros past them), + bias (C,)); ACT as
-    jit.ACTIVATION_CODES. PHASES: a buffer of zeros, 2 (OH - 1) + K rows of the padded
-    plane, each as its even columns then its odd ones, QW floats each (its zeros, the
+def emit(module, ir, k, stride):
+    """The function depthwiseS_KxK(fields) of one int64 (the address of FIELDS int64s): out (N,
+    C, OH, OW) = act(the depthwise conv of x (N, C, H, W) by wt (C, K * K), stride S (1 or 2),
+    TOP and LEFT zeros before x's rows and columns (and zeros past them), + bias (C,)); ACT as
+    jit.ACTIVATION_CODES. PHASES: a buffer of zeros, S (OH - 1) + K rows of the padded plane
+    (at stride 2 each as its even columns then its odd ones), QW floats each (its zeros, the
     padding, stay: each plane is copied inside them)."""
-    e = Emitter(module, ir, name(k), FIELDS)
+    e = Emitter(module, ir, name(k, stride), FIELDS)
     b, c, loop, shuffle, block, when = e.b, e.c, e.loop, e.shuffle, e.block, e.when
     x, wt, bias, out, n_, c_, h_, w_, oh, ow, top, left, act, phases, qw = e.fields
     f32, v8, vptr = e.f32, e.v8, e.vptr
@@ -66,7 +76,8 @@ def emit(module, ir, k):
     relu, relu6 = b.icmp_signed("==", act, c(1)), b.icmp_signed("==", act, c(2))
     # Groups of 8 columns from the row's start; where OW >= 8 the last ends at the row's end.
     last = b.select(b.icmp_signed(">=", ow, c(TILES)), b.sub(ow, c(TILES)), c(0))
-    reach = b.add(b.mul(b.sub(oh, c(1)), c(2)), c(k))  # the padded rows the taps read
+    reach = b.add(b.mul(b.sub(oh, c(1)), c(stride)), c(k))  # the padded rows the taps read
+    line_floats = b.mul(qw, c(stride))  # a padded row's floats in PHASES
     rows = e.min(h_, b.sub(reach, top))  # x's rows copied
     # x's even columns land in phase LEFT % 2 from LEFT // 2 on, its odd ones in the other
     # from (LEFT + 1) // 2 on (floats from a phase row's start)
@@ -89,9 +100,13 @@ def emit(module, ir, k):
         keep = [b.icmp_signed("<", ir.Constant(e.i64x8, list(range(h * TILES, h * TILES + TILES))), rest)
                 for h in (0, 1)]
 
+        if stride == 1:
+            e.copy_rows(source, address(phases, b.add(b.mul(top, qw), left)), rows, e.min(w_, b.sub(qw, left)), w_, qw)
+            return
+
         def row(y):
             start = address(source, b.mul(y, w_))
-            line = address(phases, b.mul(b.add(y, top), b.mul(qw, c(2))))
+            line = address(phases, b.mul(b.add(y, top), line_floats))
             evens, odds = address(line, even_at), address(line, odd_at)
 
             def split(m0, v0, v1):
@@ -117,10 +132,11 @@ def emit(module, ir, k):
             j0 = e.min(j, last)
             sums = []
             for r in range(k):  # a chain of multiply-adds a kernel row
-                line = address(phases, b.mul(b.add(b.mul(i, c(2)), c(r)), b.mul(qw, c(2))))
+                line = address(phases, b.mul(b.add(b.mul(i, c(stride)), c(r)), line_floats))
                 acc = None
-                for t in range(k):  # column 2 j + t: phase t % 2, from j + t // 2
-                    value = e.vector_at(address(line, b.add(b.mul(c(t % 2), qw), b.add(j0, c(t // 2)))))
+                for t in range(k):  # column 2 j + t: phase t % 2, from j + t // 2 (stride 1: j + t)
+                    at = b.add(j0, c(t)) if stride == 1 else b.add(b.mul(c(t % 2), qw), b.add(j0, c(t // 2)))
+                    value = e.vector_at(address(line, at))
                     acc = b.fmul(taps[r * k + t], value) if acc is None else b.call(e.fma, [taps[r * k + t], value, acc])
                 sums.append(acc)
             total = b.fadd(shift, sums[0])
@@ -146,16 +162,18 @@ def emit(module, ir, k):
 
 
 def suits(x_shape, kernel_shape, strides, dilations, begin, out_shape, activation):
-    """Whether `bind` takes a depthwise conv of these: stride 2, dilation 1, a 3x3 or 5x5
-    kernel, padding inside the kernel's reach, an activation it computes."""
+    """Whether `bind` takes a depthwise conv of these: stride 1 or 2 (both ways; stride-1 3x3
+    ones on planes up to SAME_3X3_MAX_WIDTH), dilation 1, a 3x3 or 5x5 kernel, padding inside
+    the kernel's reach, an activation it computes."""
     (kh, kw), (top, left) = kernel_shape, begin[:2]
-    return (tuple(strides) == (2, 2) and tuple(dilations) == (1, 1) and kh == kw and kh in KERNELS
+    return (strides[0] == strides[1] and strides[0] in STRIDES and tuple(dilations) == (1, 1) and kh == kw
+            and kh in KERNELS and (strides[0] == 2 or kh == 5 or out_shape[1] <= SAME_3X3_MAX_WIDTH)
             and 0 <= top < kh and 0 <= left < kw and activation in ACTIVATIONS and all(out_shape))
 
 
-def bind(x, w, bias, out, begin, activation):
+def bind(x, w, bias, out, stride, begin, activation):
     """A step writing out (N, C, OH, OW) = act(depthwise conv of x (N, C, H, W) by w (C, 1, K,
-    K), stride 2, `begin` the top and left zeros (those past x's end follow from OH and OW),
+    K), `stride` 1 or 2, `begin` the top and left zeros (those past x's end follow from OH and OW),
     + bias (C,) or zeros), float32 arrays, contiguous; None where native_gemm does not run
     or the operands do not qualify (`suits`, checked by the caller)."""
     from . import native_gemm
@@ -167,12 +185,16 @@ def bind(x, w, bias, out, begin, activation):
         return None
     wt = np.ascontiguousarray(w.reshape(ch, k * k))
     b = np.zeros(ch, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).reshape(ch)
-    # a phase row: the groups' reach (the last from max(OW, 8) - 8, taps to 2 floats past
-    # it), and x's columns after the left zeros; the rows the taps reach
-    qw = max(max(ow, TILES) + (k - 1) // 2, (begin[1] + wd) // 2 + TILES + 1)  # with the last 16's zeros
-    phases = np.zeros((max(2 * (oh - 1) + k, begin[0] + 1), 2, qw), np.float32)
+    # a phase row: the groups' reach (the last from max(OW, 8) - 8, taps to K - 1 floats past
+    # it; at stride 2 to (K - 1) / 2 floats past it in either phase), and x's columns after
+    # the left zeros (at stride 2 with the last 16's zeros); the rows the taps reach
+    if stride == 1:
+        qw = max(max(ow, TILES) + k - 1, begin[1] + wd)
+    else:
+        qw = max(max(ow, TILES) + (k - 1) // 2, (begin[1] + wd) // 2 + TILES + 1)
+    phases = np.zeros((max(stride * (oh - 1) + k, begin[0] + 1), stride, qw), np.float32)
     fields = np.zeros(FIELDS, np.int64)
     fields[[X, WT, BIAS, OUT, N, C, H, W, OH, OW, TOP, LEFT, ACT, PHASES, QW]] = [
         x.ctypes.data, wt.ctypes.data, b.ctypes.data, out.ctypes.data, n, ch, h, wd, oh, ow, *begin[:2],
         ACTIVATIONS[activation], phases.ctypes.data, qw]
-    return native_gemm.step(name(k), fields, None, (x, wt, b, out, phases))
+    return native_gemm.step(name(k, stride), fields, None, (x, wt, b, out, phases))

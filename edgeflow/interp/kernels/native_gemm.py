@@ -510,8 +510,9 @@ def _module(ir):
     native_winograd.emit(module, ir, "winograd_input")
     native_winograd.emit(module, ir, "winograd2_input", m=2)
     native_winograd.emit_output(module, ir, "winograd_output")
-    for k in native_depthwise.KERNELS:
-        native_depthwise.emit(module, ir, k)
+    for stride in native_depthwise.STRIDES:
+        for k in native_depthwise.KERNELS:
+            native_depthwise.emit(module, ir, k, stride)
     return module
 
 
