@@ -490,7 +490,8 @@ def _rows(a, length):
 # long runs of its plane's zero-bordered copy (other wide planes: strides, dilations, other
 # pads); `depthwise_channels_loop` runs blocks of DEPTHWISE_BLOCK channels at every output
 # position (small planes, whose rows are too short to vectorize: 7x7 in MobileNetV2's last
-# layers). benchmarks/bench_conv.py times them against onnxruntime.
+# layers). native_depthwise.py's compiled kernel runs most float32 3x3 and 5x5 ones before
+# these (bind_depthwise). benchmarks/bench_conv.py times them against onnxruntime.
 
 # Planes at least this wide (output columns) run depthwise_loop, narrower ones
 # depthwise_channels_loop: the crossover measured on 3x3 and 5x5 layers (at 10-14 columns
@@ -959,10 +960,11 @@ def bind_small_conv(x, w, bias, out, strides, dilations, begin, activation):
 
 def bind_depthwise(x, w, bias, out, strides, dilations, begin, activation):
     """A step for a 2-D depthwise conv (group == C == M, one weight per channel and tap),
-    or None: native_depthwise's compiled kernel for float32 stride-2 3x3 and 5x5 convs
-    where native_gemm runs (0.47-0.84x these loops' time on MobileNetV2's and EfficientNet's
-    layers), depthwise_same_loop for stride-1 "same" ones, depthwise_loop for planes
-    DEPTHWISE_PLANE_MIN columns wide or wider, depthwise_channels_loop for narrower ones."""
+    or None: native_depthwise's compiled kernel for the float32 3x3 and 5x5 convs it suits
+    (stride 2; stride 1 but 3x3 on wide planes) where native_gemm runs (0.47-0.94x these
+    loops' time on MobileNetV2's and EfficientNet's layers), depthwise_same_loop for other
+    stride-1 "same" ones, depthwise_loop for planes DEPTHWISE_PLANE_MIN columns wide or
+    wider, depthwise_channels_loop for narrower ones."""
     if not available() or x.ndim != 4 or w.shape[:2] != (x.shape[1], 1) or out.shape[1] != x.shape[1]:
         return None
     b = np.zeros(x.shape[1], x.dtype) if bias is None else bias
