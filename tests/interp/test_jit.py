@@ -865,6 +865,64 @@ def test_softmax_splits_from_its_cost(jit_mode, columns, split):
     np.testing.assert_array_equal(pieces, whole)
 
 
+@pytest.mark.parametrize("rows, split", [(512, True), (511, False)])
+def test_layer_norm_splits_its_rows_from_its_cost(jit_mode, rows, split):
+    """A layer norm splits its rows over 2 workers from threads.MIN_ELEMENTS / 2 elements
+    (its loop's weight in `_COSTS`: a BERT-like encoder's (8, 128, 256) at batch 8 splits,
+    batch 1's does not), on the native workers where they run; the bits of one thread's run."""
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((rows, 256)) * 3 + 1).astype(np.float32)
+    scale, bias = rng.standard_normal(256).astype(np.float32), rng.standard_normal(256).astype(np.float32)
+    whole, pieces = np.empty_like(x), np.empty_like(x)
+    jit.bind_layer_norm(x, scale, bias, whole, -1, 1e-5)()
+    workers = threads.Workers(2)
+    try:
+        with threads.using(workers):
+            step = jit.bind_layer_norm(x, scale, bias, pieces, -1, 1e-5)
+        tasks = step.args[-1] if getattr(step, "func", None) in (workers._run_native, workers.run) else None
+        assert (tasks is not None and len(tasks) == 2) == split
+        if split and workers.native is not None:
+            assert step.func == workers._run_native
+        step()
+    finally:
+        workers.close()
+    np.testing.assert_array_equal(pieces, whole)
+    mean, var = x.astype(np.float64).mean(-1, keepdims=True), x.astype(np.float64).var(-1, keepdims=True)
+    np.testing.assert_allclose(whole, (x - mean) / np.sqrt(var + 1e-5) * scale + bias, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape, perm", [
+    ((8, 128, 256), (1, 0, 2)),  # a BERT-like encoder's at batch 8 (torch's MultiheadAttention)
+    ((1, 128, 8, 3, 256), (3, 1, 2, 0, 4)),
+    ((8, 4, 128, 64), (0, 1, 3, 2)),  # K transposed: strided inner runs
+    ((8, 4, 128, 64), (2, 0, 1, 3)),
+    ((2, 3, 4, 5, 6, 7, 8, 9), (1, 0, 2, 3, 4, 5, 6, 7)),  # 3 axes once collapsed
+    ((11, 12, 13, 14, 15), (4, 3, 2, 1, 0)),  # 5 axes: numpy's copy
+    ((4, 3, 150, 173), (0, 3, 1, 2))])
+def test_transposes_split_over_workers(jit_mode, shape, perm):
+    """A float32 transpose of threads.MIN_ELEMENTS elements or more copies in strided_copy_loop
+    pieces, split over 2 workers by its outermost axis (the native ones where they run), its
+    view's axes collapsed to at most 4; x.transpose(perm)'s values exactly. Without workers,
+    or with more than 4 axes left, numpy's copy (None here)."""
+    x = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
+    out = np.full(x.transpose(perm).shape, np.nan, np.float32)
+    assert jit.bind_transpose(x, out, perm) is None  # no workers
+    workers = threads.Workers(2)
+    try:
+        with threads.using(workers):
+            step = jit.bind_transpose(x, out, perm)
+        if perm == (4, 3, 2, 1, 0):
+            assert step is None
+            return
+        assert getattr(step, "func", None) in (workers._run_native, workers.run)
+        if workers.native is not None:
+            assert step.func == workers._run_native
+        step()
+    finally:
+        workers.close()
+    np.testing.assert_array_equal(out, x.transpose(perm))
+
+
 def test_softmax_loads_numba_when_large(monkeypatch):
     """A softmax of SOFTMAX_LOADS elements or more binds the loop where numba is not loaded
     yet (and loads it); a smaller one only where it is; another axis, or float64, never."""

@@ -352,7 +352,8 @@ def _bound(loop, *args):
 _NATIVE_ENTRIES = {
     "depthwise_loop": "ffffuUfufi", "depthwise_same_loop": "ffffubffi", "depthwise_channels_loop": "ffffufffi",
     "winograd_input_loop": "ffffffu", "winograd_output_loop": "ffffffui",
-    "gelu_float32_loop": "ffi", "softmax_loop": "ffii", "sigmoid_loop": "ff", "hard_swish_loop": "ff"}
+    "gelu_float32_loop": "ffi", "softmax_loop": "ffii", "sigmoid_loop": "ff", "hard_swish_loop": "ff",
+    "strided_copy_loop": "ffuu", "layer_norm_loop": "ffffuf"}
 _KINDS = {"f": np.float32, "u": np.uint64, "b": np.uint8, "U": np.uint64}
 
 _NATIVE_ADDRESSES = {}
@@ -360,7 +361,8 @@ _NATIVE_ADDRESSES = {}
 # (_compile_scalars); each loop's dispatcher, which its entry calls (_native_entry).
 _carray = _pointer_f32 = _pointer_u64 = _pointer_u8 = _pointer_i64 = None
 _depthwise_loop = _depthwise_same_loop = _depthwise_channels_loop = _winograd_input_loop = \
-    _winograd_output_loop = _gelu_float32_loop = _softmax_loop = _sigmoid_loop = _hard_swish_loop = None
+    _winograd_output_loop = _gelu_float32_loop = _softmax_loop = _sigmoid_loop = _hard_swish_loop = \
+    _strided_copy_loop = _layer_norm_loop = None
 
 
 def _native_fields(kinds, args):
@@ -461,6 +463,18 @@ def sigmoid_loop_entry(address):
 def hard_swish_loop_entry(address):
     f = _carray(_pointer_i64(address), (4,))
     _hard_swish_loop(_floats(f, 0), _floats(f, 2))
+    return 0
+
+
+def layer_norm_loop_entry(address):
+    f = _carray(_pointer_i64(address), (12,))
+    _layer_norm_loop(_floats(f, 0), _floats(f, 2), _floats(f, 4), _floats(f, 6), _uints(f, 8), _floats(f, 10))
+    return 0
+
+
+def strided_copy_loop_entry(address):
+    f = _carray(_pointer_i64(address), (8,))
+    _strided_copy_loop(_floats(f, 0), _floats(f, 2), _uints(f, 4), _uints(f, 6))
     return 0
 
 
@@ -2194,25 +2208,25 @@ def bind_recurrence(kind, *args):
 
 # -- along the last axis, one row at a time -------------------------------------------------
 
-def layer_norm_loop(x, scale, bias, out, eps):
-    """Each row of out (R, K): (x - mean) / sqrt(var + eps) * scale + bias, the statistics
-    accumulated in float64 over the row (two passes over it, in cache; the sums reassociated,
-    so that they vectorize)."""
-    r_, k_ = x.shape
+def layer_norm_loop(x, scale, bias, out, rows, eps):
+    """Each row of out (R, K), flat: (x - mean) / sqrt(var + eps) * scale + bias, the
+    statistics accumulated in float64 over the row (two passes over it, in cache; the sums
+    reassociated, so that they vectorize); rows (uint64): R, K; eps: one float."""
+    r_, k_ = rows[0], rows[1]
+    epsilon = float(eps[0])
     for r in range(r_):
-        xr = x[r]
-        dst = out[r]
+        at = r * k_
         total = 0.0
         for k in range(k_):
-            total += xr[k]
+            total += x[at + k]
         mean = total / k_
         sq = 0.0
         for k in range(k_):
-            d = xr[k] - mean
+            d = x[at + k] - mean
             sq += d * d
-        inv = 1.0 / math.sqrt(sq / k_ + eps)
+        inv = 1.0 / math.sqrt(sq / k_ + epsilon)
         for k in range(k_):
-            dst[k] = (xr[k] - mean) * inv * scale[k] + bias[k]
+            out[at + k] = (x[at + k] - mean) * inv * scale[k] + bias[k]
 
 
 # Softmaxes of at least this many elements load numba (an attention's: a BERT-like
@@ -2288,7 +2302,8 @@ def bind_softmax(x, out, axis):
 
 def bind_layer_norm(x, scale, bias, out, axis, eps):
     """A step for layer_norm over axes [axis, rank) with scale and bias of the normalized
-    shape (read at each run: they may be variables), or None."""
+    shape (read at each run: they may be variables), its rows split over the current workers
+    where there are many elements (_COSTS); or None."""
     if not available() or x.ndim == 0 or not x.size:
         return None
     normalized = x.shape[axis % x.ndim:]
@@ -2299,7 +2314,15 @@ def bind_layer_norm(x, scale, bias, out, axis, eps):
     x2, out2, s1, b1 = _rows(x, k), _rows(out, k), _rows(scale, k), _rows(b, k)
     if any(a is None for a in (x2, out2, s1, b1)):
         return None
-    return _bound(layer_norm_loop, x2, s1[0], b1[0], out2, float(eps))
+    rows = x.size // k
+    epsilon = np.array([eps], x.dtype)  # ONNX's epsilon is a float32: exact in either
+    workers = threads.current()
+    split = workers is not None and x.size * _COSTS["layer_norm_loop"] >= threads.MIN_ELEMENTS and rows > 1
+    pieces = threads.pieces(rows, workers.n) if split else [(0, rows)]
+    flat_x, flat_out = x2.reshape(-1), out2.reshape(-1)
+    steps = [_bound(layer_norm_loop, flat_x[a * k:bb * k], s1[0], b1[0], flat_out[a * k:bb * k],
+                    np.array([bb - a, k], _U), epsilon) for a, bb in pieces]
+    return steps[0] if len(steps) == 1 else workers.split(steps)
 
 
 def gelu_loop(x, out, tanh):
@@ -2772,7 +2795,72 @@ def bind_where(cond, x, y, out):
 # (1.75 ns an element), tanh's 265 -> 180, swish 106 -> 84, sigmoid 100 -> 72, hard_swish
 # 21 -> 35. softmax (its rows apart, `bind_softmax`): 1.3 ns an element; BERT's attention at
 # batch 1, 4 x 128 x 128, alone: 67 us on one thread, 45 split over 2 (the same bits).
-_COSTS = {"gelu_loop": 4, "gelu_float32_loop": 4, "swish_loop": 2, "sigmoid_loop": 2, "softmax_loop": 4}
+_COSTS = {"gelu_loop": 4, "gelu_float32_loop": 4, "swish_loop": 2, "sigmoid_loop": 2, "softmax_loop": 4,
+          "layer_norm_loop": 2}
+
+
+# -- copies of strided views ----------------------------------------------------------------
+def strided_copy_loop(x, out, dims, strides):
+    """out (flat, C-contiguous, of 4-D shape `dims`) = the elements of flat x at offsets
+    i0 s0 + i1 s1 + i2 s2 + i3 s3 (`strides`, in elements), unit-stride runs where s3 is 1."""
+    one = _U(1)
+    d0, d1, d2, d3 = dims[0], dims[1], dims[2], dims[3]
+    s0, s1, s2, s3 = strides[0], strides[1], strides[2], strides[3]
+    o = _U(0)
+    for a in range(d0):
+        for b in range(d1):
+            for c in range(d2):
+                base = a * s0 + b * s1 + c * s2
+                if s3 == one:
+                    for d in range(d3):
+                        out[o + d] = x[base + d]
+                else:
+                    for d in range(d3):
+                        out[o + d] = x[base + d * s3]
+                o += d3
+
+
+def _collapsed(shape, strides):
+    """(dims, strides) of a view's elements, in order, as few axes as hold them: axes of one
+    element dropped, an axis merged into the one before where their strides chain."""
+    dims, steps = [], []
+    for n, s in zip(shape, strides):
+        if n == 1:
+            continue
+        if dims and steps[-1] == s * n:
+            dims[-1], steps[-1] = dims[-1] * n, s
+        else:
+            dims.append(n)
+            steps.append(s)
+    return dims or [1], steps or [1]
+
+
+def bind_transpose(x, out, perm):
+    """A step writing out = x.transpose(perm) (float32, both C-contiguous) by
+    strided_copy_loop, split over the current workers by its outermost axis where the copy
+    is big enough (threads.MIN_ELEMENTS), each piece with a native entry (the native workers
+    take it with no lock); None where numba is not loaded, the view has more than 4 axes
+    left once collapsed, or there are no workers to split over (numpy's copy takes as long
+    on one thread: the BERT-like encoder's attention transposes at batch 8, 53-169 us)."""
+    workers = threads.current()
+    if workers is None or out.size < threads.MIN_ELEMENTS or not available() or x.dtype != np.float32 \
+            or out.dtype != np.float32 or not (x.flags.c_contiguous and out.flags.c_contiguous):
+        return None
+    view = x.transpose(perm)
+    dims, steps = _collapsed(view.shape, [s // x.itemsize for s in view.strides])
+    if len(dims) > 4:
+        return None
+    dims, steps = [1] * (4 - len(dims)) + dims, [0] * (4 - len(steps)) + steps
+    axis = next(i for i, n in enumerate(dims) if n > 1 or i == 3)
+    inner = math.prod(dims[axis + 1:])
+    flat_x, flat_out = x.reshape(-1), out.reshape(-1)
+    parts = []
+    for a, b in threads.pieces(dims[axis], workers.n):
+        piece = list(dims)
+        piece[axis] = b - a
+        parts.append(_bound(strided_copy_loop, flat_x[a * steps[axis]:], flat_out[a * inner:b * inner],
+                            np.array(piece, _U), np.array(steps, _U)))
+    return workers.split(parts) if len(parts) > 1 else parts[0]
 
 
 def _elementwise(loop, ins, out, *args):
