@@ -891,6 +891,35 @@ def test_layer_norm_splits_its_rows_from_its_cost(jit_mode, rows, split):
     np.testing.assert_allclose(whole, (x - mean) / np.sqrt(var + 1e-5) * scale + bias, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("fn", [np.add, np.subtract, np.multiply])
+@pytest.mark.parametrize("operands", ["same", "scalar_second", "scalar_first", "broadcast", "small"])
+def test_binary_arithmetic_splits_on_the_native_workers(jit_mode, fn, operands):
+    """A float32 add, subtract or multiply of operands of out's shape, or of one and a single
+    float (either side), of threads.MIN_ELEMENTS elements or more, splits over the native
+    workers (binary_loop, scalar_loop: native entries) with numpy's bits; other broadcasts,
+    fewer elements, or no workers: None (numpy's ufunc, whole or on the lock workers)."""
+    rng = np.random.default_rng(8)
+    rows = 1024 if operands != "small" else 1023
+    a = rng.standard_normal((rows, 256)).astype(np.float32)
+    other = {"same": rng.standard_normal((rows, 256)), "scalar_second": np.array([0.37]), "scalar_first": np.array(2.5),
+             "broadcast": rng.standard_normal(256), "small": rng.standard_normal((rows, 256))}[operands].astype(np.float32)
+    ins = (other, a) if operands == "scalar_first" else (a, other)
+    out = np.full(a.shape, np.nan, np.float32)
+    assert jit.bind_binary(fn, ins, out) is None  # no workers
+    workers = threads.Workers(2)
+    try:
+        with threads.using(workers):
+            step = jit.bind_binary(fn, ins, out)
+        if operands in ("broadcast", "small") or workers.native is None:
+            assert step is None
+            return
+        assert step.func == workers._run_native and len(step.args[-1]) == 2
+        step()
+    finally:
+        workers.close()
+    np.testing.assert_array_equal(out, fn(*ins))
+
+
 @pytest.mark.parametrize("shape, perm", [
     ((8, 128, 256), (1, 0, 2)),  # a BERT-like encoder's at batch 8 (torch's MultiheadAttention)
     ((1, 128, 8, 3, 256), (3, 1, 2, 0, 4)),

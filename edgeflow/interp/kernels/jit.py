@@ -353,7 +353,7 @@ _NATIVE_ENTRIES = {
     "depthwise_loop": "ffffuUfufi", "depthwise_same_loop": "ffffubffi", "depthwise_channels_loop": "ffffufffi",
     "winograd_input_loop": "ffffffu", "winograd_output_loop": "ffffffui",
     "gelu_float32_loop": "ffi", "softmax_loop": "ffii", "sigmoid_loop": "ff", "hard_swish_loop": "ff",
-    "strided_copy_loop": "ffuu", "layer_norm_loop": "ffffuf"}
+    "strided_copy_loop": "ffuu", "layer_norm_loop": "ffffuf", "binary_loop": "fffi", "scalar_loop": "fffii"}
 _KINDS = {"f": np.float32, "u": np.uint64, "b": np.uint8, "U": np.uint64}
 
 _NATIVE_ADDRESSES = {}
@@ -362,7 +362,7 @@ _NATIVE_ADDRESSES = {}
 _carray = _pointer_f32 = _pointer_u64 = _pointer_u8 = _pointer_i64 = None
 _depthwise_loop = _depthwise_same_loop = _depthwise_channels_loop = _winograd_input_loop = \
     _winograd_output_loop = _gelu_float32_loop = _softmax_loop = _sigmoid_loop = _hard_swish_loop = \
-    _strided_copy_loop = _layer_norm_loop = None
+    _strided_copy_loop = _layer_norm_loop = _binary_loop = _scalar_loop = None
 
 
 def _native_fields(kinds, args):
@@ -463,6 +463,18 @@ def sigmoid_loop_entry(address):
 def hard_swish_loop_entry(address):
     f = _carray(_pointer_i64(address), (4,))
     _hard_swish_loop(_floats(f, 0), _floats(f, 2))
+    return 0
+
+
+def binary_loop_entry(address):
+    f = _carray(_pointer_i64(address), (7,))
+    _binary_loop(_floats(f, 0), _floats(f, 2), _floats(f, 4), f[6])
+    return 0
+
+
+def scalar_loop_entry(address):
+    f = _carray(_pointer_i64(address), (8,))
+    _scalar_loop(_floats(f, 0), _floats(f, 2), _floats(f, 4), f[6], f[7])
     return 0
 
 
@@ -2799,6 +2811,63 @@ _COSTS = {"gelu_loop": 4, "gelu_float32_loop": 4, "swish_loop": 2, "sigmoid_loop
           "layer_norm_loop": 2}
 
 
+# -- binary arithmetic on the native workers ---------------------------------------------------
+BINARY_CODES = {np.add: 0, np.subtract: 1, np.multiply: 2}
+
+
+def binary_loop(a, b, out, code):
+    """out = a + b, a - b or a * b (code 0, 1, 2), elementwise, flat."""
+    if code == 0:
+        for i in range(out.shape[0]):
+            out[i] = a[i] + b[i]
+    elif code == 1:
+        for i in range(out.shape[0]):
+            out[i] = a[i] - b[i]
+    else:
+        for i in range(out.shape[0]):
+            out[i] = a[i] * b[i]
+
+
+def scalar_loop(a, out, s, code, first):
+    """out = a + s, a - s (s - a where `first`) or a * s (code 0, 1, 2), s's one float."""
+    v = s[0]
+    if code == 0:
+        for i in range(out.shape[0]):
+            out[i] = a[i] + v
+    elif code == 2:
+        for i in range(out.shape[0]):
+            out[i] = a[i] * v
+    elif first:
+        for i in range(out.shape[0]):
+            out[i] = v - a[i]
+    else:
+        for i in range(out.shape[0]):
+            out[i] = a[i] - v
+
+
+def bind_binary(fn, ins, out):
+    """A step for a float32 add, subtract or multiply (`fn`, numpy's ufunc) of operands of
+    out's shape, or of one such and a single float, in pieces on the native workers (some 5
+    us a hand-off; numpy's ufunc in pieces on the lock workers took longer than whole below
+    2^19 elements: 262,144 floats added 74 us whole, 97 split); None where there are no
+    native workers, too few elements to split (threads.MIN_ELEMENTS), or other operands. The
+    same bits as numpy's ufunc."""
+    workers = threads.current()
+    if fn not in BINARY_CODES or workers is None or workers.native is None or out.size < threads.MIN_ELEMENTS \
+            or out.dtype != np.float32 or not out.flags.c_contiguous or len(ins) != 2 or not available():
+        return None
+    a, b = (np.asarray(x) for x in ins)
+    if a.dtype != np.float32 or b.dtype != np.float32:
+        return None
+    if a.shape == b.shape == out.shape and a.flags.c_contiguous and b.flags.c_contiguous:
+        return _elementwise(binary_loop, (a, b), out, BINARY_CODES[fn])
+    for x, s, first in ((a, b, False), (b, a, True)):
+        if x.shape == out.shape and x.flags.c_contiguous and s.size == 1:
+            return _elementwise(scalar_loop, (x,), out, np.ascontiguousarray(s, np.float32).reshape(1),
+                                BINARY_CODES[fn], int(first and fn is np.subtract))
+    return None
+
+
 # -- copies of strided views ----------------------------------------------------------------
 def strided_copy_loop(x, out, dims, strides):
     """out (flat, C-contiguous, of 4-D shape `dims`) = the elements of flat x at offsets
@@ -2873,7 +2942,7 @@ def _elementwise(loop, ins, out, *args):
         return None
     flat = [x.reshape(-1) for x in arrays]
     workers = threads.current()
-    if workers is None or size * _COSTS.get(loop.__name__, 1) < threads.MIN_ELEMENTS:
+    if workers is None or size * _COSTS.get(loop.__name__, 1) < threads.MIN_ELEMENTS or size < 16 * workers.n:
         return _bound(loop, *flat, *args)
     edges = [[a * 16, b * 16] for a, b in threads.pieces(size // 16, workers.n)]  # whole cache lines
     edges[-1][1] = size

@@ -12,7 +12,8 @@ from .fused import with_activation
 def _ufunc(fn):
     """The kernel of an elementwise op that numpy ufunc `fn` computes."""
     def make(ins, outs, attrs):
-        return threads.elementwise(fn, ins, outs[0]) or partial(fn, *ins, out=outs[0])
+        return jit.bind_binary(fn, ins, outs[0]) or threads.elementwise(fn, ins, outs[0]) \
+            or partial(fn, *ins, out=outs[0])
     return make
 
 
@@ -75,8 +76,8 @@ def _truncating_divide(a, b, out):
 @kernel("add")
 def _add(ins, outs, attrs):
     """With an activation, jit.py's one pass (add_activation_loop) unless the workers split
-    the add (numpy's add in pieces, then the activation's pass)."""
-    split = threads.elementwise(np.add, ins, outs[0])
+    the add (jit.bind_binary's pieces, or numpy's add in pieces; then the activation's pass)."""
+    split = jit.bind_binary(np.add, ins, outs[0]) or threads.elementwise(np.add, ins, outs[0])
     fused = None if split else jit.bind_add_activation(*ins, outs[0], attrs["activation"])
     return fused or with_activation(split or partial(np.add, *ins, out=outs[0]), attrs["activation"], outs[0])
 
