@@ -10,8 +10,6 @@ import json
 import subprocess
 import sys
 
-from unittest import mock
-
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -849,20 +847,28 @@ def test_softmax_splits_from_its_cost(jit_mode, columns, split):
     loop's weight in `_COSTS`: BERT's attention at batch 1, 4 x 128 x 128, splits; 127
     columns do not), on the native workers where they run; the bits of one thread's run."""
     x = (np.random.default_rng(5).standard_normal((1, 4, 128, columns)) * 3).astype(np.float32)
-    whole, pieces = np.empty_like(x), np.empty_like(x)
-    jit.bind_softmax(x, whole, -1)()
+    whole, pieces = _whole_and_split(lambda out: jit.bind_softmax(x, out, -1), x, split)
+    np.testing.assert_array_equal(pieces, whole)
+
+
+def _whole_and_split(bind, like, split, native=True):
+    """(whole, pieces): bind(out)'s step run on one thread, and bound and run under 2
+    workers, where it splits in two pieces or not as `split` says (on the native workers
+    where they run and `native`)."""
+    whole, pieces = np.empty_like(like), np.empty_like(like)
+    bind(whole)()
     workers = threads.Workers(2)
     try:
         with threads.using(workers):
-            step = jit.bind_softmax(x, pieces, -1)
+            step = bind(pieces)
         tasks = step.args[-1] if getattr(step, "func", None) in (workers._run_native, workers.run) else None
         assert (tasks is not None and len(tasks) == 2) == split
-        if split and workers.native is not None:
+        if split and native and workers.native is not None:
             assert step.func == workers._run_native
         step()
     finally:
         workers.close()
-    np.testing.assert_array_equal(pieces, whole)
+    return whole, pieces
 
 
 @pytest.mark.parametrize("rows, split", [(512, True), (511, False)])
@@ -873,19 +879,7 @@ def test_layer_norm_splits_its_rows_from_its_cost(jit_mode, rows, split):
     rng = np.random.default_rng(6)
     x = (rng.standard_normal((rows, 256)) * 3 + 1).astype(np.float32)
     scale, bias = rng.standard_normal(256).astype(np.float32), rng.standard_normal(256).astype(np.float32)
-    whole, pieces = np.empty_like(x), np.empty_like(x)
-    jit.bind_layer_norm(x, scale, bias, whole, -1, 1e-5)()
-    workers = threads.Workers(2)
-    try:
-        with threads.using(workers):
-            step = jit.bind_layer_norm(x, scale, bias, pieces, -1, 1e-5)
-        tasks = step.args[-1] if getattr(step, "func", None) in (workers._run_native, workers.run) else None
-        assert (tasks is not None and len(tasks) == 2) == split
-        if split and workers.native is not None:
-            assert step.func == workers._run_native
-        step()
-    finally:
-        workers.close()
+    whole, pieces = _whole_and_split(lambda out: jit.bind_layer_norm(x, scale, bias, out, -1, 1e-5), x, split)
     np.testing.assert_array_equal(pieces, whole)
     mean, var = x.astype(np.float64).mean(-1, keepdims=True), x.astype(np.float64).var(-1, keepdims=True)
     np.testing.assert_allclose(whole, (x - mean) / np.sqrt(var + 1e-5) * scale + bias, rtol=1e-5, atol=1e-5)
@@ -985,19 +979,7 @@ def test_costly_activations_split_from_fewer_elements(jit_mode, name, elements, 
     x = np.asarray(np.random.default_rng(4).standard_normal(elements) * 4, np.float32)
     bind = (lambda out: jit.bind_gelu(x, out, "none")) if name == "gelu" \
         else (lambda out: jit.bind_activation(name, x, out, {}))
-    whole, pieces = np.empty_like(x), np.empty_like(x)
-    bind(whole)()
-    workers = threads.Workers(2)
-    try:
-        with threads.using(workers):
-            step = bind(pieces)
-        tasks = step.args[-1] if getattr(step, "func", None) in (workers._run_native, workers.run) else None
-        assert (tasks is not None and len(tasks) == 2) == split
-        if split and workers.native is not None and name != "swish":  # their pieces' native entries
-            assert step.func == workers._run_native
-        step()
-    finally:
-        workers.close()
+    whole, pieces = _whole_and_split(bind, x, split, native=name != "swish")  # their pieces' native entries
     np.testing.assert_array_equal(pieces, whole)
 
 

@@ -54,12 +54,13 @@ def _reference(w, bias, x, activation, residual, slope):
        activation=st.sampled_from(sorted(native_gemm.ACTIVATIONS)), residual=st.booleans(), slope=st.booleans(),
        offset=st.integers(0, 3), block=st.sampled_from([5, 16, native_gemm.MAX_BLOCK]),
        scale=st.sampled_from([None, "each", "shared"]), strips=st.sampled_from([1, 1000, native_gemm.STRIP_BLOCK]),
-       seed=st.integers(0, 2 ** 16))
-def test_product_and_epilogue(n, m, k, p, activation, residual, slope, offset, block, scale, strips, seed):
+       prefetch=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_product_and_epilogue(n, m, k, p, activation, residual, slope, offset, block, scale, strips, prefetch, seed):
     """Every panel and strip remainder (m not a multiple of MR, p of NR), x's rows and images
     apart (a view into a larger array), each epilogue, depths in one block of x's rows or
     several (MAX_BLOCK lowered: partial sums stored, then added to), strips packed one at a
-    time or several (STRIP_BLOCK lowered or not), and x's rows scaled by
+    time or several (STRIP_BLOCK lowered or not), the tiles' loop prefetching x's next strips or
+    not (TILE_PREFETCH_MIN_FLOATS lowered or not), and x's rows scaled by
     a factor for each image or one for all: within float32 rounding of the float64
     evaluation of the product of float32 x * scale; out's padding and elements past it are
     not written."""
@@ -73,7 +74,8 @@ def test_product_and_epilogue(n, m, k, p, activation, residual, slope, offset, b
     res = rng.standard_normal((n, m, p)).astype(np.float32) if residual else None
     s = rng.standard_normal(m).astype(np.float32) if slope else None
     factors = None if scale is None else rng.uniform(-2, 2, (n if scale == "each" else 1, k)).astype(np.float32)
-    with mock.patch.object(native_gemm, "MAX_BLOCK", block), mock.patch.object(native_gemm, "STRIP_BLOCK", strips):
+    with mock.patch.object(native_gemm, "MAX_BLOCK", block), mock.patch.object(native_gemm, "STRIP_BLOCK", strips), \
+            mock.patch.object(native_gemm, "TILE_PREFETCH_MIN_FLOATS", 0 if prefetch else 1 << 62):
         step = native_gemm.bind(native_gemm.pack(w, bias), x, out, activation, res, s, factors)
     step()
     expected = _reference(w, bias, x if factors is None else x * factors[:, :, None], activation, res, s)

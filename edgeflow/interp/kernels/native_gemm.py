@@ -60,8 +60,8 @@ VEC = 8
 NV = NR // VEC
 # Operands of one call, in the int64 array the compiled function reads.
 (W, X, BIAS, OUT, RES, SLOPE, STRIP, M, K, P, LDX, LDO, LDR, ACT, IMAGES, SX, SO, SR, KC, LDA, SCALE,
- SSC, SB) = range(23)
-FIELDS = 23
+ SSC, SB, PF) = range(24)
+FIELDS = 24
 ACTIVATIONS = {"": 0, "relu": 1, "relu6": 2, "swish": 3, "hard_swish": 4}  # jit.ACTIVATION_CODES
 # Shapes left to BLAS: fewer columns than MIN_COLUMNS (a strip mostly empty) unless the
 # weights are few (at most NARROW_WEIGHTS: 64x128 @ 128x4 with bias and relu 0.88x of
@@ -115,7 +115,10 @@ PACK_PREFETCH = 480
 # -> 24 0.92-0.98x, 192 -> 32 at 28x28 0.94-0.96x, wider and deeper ones 0.96-1.02x; at batch
 # 1 144 -> 24 0.89-0.91x. Prefetching into L2 alone (locality 1, 2) did no better. In the
 # models (one process, both builds): MobileNetV2 at batch 8 0.98x, EfficientNet-B0 0.96x,
-# ResNet-18 0.99x.
+# ResNet-18 0.99x. Only where x holds TILE_PREFETCH_MIN_FLOATS or more (else the tiles' loop
+# without the prefetches): ResNet-18's Winograd products at batch 1 (V's 6-13K floats a
+# position, in cache) took 1.01-1.03x the time with them.
+TILE_PREFETCH_MIN_FLOATS = 1 << 16
 # bind_rows: rows of a packed strip of w run at a time (a deeper product in blocks of equal
 # depth, partial sums stored and added to). Measured interleaved against numpy's sgemm plus
 # its bias pass, at 128 x 1024 @ 1024 x 256: one block of 1024 rows 0.90x of their time, 512
@@ -327,15 +330,13 @@ def _module(ir):
             b.position_at_end(before)
             start = merged(biased, bias_end, stored, out_end)
 
-            if ahead is not None:
-                line_at, on = ahead
+            def step_of(prefetching):
+                return lambda k, acc: step(k, acc, prefetching)
 
-            def step(k, acc):  # a multiply-add of each sum: a broadcast weight of its row, x's strip row k
-                row_at = b.add(strip, b.mul(b.mul(b.sub(k, k0), c(NR)), c(4)))
-                if ahead is not None:  # a line of x's next strips, or (none left) this strip's row
-                    target = b.select(on, b.add(line_at, b.mul(b.mul(k, field[LDX]), c(4))), row_at)
-                    b.call(prefetch, [b.inttoptr(target, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3),
-                                      ir.Constant(i32, 1)])
+            def step(k, acc, prefetching):  # a multiply-add of each sum: a broadcast weight of its row, x's strip row k
+                if prefetching:  # a line of x's next strips
+                    b.call(prefetch, [b.inttoptr(b.add(ahead[0], b.mul(b.mul(k, field[LDX]), c(4))), i8p),
+                                      ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
                 xs = [load(at(strip, b.add(b.mul(b.sub(k, k0), c(NR)), c(VEC * h)), v8), v8, 32) for h in range(nv)]
                 if not dense:
                     row_weights = [b.add(w, b.mul(k, c(MR * 4))) for w in weights]
@@ -346,7 +347,18 @@ def _module(ir):
                     weight = splat(load(b.inttoptr(weight_at, f32.as_pointer()), f32))
                     new += [b.call(fma, [weight, xs[h], acc[nv * r + h]]) for h in range(nv)]
                 return new
-            acc = loop(k0, k1, c(1), step, start)
+            if ahead is None:
+                acc = loop(k0, k1, c(1), step_of(False), start)
+            else:  # the loop twice: prefetching where this tile has a line to take, else not
+                with_lines, without, k_done = block("prefetching"), block("not_prefetching"), block("k_done")
+                b.cbranch(ahead[1], with_lines, without)
+                ends = []
+                for where, prefetching in ((with_lines, True), (without, False)):
+                    b.position_at_end(where)
+                    ends.append((loop(k0, k1, c(1), step_of(prefetching), start), b.block))
+                    b.branch(k_done)
+                b.position_at_end(k_done)
+                acc = merged(ends[0][0], ends[0][1], ends[1][0], ends[1][1])
             rows = b.sub(m_, first)
             partial_sums, epilogue, tile_done = block("partial"), block("epilogue"), block("tile_done")
             b.cbranch(b.icmp_signed("<", k1, k_), partial_sums, epilogue)
@@ -445,7 +457,8 @@ def _module(ir):
                         """Tile (panel, strip)'s line of x's next strips (the next SB, as far as
                         these): the tiles in turn take the lines in turn, a row k a step."""
                         line = b.add(b.mul(panel, b.udiv(b.sub(q1, q0), c(NR))), b.udiv(b.sub(p0, q0), c(NR)))
-                        return b.add(x, b.mul(b.add(q1, b.mul(line, c(16))), c(4))), b.icmp_signed("<", line, lines)
+                        return b.add(x, b.mul(b.add(q1, b.mul(line, c(16))), c(4))), b.and_(
+                            b.icmp_signed("<", line, lines), b.icmp_signed("!=", field[PF], c(0)))
 
                     def panels_over(first, last, group):
                         loop(first, last, c(group), lambda panel: loop(
@@ -752,7 +765,7 @@ def bind(packed, x, out, activation="", residual=None, slope=None, scale=None):
                                                             out.strides[0] // 4, kc]
     if slope is not None:
         fields[SLOPE] = slope.ctypes.data
-    fields[[SCALE, SSC, SB]] = [scale.ctypes.data, scale_stride, sb]
+    fields[[SCALE, SSC, SB, PF]] = [scale.ctypes.data, scale_stride, sb, n * k * p >= TILE_PREFETCH_MIN_FLOATS]
     return step("gemm", fields, residual, (panels, bias, strip, slope, scale, x, out))
 
 
