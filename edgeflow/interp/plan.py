@@ -88,6 +88,20 @@ def _check_declared(index, declared, spec, opcode):
                           f"{fmt(declared.shape)} but op {opcode} makes {spec.dtype}{fmt(spec.shape)}")
 
 
+def _reorders_nothing(op, specs):
+    """Whether op is a transpose whose permutation moves only axes of one element (batch 1's
+    (1, 128, 256) -> (128, 1, 256) in a torch-exported encoder): its output is its input's
+    elements in their order, a reshape."""
+    if op.opcode != "transpose":
+        return False
+    shape = specs[op.inputs[0]].shape
+    perm = list(op.attrs.get("perm") or range(len(shape))[::-1])
+    if sorted(perm) != list(range(len(shape))):
+        return False  # not a permutation of x's axes: its kernel says what is wrong
+    kept = [axis for axis in perm if shape[axis] != 1]
+    return kept == sorted(kept)
+
+
 class Plan:
     """Arrays and bound kernel calls for one signature at one set of input shapes.
 
@@ -126,6 +140,10 @@ class Plan:
         self.provisional = False  # bound without numba while it loads (_bind): made again once it is ready
         if not preserve_all:
             self.order = self._epilogues(self.order, specs)
+        # Ops whose output is a view of their input (reshape-likes; with no delegate to bind
+        # them, transposes that move only axes of one element: the same elements in the same order)
+        self.views = {i for i in self.order if ops.get(subgraph.operators[i].opcode).view
+                      or (not delegates and _reorders_nothing(subgraph.operators[i], specs))}
         self._allocate(specs, preserve_all, fed)
         self._views(specs)
         self.workspace = Workspace()  # the kernels' scratch, shared by their steps
@@ -265,7 +283,7 @@ class Plan:
                 r = root.get(t, t)
                 if r in life:
                     life[r][1] = max(life[r][1], until.get(step, step))
-            if ops.get(op.opcode).view:
+            if i in self.views:
                 root[op.outputs[0]] = root.get(op.inputs[0], op.inputs[0])
                 continue
             for t in op.outputs:
@@ -287,10 +305,10 @@ class Plan:
             self.arrays[t] = self.arena.view(offset, specs[t].shape, specs[t].dtype)
 
     def _views(self, specs):
-        """Outputs of reshape-like ops: views of their inputs' arrays, no step."""
+        """Outputs of reshape-like ops (self.views): views of their inputs' arrays, no step."""
         for i in self.order:
             op = self.subgraph.operators[i]
-            if ops.get(op.opcode).view:
+            if i in self.views:
                 self.arrays[op.outputs[0]] = self.arrays[op.inputs[0]].reshape(specs[op.outputs[0]].shape)
 
     def _bind(self, indices=None):
@@ -343,7 +361,7 @@ class Plan:
     def _bind_op(self, i):
         """Op i's own step, or None where it has none (a view; nothing to write)."""
         op = self.subgraph.operators[i]
-        if ops.get(op.opcode).view:
+        if i in self.views:
             return None
         if ops.get(op.opcode).remote:  # a valid file this interpreter cannot run alone
             raise UnsupportedOpError(

@@ -297,3 +297,31 @@ def test_padding_of_scratch_buffers_is_rewritten_on_every_run(monkeypatch, algo,
             args = [(m, w) if name == "x" else (x, m) for m in moved]
             numeric[e] = (loss_of(*args[0]) - loss_of(*args[1])) / 2e-3  # exact: the loss is linear
         np.testing.assert_allclose(got.reshape(-1), numeric, rtol=1e-7, atol=1e-9, err_msg=name)
+
+
+@pytest.mark.parametrize("shape, perm, view", [
+    ((1, 128, 16), (1, 0, 2), True),  # batch 1's (B, S, E) -> (S, B, E) of a torch-exported encoder
+    ((1, 8, 1, 16), (2, 1, 0, 3), True),
+    ((1, 128, 1, 3, 16), (3, 1, 2, 0, 4), False),  # the same encoder's q, k, v apart: 3 moves before 128
+    ((2, 128, 16), (1, 0, 2), False),
+    ((1, 4, 8, 16), (0, 1, 3, 2), False),
+    ((1, 4, 1, 16), None, False)])  # reversed: 16 and 4 swap
+def test_a_transpose_that_moves_only_axes_of_one_element_is_a_view(shape, perm, view):
+    """Its output is its input's elements in their order: a view of the input's bytes (no
+    step, no bytes of its own), the values numpy's transpose gives, also where the model is
+    run again on other values; any other transpose copies."""
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, x.shape, name="x")
+        y = apply("transpose", [t * 2.0], {"perm": perm}) + 1.0
+    interp = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})))
+    runner = interp.get_signature_runner("infer")
+    for scale in (1.0, -3.0):
+        np.testing.assert_array_equal(runner(x=x * scale)["y"], (x * scale * 2.0).transpose(perm) + 1.0)
+    plan = runner.last_plan
+    transpose = next(i for i, op in enumerate(plan.subgraph.operators) if op.opcode == "transpose")
+    assert (transpose in plan.views) == view
+    assert (transpose in plan.step_ops) != view
+    op = plan.subgraph.operators[transpose]
+    assert np.shares_memory(plan.arrays[op.inputs[0]], plan.arrays[op.outputs[0]]) == view
