@@ -102,6 +102,24 @@ def _reorders_nothing(op, specs):
     return kept == sorted(kept)
 
 
+def _contiguous_slice(op, specs):
+    """Where op is a gather of one index known to the plan (a constant) whose slice of x is
+    contiguous (the axes before it of one element: a torch-exported encoder's q, k and v
+    taken from their stack), the index of that slice in x; else None."""
+    if op.opcode != "gather" or len(op.inputs) != 2:
+        return None
+    x, index = specs[op.inputs[0]], specs[op.inputs[1]]
+    if index.value is None or np.ndim(index.value) != 0 or not np.issubdtype(np.asarray(index.value).dtype, np.integer):
+        return None
+    axis = op.attrs["axis"] % max(len(x.shape), 1)
+    if not x.shape or any(d != 1 for d in x.shape[:axis]):
+        return None
+    k, n = int(index.value), x.shape[axis]
+    if not -n <= k < n:
+        return None  # out of range: its kernel says so
+    return (0,) * axis + (k % n,)
+
+
 class Plan:
     """Arrays and bound kernel calls for one signature at one set of input shapes.
 
@@ -141,8 +159,11 @@ class Plan:
         if not preserve_all:
             self.order = self._epilogues(self.order, specs)
         # Ops whose output is a view of their input (reshape-likes; with no delegate to bind
-        # them, transposes that move only axes of one element: the same elements in the same order)
-        self.views = {i for i in self.order if ops.get(subgraph.operators[i].opcode).view
+        # them, transposes that move only axes of one element: the same elements in the same
+        # order, and gathers of one constant index whose slice is contiguous: `slices`)
+        self.slices = {} if delegates else {i: s for i in self.order
+                                            if (s := _contiguous_slice(subgraph.operators[i], specs)) is not None}
+        self.views = {i for i in self.order if ops.get(subgraph.operators[i].opcode).view or i in self.slices
                       or (not delegates and _reorders_nothing(subgraph.operators[i], specs))}
         self._allocate(specs, preserve_all, fed)
         self._views(specs)
@@ -309,7 +330,9 @@ class Plan:
         for i in self.order:
             op = self.subgraph.operators[i]
             if i in self.views:
-                self.arrays[op.outputs[0]] = self.arrays[op.inputs[0]].reshape(specs[op.outputs[0]].shape)
+                source = self.arrays[op.inputs[0]]
+                self.arrays[op.outputs[0]] = (source[self.slices[i]] if i in self.slices else source).reshape(
+                    specs[op.outputs[0]].shape)
 
     def _bind(self, indices=None):
         """Numpy kernel steps for ops `indices` (default: all), bound to their arrays. In the

@@ -325,3 +325,33 @@ def test_a_transpose_that_moves_only_axes_of_one_element_is_a_view(shape, perm, 
     assert (transpose in plan.step_ops) != view
     op = plan.subgraph.operators[transpose]
     assert np.shares_memory(plan.arrays[op.inputs[0]], plan.arrays[op.outputs[0]]) == view
+
+
+@pytest.mark.parametrize("shape, axis, index, view", [
+    ((3, 8, 2, 16), 0, 1, True),  # a torch-exported encoder's q, k, v from their stack
+    ((3, 8, 2, 16), 0, -1, True),
+    ((1, 1, 5, 16), 2, 4, True),
+    ((2, 5, 16), 1, 3, False),  # a strided slice: copied
+    ((3, 8, 16), 0, None, False)])  # an index fed at run time
+def test_a_gather_of_one_constant_index_whose_slice_is_contiguous_is_a_view(shape, axis, index, view):
+    """Its output is a contiguous slice of x: a view of x's bytes (no step), the values
+    numpy's take gives, also on other values of x; other gathers copy."""
+    x = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, x.shape, name="x")
+        feeds = {"x": t}
+        if index is None:
+            i = ef.placeholder(ef.int64, (), name="i")
+            feeds["i"] = i
+        else:
+            i = ef.constant(np.int64(index))
+        y = apply("gather", [t * 2.0, i], {"axis": axis}) + 1.0
+    runner = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": (feeds, {"y": y})}))).get_signature_runner("infer")
+    k = 1 if index is None else index
+    for scale in (1.0, -3.0):
+        given = {"x": x * scale, **({"i": np.int64(k)} if index is None else {})}
+        np.testing.assert_array_equal(runner(**given)["y"], np.take(x * scale * 2.0, k, axis=axis) + 1.0)
+    plan = runner.last_plan
+    gather = next(i for i, op in enumerate(plan.subgraph.operators) if op.opcode == "gather")
+    assert (gather in plan.views) == view and (gather in plan.step_ops) != view
