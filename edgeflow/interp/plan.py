@@ -331,7 +331,8 @@ class Plan:
             op = self.subgraph.operators[i]
             if i in self.views:
                 source = self.arrays[op.inputs[0]]
-                self.arrays[op.outputs[0]] = (source[self.slices[i]] if i in self.slices else source).reshape(
+                # x[k, ...]: a view even where it leaves no axis (x[k] would be a scalar, a copy)
+                self.arrays[op.outputs[0]] = (source[(*self.slices[i], ...)] if i in self.slices else source).reshape(
                     specs[op.outputs[0]].shape)
 
     def _bind(self, indices=None):

@@ -331,6 +331,7 @@ def test_a_transpose_that_moves_only_axes_of_one_element_is_a_view(shape, perm, 
     ((3, 8, 2, 16), 0, 1, True),  # a torch-exported encoder's q, k, v from their stack
     ((3, 8, 2, 16), 0, -1, True),
     ((1, 1, 5, 16), 2, 4, True),
+    ((1,), 0, 0, True),  # a 0-d view (a greedy decoder's token: its loop's condition reads it)
     ((2, 5, 16), 1, 3, False),  # a strided slice: copied
     ((3, 8, 16), 0, None, False)])  # an index fed at run time
 def test_a_gather_of_one_constant_index_whose_slice_is_contiguous_is_a_view(shape, axis, index, view):
