@@ -561,6 +561,30 @@ def test_max_pool_tiles(mode, n, c, h, w, ceil_mode, seed):
         np.testing.assert_array_equal(got.view(np.int32), out.view(np.int32))
 
 
+@pytest.mark.parametrize("kernel, stride, pads, n, c, split", [
+    (3, 2, (1, 1, 1, 1), 1, 64, True),  # ResNet's pool at 112x112: max_pool_rows_loop
+    (2, 2, (0, 0, 0, 0), 2, 33, True),  # 2x2 windows tiling x: max_pool_tiles_loop
+    (3, 2, (1, 1, 1, 1), 1, 1, False),  # one plane: nothing to split
+    (3, 2, (1, 1, 1, 1), 1, 5, False)])  # too little work to split
+def test_max_pool_splits_its_planes_on_the_workers(jit_mode, kernel, stride, pads, n, c, split):
+    """A max pool of enough work splits its (image, channel) planes over 2 workers, on the
+    native workers where they run; the bits of one thread's run, and numpy's maximum over
+    the windows."""
+    from edgeflow.interp.kernels import pool
+    rng = np.random.default_rng(c)
+    size = 112 if c > 5 else 16
+    x = rng.standard_normal((n, c, size, size)).astype(np.float32)
+    attrs = {"kernel_shape": (kernel, kernel), "strides": (stride, stride), "pads": pads, "dilations": (1, 1),
+             "ceil_mode": 0, "auto_pad": "NOTSET"}
+    o = (size + pads[0] + pads[2] - kernel) // stride + 1
+    like = np.empty((n, c, o, o), np.float32)
+    whole, pieces = _whole_and_split(lambda out: pool._max_pool([x], [out], attrs), like, split)
+    np.testing.assert_array_equal(pieces, whole)
+    padded = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])), constant_values=-np.inf)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (kernel, kernel), axis=(2, 3))
+    np.testing.assert_array_equal(whole, windows[:, :, ::stride, ::stride].max(axis=(-2, -1))[:, :, :o, :o])
+
+
 @FEW
 @given(n=st.integers(1, 2), c=st.integers(1, 5), h=st.integers(1, 12), w=st.integers(1, 12), k=st.integers(1, 3),
        stride=st.integers(1, 3), dilation=st.integers(1, 2), pads=st.lists(st.integers(0, 1), min_size=4, max_size=4),

@@ -353,7 +353,8 @@ _NATIVE_ENTRIES = {
     "depthwise_loop": "ffffuUfufi", "depthwise_same_loop": "ffffubffi", "depthwise_channels_loop": "ffffufffi",
     "winograd_input_loop": "ffffffu", "winograd_output_loop": "ffffffui",
     "gelu_float32_loop": "ffi", "softmax_loop": "ffii", "sigmoid_loop": "ff", "hard_swish_loop": "ff",
-    "strided_copy_loop": "ffuu", "layer_norm_loop": "ffffuf", "binary_loop": "fffi", "scalar_loop": "fffii"}
+    "strided_copy_loop": "ffuu", "layer_norm_loop": "ffffuf", "binary_loop": "fffi", "scalar_loop": "fffii",
+    "max_pool_rows_loop": "ffuf", "max_pool_tiles_loop": "ffu"}
 _KINDS = {"f": np.float32, "u": np.uint64, "b": np.uint8, "U": np.uint64}
 
 _NATIVE_ADDRESSES = {}
@@ -362,7 +363,8 @@ _NATIVE_ADDRESSES = {}
 _carray = _pointer_f32 = _pointer_u64 = _pointer_u8 = _pointer_i64 = None
 _depthwise_loop = _depthwise_same_loop = _depthwise_channels_loop = _winograd_input_loop = \
     _winograd_output_loop = _gelu_float32_loop = _softmax_loop = _sigmoid_loop = _hard_swish_loop = \
-    _strided_copy_loop = _layer_norm_loop = _binary_loop = _scalar_loop = None
+    _strided_copy_loop = _layer_norm_loop = _binary_loop = _scalar_loop = \
+    _max_pool_rows_loop = _max_pool_tiles_loop = None
 
 
 def _native_fields(kinds, args):
@@ -463,6 +465,18 @@ def sigmoid_loop_entry(address):
 def hard_swish_loop_entry(address):
     f = _carray(_pointer_i64(address), (4,))
     _hard_swish_loop(_floats(f, 0), _floats(f, 2))
+    return 0
+
+
+def max_pool_rows_loop_entry(address):
+    f = _carray(_pointer_i64(address), (8,))
+    _max_pool_rows_loop(_floats(f, 0), _floats(f, 2), _uints(f, 4), _floats(f, 6))
+    return 0
+
+
+def max_pool_tiles_loop_entry(address):
+    f = _carray(_pointer_i64(address), (6,))
+    _max_pool_tiles_loop(_floats(f, 0), _floats(f, 2), _uints(f, 4))
     return 0
 
 
@@ -1289,25 +1303,29 @@ def bind_max_pool_grad(x, dy, dx, kernel_shape, strides, dilations, begin):
                   np.zeros_like(phases), tap_off, peak, np.empty_like(peak))
 
 
-def bind_max_pool(x, out, kernel_shape, strides, dilations, begin):
+def bind_max_pool(x, out, kernel_shape, strides, dilations, begin, planes=None):
     """A step for a 2-D max pool of floats (max_pool_tiles_loop where 2x2 windows tile x,
     max_pool_rows_loop at dilation 1: ResNet-18's 3x3 stride-2 pool at 112x112 1372 -> 322-364
-    us, a 3x3 stride-1 one at 56x56 1039 -> 172; else max_pool_loop), or None:
+    us, a 3x3 stride-1 one at 56x56 1039 -> 172; else max_pool_loop), over the (image,
+    channel) planes `planes` (a range, a worker's share: the first two loops) or all, or None:
     also where numba is not loaded yet (a pool gains less than loading numba costs a first run: ResNet's one
     pool would load it)."""
     if not loaded() or x.ndim != 4 or not _takes(x, out) or not out.size \
             or not (x.flags.c_contiguous and out.flags.c_contiguous):
         return None
     (n, c, h, wd), (oh, ow) = x.shape, out.shape[2:]
+    lo, hi = (0, n * c) if planes is None else planes
+    xs, outs = x.reshape(n * c, -1)[lo:hi].reshape(-1), out.reshape(n * c, -1)[lo:hi].reshape(-1)
     if tuple(kernel_shape) == tuple(strides) == (2, 2) and tuple(dilations) == (1, 1) \
             and tuple(begin[:2]) == (0, 0) and 2 * oh <= h and 2 * ow <= wd:  # 2x2 windows tile x
-        return _bound(max_pool_tiles_loop, x.reshape(-1), out.reshape(-1), np.array([n * c, h, wd, oh, ow], _U))
+        return _bound(max_pool_tiles_loop, xs, outs, np.array([hi - lo, h, wd, oh, ow], _U))
     if tuple(dilations) == (1, 1):
         kh, kw = kernel_shape
         width = max(begin[1] + wd, (ow - 1) * strides[1] + kw)
-        dims = np.array([n * c, h, wd, oh, ow, kh, kw, *strides, *begin[:2], width], _U)
-        return _bound(max_pool_rows_loop, x.reshape(-1), out.reshape(-1), dims,
-                      np.full((kh + 1) * width, -np.inf, x.dtype))
+        dims = np.array([hi - lo, h, wd, oh, ow, kh, kw, *strides, *begin[:2], width], _U)
+        return _bound(max_pool_rows_loop, xs, outs, dims, np.full((kh + 1) * width, -np.inf, x.dtype))
+    if planes is not None:
+        return None
     phases, tap_off, acc, cols, qw = depthwise_layout(x.shape[2:], kernel_shape, strides, dilations, begin,
                                                       out.shape[2:], x.dtype)
     phases.fill(-np.inf)  # padding never wins

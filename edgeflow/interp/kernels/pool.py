@@ -5,6 +5,8 @@ pool is a running maximum or sum over one long unit-stride array per tap (runnin
 across channels), then one pass that crops the result into the output (scaling it, for
 the average).
 """
+import math
+
 import numpy as np
 
 from ...ops.conv import window_geometry, window_params
@@ -46,6 +48,13 @@ def _max_pool(ins, outs, attrs):
         strides, dilations, _ = window_params("pool", attrs, 2)
         _, begin, _ = window_geometry("pool", x.shape[2:], attrs["kernel_shape"], attrs, attrs["ceil_mode"])
         step = jit.bind_max_pool(x, out, attrs["kernel_shape"], strides, dilations, begin)
+        workers, planes = threads.current(), x.shape[0] * x.shape[1]
+        if step is not None and workers is not None and planes >= workers.n \
+                and out.size * math.prod(attrs["kernel_shape"]) >= threads.MIN_ELEMENTS:  # planes apart
+            parts = [jit.bind_max_pool(x, out, attrs["kernel_shape"], strides, dilations, begin, piece)
+                     for piece in threads.pieces(planes, workers.n)]
+            if None not in parts:
+                return workers.split(parts)
         if step is not None:
             return step
     lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min  # padding never wins
