@@ -498,22 +498,31 @@ def test_small_conv_takes_rgb_stems_only(jit_mode):
 @given(c=st.integers(5, 9), m=st.integers(1, 20), n=st.integers(1, 3), h=st.integers(1, 13), w=st.integers(1, 13),
        kh=st.sampled_from([1, 2, 3, 7]), kw=st.sampled_from([1, 3, 5]), stride=st.integers(1, 3),
        dilation=st.integers(1, 2), pads=st.lists(st.integers(0, 3), min_size=4, max_size=4),
-       activation=st.sampled_from(["", "relu"]), seed=st.integers(0, 2 ** 16))
-def test_im2col_conv(mode, c, m, n, h, w, kh, kw, stride, dilation, pads, activation, seed):
+       activation=st.sampled_from(["", "relu"]), seed=st.integers(0, 2 ** 16), block=st.integers(1, 3000))
+def test_im2col_conv(mode, c, m, n, h, w, kh, kw, stride, dilation, pads, activation, seed, block):
     """A conv of one group that neither Winograd, a pointwise product nor the stem loop takes
     (a 7x7 stem, strided 3x3 and 1x1 convs): im2col_loop's columns, gathered from x in place
-    with its pads as zeros, then one product, against onnxruntime."""
+    with its pads as zeros, then one product (blocks of `block` floats of columns at a time:
+    rows of an image, or whole images), against onnxruntime."""
+    from edgeflow.interp.kernels import conv
     assume(h + pads[0] + pads[2] >= (kh - 1) * dilation + 1 and w + pads[1] + pads[3] >= (kw - 1) * dilation + 1)
     assume(kh * kw > 1 or stride > 1 or any(pads))
     with pytest.MonkeyPatch.context() as m_:
+        m_.setattr(conv, "GATHER_BLOCK_FLOATS", block)
         m_.setenv("EDGEFLOW_CONV_ALGO", "direct")  # not Winograd's, for the 3x3 stride-1 cases
         _check_conv(mode, (n, c, h, w), (m, c, kh, kw), stride, dilation, pads, activation, seed, "im2col_loop")
 
 
-@pytest.mark.parametrize("n", [1, 3])
-def test_im2col_conv_at_two_threads(jit_mode, n):
-    """ResNet's 7x7 stem through im2col_loop on two workers (images apart, or the columns then
-    output channels apart), against onnxruntime."""
+@pytest.mark.parametrize("n,block,pairs", [(1, "rows", 8), (3, "rows", 21), (3, "images", 2), (1, "whole", 2)])
+def test_im2col_conv_at_two_threads(jit_mode, n, block, pairs, monkeypatch):
+    """ResNet's 7x7 stem through im2col_loop and native_gemm's product on two workers, each
+    gathering and multiplying its own images, or at batch 1 its own output rows, a block of
+    columns at a time (conv.GATHER_BLOCK_FLOATS: 5 output rows of 32, two whole images, or
+    one worker's share), against onnxruntime."""
+    from edgeflow.interp.kernels import conv
+    depth = 3 * 7 * 7
+    monkeypatch.setattr(conv, "GATHER_BLOCK_FLOATS", {"rows": 5 * 32, "images": 2 * 32 * 32, "whole": 32 * 32}[block]
+                        * depth)
     rng = np.random.default_rng(n)
     x = rng.standard_normal((n, 3, 64, 64)).astype(np.float32)
     weight = rng.standard_normal((16, 3, 7, 7)).astype(np.float32)
@@ -527,7 +536,7 @@ def test_im2col_conv_at_two_threads(jit_mode, n):
         .get_signature_runner("infer")
     jit_mode[1].clear()
     close(runner(x=x)["y"], expected)
-    assert jit_mode[1].count("im2col_loop") == (2 if n >= 2 else 1), jit_mode[1]
+    assert jit_mode[1] == ["im2col_loop", "native_gemm"] * pairs, jit_mode[1]
 
 
 @FEW
@@ -1271,14 +1280,15 @@ def test_jit_on_imports_numba_up_front_and_binds_every_loop():
     """Interpreter(jit=True) imports numba when it is made, so that the kernels that would not
     import it themselves (ResNet's: a 7x7 stem, a max pool, 3x3 convs, add + relu) bind their
     loops; the result is the default's (numpy's kernels, numba never imported) within float32
-    rounding, and a float64 numpy evaluation's. Where native_gemm's product runs, the 3x3
-    conv's product takes the add + relu after it into its own pass (no add loop)."""
+    rounding, and a float64 numpy evaluation's. Where native_gemm's product runs, the stem's
+    product takes its bias and relu, the 3x3 conv's the add + relu after it, into their own
+    pass (no bias or add loop)."""
     on = _in_fresh_interpreter(RESNET_OPS.replace("JIT", "True"), {"EDGEFLOW_JIT": "1"})
     auto = _in_fresh_interpreter(RESNET_OPS.replace("JIT", "None"), {"EDGEFLOW_JIT": "1"})
     assert on[0] is True and auto[0] is False
     assert on[3] == native_gemm.available()
-    loops = {"im2col_loop", "bias_activation_inplace_loop", "max_pool_rows_loop"} | (set() if on[3] else
-                                                                                     {"add_activation_loop"})
+    loops = {"im2col_loop", "max_pool_rows_loop"} | (set() if on[3] else
+                                                     {"add_activation_loop", "bias_activation_inplace_loop"})
     assert loops <= set(on[1]), on[1]
     assert auto[1] == [] and auto[3] is False, auto
     np.testing.assert_allclose(on[2], auto[2], rtol=1e-5, atol=1e-5 * max(np.abs(auto[2]).max(), 1.0))

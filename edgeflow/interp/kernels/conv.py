@@ -145,10 +145,11 @@ def _pointwise(x, w, group, out):
 def conv_epilogue(ins, out, attrs, residual=None, slope=None, activation=None, scale=None):
     """A step for a one-group 2-D conv (operands `ins`) that the direct path would run as a
     product (a 1x1 stride-1 conv: w @ x; windows tiling x: _patches' columns; others:
-    jit.py's im2col columns), writing prelu(act(conv + bias + residual), slope) to `out` in
-    the product's own pass (native_gemm.py; over the plan's workers, images apart where there
-    are as many, else output channels where there are few columns, else columns in strips of
-    native_gemm.NR), or None where that product does
+    jit.py's im2col columns, gathered and multiplied a block at a time: _blocked_gather),
+    writing prelu(act(conv + bias + residual), slope) to `out` in the product's own pass
+    (native_gemm.py; over the plan's workers, images apart where there are as many, else
+    im2col's output rows, else output channels where there are few columns, else columns in
+    strips of native_gemm.NR), or None where that product does
     not run: numba not loaded (a plan keeping its first
     run short; the columns' loops are numba's too), weights, bias or slope that may change
     between runs (variables: packed once here), convs that jit.py's loops or winograd.py
@@ -161,7 +162,8 @@ def conv_epilogue(ins, out, attrs, residual=None, slope=None, activation=None, s
     bias = ins[2] if len(ins) > 2 else None
     activation = attrs["activation"] if activation is None else activation
     if not jit.loaded() or attrs["group"] != 1 or x.ndim != 4 \
-            or x.shape[1] <= jit.SMALL_CONV_CHANNELS or activation not in native_gemm.ACTIVATIONS \
+            or (x.shape[1] <= jit.SMALL_CONV_CHANNELS and math.prod(w.shape[2:]) <= jit.SMALL_CONV_TAPS) \
+            or activation not in native_gemm.ACTIVATIONS \
             or w.flags.writeable or (bias is not None and bias.flags.writeable) \
             or x.dtype != np.float32 or out.dtype != np.float32 or not x.flags.c_contiguous:
         return None
@@ -189,41 +191,94 @@ def conv_epilogue(ins, out, attrs, residual=None, slope=None, activation=None, s
                 or scale.dtype != np.float32:
             return None
         scale = scale.reshape(scale.shape[0], c)
+    by_rows = False  # im2col_loop's gather: by blocks of output rows (_blocked_gather)
     if depth == c and set(strides) == {1} and not any(begin + end):  # 1x1: x is the columns
         copy, cols = None, reshaped(x, (n, c, p))
     elif scale is not None:
         return None
-    else:
+    elif _tiles_without_overlap(x, kernel_shape, 1, strides, dilations, begin, end, out_shape):
         cols = scratch((n, depth, p), x.dtype)  # rewritten whole every run
-        if _tiles_without_overlap(x, kernel_shape, 1, strides, dilations, begin, end, out_shape):
-            copy = jit.bind_patches(x, cols, kernel_shape, out_shape, 0, n)
-        else:
-            copy = jit.bind_im2col(x, cols, kernel_shape, strides, dilations, begin, out_shape, 0, n)
-        if copy is None:
-            return None
+
+        def copy(a, b):  # images a:b's columns
+            return jit.bind_patches(x, cols, kernel_shape, out_shape, a, b)
+    else:
+        by_rows, cols = True, None  # cols: where a split gathers them whole (below)
+
+        def copy(a, b, rows=None, into=None):  # images a:b's columns at output rows `rows`, into their block
+            return jit.bind_im2col(x, cols if into is None else into, kernel_shape, strides, dilations, begin,
+                                   out_shape, a, b, rows, into is not None)
     everything = slice(None)
 
-    def product(images, columns, rows=everything):
+    def product(images, columns, rows=everything, source=None):  # source: the columns (default cols')
         packed = native_gemm.pack_constant(w, bias, *rows.indices(m)[:2])
-        return native_gemm.bind(packed, cols[images, :, columns], results[0][images, rows, columns], activation,
+        return native_gemm.bind(packed, cols[images, :, columns] if source is None else source,
+                                results[0][images, rows, columns], activation,
                                 results[1][images, rows, columns] if residual is not None else None,
                                 None if slope is None else slope[rows],
                                 None if scale is None else scale[images] if scale.shape[0] == n else scale)
+
+    def gathered(images):  # images' columns gathered whole, then their product
+        gather = copy and copy(*images.indices(n)[:2])
+        step = product(images, everything)
+        return None if (copy and gather is None) or step is None else sequence(gather, step)
+
+    def blocked(a, b, rows):  # images a:b's output rows `rows` (a range) by blocks whose columns stay in cache
+        return _blocked_gather(a, b, rows, depth, out_shape, x.dtype, copy, product)
     workers = threads.current()
+    oh, ow = out_shape
     if workers is None or 2 * n * m * depth * p < threads.MIN_FLOPS:
-        parts = [product(everything, everything)]
-    elif n >= workers.n:
-        parts = [product(slice(a, b), everything) for a, b in threads.pieces(n, workers.n)]
-    elif p < threads.MIN_COLUMNS * workers.n and m >= 8 * workers.n:  # few columns: output channels apart
-        parts = [product(everything, everything, slice(a, b)) for a, b in threads.pieces(m, workers.n, 8)]
-    else:  # columns apart, in whole strips
-        strips = -(-p // native_gemm.NR)
-        parts = [product(everything, slice(a * native_gemm.NR, min(b * native_gemm.NR, p)))
-                 for a, b in threads.pieces(strips, workers.n)]
+        parts = [blocked(0, n, (0, oh)) if by_rows else gathered(everything)]
+    elif n >= workers.n:  # each worker gathers its images' columns, then multiplies them
+        parts = [blocked(a, b, (0, oh)) if by_rows else gathered(slice(a, b)) for a, b in threads.pieces(n, workers.n)]
+    elif by_rows and p >= threads.MIN_COLUMNS * workers.n and oh >= workers.n:
+        # columns apart by output rows: each worker gathers its rows' columns, then multiplies them
+        parts = [blocked(0, n, piece) for piece in threads.pieces(oh, workers.n)]
+    else:  # the gather first, then output channels apart (few columns) or columns in whole strips
+        if cols is None:
+            cols = scratch((n, depth, p), x.dtype)  # rewritten whole every run
+        if p < threads.MIN_COLUMNS * workers.n and m >= 8 * workers.n:
+            parts = [product(everything, everything, slice(a, b)) for a, b in threads.pieces(m, workers.n, 8)]
+        else:
+            strips = -(-p // native_gemm.NR)
+            parts = [product(everything, slice(a * native_gemm.NR, min(b * native_gemm.NR, p)))
+                     for a, b in threads.pieces(strips, workers.n)]
+        gather = copy and copy(0, n)
+        if None in parts or (copy and gather is None):
+            return None
+        return sequence(gather, parts[0] if len(parts) == 1 else workers.split(parts))
     if None in parts:
         return None
-    run = parts[0] if len(parts) == 1 else workers.split(parts)
-    return run if copy is None else sequence(copy, run)
+    return parts[0] if len(parts) == 1 else workers.split(parts)
+
+
+# Floats of im2col's columns gathered at a time (conv_epilogue): a block of output rows (or of
+# whole images) gathered, then multiplied while it is in L2, then the next into the same
+# buffer. ResNet-18's 7x7 stem at 224 (147 x 12,544 columns, 7.4 MB), one thread: 5.6 ms
+# gathered whole then multiplied, 5.0-5.1 in blocks of 4 output rows, 4.9-5.0 of 8 or 16
+# (2^17 floats: 8), 5.1 of 28, 5.8 of 56 (one process, interleaved).
+GATHER_BLOCK_FLOATS = 1 << 17
+
+
+def _blocked_gather(a, b, rows, depth, out_shape, dtype, copy, product):
+    """A step gathering images a:b's columns at output rows `rows` (a range) by blocks of
+    about GATHER_BLOCK_FLOATS into one buffer (copy(images, rows, block)), each block
+    multiplied (product(images, columns, source=block)) before the next is gathered; or
+    None where a step does not bind."""
+    (oh, ow), (r0, r1) = out_shape, rows
+    per_row = depth * ow
+    if (r1 - r0) * per_row >= GATHER_BLOCK_FLOATS:  # blocks of an image's rows
+        images, count = 1, max(1, GATHER_BLOCK_FLOATS // per_row)
+    else:  # blocks of whole images
+        images, count = min(b - a, max(1, GATHER_BLOCK_FLOATS // ((r1 - r0) * per_row))), r1 - r0
+    buffer = scratch((images * count * per_row,), dtype)  # rewritten whole every run
+    steps = []
+    for i in range(a, b, images):
+        j = min(b, i + images)
+        for s in range(r0, r1, count):
+            e = min(r1, s + count)
+            block = buffer[:(j - i) * (e - s) * per_row].reshape(j - i, depth, (e - s) * ow)
+            steps += [copy(i, j, (s, e), block), product(slice(i, j), slice(s * ow, e * ow), source=block)]
+    return None if None in steps else sequence(*steps)
 
 
 def _patches(x, w, out):

@@ -354,7 +354,7 @@ _NATIVE_ENTRIES = {
     "winograd_input_loop": "ffffffu", "winograd_output_loop": "ffffffui",
     "gelu_float32_loop": "ffi", "softmax_loop": "ffii", "sigmoid_loop": "ff", "hard_swish_loop": "ff",
     "strided_copy_loop": "ffuu", "layer_norm_loop": "ffffuf", "binary_loop": "fffi", "scalar_loop": "fffii",
-    "max_pool_rows_loop": "ffuf", "max_pool_tiles_loop": "ffu"}
+    "im2col_loop": "ffu", "patches_loop": "ffu", "max_pool_rows_loop": "ffuf", "max_pool_tiles_loop": "ffu"}
 _KINDS = {"f": np.float32, "u": np.uint64, "b": np.uint8, "U": np.uint64}
 
 _NATIVE_ADDRESSES = {}
@@ -363,7 +363,7 @@ _NATIVE_ADDRESSES = {}
 _carray = _pointer_f32 = _pointer_u64 = _pointer_u8 = _pointer_i64 = None
 _depthwise_loop = _depthwise_same_loop = _depthwise_channels_loop = _winograd_input_loop = \
     _winograd_output_loop = _gelu_float32_loop = _softmax_loop = _sigmoid_loop = _hard_swish_loop = \
-    _strided_copy_loop = _layer_norm_loop = _binary_loop = _scalar_loop = \
+    _strided_copy_loop = _layer_norm_loop = _binary_loop = _scalar_loop = _im2col_loop = _patches_loop = \
     _max_pool_rows_loop = _max_pool_tiles_loop = None
 
 
@@ -465,6 +465,18 @@ def sigmoid_loop_entry(address):
 def hard_swish_loop_entry(address):
     f = _carray(_pointer_i64(address), (4,))
     _hard_swish_loop(_floats(f, 0), _floats(f, 2))
+    return 0
+
+
+def im2col_loop_entry(address):
+    f = _carray(_pointer_i64(address), (6,))
+    _im2col_loop(_floats(f, 0), _floats(f, 2), _uints(f, 4))
+    return 0
+
+
+def patches_loop_entry(address):
+    f = _carray(_pointer_i64(address), (6,))
+    _patches_loop(_floats(f, 0), _floats(f, 2), _uints(f, 4))
     return 0
 
 
@@ -1698,15 +1710,17 @@ def bind_patches(x, cols, kernel, out_shape, lo, hi):
 
 
 def im2col_loop(x, cols, dims):
-    """cols (N, C, kh, kw, OH, OW) = x (N, C, H, W)'s windows (strides, dilations, zero
-    padding), all flat: im2col's columns, a row of outputs at a time, each read from x's row
-    in place (its pads as zeros); stride 2 by a literal stride, which LLVM loads as vectors.
-    dims (uint64): N * C, H, W, kh, kw, sh, sw, dh, dw, top, left, OH, OW."""
+    """cols (N, C, kh, kw, R, OW) = x (N, C, H, W)'s windows (strides, dilations, zero
+    padding) at output rows r0:r1, cols' R rows being output rows c0:c0 + R (all OH, or a
+    block: the rest untouched), all flat: im2col's columns, a row of outputs at a time, each
+    read from x's row in place (its pads as zeros); stride 2 by a literal stride, which LLVM
+    loads as vectors. dims (uint64): N * C, H, W, kh, kw, sh, sw, dh, dw, top, left, OH, OW,
+    r0, r1, c0, R."""
     planes, h_, w_, kh, kw, sh, sw = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6]
-    dh, dw, top, left, oh, ow = dims[7], dims[8], dims[9], dims[10], dims[11], dims[12]
+    dh, dw, top, left, oh, ow, r0, r1 = dims[7], dims[8], dims[9], dims[10], dims[11], dims[12], dims[13], dims[14]
+    c0, rows = dims[15], dims[16]
     zero = cols.dtype.type(0)
     two = _U(2)
-    d = _U(0)
     for p in range(planes):
         for i in range(kh):
             for j in range(kw):
@@ -1716,7 +1730,8 @@ def im2col_loop(x, cols, dims):
                 t1 = (w_ + left - shift + sw - _U(1)) // sw if w_ + left > shift else _U(0)
                 t1 = ow if t1 > ow else t1
                 t0 = t1 if t0 > t1 else t0
-                for r in range(oh):
+                d = (((p * kh + i) * kw + j) * rows + r0 - c0) * ow
+                for r in range(r0, r1):
                     row = r * sh + i * dh  # x's row + top
                     if row < top or row - top >= h_:
                         for t in range(ow):
@@ -1740,14 +1755,20 @@ def im2col_loop(x, cols, dims):
                     d += ow
 
 
-def bind_im2col(x, cols, kernel, strides, dilations, begin, out_shape, lo, hi):
+def bind_im2col(x, cols, kernel, strides, dilations, begin, out_shape, lo, hi, rows=None, compact=False):
     """A step for im2col_loop over images lo:hi of x (N, C, H, W) into cols (N, C * kh * kw,
-    OH * OW), or None: numba not loaded, or operands it does not take."""
+    OH * OW), output rows `rows` (a range; default all), or into cols (hi - lo, C * kh * kw,
+    len(rows) * OW) holding those images and rows alone where `compact`; or None: numba not
+    loaded, or operands it does not take."""
     if not loaded() or x.ndim != 4 or not _takes(x, cols) or not (x.flags.c_contiguous and cols.flags.c_contiguous):
         return None
-    dims = np.array([(hi - lo) * x.shape[1], *x.shape[2:], *kernel, *strides, *dilations, *begin[:2], *out_shape],
-                    _U)
-    return _bound(im2col_loop, x[lo:hi].reshape(-1), cols[lo:hi].reshape(-1), dims)
+    r0, r1 = (0, out_shape[0]) if rows is None else rows
+    c0, c1 = (r0, r1) if compact else (0, out_shape[0])
+    if cols.shape[-1] != (c1 - c0) * out_shape[1]:
+        raise ValueError(f"columns of {cols.shape[-1]} for output rows {c0}:{c1} of {out_shape[1]}")
+    dims = np.array([(hi - lo) * x.shape[1], *x.shape[2:], *kernel, *strides, *dilations, *begin[:2], *out_shape,
+                     r0, r1, c0, c1 - c0], _U)
+    return _bound(im2col_loop, x[lo:hi].reshape(-1), (cols if compact else cols[lo:hi]).reshape(-1), dims)
 
 
 # -- bias, residual and activation in one pass ----------------------------------------------
