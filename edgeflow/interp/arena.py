@@ -62,12 +62,34 @@ class TooLarge(InvalidInputError):
 _MAPPED_MIN = 1 << 20  # blocks this large get their own mapping, whose pages `release` returns
 
 
+_HUGE_MIN = 2 << 20  # blocks this large ask for transparent huge pages (where madvise takes it)
+
+
 def new_block(nbytes):
     """An uninitialised uint8 array of `nbytes`: a private anonymous mapping from 1 MiB on
-    (where madvise exists), so that `release` can give its pages back without unmapping it."""
+    (where madvise exists), so that `release` can give its pages back without unmapping it;
+    from 2 MiB on in huge pages where the system gives them (MADV_HUGEPAGE: Linux's
+    transparent huge pages, "always" or "madvise"). A first run writes its arena and scratch
+    fresh, a fault a page: here 32 MiB took 27-30 ms to fault in by 4 KiB pages, 5 in 2 MiB
+    ones (fewer TLB misses after, too)."""
     if nbytes < _MAPPED_MIN or not hasattr(mmap, "MADV_DONTNEED"):
         return np.empty(nbytes, np.uint8)
-    return np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE), np.uint8)
+    memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+    if nbytes >= _HUGE_MIN and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            memory.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # a kernel without transparent huge pages
+            pass
+    return np.frombuffer(memory, np.uint8)
+
+
+def zeroed(nbytes):
+    """A zeroed uint8 array of `nbytes`: a `new_block` where it is a fresh mapping (zeros, in
+    huge pages from 2 MiB on), else numpy's. For weights laid out once (packed, transformed):
+    ResNet-18's Winograd transforms write 72 MB fresh."""
+    if nbytes < _MAPPED_MIN or not hasattr(mmap, "MADV_DONTNEED"):
+        return np.zeros(nbytes, np.uint8)
+    return new_block(nbytes)
 
 
 def release(array):
