@@ -378,6 +378,75 @@ def test_plans_of_one_model_share_its_transformed_weights():
     assert copies() == before
 
 
+class _HeldExecutor:
+    """winograd's background thread stood in for: what it is given waits until `release`."""
+
+    def __init__(self, fail=False):
+        self.held, self.fail = [], fail
+
+    def submit(self, fn, *args):
+        import concurrent.futures
+        future = concurrent.futures.Future()
+        self.held.append((future, fn, args))
+        return future
+
+    def release(self):
+        for future, fn, args in self.held:
+            if self.fail:
+                future.set_exception(MemoryError("no memory for U"))
+            else:
+                future.set_result(fn(*args))
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_plan_does_not_wait_for_its_transformed_weights(monkeypatch, fail):
+    """A plan binds a Winograd conv of a constant w before U is made (on winograd's
+    background thread, here held back): the plan is made, and its first run waits for U
+    (a run in another thread has not ended while U is held), then gives the reference's
+    result; where making U failed, the run raises that error, and the next run again."""
+    import threading
+
+    import edgeflow as ef
+    from edgeflow.format import writer
+    from edgeflow.graph.math_ops import apply
+    monkeypatch.setattr(jit, "loaded", lambda: False)  # the path of a first plan, numba not loaded
+    held = _HeldExecutor(fail)
+    monkeypatch.setattr(winograd, "_BACKGROUND", {os.getpid(): held})
+    monkeypatch.setenv(winograd.ENV, "winograd4")
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((8, 6, 3, 3)).astype(np.float32)
+    x = rng.standard_normal((1, 6, 12, 12)).astype(np.float32)
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, x.shape, name="x")
+        y = apply("conv", [t, w], {"pads": (1, 1, 1, 1)})
+    it = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})), num_threads=1)
+    it.allocate_tensors()
+    assert len(held.held) == 1 and not held.held[0][0].done()
+    runner = it.get_signature_runner("infer")
+    results = []
+    thread = threading.Thread(target=lambda: results.append(_outcome(lambda: runner(x=x)["y"])))
+    thread.start()
+    thread.join(0.3)
+    assert thread.is_alive() and not results  # waiting for U
+    held.release()
+    thread.join(10)
+    if fail:
+        assert isinstance(results[0], MemoryError) and "no memory for U" in str(results[0])
+        with pytest.raises(MemoryError):
+            runner(x=x)
+    else:
+        assert_near(results[0], reference(x, w, None, (1, 1, 1, 1)))
+        assert_near(runner(x=x)["y"], reference(x, w, None, (1, 1, 1, 1)))
+
+
+def _outcome(call):
+    try:
+        return call()
+    except Exception as e:  # noqa: BLE001: the test looks at it
+        return e
+
+
 def test_steps_sharing_the_workspace():
     """Two Winograd convs bound as steps of one plan draw their scratch from the same
     workspace bytes; run alternately on new inputs, each stays right."""

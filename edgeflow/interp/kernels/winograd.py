@@ -5,8 +5,9 @@ A helper of conv.py's kernel (it registers none). An output tile of m x m (m = 2
 is computed from an input tile d of a x a (a = m + 2) as A^T [(G g G^T) * (B^T d B)] A,
 with a^2 multiplies per channel pair instead of 9 m^2. Done over whole arrays:
 
-- weights: U = G g G^T, (a^2, M, C), once at prepare time when w is a constant (read-only
-  array), else at each run (a variable being trained);
+- weights: U = G g G^T, (a^2, M, C), once when w is a constant (read-only array), by a
+  background thread from prepare time on (the conv's first run waits for it), else at each
+  run (a variable being trained);
 - input: x copied into a zero-padded buffer (scratch: its padding rewritten each run),
   the overlapping tiles gathered by one copy from a strided view into D (a^2, C, N*tiles),
   and transformed by one product V = (B^T kron B^T) D;
@@ -39,6 +40,7 @@ layers C = M = 64..512, batch 1 and 8): the max abs error over the max abs outpu
 for F(4x4,3x3) (its transforms have entries up to 8 and down to 1/24; onnxruntime's:
 1.7e-7 to 3.7e-7), weights transformed in float32. tests/interp/test_winograd.py bounds both by 1e-4.
 """
+import concurrent.futures
 import os
 from functools import lru_cache, partial
 
@@ -47,7 +49,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ...errors import EdgeflowError
 from .. import threads
-from ..arena import outside, scratch
+from ..arena import outside, scratch, zeroed
 from . import jit, native_gemm, native_winograd, per_constant
 from .fused import with_activation
 
@@ -180,15 +182,48 @@ def _run(steps, workers):
         steps[0]()
 
 
-_TRANSFORMED = {}  # (id(w), m) -> constant_weights(w, m), while w lives
+_TRANSFORMED = {}  # (id(w), m) -> (U, its future) of a constant w, while w lives
+_BACKGROUND = {}  # process id -> the thread making constants' U (an executor of one worker)
 
 
-def constant_weights(w, m, workers=None):
-    """transformed_weights(w, m) of a model's constant w (read-only: it does not change
-    between runs), made once however many plans bind it (an interpreter's plan for each
-    set of input shapes; a plan made again once numba has loaded, jit.deferred): kept
-    while w lives (kernels.per_constant). ResNet-18's are 72 MB and take 30-90 ms to make here."""
-    return per_constant(_TRANSFORMED, (id(w), m), (w,), lambda: transformed_weights(w, m, workers))
+def constant_weights(w, m):
+    """transformed_weights(w, m) of a model's constant w (see `pending_weights`), once made."""
+    u, made = pending_weights(w, m)
+    made.result()
+    return u
+
+
+def pending_weights(w, m):
+    """(U, future) for a model's constant w (read-only: it does not change between runs): U's
+    buffer now, its values made by one background thread (in the order convs bind: a plan's
+    first layers first), the future done once they are (its result() re-raises what making
+    them raised). Made once however many plans bind w (an interpreter's plan for each set of
+    input shapes; a plan made again once numba has loaded, jit.deferred), kept while w lives
+    (kernels.per_constant). ResNet-18's are 72 MB and take 30-90 ms to make here: a first
+    plan made them all before its first run, which now starts while they are made (each conv
+    waits for its own: `waiting`)."""
+    def make():
+        pid = os.getpid()  # a forked child has its own (the parent's thread is not in it)
+        if pid not in _BACKGROUND:
+            _BACKGROUND[pid] = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edgeflow-weights")
+        mm, c = w.shape[:2]
+        u = weights_buffer(zeroed(mm * (m + 2) ** 2 * c * w.dtype.itemsize).view(w.dtype).reshape(mm, -1, c))
+        return u, _BACKGROUND[pid].submit(_run, _weight_steps(w, u, m, 1), None)
+    return per_constant(_TRANSFORMED, (id(w), m), (w,), make)
+
+
+def waiting(step, pending):
+    """`step`, waiting first for the futures `pending` (pending_weights') on its first run."""
+    if not pending:
+        return step
+    left = list(pending)
+
+    def run():
+        while left:
+            left[-1].result()
+            left.pop()
+        step()
+    return run
 
 
 _PACKED = {}  # (id(w), m) -> packed_weights(w, m), while w lives
@@ -341,12 +376,13 @@ def conv(x, w, bias, begin, out, algo, activation=""):
     native = not w.flags.writeable and dt == np.float32 and tiles < NATIVE_TILES and jit.loaded() \
         and native_gemm.available() and native_gemm.suits(mm, c, tiles)
     if w.flags.writeable:  # a variable (a train step's): transformed at each run, into scratch
-        u = weights_buffer(scratch((mm, a * a, c), dt))
+        u, made = weights_buffer(scratch((mm, a * a, c), dt)), None
         n_parts = workers.n if workers is not None and 2 * a * a * 9 * mm * c >= threads.MIN_FLOPS else 1
         weights = _weight_steps(w, u, m, n_parts)  # the output channels apart
     else:
-        u = None if native else constant_weights(w, m, workers=workers)
+        u, made = (None, None) if native else pending_weights(w, m)
         weights = None
+    pending = [] if made is None else [made]
     # Scatter: y (r, M, N, t, s, c) -> out[N, M, t*m + r, s*m + c], in whole tiles and the
     # cropped last tile row / column; each output row is read from one run of y.
     ys = y.transpose(2, 1, 3, 0, 4, 5)  # (N, M, th, m, tw, m)
@@ -410,19 +446,20 @@ def conv(x, w, bias, begin, out, algo, activation=""):
             return _phases(phases + [[threads.chain(*worker, output) for worker, output in zip(steps, outputs)]],
                            workers)
     if u is None:  # native_gemm declined after all: BLAS's products over U
-        u = constant_weights(w, m, workers=workers)
+        u, made = pending_weights(w, m)
+        pending.append(made)
     if None not in outputs:
         if n_parts == 1:
-            return _phases(phases + [[product(0, a * a)], outputs], workers)
+            return waiting(_phases(phases + [[product(0, a * a)], outputs], workers), pending)
         # Output channels apart: each worker's products go to its own output transform, on
         # its own core (no meeting between them, no products read from the other core's cache).
         parts = [threads.chain(partial(np.matmul, u[:, lo:hi], v, out=products[:, lo:hi]), output)
                  for (lo, hi), output in zip(spans, outputs)]
-        return _phases(phases + [parts], workers)
+        return waiting(_phases(phases + [parts], workers), pending)
     phases.append([product(lo, hi) for lo, hi in threads.pieces(a * a, n_parts)])
     phases += [[make(lo, hi) for lo, hi in threads.pieces(length, n_parts)]
                for make, length in ((rows, a), (finish, mm))]
-    return with_activation(_phases(phases, workers), activation, out)
+    return waiting(with_activation(_phases(phases, workers), activation, out), pending)
 
 
 def _transformed_tiles(copies, borders, transform, tiles, out):
