@@ -378,6 +378,27 @@ def test_plans_of_one_model_share_its_transformed_weights():
     assert copies() == before
 
 
+def test_a_plan_of_the_packs_lets_a_first_plans_weights_go(monkeypatch):
+    """U made for a plan bound before numba loaded is dropped from the cache once a plan
+    packs the same weights for native_gemm's products (where they run): it goes with the
+    first plan; both plans give the reference's result."""
+    rng = np.random.default_rng(12)
+    w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    w.flags.writeable = False
+    x = rng.standard_normal((1, 16, 12, 12)).astype(np.float32)
+    with monkeypatch.context() as first:
+        first.setattr(jit, "loaded", lambda: False)
+        step, out = conv(x, w, None, (1, 1, 1, 1), algo="winograd4")
+    assert (id(w), 4) in winograd._TRANSFORMED
+    step()
+    assert_near(out, reference(x, w, None, (1, 1, 1, 1)))
+    assert jit.available()  # the jit extra is installed with the tests
+    again, out2 = conv(x, w, None, (1, 1, 1, 1), algo="winograd4")
+    again()
+    assert_near(out2, reference(x, w, None, (1, 1, 1, 1)))
+    assert ((id(w), 4) in winograd._TRANSFORMED) != native_gemm.available()
+
+
 class _HeldExecutor:
     """winograd's background thread stood in for: what it is given waits until `release`."""
 

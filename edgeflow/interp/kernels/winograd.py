@@ -440,6 +440,9 @@ def conv(x, w, bias, begin, out, algo, activation=""):
     if None not in outputs and native:
         # Each worker's output channels: a product a position on the tile, then its output transform.
         packs = packed_weights(w, m)
+        # U, where a plan made before numba loaded made it, goes with that plan (72 MB of
+        # ResNet-18's, kept while the model lived): a later plan without the packs makes it again.
+        _TRANSFORMED.pop((id(w), m), None)
         steps = [native_gemm.bind_chain([_rows(packed, lo, c) for packed in packs], v[:, None],
                                         products[:, lo:hi, None].transpose(0, 2, 1, 3)) for lo, hi in spans]
         if None not in steps:
