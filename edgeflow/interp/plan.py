@@ -15,6 +15,7 @@ from .. import ops
 from ..errors import FormatError, InvalidInputError, UnsupportedOpError
 from ..ops.registry import TensorSpec
 from ..ops.dims import fmt
+from . import threads
 from .arena import (Arena, TooLarge, Workspace, bounded, default_max_tensor_bytes, lower_bound, nbytes,
                     place, size_text)
 from .kernels import KERNELS, evaluate, jit
@@ -376,6 +377,11 @@ class Plan:
                 x, factors = scaled
                 return conv_kernels.conv_epilogue([self.arrays[t] for t in [x, *conv.inputs[1:]]], out, conv.attrs,
                                                   residual, extra, activation, self.arrays[factors])
+            if op.opcode == "conv" and self.subgraph.operators[chain[0]].opcode == "conv":
+                depthwise = self.subgraph.operators[chain[0]]
+                return conv_kernels.pointwise_depthwise(
+                    [self.arrays[t] for t in op.inputs], self.arrays[op.outputs[0]],
+                    [self.arrays[t] for t in depthwise.inputs[1:]], out, op.attrs, depthwise.attrs)
             if op.opcode == "conv":
                 return conv_kernels.conv_epilogue([self.arrays[t] for t in op.inputs], out, op.attrs,
                                                   residual, extra, activation)
@@ -474,6 +480,16 @@ class Plan:
                     return conv, x, scale
             return None
 
+        def depthwise_after(i):  # the depthwise conv that alone reads 1x1 conv i's output (as its x), or None
+            op, t = operators[i], operators[i].outputs[0]
+            w = specs[op.inputs[1]].shape if len(op.inputs) > 1 else ()
+            j = sole_reader(t, "conv") if len(w) == 4 and tuple(w[2:]) == (1, 1) and op.attrs.get("group", 1) == 1 \
+                else None
+            if j is None or operators[j].inputs[0] != t or t in operators[j].inputs[1:] \
+                    or operators[j].attrs.get("group", 1) != w[0] or specs[operators[j].inputs[1]].shape[:2] != (w[0], 1):
+                return None
+            return j
+
         def matmul_chain(t):
             attrs, shape = operators[i].attrs, specs[t].shape
             if attrs.get("activation") or attrs.get("transpose_a") or not shape:
@@ -506,6 +522,15 @@ class Plan:
                 order.insert(at, j)
             if chain:
                 self.chains[i] = chain
+        if threads.current() is not None:  # a 1x1 conv, then the depthwise conv that alone reads it
+            members = {j for chain in self.chains.values() for j in chain}
+            for i in [i for i in order if operators[i].opcode == "conv" and i not in self.chains and i not in members]:
+                j = depthwise_after(i)
+                if j is not None and j not in self.chains and j not in members:
+                    order.remove(j)
+                    order.insert(order.index(i) + 1, j)
+                    self.chains[i] = [j]
+                    members.add(j)
         for i in [i for i in order if operators[i].opcode == "mul" and not operators[i].attrs.get("activation")]:
             found = scaled_conv(i)
             if found is None:
@@ -548,6 +573,8 @@ class Plan:
                 elif op.opcode == "add":
                     residual = self.arrays[next(u for u in op.inputs if u != t)]
                     activation = op.attrs.get("activation", "")
+                elif op.opcode == "conv":  # a 1x1 conv's depthwise conv: pointwise_depthwise binds the two
+                    pass
                 else:
                     extra = self.arrays[op.inputs[1]]  # the slope
                 t = op.outputs[0]

@@ -260,6 +260,39 @@ def test_a_chain_of_residual_blocks_with_activations(num_threads, batch, size):
     np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("num_threads, batch, stride, output, fused", [
+    (2, 1, 1, False, True), (2, 1, 2, False, True), (1, 1, 1, False, False), (2, 2, 1, False, False),
+    (2, 1, 1, True, False)])
+def test_a_1x1_conv_and_its_depthwise_conv_run_on_each_worker_in_turn(num_threads, batch, stride, output, fused):
+    """A 1x1 conv whose output only a depthwise conv reads (MobileNet's expansion): at 2
+    threads and batch 1 one step (conv.pointwise_depthwise: each worker's output channels of
+    the 1x1 conv, then the depthwise conv of those channels); at 1 thread, at a batch of as
+    many images as workers, or where the 1x1 conv's output is a signature output too, two.
+    Either way numpy's values."""
+    assert jit.available()
+    rng = np.random.default_rng(9)
+    c, m, size = 16, 96, 14
+    x = rng.standard_normal((batch, c, size, size)).astype(np.float32)
+    w1 = rng.standard_normal((m, c, 1, 1)).astype(np.float32) * 0.3
+    w2 = rng.standard_normal((m, 1, 3, 3)).astype(np.float32) * 0.3
+    b1, b2 = (rng.standard_normal(m).astype(np.float32) for _ in range(2))
+
+    def build(t):
+        y = _conv(t, w1, b1, "relu6")
+        z = apply("conv", [y, w2, b2], {"group": m, "strides": (stride, stride), "pads": (1, 1, 1, 1),
+                                       "activation": "relu6"})
+        return {"z": z, **({"y": y} if output else {})}
+    got, ran = _run(build, x, profile=True, num_threads=num_threads)
+    y = np.clip(_np_conv(x, w1, b1), 0, 6)
+    windows = np.lib.stride_tricks.sliding_window_view(np.pad(y, ((0, 0), (0, 0), (1, 1), (1, 1))), (3, 3),
+                                                       axis=(2, 3))[:, :, ::stride, ::stride]
+    want = np.clip(np.einsum("nmhwij,mij->nmhw", windows, w2[:, 0].astype(np.float64)) + b2[:, None, None], 0, 6)
+    np.testing.assert_allclose(got["z"], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    if output:
+        np.testing.assert_allclose(got["y"], y, rtol=1e-5, atol=1e-5)
+    assert ran == (["conv"] if fused and native_gemm.available() else ["conv", "conv"]), ran
+
+
 def _sigmoid(v):
     return 1 / (1 + np.exp(-v))
 
