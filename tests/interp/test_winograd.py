@@ -343,6 +343,18 @@ def test_packed_weights_match_numpy(m, shape, split):
         assert bias.shape == (rows,) and not bias.any()
 
 
+def _padded_conv_model(shape, w):
+    """The bytes of a model y = conv(x, w) (w a constant, pads 1) of x's `shape`."""
+    import edgeflow as ef
+    from edgeflow.format import writer
+    from edgeflow.graph.math_ops import apply
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, shape, name="x")
+        y = apply("conv", [t, w], {"pads": (1, 1, 1, 1)})
+    return writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})}))
+
+
 def test_plans_of_one_model_share_its_transformed_weights():
     """An interpreter's plans for two batch sizes bind a Winograd conv to one transformed
     copy of its constant weights (U, or U packed for native_gemm's products where they run:
@@ -351,15 +363,9 @@ def test_plans_of_one_model_share_its_transformed_weights():
     import gc
 
     import edgeflow as ef
-    from edgeflow.format import writer
-    from edgeflow.graph.math_ops import apply
     rng = np.random.default_rng(8)
     w = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
-    g = ef.Graph()
-    with g.as_default():
-        t = ef.placeholder(ef.float32, (None, 32, 16, 16), name="x")
-        y = apply("conv", [t, w], {"pads": (1, 1, 1, 1)})
-    it = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})), num_threads=1)
+    it = ef.Interpreter(_padded_conv_model((None, 32, 16, 16), w), num_threads=1)
     runner = it.get_signature_runner("infer")
     gc.collect()
 
@@ -428,8 +434,6 @@ def test_a_plan_does_not_wait_for_its_transformed_weights(monkeypatch, fail):
     import threading
 
     import edgeflow as ef
-    from edgeflow.format import writer
-    from edgeflow.graph.math_ops import apply
     monkeypatch.setattr(jit, "loaded", lambda: False)  # the path of a first plan, numba not loaded
     held = _HeldExecutor(fail)
     monkeypatch.setattr(winograd, "_BACKGROUND", {os.getpid(): held})
@@ -437,11 +441,7 @@ def test_a_plan_does_not_wait_for_its_transformed_weights(monkeypatch, fail):
     rng = np.random.default_rng(11)
     w = rng.standard_normal((8, 6, 3, 3)).astype(np.float32)
     x = rng.standard_normal((1, 6, 12, 12)).astype(np.float32)
-    g = ef.Graph()
-    with g.as_default():
-        t = ef.placeholder(ef.float32, x.shape, name="x")
-        y = apply("conv", [t, w], {"pads": (1, 1, 1, 1)})
-    it = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})), num_threads=1)
+    it = ef.Interpreter(_padded_conv_model(x.shape, w), num_threads=1)
     it.allocate_tensors()
     assert len(held.held) == 1 and not held.held[0][0].done()
     runner = it.get_signature_runner("infer")
