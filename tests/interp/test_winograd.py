@@ -430,7 +430,8 @@ def test_a_plan_does_not_wait_for_its_transformed_weights(monkeypatch, fail):
     """A plan binds a Winograd conv of a constant w before U is made (on winograd's
     background thread, here held back): the plan is made, and its first run waits for U
     (a run in another thread has not ended while U is held), then gives the reference's
-    result; where making U failed, the run raises that error, and the next run again."""
+    result; a child forked while U is held makes it on its own thread; where making U
+    failed, the run raises that error, and the next run again."""
     import threading
 
     import edgeflow as ef
@@ -445,6 +446,16 @@ def test_a_plan_does_not_wait_for_its_transformed_weights(monkeypatch, fail):
     it.allocate_tensors()
     assert len(held.held) == 1 and not held.held[0][0].done()
     runner = it.get_signature_runner("infer")
+    if not fail:  # a child forked meanwhile has no background thread: it makes U itself
+        import multiprocessing
+        fork = multiprocessing.get_context("fork")
+        ours, theirs = fork.Pipe()
+        child = fork.Process(target=lambda: theirs.send(runner(x=x)["y"]))
+        child.start()
+        assert ours.poll(30), "the forked child did not answer"
+        assert_near(ours.recv(), reference(x, w, None, (1, 1, 1, 1)))
+        child.join(10)
+        assert not held.held[0][0].done()
     results = []
     thread = threading.Thread(target=lambda: results.append(_outcome(lambda: runner(x=x)["y"])))
     thread.start()

@@ -208,8 +208,25 @@ def pending_weights(w, m):
             _BACKGROUND[pid] = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edgeflow-weights")
         mm, c = w.shape[:2]
         u = weights_buffer(zeroed(mm * (m + 2) ** 2 * c * w.dtype.itemsize).view(w.dtype).reshape(mm, -1, c))
-        return u, _BACKGROUND[pid].submit(_run, _weight_steps(w, u, m, 1), None)
+        steps = _weight_steps(w, u, m, 1)
+        return u, _Made(_BACKGROUND[pid].submit(_run, steps, None), steps, pid)
     return per_constant(_TRANSFORMED, (id(w), m), (w,), make)
+
+
+class _Made:
+    """pending_weights' future: result() waits for the background thread, or, in a child
+    forked before that thread was done (it is not in the child), makes U on this thread."""
+
+    def __init__(self, future, steps, pid):
+        self.future, self.steps, self.pid = future, steps, pid
+
+    def result(self):
+        if not self.future.done() and os.getpid() != self.pid:
+            _run(self.steps, None)  # the same values the parent's thread writes
+            self.pid = os.getpid()
+            self.future = concurrent.futures.Future()
+            self.future.set_result(None)
+        return self.future.result()
 
 
 def waiting(step, pending):
