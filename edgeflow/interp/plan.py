@@ -433,7 +433,10 @@ class Plan:
           vector along its last axis (a BERT layer's dense layers), then the add of a residual
           of its shape; an add's relu or relu6 ends the chain, and one with another activation
           stays out of it. Those are exact where the product applies them, so that a model
-          split between the matmul and its adds (splitter/) runs to the same bits.
+          split between the matmul and its adds (splitter/) runs to the same bits;
+        - with workers, after a 1x1 conv in no other chain: the depthwise conv that alone reads
+          its output, its weights made by then (conv.pointwise_depthwise: each worker's output
+          channels of the product, then the depthwise conv of those channels).
         Sets self.chains: _fusions binds each as the product's one step, and _allocate keeps
         the inputs of the product and of those ops alive until the last of them, so that the
         arena places no output of theirs over an input that the fused step still reads."""
@@ -522,15 +525,6 @@ class Plan:
                 order.insert(at, j)
             if chain:
                 self.chains[i] = chain
-        if threads.current() is not None:  # a 1x1 conv, then the depthwise conv that alone reads it
-            members = {j for chain in self.chains.values() for j in chain}
-            for i in [i for i in order if operators[i].opcode == "conv" and i not in self.chains and i not in members]:
-                j = depthwise_after(i)
-                if j is not None and j not in self.chains and j not in members:
-                    order.remove(j)
-                    order.insert(order.index(i) + 1, j)
-                    self.chains[i] = [j]
-                    members.add(j)
         for i in [i for i in order if operators[i].opcode == "mul" and not operators[i].attrs.get("activation")]:
             found = scaled_conv(i)
             if found is None:
@@ -547,6 +541,17 @@ class Plan:
                 at += 1
                 order.insert(at, j)
             self.chains[i], self.scaled[i] = chain, (x, scale)
+        if threads.current() is not None:  # a 1x1 conv, then the depthwise conv that alone reads it
+            members = {j for chain in self.chains.values() for j in chain}
+            for i in [i for i in order if operators[i].opcode == "conv" and i not in self.chains and i not in members]:
+                j = depthwise_after(i)
+                if j is not None and j not in self.chains and j not in members \
+                        and not any(u in made_by and order.index(made_by[u]) > order.index(i)
+                                    for u in operators[j].inputs[1:]):  # its weights made by then
+                    order.remove(j)
+                    order.insert(order.index(i) + 1, j)
+                    self.chains[i] = [j]
+                    members.add(j)
         return order
 
     def _fusions(self, indices):

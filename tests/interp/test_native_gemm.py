@@ -293,6 +293,33 @@ def test_a_1x1_conv_and_its_depthwise_conv_run_on_each_worker_in_turn(num_thread
     assert ran == (["conv"] if fused and native_gemm.available() else ["conv", "conv"]), ran
 
 
+def test_a_squeeze_excitation_scaled_1x1_conv_keeps_its_multiply_before_a_depthwise_conv():
+    """At 2 threads, a 1x1 conv whose x a squeeze-excitation's multiply makes and whose output
+    only a depthwise conv reads: the multiply's chain takes the conv (the product scales x
+    as it packs it), the depthwise conv binds apart; numpy's values."""
+    assert jit.available()
+    rng = np.random.default_rng(10)
+    c, m, size = 16, 64, 14
+    x = rng.standard_normal((1, c, size, size)).astype(np.float32)
+    w0 = rng.standard_normal((c, c, 1, 1)).astype(np.float32) * 0.3
+    w1 = rng.standard_normal((m, c, 1, 1)).astype(np.float32) * 0.3
+    w2 = rng.standard_normal((m, 1, 3, 3)).astype(np.float32) * 0.3
+    b0, b1, b2 = (rng.standard_normal(k).astype(np.float32) for k in (c, m, m))
+
+    def build(t):
+        s = apply("sigmoid", [_conv(apply("reduce_mean", [t], {"axes": (2, 3), "keepdims": True}), w0, b0)], {})
+        y = _conv(apply("mul", [t, s], {}), w1, b1, "relu6")
+        return {"z": apply("conv", [y, w2, b2], {"group": m, "pads": (1, 1, 1, 1)})}
+    got, ran = _run(build, x, profile=True, num_threads=2)
+    s = _sigmoid(_np_conv(x.mean(axis=(2, 3), keepdims=True, dtype=np.float64), w0, b0))
+    y = np.clip(_np_conv(x * s, w1, b1), 0, 6)
+    windows = np.lib.stride_tricks.sliding_window_view(np.pad(y, ((0, 0), (0, 0), (1, 1), (1, 1))), (3, 3),
+                                                       axis=(2, 3))
+    want = np.einsum("nmhwij,mij->nmhw", windows, w2[:, 0].astype(np.float64)) + b2[:, None, None]
+    np.testing.assert_allclose(got["z"], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert ran.count("conv") == (2 if native_gemm.available() else 3) and "mul" in ran, ran  # mul: the fused step
+
+
 def _sigmoid(v):
     return 1 / (1 + np.exp(-v))
 
