@@ -12,6 +12,7 @@ tensor, the arena and each scratch array against its interpreter's `max_tensor_b
 (`bounded`), before anything of that size is allocated.
 """
 import bisect
+import contextlib
 import contextvars
 import math
 import mmap
@@ -76,10 +77,8 @@ def new_block(nbytes):
         return np.empty(nbytes, np.uint8)
     memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
     if nbytes >= _HUGE_MIN and hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
+        with contextlib.suppress(OSError):  # a kernel without transparent huge pages
             memory.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:  # a kernel without transparent huge pages
-            pass
     return np.frombuffer(memory, np.uint8)
 
 

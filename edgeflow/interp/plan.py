@@ -578,9 +578,7 @@ class Plan:
                 elif op.opcode == "add":
                     residual = self.arrays[next(u for u in op.inputs if u != t)]
                     activation = op.attrs.get("activation", "")
-                elif op.opcode == "conv":  # a 1x1 conv's depthwise conv: pointwise_depthwise binds the two
-                    pass
-                else:
+                elif op.opcode == "prelu":
                     extra = self.arrays[op.inputs[1]]  # the slope
                 t = op.outputs[0]
             out[i] = (chain, self.arrays[t], residual, extra, activation, scaled)

@@ -313,7 +313,7 @@ def _blocked_gather(a, b, rows, depth, out_shape, dtype, copy, product):
     about GATHER_BLOCK_FLOATS into one buffer (copy(images, rows, block)), each block
     multiplied (product(images, columns, source=block)) before the next is gathered; or
     None where a step does not bind."""
-    (oh, ow), (r0, r1) = out_shape, rows
+    (_, ow), (r0, r1) = out_shape, rows
     per_row = depth * ow
     if (r1 - r0) * per_row >= GATHER_BLOCK_FLOATS:  # blocks of an image's rows
         images, count = 1, max(1, GATHER_BLOCK_FLOATS // per_row)

@@ -1717,8 +1717,8 @@ def im2col_loop(x, cols, dims):
     loads as vectors. dims (uint64): N * C, H, W, kh, kw, sh, sw, dh, dw, top, left, OH, OW,
     r0, r1, c0, R."""
     planes, h_, w_, kh, kw, sh, sw = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6]
-    dh, dw, top, left, oh, ow, r0, r1 = dims[7], dims[8], dims[9], dims[10], dims[11], dims[12], dims[13], dims[14]
-    c0, rows = dims[15], dims[16]
+    dh, dw, top, left, ow, r0, r1 = dims[7], dims[8], dims[9], dims[10], dims[12], dims[13], dims[14]
+    c0, rows = dims[15], dims[16]  # dims[11], OH, bounds r1 where it was made
     zero = cols.dtype.type(0)
     two = _U(2)
     for p in range(planes):
