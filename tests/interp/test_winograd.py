@@ -355,14 +355,17 @@ def _padded_conv_model(shape, w):
     return writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})}))
 
 
-def test_plans_of_one_model_share_its_transformed_weights():
+@pytest.mark.parametrize("numba_loaded", [True, False])
+def test_plans_of_one_model_share_its_transformed_weights(numba_loaded, monkeypatch):
     """An interpreter's plans for two batch sizes bind a Winograd conv to one transformed
     copy of its constant weights (U, or U packed for native_gemm's products where they run:
-    a plan made before numba loads takes U), freed with the model; the outputs are the
-    reference's."""
+    a plan made before numba loads takes U), freed with the model (their background thread's
+    steps, which hold w, let go once made); the outputs are the reference's."""
     import gc
 
     import edgeflow as ef
+    if not numba_loaded:
+        monkeypatch.setattr(jit, "loaded", lambda: False)
     rng = np.random.default_rng(8)
     w = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
     it = ef.Interpreter(_padded_conv_model((None, 32, 16, 16), w), num_threads=1)

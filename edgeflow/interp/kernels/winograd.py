@@ -219,6 +219,11 @@ class _Made:
 
     def __init__(self, future, steps, pid):
         self.future, self.steps, self.pid = future, steps, pid
+        # Once made, the steps (which hold w: the cache that holds this must not keep w alive) go.
+        future.add_done_callback(self._made)
+
+    def _made(self, future):
+        self.steps = None
 
     def result(self):
         if not self.future.done() and os.getpid() != self.pid:
