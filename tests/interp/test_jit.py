@@ -164,6 +164,33 @@ def test_depthwise_conv(mode, depthwise, case, seed):
     check(mode, lambda t: apply("conv", [t] + operands, {**attrs, "activation": activation}), x, expected, loop)
 
 
+@pytest.mark.parametrize("c, size, stride, k", [(24, 28, 2, 3), (16, 14, 2, 5), (40, 14, 1, 5)])
+def test_a_compiled_depthwise_convs_swish_is_a_pass_after_it(jit_mode, c, size, stride, k):
+    """Where native_depthwise's kernel takes a depthwise conv with a swish, the conv runs
+    without it, then swish_inplace_loop over its output (one array, vectorized): the values
+    of a float64 conv and swish, and the bits of swish_loop out of place on the conv's."""
+    if not native_gemm.available():
+        pytest.skip("native_depthwise runs where native_gemm does: x86-64 with AVX2 and FMA")
+    rng = np.random.default_rng(c + k)
+    x = rng.standard_normal((1, c, size, size)).astype(np.float32)
+    w = rng.standard_normal((c, 1, k, k)).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    o = (size + 2 * (k // 2) - k) // stride + 1
+    out, plain = np.full((1, c, o, o), np.nan, np.float32), np.empty((1, c, o, o), np.float32)
+    jit_mode[1].clear()
+    jit.bind_depthwise(x, w, b, out, (stride, stride), (1, 1), (k // 2, k // 2), "swish")()
+    assert jit_mode[1] == ["native_depthwise", "swish_inplace_loop"], jit_mode[1]
+    jit.bind_depthwise(x, w, b, plain, (stride, stride), (1, 1), (k // 2, k // 2), "")()
+    swished = np.empty_like(plain)
+    jit.bind_activation("swish", plain, swished, {})()
+    np.testing.assert_array_equal(out, swished)
+    windows = np.lib.stride_tricks.sliding_window_view(
+        np.pad(x.astype(np.float64), ((0, 0), (0, 0), (k // 2, k // 2), (k // 2, k // 2))), (k, k),
+        axis=(2, 3))[:, :, ::stride, ::stride]
+    y = np.einsum("nchwij,cij->nchw", windows, w[:, 0]) + b[:, None, None]
+    np.testing.assert_allclose(out, y / (1 + np.exp(-y)), rtol=1e-5, atol=1e-5 * np.abs(y).max())
+
+
 def test_depthwise_float64(jit_mode, depthwise):
     """float64 operands take the loops too, in float64 (the compiled kernel, float32's alone,
     declines them: a plane of 11 columns then takes the channel blocks' loop)."""
