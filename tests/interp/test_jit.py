@@ -1514,7 +1514,8 @@ def test_a_loops_native_entry_gives_its_bits_on_the_native_workers(case, monkeyp
         with threads.using(workers):
             if case == "winograd":
                 out = np.empty((1, c, o, o), np.float32)
-                u = winograd.constant_weights(w, 2)
+                u, made = winograd.pending_weights(w, 2)
+                made.result()
                 v = np.empty((16, c, 49), np.float32)
                 products = np.empty((16, c, 49), np.float32)
                 steps = [jit.bind_winograd_input(x, v, 2, (1, 1), 7, 7, 0, c),

@@ -305,7 +305,9 @@ def test_transformed_weights_match_numpy(m, shape, split):
     want = np.einsum("ik,mckl,jl->ijmc", g, w.astype(np.float64), g).reshape((m + 2) ** 2, *shape)
     workers = threads.Workers(2) if split else None
     try:
-        got = winograd.transformed_weights(w, m, workers=workers)
+        got = winograd.weights_buffer(np.empty((shape[0], (m + 2) ** 2, shape[1]), np.float32))
+        parts = winograd._parts(workers, (m + 2) ** 2 * 9 * shape[0] * shape[1])  # the variable path's split
+        winograd._run(winograd._weight_steps(w, got, m, parts), workers)
     finally:
         if workers is not None:
             workers.close()

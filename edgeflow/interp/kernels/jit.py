@@ -2561,8 +2561,8 @@ SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_nonpositive", "_exp_wide"
 # machine has one (rounded once, not twice: 20-30% faster, never less accurate here); the other
 # loops keep the arithmetic as written.
 _FASTMATH = dict.fromkeys(("sigmoid_loop", "swish_loop", "swish_inplace_loop", "hard_sigmoid_loop",
-                           "hard_swish_loop", "gelu_float32_loop", "depthwise_loop", "depthwise_channels_loop", "depthwise_same_loop",
-                           "small_conv_loop", "winograd_input_loop", "winograd_gradient_loop",
+                           "hard_swish_loop", "gelu_float32_loop", "depthwise_loop", "depthwise_channels_loop",
+                           "depthwise_same_loop", "small_conv_loop", "winograd_input_loop", "winograd_gradient_loop",
                            "winograd_output_loop"),
                           {"contract"})
 _FASTMATH["_matmul_nt_entry"] = _FASTMATH["depthwise_filter_grad_loop"] = {"contract", "reassoc"}  # sums vectorize

@@ -153,18 +153,6 @@ def choose(x, w, group, strides, dilations, out_shape, rule_=None):
     return (rule_ or rule)(x.shape, w.shape, out_shape)
 
 
-def transformed_weights(w, m, workers=None):
-    """U = G g G^T of w (M, C, 3, 3), shaped (a^2, M, C) (see `weights_buffer`), in w's
-    dtype (a model's first run makes them all; float64 would double its cost for an error
-    far below the transforms' own). With `workers` (interp/threads.py), the output channels
-    are split over them."""
-    mm, c = w.shape[:2]
-    a2 = (m + 2) ** 2
-    out = weights_buffer(np.empty((mm, a2, c), w.dtype))
-    _run(_weight_steps(w, out, m, _parts(workers, a2 * 9 * mm * c)), workers)
-    return out
-
-
 def _parts(workers, multiply_adds):
     """How many pieces a weight transform of so many multiply-adds is split in: the
     workers' count where they are worth waking (threads.MIN_FLOPS), else 1."""
@@ -184,13 +172,6 @@ def _run(steps, workers):
 
 _TRANSFORMED = {}  # (id(w), m) -> (U, its future) of a constant w, while w lives
 _BACKGROUND = {}  # process id -> the thread making constants' U (an executor of one worker)
-
-
-def constant_weights(w, m):
-    """transformed_weights(w, m) of a model's constant w (see `pending_weights`), once made."""
-    u, made = pending_weights(w, m)
-    made.result()
-    return u
 
 
 def pending_weights(w, m):
@@ -341,8 +322,9 @@ def _loops_or(bind, make, length, n_parts):
 
 
 def _weight_steps(w, u, m, n_parts):
-    """Steps writing U = G g G^T of w (M, C, 3, 3) into u (`weights_buffer`'s view), its
-    output channels split in `n_parts`: one product each with G kron G."""
+    """Steps writing U = G g G^T of w (M, C, 3, 3) into u (`weights_buffer`'s view, (a^2, M,
+    C)), its output channels split in `n_parts`: one product each with G kron G, in w's dtype
+    (float64 would double a first run's cost for an error far below the transforms' own)."""
     mm, c = w.shape[:2]
     kg = kron(m, 1, w.dtype)
     kernels = np.asarray(w).reshape(mm, c, 9).transpose(0, 2, 1)  # (M, 9, C)
