@@ -209,7 +209,7 @@ def _kind(a):
 def _compile_scalars(numba):
     """Replace the functions of SCALARS, which the loops call, by their numba dispatchers
     (once): numba resolves a loop's globals when it compiles it. The scalar functions are
-    inlined by numba ("always"): left to LLVM, which weighs their size, _tanhf stayed a call
+    inlined by numba ("always"): left to LLVM, which weighs their size, a tanh stayed a call
     per element, and its loops scalar (17 ns an element against 1.7 inlined). Inlined, a
     function takes its caller's floating-point flags: _matmul_nt is inlined only into
     _matmul_nt_entry, compiled with the reassociation its sums vectorize by."""
@@ -2046,9 +2046,10 @@ def lstm_loop(xw, r, h, c, g, y, backward, b0, b1, native):
     float32, for the batch rows b0:b1 (the others are other threads' work): per step t (in
     reverse when `backward`), g = h @ r^T + xw[t] (gates i, o, f, c; r as ONNX's R,
     (4n, n); the product _product's, native[0] its native entry or zeros), c = f * c + i *
-    tanh(g_c), h = o * tanh(c), y[t] = h. The gates' sigmoids and tanhs are _sigmoidf and
-    _tanhf, which LLVM vectorizes (libm's scalar exp and tanh took most of a batch-8 LSTM's
-    time). Whole arrays and a row range, not views of the rows:
+    tanh(g_c), h = o * tanh(c), y[t] = h. The gates' sigmoids and tanhs are _sigmoid_gate and
+    _tanh_gate, which LLVM vectorizes (libm's scalar exp and tanh took most of a batch-8 LSTM's
+    time; _sigmoidf and a tanh on exp, 3x the gates' time), their fused multiply-adds
+    contracted (_FASTMATH). Whole arrays and a row range, not views of the rows:
     numba types a view of xw's rows as strided, and its loops stay scalar."""
     seq = xw.shape[0]
     n = h.shape[1]
@@ -2060,19 +2061,19 @@ def lstm_loop(xw, r, h, c, g, y, backward, b0, b1, native):
         for b in range(b0, b1):
             gb, xb, hb, cb = g[b], x[b], h[b], c[b]
             for k in range(n):
-                i = _sigmoidf(gb[k] + xb[k])
-                o = _sigmoidf(gb[n + k] + xb[n + k])
-                f = _sigmoidf(gb[2 * n + k] + xb[2 * n + k])
-                cell = _tanhf(gb[3 * n + k] + xb[3 * n + k])
+                i = _sigmoid_gate(gb[k] + xb[k])
+                o = _sigmoid_gate(gb[n + k] + xb[n + k])
+                f = _sigmoid_gate(gb[2 * n + k] + xb[2 * n + k])
+                cell = _tanh_gate(gb[3 * n + k] + xb[3 * n + k])
                 ck = f * cb[k] + i * cell
                 cb[k] = ck
-                hb[k] = o * _tanhf(ck)
+                hb[k] = o * _tanh_gate(ck)
             _copy_row(hb, y[t, b])
 
 
 def gru_loop(xw, r_zr, r_h, rbh, h, zr, hh, rh, y, backward, linear_before_reset, b0, b1, native):
-    """ONNX GRU with its default gate functions (sigmoid, tanh), in float32 (_sigmoidf,
-    _tanhf), for the batch rows b0:b1, as lstm_loop: per step, z and r from h @ r_zr^T +
+    """ONNX GRU with its default gate functions (sigmoid, tanh), in float32 (_sigmoid_gate,
+    _tanh_gate), for the batch rows b0:b1, as lstm_loop: per step, z and r from h @ r_zr^T +
     xw[t][:2n]; the candidate from (h @ r_h^T + rbh) * r (linear_before_reset) or
     (r * h) @ r_h^T, plus xw[t][2n:] (r_zr and r_h: the rows of ONNX's R, (2n, n) and
     (n, n)); h = (1 - z) * candidate + z * h; y[t] = h. The products are _product's, the
@@ -2086,22 +2087,23 @@ def gru_loop(xw, r_zr, r_h, rbh, h, zr, hh, rh, y, backward, linear_before_reset
         _product(native[0], hr, r_zr, zrr)
         for b in range(b0, b1):
             for k in range(2 * n):
-                zr[b, k] = _sigmoidf(zr[b, k] + x[b, k])
+                zr[b, k] = _sigmoid_gate(zr[b, k] + x[b, k])
         if linear_before_reset:
             _product(native[1], hr, r_h, hhr)
-            for b in range(b0, b1):
-                for k in range(n):
-                    hh[b, k] = (hh[b, k] + rbh[k]) * zr[b, n + k]
         else:
             for b in range(b0, b1):
                 for k in range(n):
                     rh[b, k] = zr[b, n + k] * h[b, k]
             _product(native[1], rhr, r_h, hhr)
         for b in range(b0, b1):
-            for k in range(n):
-                cand = _tanhf(hh[b, k] + x[b, 2 * n + k])
-                z = zr[b, k]
-                h[b, k] = (_ONE - z) * cand + z * h[b, k]
+            if linear_before_reset:  # the reset applied here, in gru_shared's expression (its contraction)
+                for k in range(n):
+                    cand = _tanh_gate((hh[b, k] + rbh[k]) * zr[b, n + k] + x[b, 2 * n + k])
+                    h[b, k] = cand + zr[b, k] * (h[b, k] - cand)  # (1 - z) cand + z h: one contraction
+            else:
+                for k in range(n):
+                    cand = _tanh_gate(hh[b, k] + x[b, 2 * n + k])
+                    h[b, k] = cand + zr[b, k] * (h[b, k] - cand)
             _copy_row(h[b], y[t, b])
 
 
@@ -2212,13 +2214,13 @@ def lstm_shared(xw, r, hbuf, c, gs, y, sync, backward, native, me, threads, unit
                 xb, cb, hb = x[b], c[b], hn[b]
                 for k in range(_U(0), _U(w)):
                     u = first + k
-                    i = _sigmoidf(g[0, b, k] + xb[u])
-                    o = _sigmoidf(g[1, b, k] + xb[un + u])
-                    f = _sigmoidf(g[2, b, k] + xb[_U(2) * un + u])
-                    cell = _tanhf(g[3, b, k] + xb[_U(3) * un + u])
+                    i = _sigmoid_gate(g[0, b, k] + xb[u])
+                    o = _sigmoid_gate(g[1, b, k] + xb[un + u])
+                    f = _sigmoid_gate(g[2, b, k] + xb[_U(2) * un + u])
+                    cell = _tanh_gate(g[3, b, k] + xb[_U(3) * un + u])
                     ck = f * cb[u] + i * cell
                     cb[u] = ck
-                    hb[u] = o * _tanhf(ck)
+                    hb[u] = o * _tanh_gate(ck)
                 _copy_row(hb[u0:u0 + w], yt[b, u0:u0 + w])
             _fetch_add(sync, base + threads * 8)
         _wait_step(sync, base, threads, n, units)
@@ -2245,10 +2247,10 @@ def gru_shared(xw, r_zr, r_h, rbh, hbuf, gs, y, sync, backward, native, me, thre
                 xb, hb, nb = x[b], h[b], hn[b]
                 for k in range(_U(0), _U(w)):
                     u = first + k
-                    z = _sigmoidf(g[0, b, k] + xb[u])
-                    reset = _sigmoidf(g[1, b, k] + xb[un + u])
-                    cand = _tanhf((g[2, b, k] + rbh[u]) * reset + xb[_U(2) * un + u])
-                    nb[u] = (_ONE - z) * cand + z * hb[u]
+                    z = _sigmoid_gate(g[0, b, k] + xb[u])
+                    reset = _sigmoid_gate(g[1, b, k] + xb[un + u])
+                    cand = _tanh_gate((g[2, b, k] + rbh[u]) * reset + xb[_U(2) * un + u])
+                    nb[u] = cand + z * (hb[u] - cand)  # as gru_loop's
                 _copy_row(nb[u0:u0 + w], yt[b, u0:u0 + w])
             _fetch_add(sync, base + threads * 8)
         _wait_step(sync, base, threads, n, units)
@@ -2419,10 +2421,15 @@ def bind_gelu(x, out, approximate):
 
 _f = np.float32
 _ZERO, _HALF, _ONE, _TWO, _THREE, _SIX, _INF = _f(0), _f(0.5), _f(1), _f(2), _f(3), _f(6), _f(np.inf)
-# Cephes' tanhf: tanh(x) = x + x z P(z), z = x^2, for |x| < 0.625.
-_T0, _T1, _T2, _T3, _T4 = map(_f, (-3.33332819422e-1, 1.33314422036e-1, -5.37397155531e-2, 2.06390887954e-2,
-                                   -5.70498872745e-3))
-_T_SPLIT = _f(0.625)
+# The recurrences' gates' tanh (_tanh_gate): tanh(x) = x P(x^2) / Q(x^2) on |x| <= 9, +-1 beyond,
+# a rational minimax fit made by tools/fit_tanh.py (which prints these coefficients): within
+# 3.3e-7 of tanh everywhere in float32.
+_G_P = tuple(map(_f, ("1.0", "0.13084009289741516", "0.0031039558816701174", "1.1154304957017303e-05",
+                      "-2.022521705669078e-08", "5.277946829584934e-11", "-8.488712120377495e-14")))
+_G_Q = tuple(map(_f, ("1.0", "0.4641733765602112", "0.02449517697095871", "0.00025461448240093887")))
+_GP0, _GP1, _GP2, _GP3, _GP4, _GP5, _GP6 = _G_P
+_GQ0, _GQ1, _GQ2, _GQ3 = _G_Q
+_G_CLAMP = _f(9.0)
 _LOG2E, _MAGIC = _f(1.4426950408889634), _f(12582912.0)
 _LN2_HI, _LN2_LO = _f(0.693359375), _f(-2.12194440e-4)
 _EXP_HI, _EXP_LO = _f(88.72284), _f(-104.0)  # exp overflows at and above, is 0 at and below
@@ -2527,16 +2534,26 @@ def _sigmoidf(v):
     return (_ONE if v >= _ZERO else e) / (_ONE + e)
 
 
-def _tanhf(v):
-    """tanh(v) for float32 v, in float32 (Cephes' tanhf): an odd polynomial below 0.625,
-    1 - 2 / (exp(2|v|) + 1) above, with v's sign; NaN kept, -0.0 too."""
-    a = abs(v)
-    z = v * v
-    small = ((((_T4 * z + _T3) * z + _T2) * z + _T1) * z + _T0) * z * v + v
-    big = _ONE - _TWO / (_expf(a + a) + _ONE)
-    big = big if v >= _ZERO else -big
-    small = small if a != _ZERO else v  # -0.0: the polynomial's terms add to +0.0
-    return small if a < _T_SPLIT else big
+def _tanh_gate(v):
+    """tanh(v) for float32 v within 3.3e-7 (absolute and relative: some 6 ulp), in [-1, 1],
+    signs of zero and NaN kept: one rational function of v clamped to [-9, 9] (_G_P, _G_Q), no
+    exp, no branch. For the recurrences' gates, where an error is absolute: lstm2's gates at
+    batch 8 took 21.7 us a step with Cephes' tanhf (2 ulp; a polynomial below 0.625, on exp
+    above) and _sigmoidf, 6.7 with these."""
+    c = _G_CLAMP if v > _G_CLAMP else v  # NaN stays
+    c = -_G_CLAMP if c < -_G_CLAMP else c
+    z = c * c
+    p = (((((_GP6 * z + _GP5) * z + _GP4) * z + _GP3) * z + _GP2) * z + _GP1) * z + _GP0
+    q = ((_GQ3 * z + _GQ2) * z + _GQ1) * z + _GQ0
+    t = c * p / q
+    t = _ONE if t > _ONE else t
+    return -_ONE if t < -_ONE else t
+
+
+def _sigmoid_gate(v):
+    """1 / (1 + exp(-v)) for float32 v, within 1.7e-7 absolute (not relative: sigmoid(-20) is 0
+    here, 2e-9), in [0, 1]: (1 + tanh(v / 2)) / 2 by _tanh_gate."""
+    return _HALF + _HALF * _tanh_gate(_HALF * v)
 
 
 def _swishf(v):
@@ -2553,7 +2570,8 @@ def _hard_swishf(v):
 
 
 SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_nonpositive", "_exp_wide", "_exp_less_half_square", "_sigmoidf",
-           "_tanhf", "_swishf", "_hard_swishf", "_activate_run", "_load_phases", "_unload_phases", "_window_maxima",
+           "_tanh_gate", "_sigmoid_gate", "_swishf", "_hard_swishf", "_activate_run", "_load_phases",
+           "_unload_phases", "_window_maxima",
            "_add_taps", "_add_taps4", "_crop_rows", "_matmul_nt", "_product", "_copy_row", "_shared_step", "_claim_units",
            "_wait_step", "_floats", "_uints", "_bytes", "_uints2", "_tap_span", "_clip_bounds", "_same_run", "_fold",
            "_column5", "_sum5", "_combine2", "_combine4", "_combine6", "_combine", "_gather_tiles", "_gather_block")
@@ -2572,6 +2590,7 @@ _FASTMATH["softmax_loop"] = {"contract", "reassoc"}
 _FASTMATH["layer_norm_loop"] = {"contract", "reassoc"}
 _FASTMATH["depthwise_input_grad_loop"] = {"contract"}
 _FASTMATH["bias_activation_inplace_loop"] = _FASTMATH["bias_activation_loop"] = {"contract"}
+_FASTMATH.update(dict.fromkeys(("lstm_loop", "gru_loop", "lstm_shared", "gru_shared"), {"contract"}))
 
 
 def sigmoid_loop(x, out):
