@@ -1128,12 +1128,10 @@ def _each_element(name):
     return run
 
 
-def test_the_gates_tanh_and_sigmoid_over_float32_range(jit_mode):
-    """_tanh_gate and _sigmoid_gate, the recurrent loops' gate functions: within 3.5e-7
-    absolute and relative of float64 tanh (a dense sweep of -12..12, where it bends and
-    reaches its clamp at 9, tiny magnitudes and SPECIAL), within 2e-7 absolute of sigmoid
-    (sweeping -40..40), both never past their bounds; signs of zero, infinities and NaN
-    kept."""
+def test_the_gates_tanh_over_float32_range(jit_mode):
+    """_tanh_gate, the recurrent loops' tanh: within 3.5e-7 absolute and relative of float64
+    tanh (a dense sweep of -12..12, where it bends and reaches its clamp at 9, tiny magnitudes
+    and SPECIAL), never past +-1; signs of zero, infinities and NaN kept."""
     x = np.concatenate([np.linspace(-12, 12, 400_001, dtype=np.float32), SPECIAL,
                         np.geomspace(1e-30, 1, 2001, dtype=np.float32), np.float32([8.999999, 9, 9.000001])])
     x = np.concatenate([x, -x])
@@ -1144,14 +1142,6 @@ def test_the_gates_tanh_and_sigmoid_over_float32_range(jit_mode):
     _accurate(got, exact, 3.5e-7)
     assert np.abs(got[finite]).max() <= 1
     assert np.array_equal(np.signbit(got[x == 0]), np.signbit(x[x == 0]))
-    assert np.isnan(got[~finite]).all()
-    x = np.concatenate([np.linspace(-40, 40, 400_001, dtype=np.float32), SPECIAL])
-    got = _each_element("_sigmoid_gate")(x)
-    finite = ~np.isnan(x)
-    with np.errstate(over="ignore"):
-        exact = 1 / (1 + np.exp(-x[finite].astype(np.float64)))
-    assert np.abs(got[finite] - exact).max() <= 2e-7
-    assert got[finite].min() >= 0 and got[finite].max() <= 1
     assert np.isnan(got[~finite]).all()
 
 

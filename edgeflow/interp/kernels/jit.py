@@ -2046,9 +2046,9 @@ def lstm_loop(xw, r, h, c, g, y, backward, b0, b1, native):
     float32, for the batch rows b0:b1 (the others are other threads' work): per step t (in
     reverse when `backward`), g = h @ r^T + xw[t] (gates i, o, f, c; r as ONNX's R,
     (4n, n); the product _product's, native[0] its native entry or zeros), c = f * c + i *
-    tanh(g_c), h = o * tanh(c), y[t] = h. The gates' sigmoids and tanhs are _sigmoid_gate and
+    tanh(g_c), h = o * tanh(c), y[t] = h. The gates' sigmoids and tanhs are _sigmoidf and
     _tanh_gate, which LLVM vectorizes (libm's scalar exp and tanh took most of a batch-8 LSTM's
-    time; _sigmoidf and a tanh on exp, 3x the gates' time), their fused multiply-adds
+    time; a tanh on exp, as _sigmoidf, 2x the gates' time), their fused multiply-adds
     contracted (_FASTMATH). Whole arrays and a row range, not views of the rows:
     numba types a view of xw's rows as strided, and its loops stay scalar."""
     seq = xw.shape[0]
@@ -2061,9 +2061,9 @@ def lstm_loop(xw, r, h, c, g, y, backward, b0, b1, native):
         for b in range(b0, b1):
             gb, xb, hb, cb = g[b], x[b], h[b], c[b]
             for k in range(n):
-                i = _sigmoid_gate(gb[k] + xb[k])
-                o = _sigmoid_gate(gb[n + k] + xb[n + k])
-                f = _sigmoid_gate(gb[2 * n + k] + xb[2 * n + k])
+                i = _sigmoidf(gb[k] + xb[k])
+                o = _sigmoidf(gb[n + k] + xb[n + k])
+                f = _sigmoidf(gb[2 * n + k] + xb[2 * n + k])
                 cell = _tanh_gate(gb[3 * n + k] + xb[3 * n + k])
                 ck = f * cb[k] + i * cell
                 cb[k] = ck
@@ -2072,7 +2072,7 @@ def lstm_loop(xw, r, h, c, g, y, backward, b0, b1, native):
 
 
 def gru_loop(xw, r_zr, r_h, rbh, h, zr, hh, rh, y, backward, linear_before_reset, b0, b1, native):
-    """ONNX GRU with its default gate functions (sigmoid, tanh), in float32 (_sigmoid_gate,
+    """ONNX GRU with its default gate functions (sigmoid, tanh), in float32 (_sigmoidf,
     _tanh_gate), for the batch rows b0:b1, as lstm_loop: per step, z and r from h @ r_zr^T +
     xw[t][:2n]; the candidate from (h @ r_h^T + rbh) * r (linear_before_reset) or
     (r * h) @ r_h^T, plus xw[t][2n:] (r_zr and r_h: the rows of ONNX's R, (2n, n) and
@@ -2087,7 +2087,7 @@ def gru_loop(xw, r_zr, r_h, rbh, h, zr, hh, rh, y, backward, linear_before_reset
         _product(native[0], hr, r_zr, zrr)
         for b in range(b0, b1):
             for k in range(2 * n):
-                zr[b, k] = _sigmoid_gate(zr[b, k] + x[b, k])
+                zr[b, k] = _sigmoidf(zr[b, k] + x[b, k])
         if linear_before_reset:
             _product(native[1], hr, r_h, hhr)
         else:
@@ -2214,9 +2214,9 @@ def lstm_shared(xw, r, hbuf, c, gs, y, sync, backward, native, me, threads, unit
                 xb, cb, hb = x[b], c[b], hn[b]
                 for k in range(_U(0), _U(w)):
                     u = first + k
-                    i = _sigmoid_gate(g[0, b, k] + xb[u])
-                    o = _sigmoid_gate(g[1, b, k] + xb[un + u])
-                    f = _sigmoid_gate(g[2, b, k] + xb[_U(2) * un + u])
+                    i = _sigmoidf(g[0, b, k] + xb[u])
+                    o = _sigmoidf(g[1, b, k] + xb[un + u])
+                    f = _sigmoidf(g[2, b, k] + xb[_U(2) * un + u])
                     cell = _tanh_gate(g[3, b, k] + xb[_U(3) * un + u])
                     ck = f * cb[u] + i * cell
                     cb[u] = ck
@@ -2247,8 +2247,8 @@ def gru_shared(xw, r_zr, r_h, rbh, hbuf, gs, y, sync, backward, native, me, thre
                 xb, hb, nb = x[b], h[b], hn[b]
                 for k in range(_U(0), _U(w)):
                     u = first + k
-                    z = _sigmoid_gate(g[0, b, k] + xb[u])
-                    reset = _sigmoid_gate(g[1, b, k] + xb[un + u])
+                    z = _sigmoidf(g[0, b, k] + xb[u])
+                    reset = _sigmoidf(g[1, b, k] + xb[un + u])
                     cand = _tanh_gate((g[2, b, k] + rbh[u]) * reset + xb[_U(2) * un + u])
                     nb[u] = cand + z * (hb[u] - cand)  # as gru_loop's
                 _copy_row(nb[u0:u0 + w], yt[b, u0:u0 + w])
@@ -2537,9 +2537,11 @@ def _sigmoidf(v):
 def _tanh_gate(v):
     """tanh(v) for float32 v within 3.3e-7 (absolute and relative: some 6 ulp), in [-1, 1],
     signs of zero and NaN kept: one rational function of v clamped to [-9, 9] (_G_P, _G_Q), no
-    exp, no branch. For the recurrences' gates, where an error is absolute: lstm2's gates at
-    batch 8 took 21.7 us a step with Cephes' tanhf (2 ulp; a polynomial below 0.625, on exp
-    above) and _sigmoidf, 6.7 with these."""
+    exp, no branch. The recurrences' tanh: lstm2's gates at batch 8 took 21.7 us a step with
+    Cephes' tanhf (2 ulp; a polynomial below 0.625, on exp above), 10.4-12.2 with this. Their
+    sigmoids stay _sigmoidf's: (1 + _tanh_gate(v / 2)) / 2 took the gates to 6.7 us, but is off
+    by up to 1.7e-7 near 0 and 1, which a gate passes on to a state that small (ONNX's GRU
+    tests, atol 1e-7: outputs of 8.3e-7 came out 1.2e-7 off)."""
     c = _G_CLAMP if v > _G_CLAMP else v  # NaN stays
     c = -_G_CLAMP if c < -_G_CLAMP else c
     z = c * c
@@ -2548,12 +2550,6 @@ def _tanh_gate(v):
     t = c * p / q
     t = _ONE if t > _ONE else t
     return -_ONE if t < -_ONE else t
-
-
-def _sigmoid_gate(v):
-    """1 / (1 + exp(-v)) for float32 v, within 1.7e-7 absolute (not relative: sigmoid(-20) is 0
-    here, 2e-9), in [0, 1]: (1 + tanh(v / 2)) / 2 by _tanh_gate."""
-    return _HALF + _HALF * _tanh_gate(_HALF * v)
 
 
 def _swishf(v):
@@ -2570,7 +2566,7 @@ def _hard_swishf(v):
 
 
 SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_nonpositive", "_exp_wide", "_exp_less_half_square", "_sigmoidf",
-           "_tanh_gate", "_sigmoid_gate", "_swishf", "_hard_swishf", "_activate_run", "_load_phases",
+           "_tanh_gate", "_swishf", "_hard_swishf", "_activate_run", "_load_phases",
            "_unload_phases", "_window_maxima",
            "_add_taps", "_add_taps4", "_crop_rows", "_matmul_nt", "_product", "_copy_row", "_shared_step", "_claim_units",
            "_wait_step", "_floats", "_uints", "_bytes", "_uints2", "_tap_span", "_clip_bounds", "_same_run", "_fold",
