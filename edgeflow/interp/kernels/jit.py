@@ -2048,8 +2048,7 @@ def lstm_loop(xw, r, h, c, g, y, backward, b0, b1, native):
     (4n, n); the product _product's, native[0] its native entry or zeros), c = f * c + i *
     tanh(g_c), h = o * tanh(c), y[t] = h. The gates' sigmoids and tanhs are _sigmoidf and
     _tanh_gate, which LLVM vectorizes (libm's scalar exp and tanh took most of a batch-8 LSTM's
-    time; a tanh on exp, as _sigmoidf, 2x the gates' time), their fused multiply-adds
-    contracted (_FASTMATH). Whole arrays and a row range, not views of the rows:
+    time; Cephes' tanh, on exp, 2x the gates' time), their multiply-adds fused (_FASTMATH). Whole arrays and a row range, not views of the rows:
     numba types a view of xw's rows as strided, and its loops stay scalar."""
     seq = xw.shape[0]
     n = h.shape[1]
