@@ -5,8 +5,8 @@ tap, a conv's bias and fused activation two more over its output, a layer norm s
 its input, an exact GELU five. Each loop here makes one pass, keeping what it reuses (a
 channel's accumulator, a row of a layer norm) in cache. Softmax stays numpy's: numba's
 scalar exp made it 1.3x slower than numpy's SIMD one (benchmarks/bench_jit.py). The float32
-activations (sigmoid, swish, hard_sigmoid, hard_swish, gelu) run on `_expf`, an exp written
-in arithmetic LLVM vectorizes (faster than numpy's), one pass each where numpy needs 3-5.
+activations (sigmoid, swish, hard_sigmoid, hard_swish, gelu) run on `_exp_nonpositive`, an exp
+written in arithmetic LLVM vectorizes (faster than numpy's), one pass each where numpy needs 3-5.
 
 numba is optional (the `jit` extra): it is imported on the first bind, never by `import
 edgeflow.interp`, and each `bind_*` returns None where numba is absent, disabled
@@ -38,7 +38,7 @@ from ..scoped import scoped
 
 # Fused activation codes of the loops (edgeflow.ops.registry.ACTIVATIONS).
 ACTIVATION_CODES = {"": 0, None: 0, "relu": 1, "relu6": 2, "swish": 3, "hard_swish": 4}
-# The codes computed on _expf and float32 constants: float32 loops only (float64 runs numpy's).
+# The codes computed on _exp_nonpositive and float32 constants: float32 loops only (float64 runs numpy's).
 FLOAT32_ACTIVATIONS = 3
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _numba = []
@@ -2300,7 +2300,7 @@ SOFTMAX_LOADS = 1 << 14
 
 def softmax_loop(x, out, r_, k_):
     """out (R, K) = each row's exp(x - its max) / the sum of those, all flat, in float32
-    (_expf): three passes over a row in cache (the max over eight running maxima, which keeps
+    (_exp_nonpositive): three passes over a row in cache (the max over eight running maxima, which keeps
     the compares from waiting on each other; the exps and their sum, which LLVM vectorizes;
     the scale), where numpy makes five over the whole array. A row holding NaN, or +inf,
     gives NaN throughout, as numpy's formula does (the max skips a NaN; exp(NaN) then spoils
@@ -2411,15 +2411,15 @@ def bind_gelu(x, out, approximate):
 
 # -- float32 activations on an exp that vectorizes --------------------------------------------
 #
-# numba's math.exp is a call into libm per element: no SIMD. _expf is exp in float32 arithmetic
-# LLVM vectorizes: n = round(x / ln 2) (by adding and subtracting 1.5 * 2^23), r = x - n ln 2
-# (ln 2 in two parts, Cody and Waite's: n * C1 is exact), exp(r) by Cephes' expf polynomial on
-# |r| <= ln 2 / 2, times 2^n built from exponent bits (in two halves, so that 2^-150..2^128
-# are normal numbers and the result rounds into subnormals once). Within 1.5 ulp of exp over
-# float32's range (tests/interp/test_jit.py), 0.6-0.8 ns an element against numpy's 1.3.
+# numba's math.exp is a call into libm per element: no SIMD. _exp_nonpositive (x <= 0) and
+# _exp_wide (a float64 argument) are exp in float32 arithmetic LLVM vectorizes: n = round(x /
+# ln 2) (by adding and subtracting 1.5 * 2^23), r = x - n ln 2 (ln 2 in two parts, Cody and
+# Waite's: n * C1 is exact), exp(r) by Cephes' expf polynomial on |r| <= ln 2 / 2, times 2^n
+# built from exponent bits (so that the result rounds into subnormals once). Within 1.5 ulp
+# of exp (tests/interp/test_jit.py), 0.6-0.8 ns an element against numpy's 1.3.
 
 _f = np.float32
-_ZERO, _HALF, _ONE, _TWO, _THREE, _SIX, _INF = _f(0), _f(0.5), _f(1), _f(2), _f(3), _f(6), _f(np.inf)
+_ZERO, _HALF, _ONE, _THREE, _SIX, _INF = _f(0), _f(0.5), _f(1), _f(3), _f(6), _f(np.inf)
 # The recurrences' gates' tanh (_tanh_gate): tanh(x) = x P(x^2) / Q(x^2) on |x| <= 9, +-1 beyond,
 # a rational minimax fit made by tools/fit_tanh.py (which prints these coefficients): within
 # 3.3e-7 of tanh everywhere in float32.
@@ -2462,24 +2462,12 @@ def _times_pow2(p, n):
     return p * low * high
 
 
-def _expf(x):
-    """exp(x) for float32 x, in float32 (inf above 88.72284, 0 below -104, NaN kept)."""
-    v = x if x > _EXP_LO else _EXP_LO  # NaN becomes a number here, and is put back below
-    v = v if v < _EXP_HI else _EXP_HI
-    n = (v * _LOG2E + _MAGIC) - _MAGIC
-    r = (v - n * _LN2_HI) - n * _LN2_LO
-    e = _times_pow2(_expm_poly(r), n)
-    e = e if x < _EXP_HI else _INF
-    e = e if x > _EXP_LO else _ZERO
-    return e if x == x else x
-
-
 _B191, _TWO_M64 = np.int32(127 + 64), _f(2.0 ** -64)
 
 
 def _exp_nonpositive(x):
-    """_expf(x) for x <= 0 (sigmoid's exp(-|v|), softmax's exp(x - max)) or NaN, the same bits
-    with fewer steps: no overflow to test, and 2^n as 2^(n + 64), normal for every n down to
+    """exp(x) for float32 x <= 0 (sigmoid's exp(-|v|), softmax's exp(x - max)) or NaN (kept):
+    no overflow to test (0 below -104), and 2^n as 2^(n + 64), normal for every n down to
     -150, times the constant 2^-64 (rounding once into subnormals, as _times_pow2's second
     factor does): swish's loop 1.14 -> 0.80 ns an element."""
     v = x if x > _EXP_LO else _EXP_LO  # NaN becomes a number here, and is put back below
@@ -2564,7 +2552,7 @@ def _hard_swishf(v):
     return v * (_ONE if s > _ONE else s)
 
 
-SCALARS = ("_expm_poly", "_times_pow2", "_expf", "_exp_nonpositive", "_exp_wide", "_exp_less_half_square", "_sigmoidf",
+SCALARS = ("_expm_poly", "_times_pow2", "_exp_nonpositive", "_exp_wide", "_exp_less_half_square", "_sigmoidf",
            "_tanh_gate", "_swishf", "_hard_swishf", "_activate_run", "_load_phases",
            "_unload_phases", "_window_maxima",
            "_add_taps", "_add_taps4", "_crop_rows", "_matmul_nt", "_product", "_copy_row", "_shared_step", "_claim_units",
