@@ -69,7 +69,7 @@ def emit(module, ir, k, stride):
     (at stride 2 each as its even columns then its odd ones), QW floats each (its zeros, the
     padding, stay: each plane is copied inside them)."""
     e = Emitter(module, ir, name(k, stride), FIELDS)
-    b, c, loop, shuffle, block, when = e.b, e.c, e.loop, e.shuffle, e.block, e.when
+    b, c, loop, block = e.b, e.c, e.loop, e.block
     x, wt, bias, out, n_, c_, h_, w_, oh, ow, top, left, act, phases, qw = e.fields
     f32, v8, vptr = e.f32, e.v8, e.vptr
     fptr = f32.as_pointer()
@@ -79,11 +79,6 @@ def emit(module, ir, k, stride):
     reach = b.add(b.mul(b.sub(oh, c(1)), c(stride)), c(k))  # the padded rows the taps read
     line_floats = b.mul(qw, c(stride))  # a padded row's floats in PHASES
     rows = e.min(h_, b.sub(reach, top))  # x's rows copied
-    # x's even columns land in phase LEFT % 2 from LEFT // 2 on, its odd ones in the other
-    # from (LEFT + 1) // 2 on (floats from a phase row's start)
-    odd_left = b.icmp_signed("!=", b.and_(left, c(1)), c(0))
-    even_at = b.add(b.select(odd_left, qw, c(0)), b.udiv(left, c(2)))
-    odd_at = b.add(b.select(odd_left, c(0), qw), b.udiv(b.add(left, c(1)), c(2)))
 
     def address(base, index):
         return b.add(base, b.mul(index, c(4)))
@@ -91,41 +86,12 @@ def emit(module, ir, k, stride):
     def scalar(base, index):
         return e.load(b.inttoptr(address(base, index), fptr), f32)
 
-    def copy_plane(source):
-        """x's plane at `source` into the phase rows: 16 floats at a time split by shuffles
-        into 8 even and 8 odd, a row's last (fewer) by masked loads (zeros past x: its
-        right padding)."""
-        whole = b.sub(w_, b.urem(w_, c(16)))
-        rest = e.splat(b.sub(w_, whole), e.i64x8)
-        keep = [b.icmp_signed("<", ir.Constant(e.i64x8, list(range(h * TILES, h * TILES + TILES))), rest)
-                for h in (0, 1)]
-
-        if stride == 1:
-            e.copy_rows(source, address(phases, b.add(b.mul(top, qw), left)), rows, e.min(w_, b.sub(qw, left)), w_, qw)
-            return
-
-        def row(y):
-            start = address(source, b.mul(y, w_))
-            line = address(phases, b.mul(b.add(y, top), line_floats))
-            evens, odds = address(line, even_at), address(line, odd_at)
-
-            def split(m0, v0, v1):
-                half = b.udiv(m0, c(2))
-                b.store(shuffle(v0, v1, list(range(0, 16, 2))), b.inttoptr(address(evens, half), vptr)).align = 4
-                b.store(shuffle(v0, v1, list(range(1, 16, 2))), b.inttoptr(address(odds, half), vptr)).align = 4
-            loop(c(0), whole, c(16), lambda m0: split(
-                m0, e.vector_at(address(start, m0)), e.vector_at(address(start, b.add(m0, c(TILES))))))
-            when(b.icmp_signed("<", whole, w_), lambda: split(whole, *(
-                b.call(e.masked_load, [b.inttoptr(address(start, b.add(whole, c(TILES * h))), vptr),
-                                       ir.Constant(e.i32, 4), keep[h], e.const(0.0)]) for h in (0, 1))))
-        loop(c(0), rows, c(1), row)
-
     def plane_of(n, ch):
         """Image n's channel ch."""
         taps = [e.splat(scalar(wt, b.add(b.mul(ch, c(k * k)), c(t))), v8) for t in range(k * k)]
         shift = e.splat(scalar(bias, ch), v8)
         plane = b.add(b.mul(n, c_), ch)
-        copy_plane(address(x, b.mul(plane, b.mul(h_, w_))))
+        e.copy_phases(address(x, b.mul(plane, b.mul(h_, w_))), phases, stride, rows, w_, top, left, qw)
         target_plane = address(out, b.mul(plane, b.mul(oh, ow)))
 
         def group(i, j):

@@ -133,20 +133,30 @@ class Emitter:
     def block(self, label):
         return self.fn.append_basic_block(label)
 
-    def loop(self, first, last, step, body):
-        """for k in range(first, last, step): body(k) (its counter a phi node)."""
+    def loop(self, first, last, step, body, carried=()):
+        """for k in range(first, last, step): body(k) (its counter a phi node); with
+        `carried` (values: a tile's sums), body(k, values) returns their next values, and the
+        loop returns the values it ends with."""
         b = self.b
         before, test, inside, after = b.block, self.block("test"), self.block("body"), self.block("after")
         b.branch(test)
         b.position_at_end(test)
         k = b.phi(self.i64)
         k.add_incoming(first, before)
+        values = []
+        for value in carried:
+            phi = b.phi(value.type)
+            phi.add_incoming(value, before)
+            values.append(phi)
         b.cbranch(b.icmp_signed("<", k, last), inside, after)
         b.position_at_end(inside)
-        body(k)
+        new = body(k, values) if carried else body(k)
         k.add_incoming(b.add(k, step), b.block)
+        for phi, value in zip(values, new if carried else ()):
+            phi.add_incoming(value, b.block)
         b.branch(test)
         b.position_at_end(after)
+        return values
 
     def when(self, condition, body):
         yes, after = self.block("then"), self.block("done")
@@ -213,3 +223,45 @@ class Emitter:
             b.branch(done)
             b.position_at_end(done)
         loop(c(0), rows, c(1), row)
+
+    def copy_phases(self, source, phases, stride, rows, width, top, left, qw):
+        """x's plane at address `source` (`rows` rows of `width` floats, `rows` no more than
+        the padded rows below `top` hold) into the padded rows at address `phases`, from row
+        `top` and column `left`: each padded row QW floats, or at stride 2 its even columns
+        then its odd ones, QW floats each (x's even columns in phase LEFT % 2 from LEFT // 2
+        on, its odd ones in the other from (LEFT + 1) // 2 on). At stride 2, 16 floats of x a
+        step split by two shuffles into 8 even and 8 odd, a row's last (fewer) by masked loads
+        (zeros past x: its right padding). The zeros around x are left as they are."""
+        ir, b, c, when = self.ir, self.b, self.c, self.when
+
+        def address(base, index):
+            return b.add(base, b.mul(index, c(4)))
+
+        if stride == 1:
+            self.copy_rows(source, address(phases, b.add(b.mul(top, qw), left)), rows,
+                           self.min(width, b.sub(qw, left)), width, qw)
+            return
+        line_floats = b.mul(qw, c(2))
+        odd_left = b.icmp_signed("!=", b.and_(left, c(1)), c(0))
+        even_at = b.add(b.select(odd_left, qw, c(0)), b.udiv(left, c(2)))
+        odd_at = b.add(b.select(odd_left, c(0), qw), b.udiv(b.add(left, c(1)), c(2)))
+        whole = b.sub(width, b.urem(width, c(16)))
+        rest = self.splat(b.sub(width, whole), self.i64x8)
+        keep = [b.icmp_signed("<", ir.Constant(self.i64x8, list(range(h * TILES, h * TILES + TILES))), rest)
+                for h in (0, 1)]
+
+        def row(y):
+            start = address(source, b.mul(y, width))
+            line = address(phases, b.mul(b.add(y, top), line_floats))
+            evens, odds = address(line, even_at), address(line, odd_at)
+
+            def split(m0, v0, v1):
+                half = b.udiv(m0, c(2))
+                b.store(self.shuffle(v0, v1, list(range(0, 16, 2))), b.inttoptr(address(evens, half), self.vptr)).align = 4
+                b.store(self.shuffle(v0, v1, list(range(1, 16, 2))), b.inttoptr(address(odds, half), self.vptr)).align = 4
+            self.loop(c(0), whole, c(16), lambda m0: split(
+                m0, self.vector_at(address(start, m0)), self.vector_at(address(start, b.add(m0, c(TILES))))))
+            when(b.icmp_signed("<", whole, width), lambda: split(whole, *(
+                b.call(self.masked_load, [b.inttoptr(address(start, b.add(whole, c(TILES * h))), self.vptr),
+                                          ir.Constant(self.i32, 4), keep[h], self.const(0.0)]) for h in (0, 1))))
+        self.loop(c(0), rows, c(1), row)
