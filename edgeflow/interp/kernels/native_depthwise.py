@@ -69,9 +69,9 @@ def emit(module, ir, k, stride):
     (at stride 2 each as its even columns then its odd ones), QW floats each (its zeros, the
     padding, stay: each plane is copied inside them)."""
     e = Emitter(module, ir, name(k, stride), FIELDS)
-    b, c, loop, block = e.b, e.c, e.loop, e.block
+    b, c, loop = e.b, e.c, e.loop
     x, wt, bias, out, n_, c_, h_, w_, oh, ow, top, left, act, phases, qw = e.fields
-    f32, v8, vptr = e.f32, e.v8, e.vptr
+    f32, v8 = e.f32, e.v8
     fptr = f32.as_pointer()
     relu, relu6 = b.icmp_signed("==", act, c(1)), b.icmp_signed("==", act, c(2))
     # Groups of 8 columns from the row's start; where OW >= 8 the last ends at the row's end.
@@ -110,18 +110,10 @@ def emit(module, ir, k, stride):
                 total = b.fadd(total, acc)
             value = e.activate(act, [total], relu, relu6)[0]
             target = address(target_plane, b.add(b.mul(i, ow), j0))
-            whole, part, done = block("whole"), block("part"), block("stored")
             # Whole where the row holds 8, or where the lanes past it land on the plane's
             # next rows (written after)
             spill_inside = b.icmp_signed("<=", b.add(b.mul(i, ow), c(TILES)), b.mul(oh, ow))
-            b.cbranch(b.or_(b.icmp_signed(">=", ow, c(TILES)), spill_inside), whole, part)
-            b.position_at_end(whole)
-            b.store(value, b.inttoptr(target, vptr)).align = 4
-            b.branch(done)
-            b.position_at_end(part)
-            e.pieces(ow, [(target, value)])
-            b.branch(done)
-            b.position_at_end(done)
+            e.store_some(target, value, b.or_(b.icmp_signed(">=", ow, c(TILES)), spill_inside), ow)
         loop(c(0), oh, c(1), lambda i: loop(c(0), ow, c(TILES), lambda j: group(i, j)))
     loop(c(0), n_, c(1), lambda n: loop(c(0), c_, c(1), lambda ch: plane_of(n, ch)))
     b.ret(c(0))

@@ -189,6 +189,20 @@ class Emitter:
         self.when(b.icmp_signed("!=", b.and_(count, c(1)), c(0)), lambda: store(
             1, b.add(four, two), lambda value: b.extract_element(value, b.trunc(b.add(four, two), self.i32))))
 
+    def store_some(self, target, value, whole, count):
+        """The vector `value` stored at address `target` whole where `whole` (an i1), else
+        its first `count` (< 8) floats (`pieces`)."""
+        b = self.b
+        yes, part, done = self.block("whole"), self.block("part"), self.block("stored")
+        b.cbranch(whole, yes, part)
+        b.position_at_end(yes)
+        b.store(value, b.inttoptr(target, self.vptr)).align = 4
+        b.branch(done)
+        b.position_at_end(part)
+        self.pieces(count, [(target, value)])
+        b.branch(done)
+        b.position_at_end(done)
+
     def activate(self, code, values, relu, relu6):
         """`activate` of `values` for the activation `code` (an i64)."""
         return activate(self.b, self.ir, self.fma, self.fabs, self.block, code, values, relu, relu6)
