@@ -10,12 +10,9 @@ from hypothesis import strategies as st
 import edgeflow as ef
 from edgeflow.format import writer
 from edgeflow.graph.math_ops import apply
-from edgeflow.interp.kernels import jit, native_depthwise, native_gemm
+from edgeflow.interp.kernels import jit, native_depthwise
 
-HERE = native_gemm.available()
-ACTIVATIONS = {"": lambda y: y, "relu": lambda y: np.maximum(y, 0), "relu6": lambda y: np.clip(y, 0, 6),
-               "swish": lambda y: y / (1 + np.exp(-y)), "hard_swish": lambda y: y * np.clip(y + 3, 0, 6) / 6}
-needs_native = pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
+from .native_cases import ACTIVATIONS, guarded, needs_native
 
 
 def reference(x, w, bias, stride, top, left, oh, ow, activation):
@@ -30,14 +27,6 @@ def reference(x, w, bias, stride, top, left, oh, ow, activation):
         for b in range(k):
             out += w[None, :, 0, a, b, None, None] * padded[:, :, a:a + s * (oh - 1) + 1:s, b:b + s * (ow - 1) + 1:s]
     return ACTIVATIONS[activation](out)
-
-
-def guarded(shape, guard=64):
-    """A float32 array of `shape`, NaN, inside a buffer whose `guard` floats either side are
-    NaN too: (the array, the buffer)."""
-    size = int(np.prod(shape))
-    buffer = np.full(size + 2 * guard, np.nan, np.float32)
-    return buffer[guard:guard + size].reshape(shape), buffer
 
 
 @needs_native

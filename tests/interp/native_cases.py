@@ -1,0 +1,19 @@
+"""What the tests of native_gemm's compiled convs share: the activations' float64
+references, an output array guarded by NaN either side, and the mark that skips them where
+native_gemm's module does not run (x86-64 with AVX2 and FMA)."""
+import numpy as np
+import pytest
+
+from edgeflow.interp.kernels import native_gemm
+
+ACTIVATIONS = {"": lambda y: y, "relu": lambda y: np.maximum(y, 0), "relu6": lambda y: np.clip(y, 0, 6),
+               "swish": lambda y: y / (1 + np.exp(-y)), "hard_swish": lambda y: y * np.clip(y + 3, 0, 6) / 6}
+needs_native = pytest.mark.skipif(not native_gemm.available(), reason="native_gemm runs on x86-64 with AVX2 and FMA")
+
+
+def guarded(shape, guard=64):
+    """A float32 array of `shape`, NaN, inside a buffer whose `guard` floats either side are
+    NaN too: (the array, the buffer)."""
+    size = int(np.prod(shape))
+    buffer = np.full(size + 2 * guard, np.nan, np.float32)
+    return buffer[guard:guard + size].reshape(shape), buffer
