@@ -21,11 +21,11 @@ import edgeflow as ef
 from edgeflow.format import writer
 from edgeflow.graph.math_ops import apply
 from edgeflow.interp import threads
-from edgeflow.interp.kernels import jit, native_depthwise, native_gemm
+from edgeflow.interp.kernels import jit, native_depthwise, native_gemm, native_small_conv
+
+from .native_cases import ACTIVATIONS
 
 FEW = settings(max_examples=12)
-ACTIVATIONS = {"": lambda y: y, "relu": lambda y: np.maximum(y, 0), "relu6": lambda y: np.clip(y, 0, 6),
-               "swish": lambda y: y / (1 + np.exp(-y)), "hard_swish": lambda y: y * np.clip(y + 3, 0, 6) / 6}
 FUSED = sorted(set(ACTIVATIONS) - {""})
 
 
@@ -47,6 +47,7 @@ def _bind_mode(path, monkeypatch):
     if path == "jit":  # the jit extra is installed with the tests: a broken numba fails here
         assert jit.available(), "numba does not import"  # loaded: the loops of small gains bind too
     bound, compiled, native, native_dw = [], jit.compiled, native_gemm.bind, native_depthwise.bind
+    native_sc = native_small_conv.bind
 
     def recording(loop, *args, **kwargs):
         bound.append(loop.__name__)
@@ -62,9 +63,16 @@ def _bind_mode(path, monkeypatch):
         if step is not None:
             bound.append("native_depthwise")
         return step
+
+    def recording_small_conv(*args, **kwargs):
+        step = native_sc(*args, **kwargs)
+        if step is not None:
+            bound.append("native_small_conv")
+        return step
     monkeypatch.setattr(jit, "compiled", recording)
     monkeypatch.setattr(native_gemm, "bind", recording_native)
     monkeypatch.setattr(native_depthwise, "bind", recording_depthwise)
+    monkeypatch.setattr(native_small_conv, "bind", recording_small_conv)
     return path, bound
 
 
@@ -467,16 +475,35 @@ def test_depthwise_gradients_float64_and_threads(jit_mode):
             close(a, b)
 
 
+@pytest.fixture(params=["small_conv_loop", "native_small_conv"])
+def stem(request, monkeypatch):
+    """The stem loop, the compiled kernel (native_small_conv) left out; or the default
+    choice, the compiled kernel where it `suits` and runs: the name."""
+    if request.param == "small_conv_loop":
+        monkeypatch.setattr(native_small_conv, "suits", lambda *args: False)
+    return request.param
+
+
+def _stem_path(stem, c, k, stride, dilation, pads, out, activation):
+    """The path a stem conv of these takes under `stem` (the fixture's choice)."""
+    if stem == "native_small_conv" and native_gemm.available() and native_small_conv.suits(
+            c, (k, k), (stride, stride), (dilation, dilation), pads[:2], out, activation):
+        return "native_small_conv"
+    return "small_conv_loop"
+
+
 @FEW
 @given(c=st.integers(1, 4), m=st.integers(1, 9), n=st.integers(1, 2), h=st.integers(1, 13), w=st.integers(1, 13),
        k=st.sampled_from([1, 3, 5]), stride=st.integers(1, 2), dilation=st.integers(1, 2),
        pads=st.lists(st.integers(0, 2), min_size=4, max_size=4), activation=st.sampled_from(list(ACTIVATIONS)),
        seed=st.integers(0, 2 ** 16))
-def test_small_conv(mode, c, m, n, h, w, k, stride, dilation, pads, activation, seed):
+def test_small_conv(mode, stem, c, m, n, h, w, k, stride, dilation, pads, activation, seed):
     """A stem's conv: 1-4 input channels, one group, any stride, dilation and padding."""
     reach = (k - 1) * dilation + 1
     assume(h + pads[0] + pads[2] >= reach and w + pads[1] + pads[3] >= reach)
-    _check_conv(mode, (n, c, h, w), (m, c, k, k), stride, dilation, pads, activation, seed, "small_conv_loop")
+    out = ((h + pads[0] + pads[2] - reach) // stride + 1, (w + pads[1] + pads[3] - reach) // stride + 1)
+    _check_conv(mode, (n, c, h, w), (m, c, k, k), stride, dilation, pads, activation, seed,
+                _stem_path(stem, c, k, stride, dilation, pads, out, activation))
 
 
 def _check_conv(mode, x_shape, w_shape, stride, dilation, pads, activation, seed, loop):
@@ -493,9 +520,10 @@ def _check_conv(mode, x_shape, w_shape, stride, dilation, pads, activation, seed
 
 
 @pytest.mark.parametrize("k, stride, m", [(3, 1, 6), (5, 2, 24), (3, 2, 32)])
-def test_small_conv_over_many_row_blocks(mode, k, stride, m):
+def test_small_conv_over_many_row_blocks(mode, stem, k, stride, m):
     """Planes of several accumulator blocks (SMALL_CONV_BLOCK), output channels four at a
-    time and the rest one at a time: a stem at a real image size, against onnxruntime."""
+    time and the rest one at a time (the loop), or rows of several tiles (the compiled
+    kernel): a stem at a real image size, against onnxruntime."""
     rng = np.random.default_rng(k * m)
     x = rng.standard_normal((1, 3, 97, 131)).astype(np.float32)
     weight = rng.standard_normal((m, 3, k, k)).astype(np.float32)
@@ -506,17 +534,20 @@ def test_small_conv_over_many_row_blocks(mode, k, stride, m):
     expected = np.clip(onnx_run([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], x,
                                 {"w": weight, "b": b}), 0, 6)
     check(mode, lambda t: apply("conv", [t, weight, b], {**attrs, "activation": "relu6"}), x, expected,
-          "small_conv_loop")
+          _stem_path(stem, 3, k, stride, 1, attrs["pads"], (out_rows, 131 // stride), "relu6"))
 
 
 def test_small_conv_takes_rgb_stems_only(jit_mode):
-    """Three input channels and a 3x3 or 5x5 kernel: the loop; a 7x7 kernel or eight
-    channels: im2col and BLAS."""
+    """Three input channels: a 3x3 or 5x5 kernel the compiled kernel where native_gemm runs,
+    else the loop; a 7x7 kernel the compiled kernel (numba is loaded here), else im2col and
+    BLAS; eight channels: im2col and BLAS."""
     x = np.ones((1, 3, 16, 16), np.float32)
-    for shape, taken in (((8, 3, 3, 3), True), ((8, 3, 5, 5), True), ((8, 3, 7, 7), False)):
+    for k in (3, 5, 7):
         out = np.empty((1, 8, 16, 16), np.float32)
-        step = jit.bind_small_conv(x, np.ones(shape, np.float32), None, out, (1, 1), (1, 1), (1, 1), "")
-        assert (step is not None) == taken, shape
+        jit_mode[1].clear()
+        step = jit.bind_small_conv(x, np.ones((8, 3, k, k), np.float32), None, out, (1, 1), (1, 1), (1, 1), "")
+        assert (step is not None) == (k < 7 or native_gemm.available()), k
+        assert jit_mode[1] == ["native_small_conv" if native_gemm.available() else "small_conv_loop"][:k < 7 or None]
     assert jit.bind_small_conv(np.ones((1, 8, 16, 16), np.float32), np.ones((8, 8, 3, 3), np.float32), None,
                                np.empty((1, 8, 16, 16), np.float32), (1, 1), (1, 1), (1, 1), "") is None
 
@@ -542,11 +573,13 @@ def test_im2col_conv(mode, c, m, n, h, w, kh, kw, stride, dilation, pads, activa
 
 @pytest.mark.parametrize("n,block,pairs", [(1, "rows", 8), (3, "rows", 21), (3, "images", 2), (1, "whole", 2)])
 def test_im2col_conv_at_two_threads(jit_mode, n, block, pairs, monkeypatch):
-    """ResNet's 7x7 stem through im2col_loop and native_gemm's product on two workers, each
-    gathering and multiplying its own images, or at batch 1 its own output rows, a block of
-    columns at a time (conv.GATHER_BLOCK_FLOATS: 5 output rows of 32, two whole images, or
-    one worker's share), against onnxruntime."""
+    """ResNet's 7x7 stem (the compiled direct kernel, native_small_conv, left out) through
+    im2col_loop and native_gemm's product on two workers, each gathering and multiplying its
+    own images, or at batch 1 its own output rows, a block of columns at a time
+    (conv.GATHER_BLOCK_FLOATS: 5 output rows of 32, two whole images, or one worker's share),
+    against onnxruntime."""
     from edgeflow.interp.kernels import conv
+    monkeypatch.setattr(native_small_conv, "suits", lambda *args: False)
     depth = 3 * 7 * 7
     monkeypatch.setattr(conv, "GATHER_BLOCK_FLOATS", {"rows": 5 * 32, "images": 2 * 32 * 32, "whole": 32 * 32}[block]
                         * depth)
@@ -1313,9 +1346,10 @@ def test_jit_on_imports_numba_up_front_and_binds_every_loop():
     """Interpreter(jit=True) imports numba when it is made, so that the kernels that would not
     import it themselves (ResNet's: a 7x7 stem, a max pool, 3x3 convs, add + relu) bind their
     loops; the result is the default's (numpy's kernels, numba never imported) within float32
-    rounding, and a float64 numpy evaluation's. Where native_gemm's product runs, the stem's
-    product takes its bias and relu, the 3x3 conv's the add + relu after it, into their own
-    pass (no bias or add loop)."""
+    rounding, and a float64 numpy evaluation's. Where native_gemm's module runs, the stem is
+    its direct conv (native_small_conv's, with the bias and relu), and the 3x3 conv's product
+    (of im2col's columns) takes the add + relu after it into its own pass (no bias or add
+    loop)."""
     on = _in_fresh_interpreter(RESNET_OPS.replace("JIT", "True"), {"EDGEFLOW_JIT": "1"})
     auto = _in_fresh_interpreter(RESNET_OPS.replace("JIT", "None"), {"EDGEFLOW_JIT": "1"})
     assert on[0] is True and auto[0] is False

@@ -15,7 +15,8 @@ strides) are copied into the columns at once, from a strided view of x. Without 
 depthwise conv takes the same path, a product per channel of (M/C, taps) @ (taps, L):
 measured, that beats numpy's multiply-accumulate of the runs (two passes per tap, one of
 them a slow broadcast) by 1 to 2x. With numba,
-depthwise convs and stems (1-4 input channels) run jit.py's one-pass loops.
+depthwise convs and stems (1-4 input channels) run jit.py's one-pass loops, or the
+compiled kernels of native_depthwise.py and native_small_conv.py where native_gemm runs.
 
 3x3 stride-1 convs of enough channels and outputs take winograd.py's path instead.
 """

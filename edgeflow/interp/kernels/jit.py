@@ -561,9 +561,11 @@ DEPTHWISE_PLANE_MIN = 16
 # even at 10, slower on 7 (its border rows are most of such a plane).
 DEPTHWISE_SAME_MIN = 12
 DEPTHWISE_BLOCK = 64  # channels of depthwise_channels_loop's blocks: 8 AVX2 vectors of float32
-# Convs of one group and at most this many input channels run small_conv_loop (stems of RGB
-# images): up to 1.5x faster than im2col and a BLAS product for 3x3 and 5x5 kernels, slower
-# for 7x7 (ResNet's stem: 49 passes per channel), hence SMALL_CONV_TAPS.
+# Convs of one group and at most this many input channels (stems of RGB images) run
+# native_small_conv's compiled kernel where native_gemm runs, else small_conv_loop: up to
+# 1.5x faster than im2col and a BLAS product for 3x3 and 5x5 kernels, slower for 7x7
+# (ResNet's stem: 49 passes per channel), hence SMALL_CONV_TAPS, past which only the
+# compiled kernel takes a stem.
 SMALL_CONV_CHANNELS = 4
 SMALL_CONV_TAPS = 25
 # Elements of each of small_conv_loop's four wide accumulators, about: output rows are summed
@@ -995,17 +997,29 @@ def depthwise_layout(x_shape, kernel_shape, strides, dilations, begin, out_shape
 
 
 def bind_small_conv(x, w, bias, out, strides, dilations, begin, activation):
-    """A step for a 2-D conv of one group, at most SMALL_CONV_CHANNELS input channels and
-    SMALL_CONV_TAPS taps (small_conv_loop), or None."""
+    """A step for a 2-D conv of one group and at most SMALL_CONV_CHANNELS input channels (a
+    network's stem), or None: native_small_conv's compiled kernel for the float32 ones it
+    suits where native_gemm runs, small_conv_loop for others of at most SMALL_CONV_TAPS taps.
+    Past those taps (ResNet's 7x7 stem) only where numba is loaded already (`loaded`): im2col
+    and BLAS do well enough without it, and a small plan's first run would wait for it."""
     if x.ndim != 4 or w.ndim != 4 or w.shape[1] != x.shape[1] or x.shape[1] > SMALL_CONV_CHANNELS \
-            or math.prod(w.shape[2:]) > SMALL_CONV_TAPS or out.shape[1] != w.shape[0] \
-            or not available():  # last: it imports numba (ResNet's 7x7 stem must not)
+            or out.shape[1] != w.shape[0]:
+        return None
+    from . import native_small_conv
+    many = math.prod(w.shape[2:]) > SMALL_CONV_TAPS
+    native = out.dtype == np.float32 and native_small_conv.suits(x.shape[1], w.shape[2:], strides, dilations, begin,
+                                                                 out.shape[2:], activation)
+    if (many and not (native and loaded())) or not available():  # last: it imports numba
         return None
     b = np.zeros(w.shape[0], x.dtype) if bias is None else bias
     act = _act_code(activation, out.dtype)
     if not _takes(x, w, b, out) or not all(a.flags.c_contiguous for a in (x, w, b, out)) or not out.size \
             or act is None:
         return None
+    if native:
+        step = native_small_conv.bind(x, w, b, out, strides[0], dilations, begin, activation)
+        if step is not None or many:
+            return step
     phases, tap_off, acc, cols, qw = depthwise_layout(x.shape[2:], w.shape[2:], strides, dilations, begin,
                                                       out.shape[2:], x.dtype)
     (n, c, h, wd), (oh, ow) = x.shape, out.shape[2:]

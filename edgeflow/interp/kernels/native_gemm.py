@@ -27,8 +27,8 @@ compiled for the host's CPU by MCJIT (some 2 s, once a machine: its machine code
 beside the module under a key of its sources, and later processes load it in some 50 ms
 without building the IR), called through ctypes with its operands in one int64 array
 (ctypes lets go of the GIL). The same module holds native_winograd.py's Winograd
-transforms and native_depthwise.py's stride-2 depthwise convs (their IR there, built with
-native_ir.py's helpers; `step` binds any of its functions). Measured on this project's
+transforms, native_depthwise.py's depthwise convs and native_small_conv.py's stems (their IR
+there, built with native_ir.py's helpers; `step` binds any of its functions). Measured on this project's
 2-core AMD EPYC (Zen 3), interleaved in one process, against numpy's OpenBLAS
 sgemm and numpy's passes for the bias and relu6: 0.6-0.95x of their time on
 MobileNetV2's and iris_landmark's pointwise shapes (144x24 @ 24x3136 0.61x, 32x64 @
@@ -54,7 +54,7 @@ import os
 import numpy as np
 
 from ..arena import zeroed
-from . import jit, native_depthwise, native_ir, native_winograd, per_constant
+from . import jit, native_depthwise, native_ir, native_small_conv, native_winograd, per_constant
 
 MR, NR = 4, 24  # a panel's rows, a strip's columns (3 vectors of 8 floats)
 VEC = 8
@@ -555,21 +555,25 @@ def _module(ir):
     for stride in native_depthwise.STRIDES:
         for k in native_depthwise.KERNELS:
             native_depthwise.emit(module, ir, k, stride)
+    for stride in native_small_conv.STRIDES:
+        native_small_conv.emit(module, ir, stride)
     return module
 
 
-FUNCTIONS = ("gemm", "gemm_rows", "winograd_input", "winograd2_input", "winograd_output", *native_depthwise.FUNCTIONS)
+FUNCTIONS = ("gemm", "gemm_rows", "winograd_input", "winograd2_input", "winograd_output", *native_depthwise.FUNCTIONS,
+             *native_small_conv.FUNCTIONS)
 
 
 def _source_key(llvm):
     """What the module's machine code follows from, without building its IR: this file's,
-    native_ir.py's, native_winograd.py's and native_depthwise.py's source, their constants' values (tests and benchmarks may set
-    them before the module compiles), jit.py's exp constants, the CPU and its features,
-    llvmlite's version; None where a source file cannot be read."""
+    native_ir.py's, native_winograd.py's, native_depthwise.py's and native_small_conv.py's
+    source, their constants' values (tests and benchmarks may set them before the module
+    compiles), jit.py's exp constants, the CPU and its features, llvmlite's version; None
+    where a source file cannot be read."""
     import llvmlite
     parts = [llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(), llvmlite.__version__,
              repr(sorted(jit.EXP_CONSTANTS.items()))]
-    for module in (globals(), vars(native_ir), vars(native_winograd), vars(native_depthwise)):
+    for module in (globals(), vars(native_ir), vars(native_winograd), vars(native_depthwise), vars(native_small_conv)):
         try:
             with open(module["__file__"], "rb") as f:
                 parts.append(f.read().decode("utf-8", "replace"))
