@@ -67,6 +67,37 @@ def test_matches_float64(k, stride, dilation, n, c, m, h, w, data, activation, w
     assert np.isnan(buffer[:64]).all() and np.isnan(buffer[-64:]).all()
 
 
+@needs_native
+@settings(max_examples=60, deadline=None)
+@given(k=st.sampled_from([1, 3, 7]), stride=st.sampled_from([1, 2]), dilation=st.sampled_from([1, 2]),
+       h=st.integers(1, 30), w=st.integers(1, 30), data=st.data(), seed=st.integers(0, 2 ** 16))
+def test_bands_of_rows_make_the_whole(k, stride, dilation, h, w, data, seed):
+    """Output rows in bands (a worker's each: its own copy of the input rows its band
+    reaches, zeros above and below x where the band meets them) make the whole conv, and a
+    band writes its rows alone."""
+    reach = (k - 1) * dilation + 1
+    top, left = data.draw(st.integers(0, reach - 1)), data.draw(st.integers(0, reach - 1))
+    bottom, right = data.draw(st.integers(-1, reach - 1)), data.draw(st.integers(-1, reach - 1))
+    oh, ow = (top + h + bottom - reach) // stride + 1, (left + w + right - reach) // stride + 1
+    if oh < 1 or ow < 1:
+        return
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, oh), max_size=3)) + [oh]))
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((2, 3, h, w)).astype(np.float32)
+    wt = rng.standard_normal((5, 3, k, k)).astype(np.float32)
+    bias = rng.standard_normal(5).astype(np.float32)
+    out, buffer = guarded((2, 5, oh, ow))
+    want = reference(x.astype(np.float64), wt.astype(np.float64), bias.astype(np.float64), stride, dilation, top, left,
+                     oh, ow, "relu")
+    first = 0
+    for last in cuts:
+        native_small_conv.bind(x, wt, bias, out, stride, (dilation, dilation), (top, left), "relu", (first, last))()
+        np.testing.assert_allclose(out[:, :, :last], want[:, :, :last], rtol=0, atol=2e-6 * (np.abs(want).max() + 1))
+        assert np.isnan(out[:, :, last:]).all()
+        first = last
+    assert np.isnan(buffer[:64]).all() and np.isnan(buffer[-64:]).all()
+
+
 def test_suits_stems_only():
     """One to four input channels, the same stride both ways (1 or 2), zeros before x within
     the kernel's reach, an activation the kernel computes."""
@@ -108,8 +139,8 @@ def test_real_stems_match_onnxruntime(m, k, stride, pads, activation):
 def test_in_a_model_split_over_threads(monkeypatch, threads, batch, k):
     """A stem in a model binds the compiled kernel (ResNet's 7x7 once numba is loaded, as
     the plan that replaces a real-size model's first does; a 3x3), whole or split over 2
-    threads (by output channels at batch 1, by images at 2: each piece a step of its own),
-    with the float64 conv's values."""
+    threads (by output rows at batch 1, by images at 2: each piece a step of its own), with
+    the float64 conv's values."""
     assert jit.available()
     monkeypatch.setenv("EDGEFLOW_JIT", "1")
     bound, bind = [], native_small_conv.bind

@@ -996,12 +996,14 @@ def depthwise_layout(x_shape, kernel_shape, strides, dilations, begin, out_shape
     return np.zeros(sh * sw * qh * qw, dtype), tap_off, np.empty(oh * qw, dtype), cols, qw
 
 
-def bind_small_conv(x, w, bias, out, strides, dilations, begin, activation):
+def bind_small_conv(x, w, bias, out, strides, dilations, begin, activation, rows=None):
     """A step for a 2-D conv of one group and at most SMALL_CONV_CHANNELS input channels (a
     network's stem), or None: native_small_conv's compiled kernel for the float32 ones it
     suits where native_gemm runs, small_conv_loop for others of at most SMALL_CONV_TAPS taps.
     Past those taps (ResNet's 7x7 stem) only where numba is loaded already (`loaded`): im2col
-    and BLAS do well enough without it, and a small plan's first run would wait for it."""
+    and BLAS do well enough without it, and a small plan's first run would wait for it.
+    `rows` (first, last): out's rows first:last alone (a worker's band), the compiled kernel's
+    only (None elsewhere)."""
     if x.ndim != 4 or w.ndim != 4 or w.shape[1] != x.shape[1] or x.shape[1] > SMALL_CONV_CHANNELS \
             or out.shape[1] != w.shape[0]:
         return None
@@ -1017,9 +1019,11 @@ def bind_small_conv(x, w, bias, out, strides, dilations, begin, activation):
             or act is None:
         return None
     if native:
-        step = native_small_conv.bind(x, w, b, out, strides[0], dilations, begin, activation)
-        if step is not None or many:
+        step = native_small_conv.bind(x, w, b, out, strides[0], dilations, begin, activation, rows)
+        if step is not None or many or rows is not None:
             return step
+    if rows is not None:
+        return None
     phases, tap_off, acc, cols, qw = depthwise_layout(x.shape[2:], w.shape[2:], strides, dilations, begin,
                                                       out.shape[2:], x.dtype)
     (n, c, h, wd), (oh, ow) = x.shape, out.shape[2:]

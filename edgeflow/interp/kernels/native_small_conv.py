@@ -34,8 +34,9 @@ import numpy as np
 from .native_ir import TILES, Emitter
 
 # Operands of one call (the int64 array the compiled function reads).
-(X, WP, BIAS, OUT, N, C, H, W, M, OH, OW, TOP, LEFT, ACT, PHASES, QW, QH, TAPS, TAPOFF) = range(19)
-FIELDS = 19
+(X, WP, BIAS, OUT, N, C, H, W, M, OH, OW, TOP, LEFT, ACT, PHASES, QW, QH, TAPS, TAPOFF, XPLANE,
+ OPLANE) = range(21)
+FIELDS = 21
 MR, NV = 4, 3  # a tile's output channels and vectors of 8 output columns
 MAX_CHANNELS = 4  # input channels
 STRIDES = (1, 2)
@@ -54,11 +55,13 @@ def emit(module, ir, stride):
     M, OH, OW) = act(the conv of x (N, C, H, W) by the packed weights WP (ceil(M / MR)
     panels, TAPS, MR: zeros past M), stride S both ways, TOP and LEFT zeros before x's rows
     and columns (zeros past them), + BIAS (padded as WP's channels)); ACT as
-    jit.ACTIVATION_CODES. PHASES: a buffer of zeros, C blocks of QH padded rows of S * QW
+    jit.ACTIVATION_CODES. x's and out's planes lie XPLANE and OPLANE floats apart (a band of
+    rows of larger planes). PHASES: a buffer of zeros, C blocks of QH padded rows of S * QW
     floats; TAPOFF: TAPS int64s, each tap's offset in PHASES from an output's first input."""
     e = Emitter(module, ir, name(stride), FIELDS)
     b, c, loop, when = e.b, e.c, e.loop, e.when
-    x, wp, bias, out, n_, c_, h_, w_, m_, oh, ow, top, left, act, phases, qw, qh, taps, tapoff = e.fields
+    x, wp, bias, out, n_, c_, h_, w_, m_, oh, ow, top, left, act, phases, qw, qh, taps, tapoff, xplane, oplane = \
+        e.fields
     f32, v8, vptr, i64 = e.f32, e.v8, e.vptr, e.i64
     relu, relu6 = b.icmp_signed("==", act, c(1)), b.icmp_signed("==", act, c(2))
     line = b.mul(qw, c(stride))  # a padded row's floats
@@ -78,7 +81,7 @@ def emit(module, ir, stride):
     def image(n):
         for_channels = b.mul(n, c_)
         loop(c(0), c_, c(1), lambda ch: e.copy_phases(
-            address(x, b.mul(b.add(for_channels, ch), b.mul(h_, w_))), address(phases, b.mul(ch, chan)),
+            address(x, b.mul(b.add(for_channels, ch), xplane)), address(phases, b.mul(ch, chan)),
             stride, rows, w_, top, left, qw))
         loop(c(0), oh, c(1), lambda i: loop(c(0), panels, c(1), lambda p: panel(n, i, p)))
 
@@ -87,7 +90,7 @@ def emit(module, ir, stride):
         weights = address(wp, b.mul(p, b.mul(taps, c(MR))))
         shifts = [e.splat(scalar(bias, b.add(b.mul(p, c(MR)), c(r))), v8) for r in range(MR)]
         channels = [b.add(b.mul(p, c(MR)), c(r)) for r in range(MR)]
-        targets = [address(out, b.mul(b.add(b.mul(b.add(b.mul(n, m_), ch), oh), i), ow)) for ch in channels]
+        targets = [address(out, b.add(b.mul(b.add(b.mul(n, m_), ch), oplane), b.mul(i, ow))) for ch in channels]
 
         def tile(j, nv, tail):
             def tap(t, sums):
@@ -154,11 +157,13 @@ def pack(w, bias, into=None):
     return weights, b
 
 
-def bind(x, w, bias, out, stride, dilations, begin, activation):
+def bind(x, w, bias, out, stride, dilations, begin, activation, rows=None):
     """A step writing out (N, M, OH, OW) = act(conv of x (N, C, H, W) by w (M, C, KH, KW),
     `stride` 1 or 2 both ways, `dilations`, `begin` the top and left zeros (those past x's
-    end follow from OH and OW), + bias (M,) or zeros), float32 arrays, contiguous; None where
-    native_gemm does not run or the operands do not qualify (`suits`, checked by the caller)."""
+    end follow from OH and OW), + bias (M,) or zeros), float32 arrays, contiguous; with
+    `rows` (first, last), only out's rows first:last, from the rows of x they reach (a
+    worker's band: each copies and sums its own); None where native_gemm does not run or
+    the operands do not qualify (`suits`, checked by the caller)."""
     from . import native_gemm
     if not native_gemm.available() or x.ndim != 4 or out.ndim != 4 or w.ndim != 4 \
             or any(a.dtype != np.float32 or not a.flags.c_contiguous for a in (x, w, out)):
@@ -167,20 +172,27 @@ def bind(x, w, bias, out, stride, dilations, begin, activation):
     (dh, dw), s = dilations, stride
     if w.shape[1] != ch or out.shape[:2] != (n, m):
         return None
+    first, last = rows or (0, oh)
+    if not 0 <= first < last <= oh:
+        return None
+    # The band's rows read padded rows from s * first: x's from there, or zeros above x
+    top, start = max(begin[0] - s * first, 0), max(s * first - begin[0], 0)
     weights, b = pack(w, bias)
     # A padded row holds the columns the tiles read (whole vectors: the last tile's lanes past
     # OW read zeros or the next phase) and x's columns after the left zeros (at stride 2 with
     # the last 16's zeros); the rows, those the taps reach (x's rows past them not copied).
     reach = (kw - 1) * dw // s
     qw = max(-(-ow // TILES) * TILES + reach, begin[1] + wd if s == 1 else (begin[1] + wd) // 2 + TILES + 1)
-    qh = max(s * (oh - 1) + (kh - 1) * dh + 1, begin[0] + 1)
+    qh = max(s * (last - first - 1) + (kh - 1) * dh + 1, top + 1)
     phases = np.zeros((ch, qh, s, qw), np.float32)
     tapoff = np.array([(c * qh + a * dh) * s * qw + (t * dw) % s * qw + (t * dw) // s
                        for c in range(ch) for a in range(kh) for t in range(kw)], np.int64)
     fields = np.zeros(FIELDS, np.int64)
-    fields[[X, WP, BIAS, OUT, N, C, H, W, M, OH, OW, TOP, LEFT, ACT, PHASES, QW, QH, TAPS, TAPOFF]] = [
-        x.ctypes.data, weights.ctypes.data, b.ctypes.data, out.ctypes.data, n, ch, h, wd, m, oh, ow, *begin[:2],
-        ACTIVATIONS[activation], phases.ctypes.data, qw, qh, len(tapoff), tapoff.ctypes.data]
+    fields[[X, WP, BIAS, OUT, N, C, H, W, M, OH, OW, TOP, LEFT, ACT, PHASES, QW, QH, TAPS, TAPOFF, XPLANE,
+            OPLANE]] = [
+        x.ctypes.data + 4 * start * wd, weights.ctypes.data, b.ctypes.data, out.ctypes.data + 4 * first * ow, n, ch,
+        max(h - start, 0), wd, m, last - first, ow, top, begin[1], ACTIVATIONS[activation], phases.ctypes.data, qw,
+        qh, len(tapoff), tapoff.ctypes.data, h * wd, oh * ow]
     step = native_gemm.step(name(stride), fields, None, (x, weights, b, out, phases, tapoff))
     if not w.flags.writeable and (bias is None or not bias.flags.writeable):
         return step  # a model's constants: packed once
