@@ -35,6 +35,15 @@ def reference(x, w, bias, stride, dilation, top, left, oh, ow, activation):
     return ACTIVATIONS[activation](out)
 
 
+def padding(data, k, stride, dilation, h, w):
+    """(top, left, OH, OW): zeros drawn before x within the kernel's reach, and after it (-1:
+    x's last row or column out of reach); OH or OW below 1 where nothing fits."""
+    reach = (k - 1) * dilation + 1
+    top, left = data.draw(st.integers(0, reach - 1)), data.draw(st.integers(0, reach - 1))
+    bottom, right = data.draw(st.integers(-1, reach - 1)), data.draw(st.integers(-1, reach - 1))
+    return top, left, (top + h + bottom - reach) // stride + 1, (left + w + right - reach) // stride + 1
+
+
 @needs_native
 @settings(max_examples=80, deadline=None)
 @given(k=st.sampled_from([1, 2, 3, 5, 7]), stride=st.sampled_from([1, 2]), dilation=st.sampled_from([1, 2]),
@@ -47,10 +56,7 @@ def test_matches_float64(k, stride, dilation, n, c, m, h, w, data, activation, w
     last tile of 1, 2 or 3 vectors, its last stored in pieces), zeros before x within the
     kernel's reach and after it (or x's last rows and columns out of reach): float64's values
     within float32 rounding, and no float written outside out."""
-    reach = (k - 1) * dilation + 1
-    top, left = data.draw(st.integers(0, reach - 1)), data.draw(st.integers(0, reach - 1))
-    bottom, right = data.draw(st.integers(-1, reach - 1)), data.draw(st.integers(-1, reach - 1))
-    oh, ow = (top + h + bottom - reach) // stride + 1, (left + w + right - reach) // stride + 1
+    top, left, oh, ow = padding(data, k, stride, dilation, h, w)
     if oh < 1 or ow < 1:
         return
     rng = np.random.default_rng(seed)
@@ -75,10 +81,7 @@ def test_bands_of_rows_make_the_whole(k, stride, dilation, h, w, data, seed):
     """Output rows in bands (a worker's each: its own copy of the input rows its band
     reaches, zeros above and below x where the band meets them) make the whole conv, and a
     band writes its rows alone."""
-    reach = (k - 1) * dilation + 1
-    top, left = data.draw(st.integers(0, reach - 1)), data.draw(st.integers(0, reach - 1))
-    bottom, right = data.draw(st.integers(-1, reach - 1)), data.draw(st.integers(-1, reach - 1))
-    oh, ow = (top + h + bottom - reach) // stride + 1, (left + w + right - reach) // stride + 1
+    top, left, oh, ow = padding(data, k, stride, dilation, h, w)
     if oh < 1 or ow < 1:
         return
     cuts = sorted(set(data.draw(st.lists(st.integers(1, oh), max_size=3)) + [oh]))

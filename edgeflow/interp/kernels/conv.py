@@ -474,18 +474,18 @@ def _jit_conv(bind, x, w, bias, out, strides, dilations, begin, activation):
     if workers is None or (x.shape[0] != 1 and x.shape[0] < workers.n) \
             or 2 * out.size * math.prod(w.shape[1:]) < threads.MIN_FLOPS:
         return bind(x, w, bias, out, strides, dilations, begin, activation)
-    parts = [None]
     if x.shape[0] >= workers.n:
         parts = [bind(x[a:b], w, bias, out[a:b], strides, dilations, begin, activation)
                  for a, b in threads.pieces(x.shape[0], workers.n)]
-    elif bind is jit.bind_small_conv:
-        parts = [bind(x, w, bias, out, strides, dilations, begin, activation, rows)
-                 for rows in threads.pieces(out.shape[2], workers.n)]
-    if None in parts and x.shape[0] < workers.n:
-        depthwise = bind is jit.bind_depthwise
-        parts = [bind(x[:, a:b] if depthwise else x, w[a:b], None if bias is None else bias[a:b], out[:, a:b],
-                      strides, dilations, begin, activation)
-                 for a, b in threads.pieces(out.shape[1], workers.n)]
+    else:
+        parts = [None] if bind is not jit.bind_small_conv else [
+            bind(x, w, bias, out, strides, dilations, begin, activation, rows)
+            for rows in threads.pieces(out.shape[2], workers.n)]
+        if None in parts:
+            depthwise = bind is jit.bind_depthwise
+            parts = [bind(x[:, a:b] if depthwise else x, w[a:b], None if bias is None else bias[a:b], out[:, a:b],
+                          strides, dilations, begin, activation)
+                     for a, b in threads.pieces(out.shape[1], workers.n)]
     if None in parts:
         return None
     return workers.split(parts) if len(parts) > 1 else parts[0]  # on the native workers: jit._bound

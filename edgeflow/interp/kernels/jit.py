@@ -1018,12 +1018,9 @@ def bind_small_conv(x, w, bias, out, strides, dilations, begin, activation, rows
     if not _takes(x, w, b, out) or not all(a.flags.c_contiguous for a in (x, w, b, out)) or not out.size \
             or act is None:
         return None
-    if native:
-        step = native_small_conv.bind(x, w, b, out, strides[0], dilations, begin, activation, rows)
-        if step is not None or many or rows is not None:
-            return step
-    if rows is not None:
-        return None
+    step = native_small_conv.bind(x, w, b, out, strides[0], dilations, begin, activation, rows) if native else None
+    if step is not None or many or rows is not None:
+        return step
     phases, tap_off, acc, cols, qw = depthwise_layout(x.shape[2:], w.shape[2:], strides, dilations, begin,
                                                       out.shape[2:], x.dtype)
     (n, c, h, wd), (oh, ow) = x.shape, out.shape[2:]

@@ -37,7 +37,7 @@ they run); jit.bind_depthwise binds them (`bind`) for float32 convs that `suits`
 """
 import numpy as np
 
-from .native_ir import TILES, Emitter
+from .native_ir import ACTIVATIONS, TILES, Emitter
 
 # Operands of one call (the int64 array the compiled function reads).
 X, WT, BIAS, OUT, N, C, H, W, OH, OW, TOP, LEFT, ACT, PHASES, QW = range(15)
@@ -51,7 +51,6 @@ STRIDES = (1, 2)
 # 1.52x). 5x5 kernels run here at every width (28x28 0.80-0.89x, 56x56 0.82-0.84x, 112x112
 # 0.84-0.97x, 14x14 and 7x7 0.69-0.79x).
 SAME_3X3_MAX_WIDTH = 24
-ACTIVATIONS = {"": 0, "relu": 1, "relu6": 2, "swish": 3, "hard_swish": 4}  # jit.ACTIVATION_CODES
 
 
 def name(k, stride):

@@ -63,7 +63,7 @@ NV = NR // VEC
 (W, X, BIAS, OUT, RES, SLOPE, STRIP, M, K, P, LDX, LDO, LDR, ACT, IMAGES, SX, SO, SR, KC, LDA, SCALE,
  SSC, SB, PF) = range(24)
 FIELDS = 24
-ACTIVATIONS = {"": 0, "relu": 1, "relu6": 2, "swish": 3, "hard_swish": 4}  # jit.ACTIVATION_CODES
+ACTIVATIONS = native_ir.ACTIVATIONS
 # Shapes left to BLAS: fewer columns than MIN_COLUMNS (a strip mostly empty) unless the
 # weights are few (at most NARROW_WEIGHTS: 64x128 @ 128x4 with bias and relu 0.88x of
 # numpy's time, 256x256 @ 256x4 1.10x, 512x512 1.52x), fewer than 4 columns, or deeper

@@ -8,6 +8,9 @@ import numpy as np
 from . import jit
 
 TILES = 8  # floats a vector: AVX2's 8
+# The activations `activate` computes, by their codes (jit.ACTIVATION_CODES'): the kernels'
+# ACT operand.
+ACTIVATIONS = {"": 0, "relu": 1, "relu6": 2, "swish": 3, "hard_swish": 4}
 
 
 def swish(b, ir, fma, fabs, v):

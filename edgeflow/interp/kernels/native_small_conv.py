@@ -31,7 +31,7 @@ jit.bind_small_conv binds it (`bind`) for the float32 convs that `suits`.
 """
 import numpy as np
 
-from .native_ir import TILES, Emitter
+from .native_ir import ACTIVATIONS, TILES, Emitter
 
 # Operands of one call (the int64 array the compiled function reads).
 (X, WP, BIAS, OUT, N, C, H, W, M, OH, OW, TOP, LEFT, ACT, PHASES, QW, QH, TAPS, TAPOFF, XPLANE,
@@ -40,7 +40,6 @@ FIELDS = 21
 MR, NV = 4, 3  # a tile's output channels and vectors of 8 output columns
 MAX_CHANNELS = 4  # input channels
 STRIDES = (1, 2)
-ACTIVATIONS = {"": 0, "relu": 1, "relu6": 2, "swish": 3, "hard_swish": 4}  # jit.ACTIVATION_CODES
 
 
 def name(stride):
