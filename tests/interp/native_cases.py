@@ -1,6 +1,7 @@
 """What the tests of native_gemm's compiled convs share: the activations' float64
-references, an output array guarded by NaN either side, and the mark that skips them where
-native_gemm's module does not run (x86-64 with AVX2 and FMA)."""
+references, an output array guarded by NaN either side, a record of a kernel's binds, and
+the mark that skips them where native_gemm's module does not run (x86-64 with AVX2 and
+FMA)."""
 import numpy as np
 import pytest
 
@@ -17,3 +18,16 @@ def guarded(shape, guard=64):
     size = int(np.prod(shape))
     buffer = np.full(size + 2 * guard, np.nan, np.float32)
     return buffer[guard:guard + size].reshape(shape), buffer
+
+
+def record_binds(monkeypatch, module):
+    """A list that gets, for each call of module.bind from now on (the test's), whether it
+    bound a step."""
+    bound, bind = [], module.bind
+
+    def recording(*args, **kwargs):
+        step = bind(*args, **kwargs)
+        bound.append(step is not None)
+        return step
+    monkeypatch.setattr(module, "bind", recording)
+    return bound

@@ -12,7 +12,7 @@ from edgeflow.format import writer
 from edgeflow.graph.math_ops import apply
 from edgeflow.interp.kernels import jit, native_depthwise
 
-from .native_cases import ACTIVATIONS, guarded, needs_native
+from .native_cases import ACTIVATIONS, guarded, needs_native, record_binds
 
 
 def reference(x, w, bias, stride, top, left, oh, ow, activation):
@@ -103,13 +103,7 @@ def test_in_a_model_split_over_threads(monkeypatch, threads, batch, stride):
     a step of its own), with the float64 conv's values."""
     assert jit.available()
     monkeypatch.setenv("EDGEFLOW_JIT", "1")
-    bound, bind = [], native_depthwise.bind
-
-    def recording(*args, **kwargs):
-        step = bind(*args, **kwargs)
-        bound.append(step is not None)
-        return step
-    monkeypatch.setattr(native_depthwise, "bind", recording)
+    bound = record_binds(monkeypatch, native_depthwise)
     rng = np.random.default_rng(threads + 10 * batch)
     c = 96
     size = 56 if stride == 2 else 14

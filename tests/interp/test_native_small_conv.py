@@ -14,7 +14,7 @@ from edgeflow.format import writer
 from edgeflow.graph.math_ops import apply
 from edgeflow.interp.kernels import jit, native_small_conv
 
-from .native_cases import ACTIVATIONS, guarded, needs_native
+from .native_cases import ACTIVATIONS, guarded, needs_native, record_binds
 from .test_jit import onnx_run
 
 
@@ -146,13 +146,7 @@ def test_in_a_model_split_over_threads(monkeypatch, threads, batch, k):
     the float64 conv's values."""
     assert jit.available()
     monkeypatch.setenv("EDGEFLOW_JIT", "1")
-    bound, bind = [], native_small_conv.bind
-
-    def recording(*args, **kwargs):
-        step = bind(*args, **kwargs)
-        bound.append(step is not None)
-        return step
-    monkeypatch.setattr(native_small_conv, "bind", recording)
+    bound = record_binds(monkeypatch, native_small_conv)
     rng = np.random.default_rng(threads + 10 * batch + k)
     x = rng.standard_normal((batch, 3, 96, 96)).astype(np.float32)
     wt = rng.standard_normal((64, 3, k, k)).astype(np.float32)
