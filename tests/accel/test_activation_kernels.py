@@ -49,12 +49,14 @@ def test_prelu(delegate, x_shape, slope_shape):
        row=st.booleans(), seed=st.integers(0, 2 ** 16))
 def test_add_with_a_fused_swish(delegate, shape, activation, row, seed):
     """add's fused swish and hard_swish (common.cl's fused_activation), far past exp's
-    overflow too, against the float64 formulas and the numpy kernels."""
+    overflow too, against the float64 formulas of the float32 sum (the kernels' add rounds
+    it: near -3, where hard_swish's x + 3 cancels, that rounding alone is 6e-5 of the
+    result) and the numpy kernels."""
     rng = np.random.default_rng(seed)
     a = (rng.standard_normal(shape) * 40).astype(np.float32)
     b = (rng.standard_normal(shape[-1:] if row else shape) * 3).astype(np.float32)
     want, got, _ = run_both(delegate, "add", [a, b], {"activation": activation})
-    s = a.astype(np.float64) + b
+    s = (a + b).astype(np.float64)
     exact = s / (1 + np.exp(-s)) if activation == "swish" else s * np.clip(s + 3, 0, 6) / 6
     assert not np.isnan(got).any()
     np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-30)
