@@ -13,28 +13,34 @@ SHORT_AXIS = 4
 
 @kernel("transpose", bfloat16="bits")
 def _transpose(ins, outs, attrs):
-    """A copy from x's transposed view. numpy's copy runs its innermost loop along the
-    output's last axis: where that axis is short (SHORT_AXIS or less; a depth-to-space's 2, an
-    NCHW -> NHWC of 2-3 channels) and strided in x, the copy is made of one piece per index
-    of it, so that the inner loop runs along the next axis (pose_detection's depth-to-spaces,
-    (1, 2, 2, 24, 28, 28) by (0, 3, 4, 1, 5, 2): 339 -> 61 us; (1, 3, 224, 224) to NHWC:
-    457 -> 79), at most 64 pieces."""
-    step = jit.bind_transpose(ins[0], outs[0], attrs["perm"] or None)
+    """A copy from x's transposed view (copy_view)."""
+    return copy_view(ins[0].transpose(attrs["perm"] or None), outs[0])
+
+
+def copy_view(src, out):
+    """A step copying `src`, a view of another array's elements, into `out` (C-contiguous,
+    of its shape): a transpose's, a layout chain's (interp/layout.py). numpy's copy runs its
+    innermost loop along the output's last axis: where that axis is short (SHORT_AXIS or
+    less; a depth-to-space's 2, an NCHW -> NHWC of 2-3 channels) and strided in src, the copy
+    is made of one piece per index of it, so that the inner loop runs along the next axis
+    (pose_detection's depth-to-spaces, (1, 2, 2, 24, 28, 28) by (0, 3, 4, 1, 5, 2): 339 -> 61
+    us; (1, 3, 224, 224) to NHWC: 457 -> 79), at most 64 pieces."""
+    step = jit.bind_copy(src, out)
     if step is not None:  # split over the plan's workers
         return step
-    pairs = [(outs[0], ins[0].transpose(attrs["perm"] or None))]
+    pairs = [(out, src)]
     while True:
-        out, src = pairs[0]
-        if out.ndim < 2 or out.shape[-1] > SHORT_AXIS or src.strides[-1] == src.itemsize \
-                or len(pairs) * out.shape[-1] > 64:
+        dst, view = pairs[0]
+        if dst.ndim < 2 or dst.shape[-1] > SHORT_AXIS or view.strides[-1] == view.itemsize \
+                or len(pairs) * dst.shape[-1] > 64:
             break
         pairs = [(o[..., j], x[..., j]) for o, x in pairs for j in range(o.shape[-1])]
     if len(pairs) == 1:
         return partial(np.copyto, *pairs[0])
 
     def run():
-        for out, src in pairs:
-            np.copyto(out, src)
+        for dst, view in pairs:
+            np.copyto(dst, view)
     return run
 
 

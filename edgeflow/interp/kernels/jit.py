@@ -2979,25 +2979,29 @@ def _collapsed(shape, strides):
     return dims or [1], steps or [1]
 
 
-def bind_transpose(x, out, perm):
-    """A step writing out = x.transpose(perm) (float32, both C-contiguous) by
-    strided_copy_loop, split over the current workers by its outermost axis where the copy
-    is big enough (threads.MIN_ELEMENTS), each piece with a native entry (the native workers
-    take it with no lock); None where numba is not loaded, the view has more than 4 axes
-    left once collapsed, or there are no workers to split over (numpy's copy takes as long
-    on one thread: the BERT-like encoder's attention transposes at batch 8, 53-169 us)."""
+def bind_copy(src, out):
+    """A step writing out = src (float32; out C-contiguous, src a view of another array's
+    elements: a transpose's, a layout chain's) by strided_copy_loop, split over the current
+    workers by its outermost axis where the copy is big enough (threads.MIN_ELEMENTS), each
+    piece with a native entry (the native workers take it with no lock); None where numba is
+    not loaded, src has a negative stride or more than 4 axes left once collapsed, or there
+    are no workers to split over (numpy's copy takes as long on one thread: the BERT-like
+    encoder's attention transposes at batch 8, 53-169 us)."""
     workers = threads.current()
-    if workers is None or out.size < threads.MIN_ELEMENTS or not available() or x.dtype != np.float32 \
-            or out.dtype != np.float32 or not (x.flags.c_contiguous and out.flags.c_contiguous):
+    if workers is None or out.size < threads.MIN_ELEMENTS or not available() or src.dtype != np.float32 \
+            or out.dtype != np.float32 or not out.flags.c_contiguous or src.shape != out.shape \
+            or any(s < 0 or s % src.itemsize for s in src.strides):
         return None
-    view = x.transpose(perm)
-    dims, steps = _collapsed(view.shape, [s // x.itemsize for s in view.strides])
+    dims, steps = _collapsed(src.shape, [s // src.itemsize for s in src.strides])
     if len(dims) > 4:
         return None
     dims, steps = [1] * (4 - len(dims)) + dims, [0] * (4 - len(steps)) + steps
     axis = next(i for i, n in enumerate(dims) if n > 1 or i == 3)
     inner = math.prod(dims[axis + 1:])
-    flat_x, flat_out = x.reshape(-1), out.reshape(-1)
+    # src's elements as a flat array from its first: as far as its last one
+    flat_x = np.lib.stride_tricks.as_strided(src, (1 + sum((n - 1) * s for n, s in zip(dims, steps)),),
+                                             (src.itemsize,))
+    flat_out = out.reshape(-1)
     parts = []
     for a, b in threads.pieces(dims[axis], workers.n):
         piece = list(dims)
