@@ -15,10 +15,11 @@ from .. import ops
 from ..errors import FormatError, InvalidInputError, UnsupportedOpError
 from ..ops.registry import TensorSpec
 from ..ops.dims import fmt
-from . import threads
+from . import layout, threads
 from .arena import (Arena, TooLarge, Workspace, bounded, default_max_tensor_bytes, lower_bound, nbytes,
                     place, size_text)
 from .kernels import KERNELS, evaluate, jit
+from .kernels import array as array_kernels
 from .kernels import conv as conv_kernels
 from .kernels import math as math_kernels
 
@@ -89,38 +90,6 @@ def _check_declared(index, declared, spec, opcode):
                           f"{fmt(declared.shape)} but op {opcode} makes {spec.dtype}{fmt(spec.shape)}")
 
 
-def _reorders_nothing(op, specs):
-    """Whether op is a transpose whose permutation moves only axes of one element (batch 1's
-    (1, 128, 256) -> (128, 1, 256) in a torch-exported encoder): its output is its input's
-    elements in their order, a reshape."""
-    if op.opcode != "transpose":
-        return False
-    shape = specs[op.inputs[0]].shape
-    perm = list(op.attrs.get("perm") or range(len(shape))[::-1])
-    if sorted(perm) != list(range(len(shape))):
-        return False  # not a permutation of x's axes: its kernel says what is wrong
-    kept = [axis for axis in perm if shape[axis] != 1]
-    return kept == sorted(kept)
-
-
-def _contiguous_slice(op, specs):
-    """Where op is a gather of one index known to the plan (a constant) whose slice of x is
-    contiguous (the axes before it of one element: a torch-exported encoder's q, k and v
-    taken from their stack), the index of that slice in x; else None."""
-    if op.opcode != "gather" or len(op.inputs) != 2:
-        return None
-    x, index = specs[op.inputs[0]], specs[op.inputs[1]]
-    if index.value is None or np.ndim(index.value) != 0 or not np.issubdtype(np.asarray(index.value).dtype, np.integer):
-        return None
-    axis = op.attrs["axis"] % max(len(x.shape), 1)
-    if not x.shape or any(d != 1 for d in x.shape[:axis]):
-        return None
-    k, n = int(index.value), x.shape[axis]
-    if not -n <= k < n:
-        return None  # out of range: its kernel says so
-    return (0,) * axis + (k % n,)
-
-
 class Plan:
     """Arrays and bound kernel calls for one signature at one set of input shapes.
 
@@ -159,13 +128,19 @@ class Plan:
         self.provisional = False  # bound without numba while it loads (_bind): made again once it is ready
         if not preserve_all:
             self.order = self._epilogues(self.order, specs)
+        # With no delegate to bind them, chains of layout ops that end in copies: those whose
+        # outputs only more of them read have no memory and no step (`virtual`), each op that
+        # reads one copies from the chain's source through one view (`composed`: layout.py).
+        self.virtual, self.composed = (set(), {}) if delegates or preserve_all else \
+            layout.chains(self.order, subgraph.operators, specs, set(self.outputs))
+        rest = [i for i in self.order if i not in self.virtual and i not in self.composed]
         # Ops whose output is a view of their input (reshape-likes; with no delegate to bind
         # them, transposes that move only axes of one element: the same elements in the same
         # order, and gathers of one constant index whose slice is contiguous: `slices`)
-        self.slices = {} if delegates else {i: s for i in self.order
-                                            if (s := _contiguous_slice(subgraph.operators[i], specs)) is not None}
-        self.views = {i for i in self.order if ops.get(subgraph.operators[i].opcode).view or i in self.slices
-                      or (not delegates and _reorders_nothing(subgraph.operators[i], specs))}
+        self.slices = {} if delegates else {i: s for i in rest
+                                            if (s := layout.contiguous_slice(subgraph.operators[i], specs)) is not None}
+        self.views = {i for i in rest if ops.get(subgraph.operators[i].opcode).view or i in self.slices
+                      or (not delegates and layout.reorders_nothing(subgraph.operators[i], specs))}
         self._allocate(specs, preserve_all, fed)
         self._views(specs)
         self.workspace = Workspace()  # the kernels' scratch, shared by their steps
@@ -305,7 +280,7 @@ class Plan:
                 r = root.get(t, t)
                 if r in life:
                     life[r][1] = max(life[r][1], until.get(step, step))
-            if i in self.views:
+            if i in self.views or i in self.virtual:
                 root[op.outputs[0]] = root.get(op.inputs[0], op.inputs[0])
                 continue
             for t in op.outputs:
@@ -327,10 +302,16 @@ class Plan:
             self.arrays[t] = self.arena.view(offset, specs[t].shape, specs[t].dtype)
 
     def _views(self, specs):
-        """Outputs of reshape-like ops (self.views): views of their inputs' arrays, no step."""
+        """Outputs of reshape-like ops (self.views): views of their inputs' arrays, no step.
+        A virtual tensor's array (self.virtual) is a read-only broadcast zero of its shape and
+        dtype, for what reads only those (flops, the splitter's cost graph): no step writes
+        or reads it."""
         for i in self.order:
             op = self.subgraph.operators[i]
-            if i in self.views:
+            if i in self.virtual:
+                spec = specs[op.outputs[0]]
+                self.arrays[op.outputs[0]] = np.broadcast_to(np.zeros((), spec.dtype), spec.shape)
+            elif i in self.views:
                 source = self.arrays[op.inputs[0]]
                 # x[k, ...]: a view even where it leaves no axis (x[k] would be a scalar, a copy)
                 self.arrays[op.outputs[0]] = (source[(*self.slices[i], ...)] if i in self.slices else source).reshape(
@@ -391,8 +372,12 @@ class Plan:
     def _bind_op(self, i):
         """Op i's own step, or None where it has none (a view; nothing to write)."""
         op = self.subgraph.operators[i]
-        if i in self.views:
+        if i in self.views or i in self.virtual:
             return None
+        if i in self.composed:  # a layout chain's leaf: one copy from its source
+            source, moves = self.composed[i]
+            src, dst = layout.compose(self.arrays[source], moves).source_and_target(self.arrays[op.outputs[0]])
+            return array_kernels.copy_view(src, dst)
         if ops.get(op.opcode).remote:  # a valid file this interpreter cannot run alone
             raise UnsupportedOpError(
                 f"op {i} ({op.opcode} {op.attrs.get('key')!r}) exchanges tensors with the cloud: "
