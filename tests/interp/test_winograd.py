@@ -411,19 +411,25 @@ def test_a_plan_of_the_packs_lets_a_first_plans_weights_go(monkeypatch):
 
 
 class _HeldExecutor:
-    """winograd's background thread stood in for: what it is given waits until `release`."""
+    """winograd's background thread stood in for: what it is given waits until `release`;
+    the first `started` jobs count as started (being made: their futures running, so that
+    no caller can take them), the rest as queued."""
 
-    def __init__(self, fail=False):
-        self.held, self.fail = [], fail
+    def __init__(self, fail=False, started=1):
+        self.held, self.fail, self.started = [], fail, started
 
     def submit(self, fn, *args):
         import concurrent.futures
         future = concurrent.futures.Future()
+        if len(self.held) < self.started:
+            assert future.set_running_or_notify_cancel()
         self.held.append((future, fn, args))
         return future
 
     def release(self):
         for future, fn, args in self.held:
+            if future.cancelled():  # taken by a caller, which made it
+                continue
             if self.fail:
                 future.set_exception(MemoryError("no memory for U"))
             else:
@@ -475,6 +481,73 @@ def test_a_plan_does_not_wait_for_its_transformed_weights(monkeypatch, fail):
     else:
         assert_near(results[0], reference(x, w, None, (1, 1, 1, 1)))
         assert_near(runner(x=x)["y"], reference(x, w, None, (1, 1, 1, 1)))
+
+
+def _two_conv_model(shape, w1, w2):
+    """The bytes of a model y = conv(relu(conv(x, w1)), w2) (pads 1, w1 and w2 constants)."""
+    import edgeflow as ef
+    from edgeflow.format import writer
+    from edgeflow.graph.math_ops import apply
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, shape, name="x")
+        h = ef.nn.relu(apply("conv", [t, w1], {"pads": (1, 1, 1, 1)}))
+        y = apply("conv", [h, w2], {"pads": (1, 1, 1, 1)})
+    return writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})}))
+
+
+def test_a_run_waiting_for_its_weights_makes_those_not_started():
+    """Two convs' U queued on the background thread, the first started (being made, held
+    back here), the second not: the first run waits for the first conv's U and meanwhile
+    makes the second's itself (the thread's job for it cancelled, so that it is not made
+    twice); once the first U is there, the result is the reference's."""
+    import threading
+
+    import edgeflow as ef
+    held = _HeldExecutor(started=1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(jit, "loaded", lambda: False)  # the path of a first plan, numba not loaded
+        mp.setattr(winograd, "_BACKGROUND", {os.getpid(): held})
+        mp.setattr(winograd, "_QUEUED", {})
+        mp.setenv(winograd.ENV, "winograd2")
+        rng = np.random.default_rng(13)
+        w1 = rng.standard_normal((8, 6, 3, 3)).astype(np.float32)
+        w2 = rng.standard_normal((5, 8, 3, 3)).astype(np.float32)
+        x = rng.standard_normal((1, 6, 10, 10)).astype(np.float32)
+        it = ef.Interpreter(_two_conv_model(x.shape, w1, w2), num_threads=1)
+        it.allocate_tensors()
+        assert len(held.held) == 2 and not any(f.done() for f, _, _ in held.held)
+        runner = it.get_signature_runner("infer")
+        results = []
+        thread = threading.Thread(target=lambda: results.append(_outcome(lambda: runner(x=x)["y"])), daemon=True)
+        thread.start()
+        try:
+            thread.join(0.5)
+            assert thread.is_alive() and not results  # waiting for the first conv's U
+            assert held.held[1][0].cancelled() and not held.held[0][0].done()  # the second's made here
+        finally:
+            held.release()
+            thread.join(10)
+    h = np.maximum(reference(x, w1, None, (1, 1, 1, 1)), 0)
+    assert_near(results[0], reference(h, w2, None, (1, 1, 1, 1)))
+
+
+def test_weights_taken_from_the_thread_and_failing_raise_their_error(monkeypatch):
+    """A U not started by the background thread, made by its waiting caller, whose making
+    fails: result() raises that error (and again on the next call), and the thread's job
+    for it is cancelled."""
+    import concurrent.futures
+
+    def fail(steps, workers):
+        raise MemoryError("no memory for U")
+    monkeypatch.setattr(winograd, "_run", fail)
+    monkeypatch.setattr(winograd, "_QUEUED", {})
+    future = concurrent.futures.Future()
+    made = winograd._Made(future, [lambda: None], os.getpid())
+    for _ in range(2):
+        with pytest.raises(MemoryError, match="no memory for U"):
+            made.result()
+    assert future.cancelled()
 
 
 def _outcome(call):
