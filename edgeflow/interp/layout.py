@@ -37,14 +37,22 @@ def reorders_nothing(op, specs):
     """Whether op is a transpose whose permutation moves only axes of one element (batch 1's
     (1, 128, 256) -> (128, 1, 256) in a torch-exported encoder): its output is its input's
     elements in their order, a reshape."""
-    if op.opcode != "transpose":
+    perm = _permutation(op, specs)
+    if perm is None:
         return False
     shape = specs[op.inputs[0]].shape
-    perm = list(op.attrs.get("perm") or range(len(shape))[::-1])
-    if sorted(perm) != list(range(len(shape))):
-        return False  # not a permutation of x's axes: its kernel says what is wrong
     kept = [axis for axis in perm if shape[axis] != 1]
     return kept == sorted(kept)
+
+
+def _permutation(op, specs):
+    """A transpose's permutation (none given: x's axes reversed), or None where op is not a
+    transpose or its perm is not a permutation of x's axes (its kernel says what is wrong)."""
+    if op.opcode != "transpose":
+        return None
+    rank = len(specs[op.inputs[0]].shape)
+    perm = list(op.attrs.get("perm") or range(rank)[::-1])
+    return perm if sorted(perm) == list(range(rank)) else None
 
 
 def contiguous_slice(op, specs):
@@ -167,11 +175,8 @@ def move(op, specs):
     """A function taking op's input as a Fine to its output as one, where op is a layout op
     (a transpose, a reshape-like op or a gather of one constant index); else None."""
     if op.opcode == "transpose":
-        rank = len(specs[op.inputs[0]].shape)
-        perm = list(op.attrs.get("perm") or range(rank)[::-1])
-        if sorted(perm) != list(range(rank)):
-            return None
-        return lambda fine: fine.transposed(perm)
+        perm = _permutation(op, specs)
+        return None if perm is None else lambda fine: fine.transposed(perm)
     if ops.get(op.opcode).view:
         shape = specs[op.outputs[0]].shape
         return lambda fine: fine.reshaped(shape)

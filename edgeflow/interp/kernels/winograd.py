@@ -241,18 +241,21 @@ class _Made:
         self._make_here(steps)
         return True
 
+    def _next(self):
+        """The _Made queued right after this one, or None."""
+        with _QUEUE_LOCK:
+            queued = _QUEUED.get(self.pid, [])
+            k = queued.index(self) + 1 if self in queued else len(queued)
+            return queued[k] if k < len(queued) else None
+
     def result(self):
         if not self.future.done():
-            if os.getpid() != self.pid:
+            if os.getpid() != self.pid:  # a forked child: the thread is not in it
                 steps, self.pid = self.steps, os.getpid()
                 self._make_here(steps)
-            elif not self._take():
-                while not self.future.done():
-                    with _QUEUE_LOCK:
-                        queued = _QUEUED.get(self.pid, [])
-                        later = queued[queued.index(self) + 1:] if self in queued else []
-                    if not any(made._take() for made in later[:1]):
-                        break
+            elif not self._take():  # being made: meanwhile those queued after it, in turn
+                while not self.future.done() and (after := self._next()) is not None and after._take():
+                    pass
         return self.future.result()
 
 
