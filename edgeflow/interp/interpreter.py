@@ -470,19 +470,23 @@ def _thread_limiter(num_threads):
     except ImportError:
         raise EdgeflowError("num_threads needs the threadpoolctl package "
                             "(pip install threadpoolctl)") from None
-    # Finding the BLAS libraries costs ~0.1 ms: done again only once modules have been
+    # Finding the BLAS libraries costs 1-3 ms (threadpoolctl reads every loaded library's
+    # path: 3.2 ms in a fresh process beside torch-free numpy, a tenth of ResNet-18's plan):
+    # done once a process, shared by its interpreters, and again only once modules have been
     # imported since (a kernel importing scipy loads its own OpenBLAS, which a plan made
     # after the interpreter would otherwise run at its own thread count). threadpoolctl's
     # limit() cost 18 us a run (22 us an invoke, where a tiny model's whole invoke takes 9):
     # each run only reads every library's thread count and sets (and restores) those that
     # differ.
-    found = [None, -1]  # the libraries, and how many modules were loaded when they were found
-
     def limiter():
+        found = _BLAS_FOUND
         if found[1] != len(sys.modules):
             found[:] = ThreadpoolController().lib_controllers, len(sys.modules)
         return _BlasThreads(found[0], int(num_threads))
     return limiter
+
+
+_BLAS_FOUND = [None, -1]  # threadpoolctl's BLAS libraries, and how many modules were loaded when they were found
 
 
 class _BlasThreads:

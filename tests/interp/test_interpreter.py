@@ -209,6 +209,26 @@ def test_num_threads_caps_blas_threads(tmp_path, monkeypatch):
     assert seen and set(seen) == {1}
 
 
+def test_interpreters_share_the_blas_libraries_found(tmp_path, monkeypatch):
+    """Finding the BLAS libraries (threadpoolctl's scan of every loaded library, 1-3 ms of a
+    first plan) is done once a process, not once an interpreter: a second interpreter of the
+    same model plans and runs with BLAS capped, without a scan of its own."""
+    import threadpoolctl
+    rng = np.random.default_rng(6)
+    ref = _mlp(tmp_path / "m.efl", rng)
+    xv = rng.standard_normal((3, 4)).astype(np.float32)
+    ef.Interpreter(tmp_path / "m.efl", num_threads=1).get_signature_runner("infer")(x=xv)
+    scans, real = [], threadpoolctl.ThreadpoolController
+
+    def counted(*args, **kwargs):
+        scans.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(threadpoolctl, "ThreadpoolController", counted)
+    second = ef.Interpreter(tmp_path / "m.efl", num_threads=1)
+    np.testing.assert_allclose(second.get_signature_runner("infer")(x=xv)["probs"], ref(xv)[2], rtol=1e-5, atol=1e-6)
+    assert not scans
+
+
 @pytest.mark.parametrize("num_threads", [1, 2])
 def test_num_threads_caps_blas_threads_while_planning(tmp_path, monkeypatch, num_threads):
     """Binding runs products too (Winograd's weight transforms): BLAS is capped then as well."""
