@@ -92,30 +92,31 @@ def _numpy_step(a, kind, arg):
     return np.expand_dims(a, arg)
 
 
-def _runner(shape, steps, branch, **options):
+def _runner(shape, steps, branch, dtype=ef.float32, **options):
     """A model of x * 2 through `steps`, plus 1 (a reader that is not a layout op); where
     `branch` is a step, a second output reads that step's tensor transposed (reversed axes),
     minus 1."""
     g = ef.Graph()
     with g.as_default():
-        x = ef.placeholder(ef.float32, shape, name="x")
-        t, outputs = x * 2.0, {}
+        x = ef.placeholder(dtype, shape, name="x")
+        t, outputs = x * 2, {}
         for k, (kind, arg) in enumerate(steps):
             t = _graph_step(t, kind, arg)
             if k == branch:
-                outputs["b"] = apply("transpose", [t], {"perm": ()}) - 1.0
-        outputs["y"] = t + 1.0
+                outputs["b"] = apply("transpose", [t], {"perm": ()}) - 1
+        outputs["y"] = t + 1
     model = ef.to_model(g, {"infer": ({"x": x}, outputs)})
     return ef.Interpreter(writer.to_bytes(model), **options).get_signature_runner("infer")
 
 
 def _expected(x, steps, branch):
-    a, out = x * np.float32(2), {}
+    one = x.dtype.type(1)
+    a, out = x * x.dtype.type(2), {}
     for k, (kind, arg) in enumerate(steps):
         a = _numpy_step(a, kind, arg)
         if k == branch:
-            out["b"] = a.transpose() - np.float32(1)
-    out["y"] = a + np.float32(1)
+            out["b"] = a.transpose() - one
+    out["y"] = a + one
     return out
 
 
@@ -142,6 +143,22 @@ def test_chains_of_layout_ops_give_numpys_values(case):
         out = plan.subgraph.operators[i].outputs[0]
         assert not plan.arrays[out].flags.writeable and plan.arrays[out].strides == (0,) * plan.arrays[out].ndim
     assert set(plan.composed) <= set(plan.step_ops)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int32, np.int64])
+def test_chains_of_other_dtypes(dtype):
+    """A chain of two transposes around a gather and a reshape, on float64 and integer
+    tensors: the first transpose virtual, the leaf a copy of the source's elements in the
+    chain's order, exactly numpy's (the copy moves bytes of any dtype)."""
+    steps = [("transpose", (2, 0, 1)), ("gather", (1, 2)), ("reshape", (5, 2, 2)), ("transpose", (1, 2, 0))]
+    runner = _runner((3, 4, 5), steps, None, dtype=getattr(ef, np.dtype(dtype).name))
+    x = np.random.default_rng(8).integers(-50, 50, (3, 4, 5)).astype(dtype)
+    got, want = runner(x=x), _expected(x, steps, None)
+    assert got["y"].dtype == dtype
+    np.testing.assert_array_equal(got["y"], want["y"])
+    plan = runner.last_plan
+    first = next(i for i in plan.order if plan.subgraph.operators[i].opcode == "transpose")
+    assert first in plan.virtual and plan.composed
 
 
 def _attention_steps(s, n, e, heads):
