@@ -266,15 +266,18 @@ def compose(source, moves):
     """The Fine of a chain's leaf output: `moves` (chains') applied to array `source`. They
     compose on the plan's C-contiguous arrays; a source that is not one (a folded constant's
     transposed view) is read from a C-contiguous copy, made once (it does not change)."""
-    for array in (source, None):
-        if array is None:
-            if source.flags.writeable:
-                raise AssertionError("a layout chain's source changes between runs but is not C-contiguous")
-            array = np.ascontiguousarray(source)
-        fine = Fine.whole(array)
-        for step in moves:
-            fine = step(fine)
-            if fine is None:
-                break
-        else:
-            return fine
+    fine = _applied(Fine.whole(source), moves)
+    if fine is None:
+        if source.flags.writeable:
+            raise AssertionError("a layout chain's source changes between runs but is not C-contiguous")
+        fine = _applied(Fine.whole(np.ascontiguousarray(source)), moves)
+    return fine
+
+
+def _applied(fine, moves):
+    """`moves` applied to `fine` in turn, or None where one does not compose."""
+    for step in moves:
+        fine = step(fine)
+        if fine is None:
+            return None
+    return fine

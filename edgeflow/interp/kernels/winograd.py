@@ -254,8 +254,9 @@ class _Made:
                 steps, self.pid = self.steps, os.getpid()
                 self._make_here(steps)
             elif not self._take():  # being made: meanwhile those queued after it, in turn
-                while not self.future.done() and (after := self._next()) is not None and after._take():
-                    pass
+                after = self._next()
+                while not self.future.done() and after is not None and after._take():
+                    after = self._next()
         return self.future.result()
 
 
