@@ -131,18 +131,25 @@ class Interpreter:
     def run_plan(self, plan):
         # subgraphs may be planned while running
         with self._threads(), threads.using(self._workers), jit_kernels.using(self.jit):
-            if self._workers is not None:
-                self._workers.wake()  # awake by the time the run's first split comes
-            if self.profiler is not None:
-                self.profiler.run(plan)
-            elif self._workers is not None and self._workers.adaptive:
+            workers = self._workers
+            if workers is not None and self.profiler is None and workers.adaptive:
                 choice = getattr(plan, "threads_choice", None)
                 if choice is None:  # whole runs with the workers against runs on this thread alone
-                    choice = plan.threads_choice = threads.Adaptive(partial(self._workers.running, plan.run, False),
-                                                                    partial(self._workers.running, plan.run, True))
+                    choice = plan.threads_choice = threads.Adaptive(partial(workers.running, plan.run, False),
+                                                                    partial(workers.running, plan.run, True))
+                # Awake by the time the run's first split comes; not for a run on this thread
+                # alone (a tiny model's, which the choice keeps there: 18 us of its run, and
+                # workers spinning on the other core for nothing).
+                if choice.threaded_next():
+                    workers.wake()
                 choice()
             else:
-                plan.run()
+                if workers is not None:
+                    workers.wake()
+                if self.profiler is not None:
+                    self.profiler.run(plan)
+                else:
+                    plan.run()
         if getattr(plan, "provisional", False):
             jit_kernels.warm()  # bound while numba is not loaded: it loads now (a profiled run's too)
 
@@ -477,33 +484,53 @@ def _thread_limiter(num_threads):
     # after the interpreter would otherwise run at its own thread count). threadpoolctl's
     # limit() cost 18 us a run (22 us an invoke, where a tiny model's whole invoke takes 9):
     # each run only reads every library's thread count and sets (and restores) those that
-    # differ.
+    # differ, through the library's own functions (_counts).
     def limiter():
         found = _BLAS_FOUND
         if found[1] != len(sys.modules):
-            found[:] = ThreadpoolController().lib_controllers, len(sys.modules)
+            found[:] = [_counts(c) for c in ThreadpoolController().lib_controllers], len(sys.modules)
         return _BlasThreads(found[0], int(num_threads))
     return limiter
 
 
-_BLAS_FOUND = [None, -1]  # threadpoolctl's BLAS libraries, and how many modules were loaded when they were found
+_BLAS_FOUND = [None, -1]  # the BLAS libraries' (get, set) (_counts), and how many modules were loaded when found
+
+
+def _counts(controller):
+    """(get, set) of the thread count of a threadpoolctl controller's library: OpenBLAS's own
+    C functions where threadpoolctl names them (the symbols it would call, found once),
+    else the controller's methods. Through threadpoolctl's methods each call looked its
+    symbol up again: two OpenBLAS libraries read, set and restored took 10.5 us of every
+    run (a tiny model's run 100-200 us), 2.5 so."""
+    symbol = getattr(controller, "_get_symbol", None)
+    if controller.internal_api == "openblas" and symbol is not None:
+        layer = "omp_get_max_threads", "omp_set_num_threads"
+        names = layer if getattr(controller, "threading_layer", None) == "openmp" \
+            else ("openblas_get_num_threads", "openblas_set_num_threads")
+        get, put = (symbol(name) for name in names)
+        if get is not None and put is not None:
+            return get, put
+    return controller.get_num_threads, controller.set_num_threads
 
 
 class _BlasThreads:
-    """Within it, each of `libraries` (threadpoolctl's controllers) runs `n` threads; then
-    the counts they had."""
+    """Within it, each of `libraries` ((get, set) of their thread counts: _counts) runs `n`
+    threads; then the counts they had."""
+
+    __slots__ = ("libraries", "n", "changed")
 
     def __init__(self, libraries, n):
         self.libraries, self.n, self.changed = libraries, n, []
 
     def __enter__(self):
-        for library in self.libraries:
-            had = library.get_num_threads()
-            if had != self.n:
-                library.set_num_threads(self.n)
-                self.changed.append((library, had))
+        n = self.n
+        for get, put in self.libraries:
+            had = get()
+            if had != n:
+                put(n)
+                self.changed.append((put, had))
         return self
 
     def __exit__(self, *exc):
-        for library, had in reversed(self.changed):
-            library.set_num_threads(had)
+        for put, had in reversed(self.changed):
+            put(had)

@@ -144,11 +144,19 @@ class Adaptive:
         self.gap = EXPLORE
         self.explore = -1  # the call that times the other variant next (set when the trials end)
 
+    def threaded_next(self):
+        """Whether the next call runs `threaded` (a run wakes its workers only then)."""
+        return self._which(self.calls) == 0
+
+    def _which(self, calls):
+        pick = self.pick
+        return calls & 1 if calls < 2 * TRIALS else (1 - pick if calls == self.explore else pick)
+
     def __call__(self):
         calls = self.calls
         self.calls = calls + 1
         pick = self.pick
-        which = calls & 1 if calls < 2 * TRIALS else (1 - pick if calls == self.explore else pick)
+        which = self._which(calls)
         start = perf_counter()
         self.variants[which]()
         took = perf_counter() - start

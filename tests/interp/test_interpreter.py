@@ -229,6 +229,27 @@ def test_interpreters_share_the_blas_libraries_found(tmp_path, monkeypatch):
     assert not scans
 
 
+def test_blas_thread_counts_through_the_libraries_own_functions():
+    """_counts' get and set of each BLAS library agree with threadpoolctl's own methods
+    (their reference): what one sets, the other reads, and back."""
+    import threadpoolctl
+    from edgeflow.interp.interpreter import _counts
+    controllers = threadpoolctl.ThreadpoolController().lib_controllers
+    assert controllers  # numpy's BLAS at least
+    for controller in controllers:
+        get, put = _counts(controller)
+        had = controller.get_num_threads()
+        try:
+            assert get() == had
+            for n in (1, 3, 2):
+                put(n)
+                assert controller.get_num_threads() == n
+                controller.set_num_threads(n + 1)
+                assert get() == n + 1
+        finally:
+            controller.set_num_threads(had)
+
+
 @pytest.mark.parametrize("num_threads", [1, 2])
 def test_num_threads_caps_blas_threads_while_planning(tmp_path, monkeypatch, num_threads):
     """Binding runs products too (Winograd's weight transforms): BLAS is capped then as well."""

@@ -146,6 +146,65 @@ def test_adaptive_runs_the_variant_that_has_been_faster(monkeypatch):
     assert choice.seconds[0] == cost["threaded"] and choice.seconds[1] > cost["threaded"]
 
 
+def test_adaptive_tells_which_variant_its_next_call_runs(monkeypatch):
+    """threaded_next() says beforehand what each call then runs, through the trials, the
+    settled choice and its explorations (the interpreter wakes its workers only for a
+    threaded run)."""
+    clock = _Clock()
+    monkeypatch.setattr(threads, "perf_counter", clock)
+    cost = {"threaded": 1.0, "serial": 3.0}
+    ran = []
+
+    def variant(name):
+        def run():
+            ran.append(name)
+            clock.now += cost[name]
+        return run
+    choice = threads.Adaptive(variant("threaded"), variant("serial"))
+    said = []
+    for k in range(300):
+        if k == 100:
+            cost["threaded"] = 9.0  # its core taken: serial wins from the next exploration on
+        said.append("threaded" if choice.threaded_next() else "serial")
+        choice()
+    assert said == ran
+    assert {"threaded", "serial"} <= set(ran[-100:])  # settled on serial, threaded explored
+
+
+def test_an_interpreter_wakes_its_workers_only_for_runs_it_splits(monkeypatch):
+    """A plan whose run the choice keeps on the caller's thread does not wake the workers
+    (native ones would spin on the other core for nothing); a threaded run does. Either way
+    the result is the product's."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((256, 256)).astype(np.float32)
+    g = ef.Graph()
+    with g.as_default():
+        x = ef.placeholder(ef.float32, [None, 256], name="x")
+        y = ef.tanh(ef.matmul(x, ef.constant(w, name="w")), name="y")
+    interp = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": x}, {"y": y})})), num_threads=2)
+    runner = interp.get_signature_runner("infer")
+    xv = rng.standard_normal((64, 256)).astype(np.float32)
+    workers = interp._workers
+    wakes, alone = [], []
+    monkeypatch.setattr(workers, "wake", lambda: wakes.append(len(alone)))
+    real = workers.running
+
+    def running(run, serial):
+        alone.append(serial)
+        real(run, serial)
+    monkeypatch.setattr(workers, "running", running)
+    runner(x=xv)
+    choice = runner.last_plan.threads_choice
+    for _ in range(60):
+        threaded = choice.threaded_next()
+        k = len(alone)
+        out = runner(x=xv)["y"]
+        assert alone[-1] is not threaded
+        assert (k in wakes) is threaded  # woken before this run, only where it splits
+    assert set(alone) == {True, False}  # both ran: the trials, then the explorations
+    np.testing.assert_allclose(out, np.tanh(xv.astype(np.float64) @ w), rtol=1e-4, atol=1e-5)
+
+
 def test_a_run_alone_runs_every_split_on_the_callers_thread_with_the_same_bits():
     """Workers.running(run, alone=True): the same pieces in turn on this thread (products and
     Python's callables alike), so the same bits as split over the workers."""
