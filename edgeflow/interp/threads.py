@@ -30,11 +30,18 @@ from .scoped import scoped
 
 _CURRENT = contextvars.ContextVar("edgeflow_workers", default=None)
 # Arithmetic operations below which an op is not split: handing a piece to a worker and
-# waiting for it costs some 10-25 us (Workers' locks). Measured at 2 threads, interleaved,
-# on this 2-core machine: MobileNetV2 at batch 1 20.2 ms at 2**18, 21.5 at 2**20, 25.9 at
-# 2**24 (27.0 on one thread), at batch 8 125 / 127 / 153 ms (213); ResNet-18 and the
-# BERT-like encoder the same at all three.
-MIN_FLOPS = 1 << 18
+# waiting for it costs some 5 us (native workers) to 10-25 (Workers' locks), and a piece of
+# a small product runs below the whole's speed (a 1x1 conv of 128 -> 64 channels at 8x8, 1
+# MFLOP: 19 us whole, 28 as its two halves in turn). Plans bound at 2**18, 2**20 and 2**21,
+# all runs split, interleaved with a one-thread plan in one process (time against it): MediaPipe's
+# iris_landmark 0.92-0.96 / 0.87-0.92 / 0.88-0.91, hand_recrop 1.02-1.35 / 0.99-1.21 /
+# 0.97-1.11, face_landmark 0.97 / 0.93 / 0.94; mobilenet_v3_small at batch 1 0.77 / 0.74 / 0.81-0.83,
+# at 8 0.72 / 0.71; EfficientNet-B0 0.60-0.66 / 0.60-0.63 / 0.59-0.64; ResNet-18 0.59-0.71 /
+# 0.56-0.68 / 0.56-0.68; MobileNetV2 0.63 / 0.61 / 0.61; the BERT-like encoder 0.64 / 0.59 /
+# 0.59, at batch 8 0.70 / 0.68; lstm2 0.61-0.67 / 0.59-0.64; the BiGRU 0.56-0.74 / 0.55-0.77.
+# (Earlier, with the lock workers alone: MobileNetV2 at batch 1 20.2 ms at 2**18, 21.5 at
+# 2**20, 25.9 at 2**24.)
+MIN_FLOPS = 1 << 20
 # Columns below which a piece of a matrix product is not worth a thread: narrower blocks
 # run far below BLAS's speed.
 MIN_COLUMNS = 64

@@ -458,11 +458,12 @@ def test_relu_grad(mode, dtype, threads_):
 
 def test_depthwise_gradients_float64_and_threads(jit_mode):
     """float64 takes the gradient loops in float64; with 2 workers the channels split between
-    them (a MobileNetV2 layer at batch 2, stride 2) and the pieces cover every channel."""
+    them (a MobileNetV2 layer at batch 4, stride 2: work enough to split) and the pieces
+    cover every channel."""
     rng = np.random.default_rng(4)
     attrs = {"strides": (2, 2), "dilations": (1, 1), "pads": (1, 1, 1, 1), "group": 96}
-    x, w = rng.standard_normal((2, 96, 28, 28)), rng.standard_normal((96, 1, 3, 3))
-    dy = rng.standard_normal((2, 96, 14, 14))
+    x, w = rng.standard_normal((4, 96, 28, 28)), rng.standard_normal((96, 1, 3, 3))
+    dy = rng.standard_normal((4, 96, 14, 14))
     expected = _depthwise_grads_reference(x, w, dy, attrs)
     for threads_ in (None, 2):
         jit_mode[1].clear()

@@ -271,7 +271,7 @@ def test_a_1x1_conv_and_its_depthwise_conv_run_on_each_worker_in_turn(num_thread
     Either way numpy's values."""
     assert jit.available()
     rng = np.random.default_rng(9)
-    c, m, size = 16, 96, 14
+    c, m, size = 16, 96, 28
     x = rng.standard_normal((batch, c, size, size)).astype(np.float32)
     w1 = rng.standard_normal((m, c, 1, 1)).astype(np.float32) * 0.3
     w2 = rng.standard_normal((m, 1, 3, 3)).astype(np.float32) * 0.3

@@ -339,26 +339,26 @@ def test_a_stack_of_products_splits_by_whole_matrices():
 
 
 def test_a_vector_product_splits_only_from_vector_min_flops(monkeypatch, workers_kind):
-    """A product of one row or column (a classifier at batch 1) stays whole below
+    """A product of one row or column (a classifier at batch 1; a product above MIN_FLOPS) stays whole below
     threads.VECTOR_MIN_FLOPS on the lock workers, NATIVE_VECTOR_MIN_FLOPS on the native ones
     (sgemv's rows), where a matrix product of as many operations splits; from it, it splits
     too, and the pieces give numpy's product."""
     from edgeflow.interp.kernels.math import split_matmul
     rng = np.random.default_rng(5)
-    x, w = rng.standard_normal((1, 512)).astype(np.float32), rng.standard_normal((512, 1000)).astype(np.float32)
-    rows = rng.standard_normal((8, 512)).astype(np.float32)
+    x, w = rng.standard_normal((1, 1024)).astype(np.float32), rng.standard_normal((1024, 1000)).astype(np.float32)
+    rows = rng.standard_normal((8, 1024)).astype(np.float32)
     workers = threads.Workers(2)
     native = workers.native is not None
     assert native == (workers_kind == "native")
     bound = "NATIVE_VECTOR_MIN_FLOPS" if native else "VECTOR_MIN_FLOPS"
-    monkeypatch.setattr(threads, bound, 2 * 512 * 1000 + 1)
+    monkeypatch.setattr(threads, bound, 2 * 1024 * 1000 + 1)
     try:
         with threads.using(workers):
             assert split_matmul(x, w, np.empty((1, 1000), np.float32)) is None
-            column = rng.standard_normal((1000, 1)).astype(np.float32)
-            assert split_matmul(w.T.copy(), column, np.empty((512, 1), np.float32)) is None
+            column = rng.standard_normal((1024, 1)).astype(np.float32)
+            assert split_matmul(w.T.copy(), column, np.empty((1000, 1), np.float32)) is None
             assert split_matmul(rows, w, np.empty((8, 1000), np.float32)) is not None
-            monkeypatch.setattr(threads, bound, 2 * 512 * 1000)
+            monkeypatch.setattr(threads, bound, 2 * 1024 * 1000)
             if native:  # float64 pieces would go to the lock workers: theirs is the bound
                 assert split_matmul(x.astype(np.float64), w.astype(np.float64), np.empty((1, 1000))) is None
             out = np.empty((1, 1000), np.float32)
