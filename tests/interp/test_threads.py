@@ -113,10 +113,11 @@ class _Clock:
         return self.now
 
 
-def test_adaptive_runs_the_variant_that_has_been_faster(monkeypatch):
+def _timed_choice(monkeypatch, cost):
+    """An Adaptive over two variants that take cost[name] seconds of a stand-in clock:
+    (choice, the names of the variants it ran, in order)."""
     clock = _Clock()
     monkeypatch.setattr(threads, "perf_counter", clock)
-    cost = {"threaded": 5.0, "serial": 1.0}
     ran = []
 
     def variant(name):
@@ -124,7 +125,12 @@ def test_adaptive_runs_the_variant_that_has_been_faster(monkeypatch):
             ran.append(name)
             clock.now += cost[name]
         return run
-    choice = threads.Adaptive(variant("threaded"), variant("serial"))
+    return threads.Adaptive(variant("threaded"), variant("serial")), ran
+
+
+def test_adaptive_runs_the_variant_that_has_been_faster(monkeypatch):
+    cost = {"threaded": 5.0, "serial": 1.0}
+    choice, ran = _timed_choice(monkeypatch, cost)
     for _ in range(2 * threads.TRIALS):
         choice()
     assert ran == ["threaded", "serial"] * threads.TRIALS  # trials alternate, the split first
@@ -150,17 +156,8 @@ def test_adaptive_tells_which_variant_its_next_call_runs(monkeypatch):
     """threaded_next() says beforehand what each call then runs, through the trials, the
     settled choice and its explorations (the interpreter wakes its workers only for a
     threaded run)."""
-    clock = _Clock()
-    monkeypatch.setattr(threads, "perf_counter", clock)
     cost = {"threaded": 1.0, "serial": 3.0}
-    ran = []
-
-    def variant(name):
-        def run():
-            ran.append(name)
-            clock.now += cost[name]
-        return run
-    choice = threads.Adaptive(variant("threaded"), variant("serial"))
+    choice, ran = _timed_choice(monkeypatch, cost)
     said = []
     for k in range(300):
         if k == 100:
