@@ -21,6 +21,7 @@ import edgeflow as ef
 from edgeflow.format import writer
 from edgeflow.graph.math_ops import apply
 from edgeflow.interp import threads
+from edgeflow.interp.kernels import conv as conv_kernels
 from edgeflow.interp.kernels import jit, native_depthwise, native_gemm, native_small_conv
 
 from .native_cases import ACTIVATIONS
@@ -163,10 +164,14 @@ def test_depthwise_conv(mode, depthwise, case, seed):
     expected = ACTIVATIONS[activation](onnx_run([helper.make_node("Conv", ["x", *inits], ["y"], **attrs)], x, inits))
     loop = depthwise
     if depthwise == "native_depthwise":
-        pads = attrs["pads"]
-        out = [(size + pads[i] + pads[i + 2] - (k - 1) * attrs["dilations"][i] - 1) // attrs["strides"][i] + 1
+        # the conv as bound: outer taps that read only padding dropped (conv.reaching)
+        fixed = w.copy()
+        fixed.flags.writeable = False
+        kept, bound = conv_kernels.reaching(x, fixed, {**attrs, "auto_pad": "NOTSET"})
+        kernel, pads = kept.shape[2:], bound["pads"]
+        out = [(size + pads[i] + pads[i + 2] - (kernel[i] - 1) * attrs["dilations"][i] - 1) // attrs["strides"][i] + 1
                for i, size in enumerate(shape[2:])]
-        if not native_depthwise.suits(shape[2:], (k, k), attrs["strides"], attrs["dilations"], pads[:2], out,
+        if not native_depthwise.suits(shape[2:], kernel, attrs["strides"], attrs["dilations"], pads[:2], out,
                                       activation):
             loop = ("depthwise_loop", "depthwise_channels_loop", "depthwise_same_loop")
     check(mode, lambda t: apply("conv", [t] + operands, {**attrs, "activation": activation}), x, expected, loop)

@@ -410,3 +410,77 @@ def test_deform_conv_dtypes(run_op, rng, dtype):
 def test_deform_conv_invalid(graph, shapes, attrs, message):
     with pytest.raises(GraphError, match=message):
         apply("deform_conv", [ef.placeholder("float32", s) for s in shapes], attrs)
+
+
+def _reaching_brute_force(sizes, kernel_shape, strides, dilations, begin, out_shape):
+    """reaching_taps' spans by trying every output position of every tap."""
+    spans = []
+    for n, k, s, dl, b, o in zip(sizes, kernel_shape, strides, dilations, begin, out_shape):
+        used = [t for t in range(k) if any(0 <= i * s + t * dl - b < n for i in range(o))]
+        spans.append((used[0], used[-1] + 1) if used else (0, 0))
+    return spans
+
+
+@given(n=st.integers(1, 12), k=st.integers(1, 5), s=st.integers(1, 3), dl=st.integers(1, 9),
+       b=st.integers(0, 20), e=st.integers(0, 20))
+def test_reaching_taps_against_every_output_position(n, k, s, dl, b, e):
+    from edgeflow.interp.kernels.conv import reaching_taps
+    span = n + b + e - (k - 1) * dl - 1
+    if span < 0:
+        return
+    geometry = ((n,), (k,), (s,), (dl,), (b,), (span // s + 1,))
+    assert reaching_taps(*geometry) == _reaching_brute_force(*geometry)
+
+
+def test_an_atrous_pyramid_on_a_small_map_keeps_the_taps_that_reach_it():
+    """DeepLabV3's pyramid on a 14x14 map (3x3, dilation and padding 12, 24, 36): at 24 and 36
+    only the centre reads the map (a 1x1 conv, unpadded), at 12 every tap reads some of it."""
+    from edgeflow.interp.kernels.conv import reaching
+    x = np.zeros((1, 8, 14, 14), np.float32)
+    w = np.arange(4 * 8 * 9, dtype=np.float32).reshape(4, 8, 3, 3)
+    w.flags.writeable = False
+    for rate in (12, 24, 36):
+        attrs = {"strides": (1, 1), "dilations": (rate, rate), "pads": (rate,) * 4, "auto_pad": "NOTSET", "group": 1}
+        got, trimmed = reaching(x, w, attrs)
+        if rate == 12:
+            assert got is w and trimmed is attrs
+        else:
+            np.testing.assert_array_equal(got, w[:, :, 1:2, 1:2])
+            assert trimmed["pads"] == (0, 0, 0, 0) and not got.flags.writeable
+    variable = w.copy()  # a train step's weights: left whole (they change between runs)
+    assert reaching(x, variable, {"strides": (1, 1), "dilations": (24, 24), "pads": (24,) * 4,
+                                  "auto_pad": "NOTSET", "group": 1})[0] is variable
+
+
+@st.composite
+def padded_problems(draw):
+    """A conv whose padding and dilation are large against x, so that some taps read only
+    padding (an atrous pyramid on a small map), one group or depthwise, 1 or 2 spatial axes."""
+    d = draw(st.integers(1, 2))
+    depthwise = draw(st.booleans())
+    c = draw(st.integers(1, 4))
+    kernel = [draw(st.sampled_from([1, 3, 5])) for _ in range(d)]
+    dilations = [draw(st.integers(1, 8)) for _ in range(d)]
+    sizes = [draw(st.integers(1, 7)) for _ in range(d)]
+    pads = [draw(st.integers(0, (k - 1) * dl + 2)) for k, dl in zip(kernel + kernel, dilations + dilations)]
+    for i in range(d):  # the window must fit the padded axis
+        extent = (kernel[i] - 1) * dilations[i] + 1
+        pads[i + d] = max(pads[i + d], extent - sizes[i] - pads[i])
+    strides = [draw(st.integers(1, 2)) for _ in range(d)]
+    attrs = {"strides": tuple(strides), "dilations": tuple(dilations), "pads": tuple(pads),
+             "group": c if depthwise else 1, "activation": draw(st.sampled_from(["", "relu"]))}
+    m = c if depthwise else draw(st.integers(1, 5))
+    return (draw(st.integers(1, 2)), c, *sizes), (m, 1 if depthwise else c, *kernel), attrs, draw(st.booleans())
+
+
+@pytest.mark.parametrize("path", ["numpy", "jit"])
+@given(problem=padded_problems(), seed=st.integers(0, 2**32 - 1))
+def test_conv_with_taps_reading_only_padding(path, problem, seed):
+    """Convs whose outer taps read only padding (dropped when the plan binds: `reaching`)
+    give onnxruntime's result, on numpy's kernels and on the compiled ones."""
+    from edgeflow.interp.kernels import jit
+    x_shape, w_shape, attrs, bias = problem
+    with mock.patch.dict("os.environ", {"EDGEFLOW_JIT": "1" if path == "jit" else "0"}):
+        if path == "jit":
+            assert jit.available()
+        check("conv", np.random.default_rng(seed), harness.run_op, x_shape, w_shape, attrs, bias, tol=1e-4)
