@@ -476,11 +476,41 @@ def padded_problems(draw):
 @pytest.mark.parametrize("path", ["numpy", "jit"])
 @given(problem=padded_problems(), seed=st.integers(0, 2**32 - 1))
 def test_conv_with_taps_reading_only_padding(path, problem, seed):
-    """Convs whose outer taps read only padding (dropped when the plan binds: `reaching`)
+    """Convs whose outer taps read only padding (dropped when the plan binds: `reaching`), or
+    whose taps each reach a band of the outputs (`_reached`, however little it spares here),
     give onnxruntime's result, on numpy's kernels and on the compiled ones."""
+    from edgeflow.interp.kernels import conv as conv_kernels
     from edgeflow.interp.kernels import jit
     x_shape, w_shape, attrs, bias = problem
-    with mock.patch.dict("os.environ", {"EDGEFLOW_JIT": "1" if path == "jit" else "0"}):
+    with mock.patch.dict("os.environ", {"EDGEFLOW_JIT": "1" if path == "jit" else "0"}), \
+            mock.patch.object(conv_kernels, "REACHED_MIN_FLOPS", 0):  # tiny convs take conv._reached too
         if path == "jit":
             assert jit.available()
         check("conv", np.random.default_rng(seed), harness.run_op, x_shape, w_shape, attrs, bias, tol=1e-4)
+
+
+@pytest.mark.parametrize("num_threads", [1, 2])
+@pytest.mark.parametrize("rate, stride, batch", [(12, 1, 1), (12, 1, 2), (8, 2, 1)])
+def test_taps_reaching_a_band_of_the_outputs_multiply_only_there(monkeypatch, num_threads, rate, stride, batch):
+    """A one-group conv whose taps each reach a band of the outputs (DeepLabV3's dilation-12
+    3x3 on a 14x14 map, padded 12) runs each tap's product over its band alone (conv._reached:
+    bound, not im2col's one product), with the bias and relu, at 1 and 2 threads: onnxruntime's
+    values."""
+    from edgeflow.format import writer
+    from edgeflow.interp.kernels import conv as conv_kernels
+    bound = []
+    real = conv_kernels._reached
+    monkeypatch.setattr(conv_kernels, "_reached", lambda *a: bound.append(real(*a)) or bound[-1])
+    rng = np.random.default_rng(rate + batch)
+    x = rng.standard_normal((batch, 128, 14, 14)).astype(np.float32)
+    w = rng.standard_normal((96, 128, 3, 3)).astype(np.float32) / 30
+    b = rng.standard_normal(96).astype(np.float32)
+    attrs = {"strides": (stride, stride), "dilations": (rate, rate), "pads": (rate,) * 4, "activation": "relu"}
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, x.shape, name="x")
+        y = apply("conv", [t, w, b], attrs)
+    interp = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})), num_threads=num_threads)
+    got = interp.get_signature_runner("infer")(x=x)["y"]
+    assert bound and bound[-1] is not None
+    assert_close(got, reference("conv", x, w, b, attrs), "float32", rtol=1e-4, atol=1e-4)

@@ -548,6 +548,78 @@ def _read_only(a):
     return a
 
 
+# A one-group conv whose taps reach fewer than this share of the (tap, output position)
+# pairs runs each tap's product over the outputs it reaches (`_reached`), where that spares
+# REACHED_MIN_FLOPS operations or more (else a tiny conv's one product and its few calls).
+REACHED_SHARE = 0.5
+REACHED_MIN_FLOPS = 1 << 22
+_TAP_MATRICES = {}  # _reached's (kh, kw, M, C) weights, while their constants live
+
+
+def _reached(x, w, bias, out, strides, dilations, begin, out_shape, activation):
+    """A step for a one-group 2-D conv whose taps mostly read padding (each reaching only a
+    band of the outputs: DeepLabV3's dilation-12 3x3 on a 14x14 map, padded 12, reaches 324
+    of its 9 x 196 pairs): each tap's product W[:, :, i, j] @ x over the outputs it reaches
+    (x's rows and columns it reads gathered, then multiplied, then added to out's block),
+    the taps reaching every output first, written rather than added; then the bias and the
+    activation. None where w is not a model's constant, the taps reach REACHED_SHARE or
+    more of the pairs (im2col's one product is faster there), or too little is spared."""
+    if w.flags.writeable or x.ndim != 4 or x.dtype not in (np.float32, np.float64) or w.dtype != x.dtype:
+        return None
+    n, c = x.shape[:2]
+    m, _, kh, kw = w.shape
+    reach = []  # per axis, per tap: (first output, last output + 1) that read x through it
+    for size, k, s, dl, b, o in zip(x.shape[2:], (kh, kw), strides, dilations, begin, out_shape):
+        spans = []
+        for t in range(k):
+            first_read = t * dl - b
+            spans.append((max(0, -(first_read // s)), min(o - 1, (size - 1 - first_read) // s) + 1))
+        reach.append(spans)
+    taps = [(i, j, reach[0][i], reach[1][j]) for i in range(kh) for j in range(kw)
+            if reach[0][i][0] < reach[0][i][1] and reach[1][j][0] < reach[1][j][1]]
+    pairs = sum((r1 - r0) * (c1 - c0) for _, _, (r0, r1), (c0, c1) in taps)
+    every = kh * kw * out_shape[0] * out_shape[1]
+    if not taps or pairs >= REACHED_SHARE * every or 2 * n * m * c * (every - pairs) < REACHED_MIN_FLOPS:
+        return None
+    matrices = per_constant(_TAP_MATRICES, id(w), (w,),
+                            lambda: _read_only(np.ascontiguousarray(w.transpose(2, 3, 0, 1))))
+    steps, written = [], False
+    taps.sort(key=lambda tap: -(tap[2][1] - tap[2][0]) * (tap[3][1] - tap[3][0]))  # the widest first
+    for i, j, (r0, r1), (c0, c1) in taps:
+        rows, cols = r1 - r0, c1 - c0
+        full = (rows, cols) == tuple(out_shape)
+        first_row = r0 * strides[0] + i * dilations[0] - begin[0]
+        first_col = c0 * strides[1] + j * dilations[1] - begin[1]
+        source = x[:, :, first_row:first_row + (rows - 1) * strides[0] + 1:strides[0],
+                   first_col:first_col + (cols - 1) * strides[1] + 1:strides[1]]
+        gathered = scratch((n, c, rows, cols), x.dtype)
+        block = out[:, :, r0:r1, c0:c1]
+        weights = matrices[i, j]
+        if full and not written:  # straight into out
+            steps += [partial(np.copyto, gathered, source), _product(weights, gathered.reshape(n, c, -1),
+                                                                     out.reshape(n, m, -1))]
+            written = True
+            continue
+        result = scratch((n, m, rows * cols), x.dtype)
+        steps += [partial(np.copyto, gathered, source),
+                  _product(weights, gathered.reshape(n, c, -1), result),
+                  partial(np.add, block, result.reshape(n, m, rows, cols), out=block)]
+    if not written:
+        steps.insert(0, partial(out.fill, 0))
+    finish = jit.bind_bias_activation(out, bias, out, activation)
+    if finish is not None:
+        return sequence(*steps, finish)
+    if bias is not None:
+        steps.append(partial(np.add, out, bias.reshape(-1, 1, 1), out=out))
+    return with_activation(sequence(*steps), activation, out)
+
+
+def _product(a, b, out):
+    """a @ b into out, split over the plan's workers where it is worth it."""
+    from .math import split_matmul
+    return split_matmul(a, b, out) or partial(np.matmul, a, b, out=out)
+
+
 @kernel("conv")
 def _conv(ins, outs, attrs):
     w, attrs = reaching(ins[0], ins[1], attrs)  # taps that read only padding dropped
@@ -564,6 +636,9 @@ def _conv(ins, outs, attrs):
         step = _jit_conv(bind, x, w, bias, out, strides, dilations, begin, attrs["activation"])
         if step is not None:
             return step
+    if group == 1 and (step := _reached(x, w, bias, out, strides, dilations, begin, out_shape,
+                                        attrs["activation"])) is not None:
+        return step  # taps reaching few of the outputs each: their products over those alone
     algo = winograd.choose(x, w, group, strides, dilations, out_shape,  # see winograd.py
                            winograd.variable_rule if w.flags.writeable else winograd.rule)
     if algo != "direct":
