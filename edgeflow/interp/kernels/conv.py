@@ -148,6 +148,12 @@ def _pointwise(x, w, group, out):
 
 
 def conv_epilogue(ins, out, attrs, residual=None, slope=None, activation=None, scale=None):
+    """_epilogue's step for the conv less the taps that read only padding (`reaching`)."""
+    w, attrs = reaching(ins[0], ins[1], attrs)
+    return _epilogue([ins[0], w, *ins[2:]], out, attrs, residual, slope, activation, scale)
+
+
+def _epilogue(ins, out, attrs, residual=None, slope=None, activation=None, scale=None):
     """A step for a one-group 2-D conv (operands `ins`) that the direct path would run as a
     product (a 1x1 stride-1 conv: w @ x; windows tiling x: _patches' columns; others:
     jit.py's im2col columns, gathered and multiplied a block at a time: _blocked_gather),
@@ -163,9 +169,7 @@ def conv_epilogue(ins, out, attrs, residual=None, slope=None, activation=None, s
     shape; slope: a PReLU's, constant along all but the channel axis; scale: (N or 1, C, 1,
     1), each image's factor for each channel of x, applied as the product packs x (a
     squeeze-excitation's multiply before a 1x1 conv; the conv then reads x unscaled)."""
-    w, attrs = reaching(ins[0], ins[1], attrs)  # taps that read only padding dropped
-    ins = [ins[0], w, *ins[2:]]
-    x = ins[0]
+    x, w = ins[:2]
     bias = ins[2] if len(ins) > 2 else None
     activation = attrs["activation"] if activation is None else activation
     if not jit.loaded() or attrs["group"] != 1 or x.ndim != 4 \
@@ -500,19 +504,25 @@ def _jit_conv(bind, x, w, bias, out, strides, dilations, begin, activation):
 _REACHING = {}  # reaching()'s weights, while their constants live
 
 
+def _outputs_reached(n, k, s, dl, b, o):
+    """Along one axis (x's size n, kernel size k, stride s, dilation dl, padding before b, o
+    outputs): for each kernel position, (first, last + 1) of the outputs that read an
+    element of x through it (first >= last where none does)."""
+    spans = []
+    for t in range(k):
+        first_read = t * dl - b  # x's index that output 0 reads through tap t
+        spans.append((max(0, -(first_read // s)),  # the first output reading at 0 or past it
+                      min(o - 1, (n - 1 - first_read) // s) + 1))  # past the last reading before n
+    return spans
+
+
 def reaching_taps(sizes, kernel_shape, strides, dilations, begin, out_shape):
     """Per spatial axis, (first, last + 1) of the kernel positions whose taps read an element
     of x for some output position: the others, before and after them, read only padding.
     (0, 0) on an axis where none does."""
     spans = []
-    for n, k, s, dl, b, o in zip(sizes, kernel_shape, strides, dilations, begin, out_shape):
-        used = []
-        for t in range(k):
-            first_read = t * dl - b  # x's index that output 0 reads through tap t
-            lowest = max(0, -(first_read // s))  # the first output that reads at 0 or past it
-            highest = min(o - 1, (n - 1 - first_read) // s)  # the last that reads before n
-            if lowest <= highest:
-                used.append(t)
+    for axis in zip(sizes, kernel_shape, strides, dilations, begin, out_shape):
+        used = [t for t, (first, last) in enumerate(_outputs_reached(*axis)) if first < last]
         spans.append((used[0], used[-1] + 1) if used else (0, 0))
     return spans
 
@@ -522,7 +532,7 @@ def reaching(x, w, attrs):
     only padding at every output position: the same sums, less the products of zeros.
     DeepLabV3's atrous pyramid on MobileNetV3's 14x14 map (960 -> 256, 3x3 at dilations 12,
     24 and 36, padded as much): at 24 and 36 only the centre reaches the map, a 1x1 conv
-    where a 3x3 ran, 12.9 -> 1.2 ms each. The conv unchanged where every tap reaches x, w is
+    where a 3x3 ran, 12.9 -> 1.6-1.8 ms each. The conv unchanged where every tap reaches x, w is
     not a model's constant (a train step's variable), or a pad would turn negative; the
     trimmed weights a contiguous constant, made once (per_constant). EDGEFLOW_CONV_ALGO set
     to an algorithm runs the conv as written."""
@@ -568,13 +578,7 @@ def _reached(x, w, bias, out, strides, dilations, begin, out_shape, activation):
         return None
     n, c = x.shape[:2]
     m, _, kh, kw = w.shape
-    reach = []  # per axis, per tap: (first output, last output + 1) that read x through it
-    for size, k, s, dl, b, o in zip(x.shape[2:], (kh, kw), strides, dilations, begin, out_shape):
-        spans = []
-        for t in range(k):
-            first_read = t * dl - b
-            spans.append((max(0, -(first_read // s)), min(o - 1, (size - 1 - first_read) // s) + 1))
-        reach.append(spans)
+    reach = [_outputs_reached(*axis) for axis in zip(x.shape[2:], (kh, kw), strides, dilations, begin, out_shape)]
     taps = [(i, j, reach[0][i], reach[1][j]) for i in range(kh) for j in range(kw)
             if reach[0][i][0] < reach[0][i][1] and reach[1][j][0] < reach[1][j][1]]
     pairs = sum((r1 - r0) * (c1 - c0) for _, _, (r0, r1), (c0, c1) in taps)
@@ -643,7 +647,7 @@ def _conv(ins, outs, attrs):
                            winograd.variable_rule if w.flags.writeable else winograd.rule)
     if algo != "direct":
         return winograd.conv(x, w, bias, begin, out, algo, attrs["activation"])
-    fused = conv_epilogue(ins, out, attrs)  # the product and its epilogue in one pass, where it runs
+    fused = _epilogue(ins, out, attrs)  # the product and its epilogue in one pass, where it runs
     if fused is not None:
         return fused
     if math.prod(kernel_shape) == 1 and set(strides) == {1} and not any(begin + end):
