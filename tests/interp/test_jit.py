@@ -543,6 +543,85 @@ def test_small_conv_over_many_row_blocks(mode, stem, k, stride, m):
           _stem_path(stem, 3, k, stride, 1, attrs["pads"], (out_rows, 131 // stride), "relu6"))
 
 
+def _grouped_path(c, m, k, stride, dilation, pads, out, activation):
+    """The path a grouped conv (c, m: a group's channels) takes under the JIT."""
+    if native_gemm.available() and native_small_conv.suits(c, (k, k), (stride, stride), (dilation, dilation), pads[:2],
+                                                           out, activation, native_small_conv.GROUP_CHANNELS):
+        return "native_small_conv"
+    return ("im2col_loop", "bias_activation_loop", "bias_activation_inplace_loop", "native_gemm")
+
+
+@settings(max_examples=40)
+@given(groups=st.integers(2, 5), c=st.sampled_from([2, 3, 5, 8, 13, 48]), m=st.integers(1, 9), n=st.integers(1, 3),
+       h=st.integers(1, 13), w=st.integers(1, 13), k=st.sampled_from([1, 3, 5]), stride=st.integers(1, 2),
+       dilation=st.integers(1, 2), pads=st.lists(st.integers(0, 2), min_size=4, max_size=4),
+       activation=st.sampled_from(list(ACTIVATIONS)), seed=st.integers(0, 2 ** 16))
+def test_grouped_conv(mode, groups, c, m, n, h, w, k, stride, dilation, pads, activation, seed):
+    """A grouped conv (c input and m output channels a group, not depthwise): the compiled
+    stems' kernel a group at a time (each group's panels of weights, x's and out's channels
+    of the group), against onnxruntime and the numpy path."""
+    reach = (k - 1) * dilation + 1
+    assume(h + pads[0] + pads[2] >= reach and w + pads[1] + pads[3] >= reach)
+    out = ((h + pads[0] + pads[2] - reach) // stride + 1, (w + pads[1] + pads[3] - reach) // stride + 1)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, groups * c, h, w)).astype(np.float32)
+    weight = rng.standard_normal((groups * m, c, k, k)).astype(np.float32)
+    b = rng.standard_normal(groups * m).astype(np.float32)
+    attrs = {"strides": (stride, stride), "dilations": (dilation, dilation), "pads": tuple(pads), "group": groups}
+    expected = ACTIVATIONS[activation](
+        onnx_run([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], x, {"w": weight, "b": b}))
+    check(mode, lambda t: apply("conv", [t, weight, b], {**attrs, "activation": activation}), x, expected,
+          _grouped_path(c, m, k, stride, dilation, pads, out, activation))
+
+
+@pytest.mark.parametrize("n, groups, stride, num_threads", [(1, 13, 1, 2), (1, 6, 2, 2), (2, 13, 2, 2), (3, 4, 1, 2),
+                                                            (2, 4, 1, 3)])
+def test_grouped_conv_split_over_threads(jit_mode, n, groups, stride, num_threads):
+    """RegNet's 8 channels a group on the workers: one image split by groups (each worker its
+    own range of them), as many images as workers or more split by images, fewer images
+    than workers (but more than one) whole; each piece binding the compiled kernel, against
+    onnxruntime."""
+    rng = np.random.default_rng(groups)
+    x = rng.standard_normal((n, 8 * groups, 28, 28)).astype(np.float32)
+    weight = rng.standard_normal((8 * groups, 8, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(8 * groups).astype(np.float32)
+    attrs = {"strides": (stride, stride), "pads": (1, 1, 1, 1), "group": groups}
+    expected = np.maximum(onnx_run([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], x,
+                                   {"w": weight, "b": b}), 0)
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, x.shape, name="x")
+        y = apply("conv", [t, weight, b], {**attrs, "activation": "relu"})
+    runner = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})),
+                            num_threads=num_threads).get_signature_runner("infer")
+    jit_mode[1].clear()
+    close(runner(x=x)["y"], expected)
+    assert jit_mode[1] == ["native_small_conv"] * (1 if 1 < n < num_threads else num_threads), jit_mode[1]
+
+
+def test_grouped_conv_of_variable_weights(jit_mode):
+    """A grouped conv whose weights and bias are variables (a model being trained): packed
+    again at each run, so that new values set between runs are the ones multiplied."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 24, 9, 11)).astype(np.float32)
+    values = [(rng.standard_normal((12, 8, 3, 3)).astype(np.float32), rng.standard_normal(12).astype(np.float32))
+              for _ in range(2)]
+    attrs = {"strides": (2, 2), "pads": (1, 0, 1, 2), "group": 3}
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, x.shape, name="x")
+        wv, bv = ef.Variable(values[0][0], name="w"), ef.Variable(values[0][1], name="b")
+        y = apply("conv", [t, wv, bv], attrs)
+    interp = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})))
+    runner = interp.get_signature_runner("infer")
+    for weight, b in values:
+        interp.set_variables({"w": weight, "b": b})
+        jit_mode[1].clear()
+        got = runner(x=x)["y"]
+        close(got, onnx_run([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], x, {"w": weight, "b": b}))
+    assert "native_small_conv" in jit_mode[1] or not jit_mode[1]  # bound at the first run only
+
+
 def test_small_conv_takes_rgb_stems_only(jit_mode):
     """Three input channels: a 3x3 or 5x5 kernel the compiled kernel where native_gemm runs,
     else the loop; a 7x7 kernel the compiled kernel (numba is loaded here), else im2col and
@@ -749,9 +828,11 @@ def test_conv_bias_activation(mode, k, c, m, h, w, rank, activation, seed):
 
 @FEW
 @given(h=st.integers(3, 11), w=st.integers(3, 11), activation=st.sampled_from(FUSED), seed=st.integers(0, 2 ** 16))
-def test_grouped_conv_bias_activation(mode, h, w, activation, seed):
-    """A grouped 3x3 padded conv (not depthwise): the tap runs' wide result, cropped into out
-    with the bias and activation in one pass."""
+def test_grouped_conv_bias_activation(mode, h, w, activation, seed, monkeypatch):
+    """A grouped 3x3 padded conv (not depthwise) of more channels a group than the compiled
+    kernel takes: the tap runs' wide result, cropped into out with the bias and activation
+    in one pass."""
+    monkeypatch.setattr(native_small_conv, "GROUP_CHANNELS", 2)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((2, 6, h, w)).astype(np.float32)
     weight = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
