@@ -48,7 +48,7 @@ def _chain(draw, copying=False):
             factors = _factors(int(np.prod(current)))
             cuts = sorted(draw(st.sets(st.integers(1, max(len(factors) - 1, 1)), max_size=len(factors))))
             dims = [int(np.prod(factors[a:b])) for a, b in zip([0, *cuts], [*cuts, len(factors)]) if b > a]
-            for _ in range(draw(st.integers(0, 2))):
+            for _ in range(draw(st.integers(0, min(2, 8 - len(dims))))):  # the format's rank: 8 at most
                 dims.insert(draw(st.integers(0, len(dims))), 1)
             dims = dims or [1]
             steps.append((kind, tuple(dims)))
