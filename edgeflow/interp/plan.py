@@ -22,6 +22,7 @@ from .kernels import KERNELS, evaluate, jit
 from .kernels import array as array_kernels
 from .kernels import conv as conv_kernels
 from .kernels import math as math_kernels
+from .kernels import norm as norm_kernels
 
 EXACT_ACTIVATIONS = ("", "relu", "relu6")  # selects: the same bits wherever they are applied
 
@@ -90,6 +91,16 @@ def _check_declared(index, declared, spec, opcode):
                           f"{fmt(declared.shape)} but op {opcode} makes {spec.dtype}{fmt(spec.shape)}")
 
 
+def _rectifier(op):
+    """The fused activation a relu op, or a clip to [0, 6] or [0, inf), is ("relu" or
+    "relu6"), or None."""
+    if op.opcode == "relu":
+        return "relu"
+    if op.opcode == "clip" and op.attrs["min"] == 0.0 and op.attrs["max"] in (6.0, math.inf):
+        return "relu6" if op.attrs["max"] == 6.0 else "relu"
+    return None
+
+
 class Plan:
     """Arrays and bound kernel calls for one signature at one set of input shapes.
 
@@ -123,7 +134,8 @@ class Plan:
         specs = self._infer(needed_operators(subgraph, outputs, producer, targets), input_shapes,
                             constants, variables, folded, known or {})
         self.preserve_all = preserve_all
-        self.chains = {}  # conv, matmul or mul index -> the ops right after it that its step may run (_fusions)
+        # conv, matmul, mul or batch_norm index -> the ops right after it that its step may run (_fusions)
+        self.chains = {}
         self.scaled = {}  # mul index -> (x, scale): a 1x1 conv reads x times scale (_epilogues)
         self.provisional = False  # bound without numba while it loads (_bind): made again once it is ready
         if not preserve_all:
@@ -358,6 +370,9 @@ class Plan:
                 x, factors = scaled
                 return conv_kernels.conv_epilogue([self.arrays[t] for t in [x, *conv.inputs[1:]]], out, conv.attrs,
                                                   residual, extra, activation, self.arrays[factors])
+            if op.opcode == "batch_norm":
+                return norm_kernels.batch_norm_activation([self.arrays[t] for t in op.inputs], out, op.attrs,
+                                                          activation)
             if op.opcode == "conv" and self.subgraph.operators[chain[0]].opcode == "conv":
                 depthwise = self.subgraph.operators[chain[0]]
                 return conv_kernels.pointwise_depthwise(
@@ -419,6 +434,8 @@ class Plan:
           of its shape; an add's relu or relu6 ends the chain, and one with another activation
           stays out of it. Those are exact where the product applies them, so that a model
           split between the matmul and its adds (splitter/) runs to the same bits;
+        - after a batch norm in no other chain: the relu (or clip to relu6) that alone reads its
+          output, which the batch norm's pass applies (norm.batch_norm_activation);
         - with workers, after a 1x1 conv in no other chain: the depthwise conv that alone reads
           its output, its weights made by then (conv.pointwise_depthwise: each worker's output
           channels of the product, then the depthwise conv of those channels).
@@ -526,6 +543,15 @@ class Plan:
                 at += 1
                 order.insert(at, j)
             self.chains[i], self.scaled[i] = chain, (x, scale)
+        members = {j for chain in self.chains.values() for j in chain}
+        for i in [i for i in order if operators[i].opcode == "batch_norm" and i not in members]:
+            t = operators[i].outputs[0]
+            j = next((k for k in (sole_reader(t, "relu"), sole_reader(t, "clip")) if k is not None), None)
+            if j is not None and _rectifier(operators[j]) and j not in self.chains:
+                order.remove(j)
+                order.insert(order.index(i) + 1, j)
+                self.chains[i] = [j]
+                members.add(j)
         if threads.current() is not None:  # a 1x1 conv, then the depthwise conv that alone reads it
             members = {j for chain in self.chains.values() for j in chain}
             for i in [i for i in order if operators[i].opcode == "conv" and i not in self.chains and i not in members]:
@@ -565,6 +591,8 @@ class Plan:
                     activation = op.attrs.get("activation", "")
                 elif op.opcode == "prelu":
                     extra = self.arrays[op.inputs[1]]  # the slope
+                elif op.opcode in ("relu", "clip"):  # a batch norm's activation
+                    activation = _rectifier(op)
                 t = op.outputs[0]
             out[i] = (chain, self.arrays[t], residual, extra, activation, scaled)
         return out

@@ -622,6 +622,113 @@ def test_grouped_conv_of_variable_weights(jit_mode):
     assert "native_small_conv" in jit_mode[1] or not jit_mode[1]  # bound at the first run only
 
 
+def _batch_norm_operands(rng, channels, variables=False):
+    scale, bias, mean = (rng.standard_normal(channels).astype(np.float32) for _ in range(3))
+    return [scale, bias, mean, rng.uniform(0.1, 2.0, channels).astype(np.float32)]
+
+
+def _batch_norm_then(t, params, after):
+    """batch_norm of t, then `after` ("", "relu", "relu6" as a clip to [0, 6], "relu" as a
+    clip to [0, inf): "clip"), the batch norm's output read by that op alone."""
+    y = apply("batch_norm", [t, *params], {"epsilon": 1e-3})
+    if after == "relu":
+        return apply("relu", [y])
+    if after in ("relu6", "clip"):
+        return apply("clip", [y], {"min": 0.0, "max": 6.0 if after == "relu6" else float("inf")})
+    return y
+
+
+@FEW
+@given(shape=st.lists(st.integers(1, 9), min_size=2, max_size=5), after=st.sampled_from(["", "relu", "relu6", "clip"]),
+       seed=st.integers(0, 2 ** 16))
+def test_batch_norm_and_its_rectifier_in_one_pass(mode, shape, after, seed):
+    """An inference batch norm, and the relu (or clip) that alone reads it, as one pass
+    (scale_shift_loop: the plan fuses them), against onnxruntime's BatchNormalization and
+    Relu or Clip; under the JIT the same bits as the numpy path's passes."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    params = _batch_norm_operands(rng, shape[1])
+    nodes = [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["n"], epsilon=1e-3)]
+    if after == "relu":
+        nodes.append(helper.make_node("Relu", ["n"], ["y"]))
+    elif after:
+        nodes += [helper.make_node("Clip", ["n", "lo", "hi"], ["y"])]
+    else:
+        nodes[0].output[0] = "y"
+    inits = dict(zip("sbmv", params), lo=np.float32(0), hi=np.float32(6 if after == "relu6" else np.inf))
+    expected = onnx_run(nodes, x, inits)
+    build = lambda t: _batch_norm_then(t, params, after)  # noqa: E731
+    check(mode, build, x, expected, "scale_shift_loop")
+    if mode[0] == "jit":
+        np.testing.assert_array_equal(run(build, x), run(build, x, jit_on=False))
+
+
+def test_a_batch_norm_whose_output_another_op_reads_keeps_its_relu_apart(jit_mode):
+    """The batch norm's output read by the relu and by an add: the batch norm's pass alone
+    (no activation), the relu its own op; both results right."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 5, 6, 7)).astype(np.float32)
+    params = _batch_norm_operands(rng, 5)
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, x.shape, name="x")
+        n = apply("batch_norm", [t, *params], {"epsilon": 1e-3})
+        r = apply("relu", [n])
+        y = apply("add", [r, n])
+    interp = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y, "r": r})})))
+    got = interp.get_signature_runner("infer")(x=x)
+    scale, bias, mean, var = params
+    c = (1, -1, 1, 1)
+    normed = (x - mean.reshape(c)) / np.sqrt(var.reshape(c) + 1e-3) * scale.reshape(c) + bias.reshape(c)
+    close(got["r"], np.maximum(normed, 0))
+    close(got["y"], np.maximum(normed, 0) + normed)
+    assert jit_mode[1].count("scale_shift_loop") == 1
+
+
+def test_batch_norm_of_variables_takes_their_values_at_each_run(jit_mode):
+    """Statistics that are variables (a model being trained): a and b made again before each
+    run, so that values set between runs are the ones applied."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    values = [_batch_norm_operands(rng, 4) for _ in range(2)]
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, x.shape, name="x")
+        params = [ef.Variable(v, name=name) for v, name in zip(values[0], "sbmv")]
+        y = _batch_norm_then(t, params, "relu")
+    interp = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})))
+    runner = interp.get_signature_runner("infer")
+    for params in values:
+        interp.set_variables(dict(zip("sbmv", params)))
+        expected = onnx_run([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["n"], epsilon=1e-3),
+                             helper.make_node("Relu", ["n"], ["y"])], x, dict(zip("sbmv", params)))
+        close(runner(x=x)["y"], expected)
+    assert "scale_shift_loop" in jit_mode[1]
+
+
+@pytest.mark.parametrize("shape", [(1, 37, 100, 100), (2, 16, 96, 96)])
+def test_batch_norm_split_over_threads(jit_mode, shape):
+    """Rows of whole channels apart over 2 workers where there are many elements: the second
+    piece's first row is channel 18 of 37 (one image) or channel 0 of the second image."""
+    rng = np.random.default_rng(shape[1])
+    x = rng.standard_normal(shape).astype(np.float32)
+    params = _batch_norm_operands(rng, shape[1])
+    assert x.size >= threads.MIN_ELEMENTS
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, x.shape, name="x")
+        y = _batch_norm_then(t, params, "relu6")
+    runner = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, {"y": y})})), num_threads=2) \
+        .get_signature_runner("infer")
+    jit_mode[1].clear()
+    got = runner(x=x)["y"]
+    expected = onnx_run([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["n"], epsilon=1e-3),
+                         helper.make_node("Clip", ["n", "lo", "hi"], ["y"])], x,
+                        {**dict(zip("sbmv", params)), "lo": np.float32(0), "hi": np.float32(6)})
+    close(got, expected)
+    assert jit_mode[1] == ["scale_shift_loop"] * 2, jit_mode[1]
+
+
 def test_small_conv_takes_rgb_stems_only(jit_mode):
     """Three input channels: a 3x3 or 5x5 kernel the compiled kernel where native_gemm runs,
     else the loop; a 7x7 kernel the compiled kernel (numba is loaded here), else im2col and

@@ -355,7 +355,7 @@ _NATIVE_ENTRIES = {
     "gelu_float32_loop": "ffi", "softmax_loop": "ffii", "sigmoid_loop": "ff", "hard_swish_loop": "ff",
     "strided_copy_loop": "ffuu", "layer_norm_loop": "ffffuf", "binary_loop": "fffi", "scalar_loop": "fffii",
     "im2col_loop": "ffu", "patches_loop": "ffu", "max_pool_rows_loop": "ffuf", "max_pool_tiles_loop": "ffu",
-    "swish_inplace_loop": "f"}
+    "swish_inplace_loop": "f", "scale_shift_loop": "ffffui"}
 _KINDS = {"f": np.float32, "u": np.uint64, "b": np.uint8, "U": np.uint64}
 
 _NATIVE_ADDRESSES = {}
@@ -365,7 +365,7 @@ _carray = _pointer_f32 = _pointer_u64 = _pointer_u8 = _pointer_i64 = None
 _depthwise_loop = _depthwise_same_loop = _depthwise_channels_loop = _winograd_input_loop = \
     _winograd_output_loop = _gelu_float32_loop = _softmax_loop = _sigmoid_loop = _hard_swish_loop = \
     _strided_copy_loop = _layer_norm_loop = _binary_loop = _scalar_loop = _im2col_loop = _patches_loop = \
-    _max_pool_rows_loop = _max_pool_tiles_loop = _swish_inplace_loop = None
+    _max_pool_rows_loop = _max_pool_tiles_loop = _swish_inplace_loop = _scale_shift_loop = None
 
 
 def _native_fields(kinds, args):
@@ -454,6 +454,12 @@ def gelu_float32_loop_entry(address):
 def softmax_loop_entry(address):
     f = _carray(_pointer_i64(address), (6,))
     _softmax_loop(_floats(f, 0), _floats(f, 2), _U(f[4]), _U(f[5]))
+    return 0
+
+
+def scale_shift_loop_entry(address):
+    f = _carray(_pointer_i64(address), (11,))
+    _scale_shift_loop(_floats(f, 0), _floats(f, 2), _floats(f, 4), _floats(f, 6), _uints(f, 8), f[10])
     return 0
 
 
@@ -1883,6 +1889,67 @@ def bind_bias_activation(acc, bias, out, activation):
         return _bound(bias_activation_inplace_loop, out.reshape(-1), b, _U(rows), _U(out[0, 0].size), code)
     dims = np.array([rows, *out.shape[2:], *acc.shape[2:]], _U)
     return _bound(bias_activation_loop, acc.reshape(-1), b, out.reshape(-1), dims, code)
+
+
+def scale_shift_loop(x, a, b, out, dims, act):
+    """out (R, L) = act(x (R, L) * a[c] + b[c]), both flat, row r's channel c = (C0 + r) %
+    len(a), dims (uint64) R, L, C0: an inference batch norm (a = scale / sqrt(var + eps), b =
+    bias - mean * a) and the activation after it in one pass, where numpy's two passes and the
+    activation's third each read and write the whole tensor. Each product rounded before its
+    sum (numpy's multiply, then its add: no fused multiply-add), so the same bits as those."""
+    one, zero_i = _U(1), _U(0)
+    rows, length, m = dims[0], dims[1], dims[2]
+    m_ = _U(a.shape[0])
+    zero = out.dtype.type(0)
+    six = out.dtype.type(6)
+    base = zero_i
+    for r in range(rows):
+        s, t = a[m], b[m]
+        if act == 1:
+            for k in range(length):
+                v = x[base + k] * s + t
+                out[base + k] = zero if v < zero else v
+        elif act == 2:
+            for k in range(length):
+                v = x[base + k] * s + t
+                v = zero if v < zero else v
+                out[base + k] = six if v > six else v
+        elif act == 3:
+            for k in range(length):
+                out[base + k] = _swishf(x[base + k] * s + t)
+        elif act == 4:
+            for k in range(length):
+                out[base + k] = _hard_swishf(x[base + k] * s + t)
+        else:
+            for k in range(length):
+                out[base + k] = x[base + k] * s + t
+        base += length
+        m = zero_i if m + one == m_ else m + one
+
+
+def bind_scale_shift(x, a, b, out, activation):
+    """A step writing act(x * a + b) to out (N, C, ...), a and b (C,) per channel (kept by
+    the caller, which may rewrite them before each run), split over the current workers by
+    rows of whole channels where there are many elements; or None (numba not loaded: a
+    batch norm's two numpy passes gain too little to load it)."""
+    if not loaded() or x.ndim < 2 or x.shape != out.shape or not x.size or a.shape != (x.shape[1],) \
+            or b.shape != a.shape or not _takes(x, a, b, out) \
+            or not all(v.flags.c_contiguous for v in (x, a, b, out)) or np.shares_memory(x, out):
+        return None
+    code = _act_code(activation, out.dtype)
+    if code is None:
+        return None
+    c, length = x.shape[1], math.prod(x.shape[2:])
+    rows = x.shape[0] * c
+    x1, out1 = x.reshape(-1), out.reshape(-1)
+
+    def piece(r0, r1):
+        dims = np.array([r1 - r0, length, r0 % c], _U)
+        return _bound(scale_shift_loop, x1[r0 * length:r1 * length], a, b, out1[r0 * length:r1 * length], dims, code)
+    workers = threads.current()
+    if workers is None or x.size < threads.MIN_ELEMENTS or rows < workers.n:
+        return piece(0, rows)
+    return workers.split([piece(r0, r1) for r0, r1 in threads.pieces(rows, workers.n)])
 
 
 def add_activation_loop(a, b, out, act):
