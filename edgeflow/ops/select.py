@@ -112,11 +112,43 @@ def _overlaps(a, b, threshold):
         return (inter > 0) & (a[:, None, 4] > 0) & (b[None, :, 4] > 0) & (inter / union > threshold)
 
 
-def _greedy(boxes, order, threshold, limit, block=64, elements=1 << 21):
+def _greedy(boxes, order, threshold, limit):
     """Indices NMS keeps of `boxes` taken in `order`: a box is kept unless one kept before
-    it overlaps it. A block of the best remaining boxes at a time: the greedy pass within it
-    needs only their overlaps with each other; then every later box overlapped by one the
-    block kept is dropped at once (blocks shrink so that this holds at most `elements`)."""
+    it overlaps it. Boxes whose x ranges do not meet cannot overlap, so the boxes fall into
+    groups along x (sorted by x1, a group ends where no box so far reaches past the next
+    box's x1), and each group's choices depend on its own boxes alone: a group of one box
+    keeps it, a larger one runs the greedy pass by itself (`_in_blocks`), and the kept boxes
+    of all groups, back in `order`'s order, are cut to `limit`. torchvision's batched NMS
+    shifts each class's boxes apart, so its classes are groups of their own: SSDlite's
+    27,000 candidates in 91 classes took 3.2 s as one pass over all of them."""
+    n = order.size
+    if n < 2:
+        return _in_blocks(boxes, order, threshold, limit)
+    x1, x2 = boxes[order, 1], boxes[order, 3]
+    by_x = np.argsort(x1, kind="stable")
+    reach = np.maximum.accumulate(x2[by_x])
+    starts = np.ones(n, bool)
+    starts[1:] = x1[by_x][1:] >= reach[:-1]  # NaN reaches on: the rest stays in one group
+    group = np.empty(n, np.int64)
+    group[by_x] = np.cumsum(starts) - 1
+    counts = np.bincount(group)
+    alone = counts[group] == 1
+    kept = [np.flatnonzero(alone)]  # ranks in `order`
+    crowded = np.flatnonzero(~alone)
+    if crowded.size:
+        rank = np.empty(len(boxes), np.int64)
+        rank[order] = np.arange(n)
+        members = crowded[np.argsort(group[crowded], kind="stable")]  # by group, each in rank order
+        for part in np.split(members, np.cumsum(counts[counts > 1])[:-1]):
+            kept.append(rank[_in_blocks(boxes, order[part], threshold, limit)])
+    return order[np.sort(np.concatenate(kept))[:limit]].tolist()
+
+
+def _in_blocks(boxes, order, threshold, limit, block=64, elements=1 << 21):
+    """_greedy's choice among `order`, a block of the best remaining boxes at a time: the
+    greedy pass within it needs only their overlaps with each other; then every later box
+    overlapped by one the block kept is dropped at once (blocks shrink so that this holds
+    at most `elements`). The kept boxes' indices, in `order`'s order."""
     kept = []
     while order.size and len(kept) < limit:
         size = max(1, min(block, elements // order.size))

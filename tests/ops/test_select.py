@@ -101,3 +101,53 @@ def test_non_max_suppression_matches_onnxruntime(center_point_box, with_threshol
             if with_threshold:
                 feeds["score"] = np.array([score], np.float32)
             np.testing.assert_array_equal(runner(**feeds)["selected"], session.run(None, feeds)[0])
+
+
+def _brute_force_nms(boxes, scores, iou_threshold, limit):
+    """Greedy NMS, box by box by falling score (ties: lower index), each against every box
+    kept so far: the definition, O(n * kept)."""
+    y1, x1 = np.minimum(boxes[:, 0], boxes[:, 2]), np.minimum(boxes[:, 1], boxes[:, 3])
+    y2, x2 = np.maximum(boxes[:, 0], boxes[:, 2]), np.maximum(boxes[:, 1], boxes[:, 3])
+    area = (y2.astype(np.float64) - y1) * (x2.astype(np.float64) - x1)
+    kept = []
+    for i in np.argsort(-scores.astype(np.float64), kind="stable"):
+        if len(kept) == limit:
+            break
+        k = np.array(kept, np.int64)
+        inter = (np.clip(np.minimum(y2[k], y2[i]) - np.maximum(y1[k], y1[i]).astype(np.float64), 0, None)
+                 * np.clip(np.minimum(x2[k], x2[i]) - np.maximum(x1[k], x1[i]).astype(np.float64), 0, None))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            iou = inter / (area[k] + area[i] - inter)
+        if not np.any((inter > 0) & (area[k] > 0) & (area[i] > 0) & (iou > iou_threshold)):
+            kept.append(int(i))
+    return kept
+
+
+@pytest.mark.parametrize("limit", [10_000, 150, 7])
+def test_non_max_suppression_of_boxes_shifted_apart_by_class(limit):
+    """torchvision's batched NMS: each class's boxes shifted by the class times the largest
+    coordinate, so that classes never overlap, all in one NonMaxSuppression class; some
+    classes of one box, a box thinner than nothing, ties. The greedy pass runs per group of
+    boxes whose x ranges meet; the kept boxes, cut to the limit in score order, are
+    onnxruntime's and the brute-force definition's."""
+    import onnxruntime as ort
+    from edgeflow.converters import onnx as onnx_converter
+    model = _nms_model(0, False)
+    runner = ef.Interpreter(writer.to_bytes(onnx_converter.convert(model).model)).get_signature_runner("infer")
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(limit)
+    parts = []
+    for c in range(40):
+        count = 1 if c % 7 == 0 else int(rng.integers(2, 60))
+        corners = rng.random((count, 2)) * 30
+        parts.append(np.concatenate([corners, corners + rng.random((count, 2)) * 12], -1) + c * 50)
+    boxes = np.concatenate(parts).astype(np.float32)
+    boxes[3, 3] = boxes[3, 1]  # no area: overlaps nothing
+    boxes = boxes[rng.permutation(len(boxes))][None]
+    scores = np.round(rng.random((1, 1, boxes.shape[1])), 2).astype(np.float32)
+    feeds = {"boxes": boxes, "scores": scores, "max_out": np.array([limit]), "iou": np.array([0.3], np.float32)}
+    got = runner(**feeds)["selected"]
+    np.testing.assert_array_equal(got, session.run(None, feeds)[0])
+    np.testing.assert_array_equal(got[:, 2], _brute_force_nms(boxes[0], scores[0, 0], np.float32(0.3), limit))
+    full = len(_brute_force_nms(boxes[0], scores[0, 0], np.float32(0.3), 10 ** 9))
+    assert len(got) == min(limit, full) and full > 150  # the smaller limits cut across the groups
