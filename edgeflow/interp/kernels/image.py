@@ -427,7 +427,12 @@ def _roi_axis(start, length, bins, grid, n, count):
 @kernel("roi_align")
 def _roi_align(ins, outs, attrs):
     """A loop over the sampling grid's slots (at most the largest box's grid): each slot's
-    sample in every bin of every box and channel is four gathers, weighted."""
+    sample in every bin of every box is four gathers of x's pixels, each a row of all its
+    channels (x laid out channels last once a run), weighted in x's precision (float32 as
+    onnxruntime's; the weights made in float64, rounded once); the sums in (R, OH, OW, C),
+    then transposed into out. Faster R-CNN's 150 boxes of 256 channels, 7x7 bins of 2x2
+    samples, took 406 ms gathering each channel's element by a (R, C, OH, OW) index array
+    apiece, the products in float64."""
     x, rois, batch, out = ins[0], ins[1], ins[2], outs[0]
     oh, ow, ratio = attrs["output_height"], attrs["output_width"], attrs["sampling_ratio"]
     half = attrs["coordinate_transformation_mode"] == "half_pixel"
@@ -445,24 +450,31 @@ def _roi_align(ins, outs, attrs):
         gw = np.full(len(box), ratio) if ratio > 0 else np.ceil(width / ow).astype(np.intp)
         ys = _roi_axis(box[:, 1], height, oh, max(int(gh.max()), 1), h, gh)
         xs = _roi_axis(box[:, 0], width, ow, max(int(gw.max()), 1), w, gw)
-        base = (batch.astype(np.intp)[:, None] * ch + np.arange(ch)) * (h * w)  # (R, C)
-        base = base[:, :, None, None]
-        flat = x.reshape(-1)
+        pixels = np.ascontiguousarray(x.reshape(n, ch, h * w).transpose(0, 2, 1), work).reshape(-1, ch)
+        image = batch.astype(np.intp)[:, None, None] * (h * w)  # (R, 1, 1): the image's first row of pixels
         avg = attrs["mode"] == "avg"
-        acc = np.zeros(out.shape, work) if avg else np.full(out.shape, -np.inf, work)
+        shape = (len(box), oh, ow, ch)
+        acc = np.zeros(shape, work) if avg else np.full(shape, -np.inf, work)
+        value, term = np.empty(shape, work), np.empty(shape, work)
         for iy in range(ys[0].shape[2]):
-            ylo, yhi, wylo, wyhi, yuse = (a[:, None, :, iy, None] for a in ys)  # (R, 1, oh, 1)
+            ylo, yhi, wylo, wyhi, yuse = (a[:, :, iy, None] for a in ys)  # (R, oh, 1)
             for ix in range(xs[0].shape[2]):
-                xlo, xhi, wxlo, wxhi, xuse = (a[:, None, None, :, ix] for a in xs)  # (R, 1, 1, ow)
+                xlo, xhi, wxlo, wxhi, xuse = (a[:, None, :, ix] for a in xs)  # (R, 1, ow)
                 use = yuse & xuse
                 in_grid = (iy < gh)[:, None, None, None] & (ix < gw)[:, None, None, None]
                 if not (use.any() if avg else in_grid.any()):
                     continue
-                terms = [wy * wx * use * flat[base + yi * w + xi]
-                         for yi, wy in ((ylo, wylo), (yhi, wyhi)) for xi, wx in ((xlo, wxlo), (xhi, wxhi))]
-                if avg:
-                    acc += sum(terms)
+                corners = [((wy * wx * use).astype(work)[..., None], image + yi * w + xi)
+                           for yi, wy in ((ylo, wylo), (yhi, wyhi)) for xi, wx in ((xlo, wxlo), (xhi, wxhi))]
+                if avg:  # the four weighted corners summed, then added to the bins' sums
+                    for k, (weight, rows) in enumerate(corners):
+                        np.take(pixels, rows, axis=0, out=value)
+                        np.multiply(value, weight, out=value if k else term)
+                        if k:
+                            term += value
+                    acc += term
                 else:
+                    terms = [weight * pixels[rows] for weight, rows in corners]
                     # onnxruntime's max: of the four weighted corners, then over the samples
                     sample = np.maximum(np.maximum(terms[0], terms[1]), np.maximum(terms[2], terms[3]))
                     np.maximum(acc, np.where(in_grid, sample, -np.inf), out=acc)
@@ -470,5 +482,5 @@ def _roi_align(ins, outs, attrs):
             acc /= np.maximum(gh * gw, 1)[:, None, None, None]
         else:
             acc[np.isneginf(acc)] = 0
-        np.copyto(out, acc, casting="unsafe")
+        np.copyto(out, acc.transpose(0, 3, 1, 2), casting="unsafe")
     return run
