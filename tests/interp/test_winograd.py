@@ -194,10 +194,12 @@ def test_error_on_a_resnet_like_layer(algo, transforms):
     assert_near(out, reference(x, w, b, (1, 1, 1, 1), "relu"))
 
 
-@pytest.mark.parametrize("shape, algo", [((1, 64, 56, 56), "winograd4"), ((1, 256, 14, 14), "winograd2"),
-                                         ((1, 8, 56, 56), "direct"), ((1, 512, 2, 2), "direct")])
-def test_rule(shape, algo):
-    assert winograd.rule(shape, (shape[1], shape[1], 3, 3), shape[2:]) == algo
+@pytest.mark.parametrize("shape, m, algo", [((1, 64, 56, 56), 64, "winograd4"), ((1, 256, 14, 14), 256, "winograd2"),
+                                            ((1, 8, 56, 56), 8, "direct"), ((1, 512, 2, 2), 512, "direct"),
+                                            ((1, 16, 55, 55), 64, "direct"), ((1, 24, 56, 56), 24, "winograd4"),
+                                            ((1, 64, 56, 56), 8, "direct")])
+def test_rule(shape, m, algo):
+    assert winograd.rule(shape, (m, shape[1], 3, 3), shape[2:]) == algo
 
 
 def test_resnet_layer_takes_the_winograd_path(monkeypatch):

@@ -92,13 +92,16 @@ def rule(x_shape, w_shape, out_shape):
     OpenBLAS on 1 thread): F(4x4) once there are 32 of its tiles (ResNet-18's 56, 28 and 14
     layers at batch 8, 56 and 28 at batch 1); else F(2x2) if there are 16 of its tiles and
     work enough that the product dominates (C * M * tiles >= 2^20: ResNet-18's 14 and 7
-    layers at batch 1); else direct. Below 16 channels the transforms cost more than the
-    multiplies they save; with few tiles the product is as long to read as the weights,
-    which Winograd makes 16/9 (F2) or 4 (F4) times larger."""
+    layers at batch 1); else direct. Below 16 channels, or 24 input channels, the transforms
+    cost more than the multiplies they save (SqueezeNet's expand convs, 16 -> 64 at 55x55:
+    direct 2.38 ms against F(4x4)'s 2.63 at batch 1, 15.7 against 21.9 at batch 8; 16 -> 32
+    at 28x28 0.34 against 0.38; at 24 input channels each won some, at 32 F(4x4) most); with
+    few tiles the product is as long to read as the weights, which Winograd makes 16/9 (F2)
+    or 4 (F4) times larger."""
     n, c = x_shape[:2]
     m = w_shape[0]
     oh, ow = out_shape
-    if min(c, m) < 16:
+    if min(c, m) < 16 or c < 24:
         return "direct"
     if n * -(-oh // 4) * -(-ow // 4) >= 32:
         return "winograd4"
