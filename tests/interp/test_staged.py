@@ -67,6 +67,39 @@ def test_values_selected_by_nonzero():
         np.testing.assert_array_equal(runner(x=xv)["y"], xv[xv != 0] * 3)
 
 
+def test_tensors_carried_past_stages_are_read_where_the_ops_before_made_them():
+    """Two nonzero stages in a row, a tensor made before the first (x * 2 + 1) read after
+    the second, and a small integer carried (its value assumed by the rest): each rest
+    reads the carried tensor in the before plan's array (no copy per stage), across runs
+    of new values and of a new rest (other shapes), against numpy."""
+    g = ef.Graph()
+    with g.as_default():
+        x = ef.placeholder(ef.float32, [None], name="x")
+        k = ef.placeholder(ef.int64, [1], name="k")
+        made = ef.add(ef.multiply(x, 2.0), 1.0, name="made")
+        first = apply("squeeze", [apply("nonzero", [ef.greater(x, 0.0)])], {"axes": (0,)})
+        second = apply("squeeze", [apply("nonzero", [ef.greater(apply("gather", [x, first]), 1.0)])],
+                       {"axes": (0,)})
+        picked = apply("gather", [made, apply("gather", [first, second])])
+        values, _ = apply("topk", [picked, k], {"axis": 0})
+        y = ef.add(values, apply("reduce_sum", [made], {"keepdims": False}), name="y")
+    _, runner = _runner(g, {"x": x, "k": k}, {"y": y})
+    rng = np.random.default_rng(2)
+    for n in (40, 40, 25):
+        xv = (rng.standard_normal(n) * 2).astype(np.float32)
+        m = xv * 2 + 1
+        chosen = m[np.flatnonzero(xv > 0)[xv[xv > 0] > 1]]
+        kv = min(3, len(chosen))
+        got = runner(x=xv, k=np.array([kv]))["y"]
+        np.testing.assert_allclose(got, -np.sort(-chosen)[:kv] + m.sum(), rtol=1e-6)
+        plan = runner.last_plan
+        inner = plan.rest
+        assert isinstance(plan, StagedPlan) and isinstance(inner, StagedPlan)
+        made_t = next(t for t in plan._carried if plan.subgraph.tensors[t].name == "made")
+        assert inner.before.arrays[made_t] is plan.before.arrays[made_t]
+        assert inner.rest.arrays[made_t] is plan.before.arrays[made_t]
+
+
 def test_two_stages_and_the_profiler_times_every_op():
     g = ef.Graph()
     with g.as_default():
