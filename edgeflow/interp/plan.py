@@ -547,13 +547,12 @@ class Plan:
         for i in [i for i in order if operators[i].opcode == "batch_norm" and i not in members]:
             t = operators[i].outputs[0]
             j = next((k for k in (sole_reader(t, "relu"), sole_reader(t, "clip")) if k is not None), None)
-            if j is not None and _rectifier(operators[j]) and j not in self.chains:
+            if j is not None and _rectifier(operators[j]):  # a relu heads no chain, nor is in one
                 order.remove(j)
                 order.insert(order.index(i) + 1, j)
                 self.chains[i] = [j]
                 members.add(j)
         if threads.current() is not None:  # a 1x1 conv, then the depthwise conv that alone reads it
-            members = {j for chain in self.chains.values() for j in chain}
             for i in [i for i in order if operators[i].opcode == "conv" and i not in self.chains and i not in members]:
                 j = depthwise_after(i)
                 if j is not None and j not in self.chains and j not in members \

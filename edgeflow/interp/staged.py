@@ -148,12 +148,15 @@ class StagedPlan:
         key = (tuple((t, a.shape) for t, a in feeds.items()),
                tuple((t, v.tobytes()) for t, v in sorted(known.items()) if t in here.outputs))
         constants, variables, folded, preserve_all, targets, delegates = self._common
-        held = {t: self.before.arrays[t] for t in self._carried if t not in feeds and t not in known}
-        shapes = {t: self.before.arrays[t].shape for t in self._carried}  # a known one: its value assumed
-        shapes.update((t, a.shape) for t, a in feeds.items())
-        return self._rests.get(key, lambda: make_plan(
-            self.subgraph, list(shapes), self.outputs, shapes, constants, {**variables, **held}, folded,
-            preserve_all, targets, delegates, known, self._update_ops, self.program, self.max_bytes))
+
+        def make():
+            held = {t: self.before.arrays[t] for t in self._carried if t not in feeds and t not in known}
+            shapes = {t: self.before.arrays[t].shape for t in self._carried}  # a known one: its value assumed
+            shapes.update((t, a.shape) for t, a in feeds.items())
+            return make_plan(self.subgraph, list(shapes), self.outputs, shapes, constants, {**variables, **held},
+                             folded, preserve_all, targets, delegates, known, self._update_ops, self.program,
+                             self.max_bytes)
+        return self._rests.get(key, make)
 
     def _enter_rest(self, values):
         """The rest's plan for the boundary op's output `values`, with them copied in."""

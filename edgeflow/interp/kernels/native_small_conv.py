@@ -63,9 +63,9 @@ FUNCTIONS = tuple(name(s) for s in STRIDES)
 def emit(module, ir, stride):
     """The function small_convS(fields) of one int64 (the address of FIELDS int64s): out (N,
     M, OH, OW) = act(the conv of x (N, C, H, W) by the packed weights WP (GROUPS * ceil(M /
-    MR) panels, TAPS, MR: zeros past M; image n takes group n % GROUPS's), stride S both ways, TOP and LEFT zeros before x's rows
-    and columns (zeros past them), + BIAS (padded as WP's channels)); ACT as
-    jit.ACTIVATION_CODES. x's and out's planes lie XPLANE and OPLANE floats apart (a band of
+    MR) panels, TAPS, MR: zeros past M; image n takes group n % GROUPS's), stride S both
+    ways, TOP and LEFT zeros before x's rows and columns (zeros past them), + BIAS (padded as
+    WP's channels)); ACT as jit.ACTIVATION_CODES. x's and out's planes lie XPLANE and OPLANE floats apart (a band of
     rows of larger planes). PHASES: a buffer of zeros, C blocks of QH padded rows of S * QW
     floats; TAPOFF: TAPS int64s, each tap's offset in PHASES from an output's first input."""
     e = Emitter(module, ir, name(stride), FIELDS)
