@@ -9,8 +9,10 @@ from hypothesis.extra.numpy import mutually_broadcastable_shapes
 
 import edgeflow as ef
 from edgeflow.errors import GraphError, InvalidInputError
+from edgeflow.graph.math_ops import apply
 
 from .harness import FLOATS, INTS, assert_close, random_array, run_op as run_in_memory
+from .onnx_reference import onnx_node
 
 NUMERIC = FLOATS + INTS
 
@@ -340,3 +342,24 @@ def test_run_time_broadcast_mismatch_is_invalid_input(compile_graph, graph):
     assert_close(run(x=np.ones(3, np.float32))["y"], [1, 2, 3], np.float32)
     with pytest.raises(InvalidInputError):
         run(x=np.ones(4, np.float32))
+
+
+@pytest.mark.parametrize("exponent", [2.0, 3.0, 2.5, -1.0])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_pow_by_a_constant_exponent(run_op, rng, exponent, dtype):
+    """x ** e for a constant e: 2 and 3 as products (as onnxruntime's Pow computes them),
+    others numpy's power; large enough to split over workers, special values among them
+    (zeros of both signs, infinities, NaN, an overflow); against onnxruntime, float16
+    against float64."""
+    x = (rng.standard_normal((3, 300, 400)) * 3).astype(dtype)
+    x.flat[:7] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30 if dtype != np.float16 else 6e4, -2.0]
+    e = np.array(exponent, dtype)
+    got = run_op(lambda t: apply("pow", [t, e]), x)
+    if dtype == np.float16:
+        with np.errstate(all="ignore"):
+            want = np.power(x.astype(np.float64), exponent).astype(np.float16)
+        assert_close(got, want, dtype)
+    else:
+        assert_close(got, onnx_node("Pow", x, [e]), dtype)
+    with np.errstate(divide="ignore"):
+        np.testing.assert_array_equal(np.signbit(got[0, 0, :2]), np.signbit(np.power(x[0, 0, :2], exponent)))

@@ -18,7 +18,7 @@ def _ufunc(fn):
 
 
 for _name, _fn in (("sub", np.subtract), ("mul", np.multiply),
-                   ("maximum", np.maximum), ("minimum", np.minimum), ("pow", np.power),
+                   ("maximum", np.maximum), ("minimum", np.minimum),
                    ("neg", np.negative), ("abs", np.absolute), ("exp", np.exp), ("log", np.log),
                    ("sqrt", np.sqrt), ("tanh", np.tanh), ("equal", np.equal), ("less", np.less),
                    ("greater", np.greater), ("less_equal", np.less_equal),
@@ -31,6 +31,28 @@ for _name, _fn in (("sub", np.subtract), ("mul", np.multiply),
                    ("bitwise_and", np.bitwise_and), ("bitwise_or", np.bitwise_or),
                    ("bitwise_xor", np.bitwise_xor), ("bitwise_not", np.invert)):
     kernel(_name)(_ufunc(_fn))
+
+
+def _cube(x, out):
+    np.multiply(x, x, out=out)
+    np.multiply(out, x, out=out)
+
+
+# Constant exponents that run as products, as onnxruntime's Pow runs them (x * x, x * x * x):
+# numpy's power calls powf for each element, some 30 ns: GPT-2's tanh GELU cubes its
+# (batch, sequence, 3072) activations in every layer, at 1024 tokens 3.1M elements, ~95 ms.
+_PRODUCTS = {2.0: np.square, 3.0: _cube}
+
+
+@kernel("pow")
+def _pow(ins, outs, attrs):
+    a, b = ins
+    out = outs[0]
+    product = _PRODUCTS.get(float(b.reshape(-1)[0])) if b.size == 1 and not b.flags.writeable else None
+    if product is None or a.dtype.kind != "f" or out.shape != a.shape or out.dtype != a.dtype \
+            or np.shares_memory(a, out):
+        return _ufunc(np.power)(ins, outs, attrs)
+    return threads.elementwise(product, [a], out) or partial(product, a, out=out)
 
 
 @kernel("is_inf")
