@@ -7,6 +7,7 @@ Each pass mutates the graph and returns the signatures with replaced tensors upd
 """
 import numpy as np
 
+from ..ops.registry import fused_activation
 from .graph import CONST, PLACEHOLDER, Node, Tensor
 
 FUSABLE = ("conv", "matmul", "add")
@@ -158,18 +159,7 @@ def fold_pads(graph, signatures):
 
 def _activation_of(node):
     """The fused-activation name equal to this op, or None."""
-    if node.op == "relu":
-        return "relu"
-    if node.op == "clip" and node.attrs["min"] == 0.0:
-        if node.attrs["max"] == 6.0:
-            return "relu6"
-        if node.attrs["max"] == float("inf"):
-            return "relu"
-    if node.op == "swish" and node.attrs["alpha"] == 1.0:
-        return "swish"
-    if node.op == "hard_swish":
-        return "hard_swish"
-    return None
+    return fused_activation(node.op, node.attrs)
 
 
 def fuse_activations(graph, signatures):

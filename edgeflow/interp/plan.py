@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import ops
 from ..errors import FormatError, InvalidInputError, UnsupportedOpError
-from ..ops.registry import TensorSpec
+from ..ops.registry import TensorSpec, fused_activation
 from ..ops.dims import fmt
 from . import layout, threads
 from .arena import (Arena, TooLarge, Workspace, bounded, default_max_tensor_bytes, lower_bound, nbytes,
@@ -89,16 +89,6 @@ def _check_declared(index, declared, spec, opcode):
     if spec.dtype != declared.dtype or not fits:
         raise FormatError(f"tensor {index} {declared.name!r} is declared {declared.dtype}"
                           f"{fmt(declared.shape)} but op {opcode} makes {spec.dtype}{fmt(spec.shape)}")
-
-
-def _rectifier(op):
-    """The fused activation a relu op, or a clip to [0, 6] or [0, inf), is ("relu" or
-    "relu6"), or None."""
-    if op.opcode == "relu":
-        return "relu"
-    if op.opcode == "clip" and op.attrs["min"] == 0.0 and op.attrs["max"] in (6.0, math.inf):
-        return "relu6" if op.attrs["max"] == 6.0 else "relu"
-    return None
 
 
 class Plan:
@@ -547,8 +537,8 @@ class Plan:
         for i in [i for i in order if operators[i].opcode == "batch_norm" and i not in members]:
             t = operators[i].outputs[0]
             j = next((k for k in (sole_reader(t, "relu"), sole_reader(t, "clip")) if k is not None), None)
-            if j is not None and _rectifier(operators[j]):  # a relu heads no chain, nor is in one
-                order.remove(j)
+            if j is not None and fused_activation(operators[j].opcode, operators[j].attrs) in EXACT_ACTIVATIONS:
+                order.remove(j)  # (a relu heads no chain, nor is in one)
                 order.insert(order.index(i) + 1, j)
                 self.chains[i] = [j]
                 members.add(j)
@@ -591,7 +581,7 @@ class Plan:
                 elif op.opcode == "prelu":
                     extra = self.arrays[op.inputs[1]]  # the slope
                 elif op.opcode in ("relu", "clip"):  # a batch norm's activation
-                    activation = _rectifier(op)
+                    activation = fused_activation(op.opcode, op.attrs)
                 t = op.outputs[0]
             out[i] = (chain, self.arrays[t], residual, extra, activation, scaled)
         return out

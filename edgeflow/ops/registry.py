@@ -99,6 +99,23 @@ ACTIVATIONS = ("", "relu", "relu6", "swish", "hard_swish")
 NEEDS_INPUT = ("swish", "hard_swish")
 
 
+def fused_activation(opcode, attrs):
+    """The fused-activation name (ACTIVATIONS) that op `opcode` with `attrs` computes, or
+    None: relu, a clip to [0, 6] (relu6) or [0, inf) (relu), swish of alpha 1, hard_swish."""
+    if opcode == "relu":
+        return "relu"
+    if opcode == "clip" and attrs["min"] == 0.0:
+        if attrs["max"] == 6.0:
+            return "relu6"
+        if attrs["max"] == float("inf"):
+            return "relu"
+    if opcode == "swish" and attrs["alpha"] == 1.0:
+        return "swish"
+    if opcode == "hard_swish":
+        return "hard_swish"
+    return None
+
+
 def activation_attr():
     return Attr(AttrKind.STRING, "")
 

@@ -455,7 +455,7 @@ def _roi_align(ins, outs, attrs):
         avg = attrs["mode"] == "avg"
         shape = (len(box), oh, ow, ch)
         acc = np.zeros(shape, work) if avg else np.full(shape, -np.inf, work)
-        value, term = np.empty(shape, work), np.empty(shape, work)
+        value, term = (np.empty(shape, work), np.empty(shape, work)) if avg else (None, None)  # avg's buffers
         for iy in range(ys[0].shape[2]):
             ylo, yhi, wylo, wyhi, yuse = (a[:, :, iy, None] for a in ys)  # (R, oh, 1)
             for ix in range(xs[0].shape[2]):
