@@ -32,7 +32,7 @@ def reference(x, w, bias, stride, top, left, oh, ow, activation):
 
 @needs_native
 @settings(max_examples=80, deadline=None)
-@given(k=st.sampled_from([3, 5]), stride=st.sampled_from([1, 2]), n=st.integers(1, 3), c=st.integers(1, 6), h=st.integers(1, 40),
+@given(k=st.sampled_from([3, 5, 7]), stride=st.sampled_from([1, 2]), n=st.integers(1, 3), c=st.integers(1, 6), h=st.integers(1, 40),
        w=st.integers(1, 40), data=st.data(), activation=st.sampled_from(sorted(ACTIVATIONS)),
        with_bias=st.booleans(), seed=st.integers(0, 2 ** 16))
 def test_matches_float64(k, stride, n, c, h, w, data, activation, with_bias, seed):
@@ -73,7 +73,11 @@ def test_matches_float64(k, stride, n, c, h, w, data, activation, with_bias, see
     (2, 5, 7, 3, 1, (1, 1, 1, 1), "relu6"),
     (1, 4, 28, 5, 1, (2, 2, 2, 2), "swish"),  # EfficientNet-B0's
     (1, 3, 7, 5, 1, (2, 2, 2, 2), "swish"),
-    (1, 3, 21, 3, 1, (0, 0, 2, 2), "")])
+    (1, 3, 21, 3, 1, (0, 0, 2, 2), ""),
+    (1, 6, 56, 7, 1, (3, 3, 3, 3), ""),  # ConvNeXt's, at each of its four widths
+    (1, 5, 28, 7, 1, (3, 3, 3, 3), ""),
+    (2, 4, 14, 7, 1, (3, 3, 3, 3), ""),
+    (1, 7, 7, 7, 1, (3, 3, 3, 3), "")])
 def test_whole_layers_match_the_loops(n, c, h, k, stride, pads, activation):
     """MobileNetV2's, EfficientNet-B0's and TF-padded layers: jit.py's depthwise_loop's values
     (summed in another order: within float32 rounding)."""

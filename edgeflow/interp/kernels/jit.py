@@ -1040,8 +1040,8 @@ def bind_small_conv(x, w, bias, out, strides, dilations, begin, activation, rows
 
 def bind_depthwise(x, w, bias, out, strides, dilations, begin, activation):
     """A step for a 2-D depthwise conv (group == C == M, one weight per channel and tap),
-    or None: native_depthwise's compiled kernel for the float32 3x3 and 5x5 convs it suits
-    (stride 2; stride 1 but 3x3 on wide planes) where native_gemm runs (0.47-0.94x these
+    or None: native_depthwise's compiled kernel for the float32 3x3, 5x5 and 7x7 convs it
+    suits (stride 2; stride 1 but 3x3 on wide planes) where native_gemm runs (0.47-0.94x these
     loops' time on MobileNetV2's and EfficientNet's layers), depthwise_same_loop for other
     stride-1 "same" ones, depthwise_loop for planes DEPTHWISE_PLANE_MIN columns wide or
     wider, depthwise_channels_loop for narrower ones."""

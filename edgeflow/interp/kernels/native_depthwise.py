@@ -1,4 +1,4 @@
-"""Depthwise convolutions of stride 1 and 2 (3x3 and 5x5 kernels, dilation 1) as LLVM IR:
+"""Depthwise convolutions of stride 1 and 2 (3x3, 5x5 and 7x7 kernels, dilation 1) as LLVM IR:
 each plane copied inside zeros (its padding; at stride 2 its even and odd columns split
 apart by shuffles), then each output row 8 columns a vector, every tap a plain vector load,
 the bias and activation applied in registers before a whole store.
@@ -30,7 +30,11 @@ time, 144 56 -> 28 0.47x and 0.71x (5x5: 0.56x, 0.75x), 192 28 -> 14 0.47x and 0
 7 0.75x and 0.56x (5x5: 0.77x, 0.72x). Tried first: three vector loads a kernel row and a
 group, split by shuffles for every tap (3 a row for 3x3 kernels, 5 for 5x5: shuffles bound
 the loop; 0.5-1.0x), and masked loads from x in place, no copy (1.0-1.5x: most groups of
-small planes touch an edge).
+small planes touch an edge). 7x7 kernels (ConvNeXt's, stride 1), their 49 taps' weights kept
+where LLVM puts them (more than the 16 registers), against jit.py's loops alone, batch 1: 96
+channels at 56x56 0.92x, 192 at 28x28 0.87x, 384 at 14x14 0.45x (0.38x at batch 8), 768 at
+7x7 0.61x; convnext_tiny at one thread, both plans in one process: 0.96x (at two, 1.02x:
+within this VM's noise).
 
 The functions are compiled into native_gemm's module (native_gemm.available() says whether
 they run); jit.bind_depthwise binds them (`bind`) for float32 convs that `suits`.
@@ -42,7 +46,7 @@ from .native_ir import ACTIVATIONS, TILES, Emitter
 # Operands of one call (the int64 array the compiled function reads).
 X, WT, BIAS, OUT, N, C, H, W, OH, OW, TOP, LEFT, ACT, PHASES, QW = range(15)
 FIELDS = 15
-KERNELS = (3, 5)  # kernel sizes with a function: depthwise1_3x3, ..., depthwise2_5x5
+KERNELS = (3, 5, 7)  # kernel sizes with a function: depthwise1_3x3, ..., depthwise2_7x7
 STRIDES = (1, 2)
 # Stride-1 3x3 convs run here on planes at most this wide (output columns); wider ones run
 # jit.py's depthwise_same_loop over x in place, with no copy (against it, interleaved, batch
@@ -120,11 +124,11 @@ def emit(module, ir, k, stride):
 
 def suits(x_shape, kernel_shape, strides, dilations, begin, out_shape, activation):
     """Whether `bind` takes a depthwise conv of these: stride 1 or 2 (both ways; stride-1 3x3
-    ones on planes up to SAME_3X3_MAX_WIDTH), dilation 1, a 3x3 or 5x5 kernel, padding inside
+    ones on planes up to SAME_3X3_MAX_WIDTH), dilation 1, a 3x3, 5x5 or 7x7 kernel, padding inside
     the kernel's reach, an activation it computes."""
     (kh, kw), (top, left) = kernel_shape, begin[:2]
     return (strides[0] == strides[1] and strides[0] in STRIDES and tuple(dilations) == (1, 1) and kh == kw
-            and kh in KERNELS and (strides[0] == 2 or kh == 5 or out_shape[1] <= SAME_3X3_MAX_WIDTH)
+            and kh in KERNELS and (strides[0] == 2 or kh > 3 or out_shape[1] <= SAME_3X3_MAX_WIDTH)
             and 0 <= top < kh and 0 <= left < kw and activation in ACTIVATIONS and all(out_shape))
 
 
