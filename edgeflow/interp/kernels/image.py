@@ -426,13 +426,16 @@ def _roi_axis(start, length, bins, grid, n, count):
 
 @kernel("roi_align")
 def _roi_align(ins, outs, attrs):
-    """A loop over the sampling grid's slots (at most the largest box's grid): each slot's
-    sample in every bin of every box is four gathers of x's pixels, each a row of all its
-    channels (x laid out channels last once a run), weighted in x's precision (float32 as
-    onnxruntime's; the weights made in float64, rounded once); the sums in (R, OH, OW, C),
-    then transposed into out. Faster R-CNN's 150 boxes of 256 channels, 7x7 bins of 2x2
-    samples, took 406 ms gathering each channel's element by a (R, C, OH, OW) index array
-    apiece, the products in float64."""
+    """Each bin's samples' four corners are rows of x's pixels, all channels (x laid out
+    channels last once a run), weighted in x's precision (float32 as onnxruntime's; the
+    weights made in float64, rounded once); the sums in (R, OH, OW, C), then transposed into
+    out. Where numba is loaded, jit.roi_align_loop, a bin at a time, its row of sums in
+    cache; else numpy's steps (_roi_align_numpy), a sampling slot at a time over all the
+    boxes' bins, the same bits. Faster R-CNN's 150 boxes of 256 channels, 7x7 bins of 2x2
+    samples: 406 ms gathering each channel's element by a (R, C, OH, OW) index array apiece,
+    the products in float64; by numpy's steps (16 gathers of 7.5 MB and their passes)
+    108-144 ms in the model, by the loop 9 (the model at one thread 371 -> 272 ms, the same
+    outputs; onnxruntime 313)."""
     x, rois, batch, out = ins[0], ins[1], ins[2], outs[0]
     oh, ow, ratio = attrs["output_height"], attrs["output_width"], attrs["sampling_ratio"]
     half = attrs["coordinate_transformation_mode"] == "half_pixel"
@@ -454,33 +457,42 @@ def _roi_align(ins, outs, attrs):
         image = batch.astype(np.intp)[:, None, None] * (h * w)  # (R, 1, 1): the image's first row of pixels
         avg = attrs["mode"] == "avg"
         shape = (len(box), oh, ow, ch)
-        acc = np.zeros(shape, work) if avg else np.full(shape, -np.inf, work)
-        value, term = (np.empty(shape, work), np.empty(shape, work)) if avg else (None, None)  # avg's buffers
-        for iy in range(ys[0].shape[2]):
-            ylo, yhi, wylo, wyhi, yuse = (a[:, :, iy, None] for a in ys)  # (R, oh, 1)
-            for ix in range(xs[0].shape[2]):
-                xlo, xhi, wxlo, wxhi, xuse = (a[:, None, :, ix] for a in xs)  # (R, 1, ow)
-                use = yuse & xuse
-                in_grid = (iy < gh)[:, None, None, None] & (ix < gw)[:, None, None, None]
-                if not (use.any() if avg else in_grid.any()):
-                    continue
-                corners = [((wy * wx * use).astype(work)[..., None], image + yi * w + xi)
-                           for yi, wy in ((ylo, wylo), (yhi, wyhi)) for xi, wx in ((xlo, wxlo), (xhi, wxhi))]
-                if avg:  # the four weighted corners summed, then added to the bins' sums
-                    for k, (weight, rows) in enumerate(corners):
-                        np.take(pixels, rows, axis=0, out=value)
-                        np.multiply(value, weight, out=value if k else term)
-                        if k:
-                            term += value
-                    acc += term
-                else:
-                    terms = [weight * pixels[rows] for weight, rows in corners]
-                    # onnxruntime's max: of the four weighted corners, then over the samples
-                    sample = np.maximum(np.maximum(terms[0], terms[1]), np.maximum(terms[2], terms[3]))
-                    np.maximum(acc, np.where(in_grid, sample, -np.inf), out=acc)
-        if avg:
-            acc /= np.maximum(gh * gw, 1)[:, None, None, None]
-        else:
-            acc[np.isneginf(acc)] = 0
+        acc = np.empty(shape, work)
+        if not jit.roi_align(pixels, image[:, 0, 0], w, ys, xs, gh, gw, avg, acc):
+            _roi_align_numpy(pixels, image, w, ys, xs, gh, gw, avg, acc)
         np.copyto(out, acc.transpose(0, 3, 1, 2), casting="unsafe")
     return run
+
+
+def _roi_align_numpy(pixels, image, w, ys, xs, gh, gw, avg, acc):
+    """jit.roi_align_loop's values by numpy's steps: a loop over the sampling grid's slots,
+    each slot's four corners for all the boxes' bins at once."""
+    shape, work = acc.shape, acc.dtype
+    acc[...] = 0 if avg else -np.inf
+    value, term = (np.empty(shape, work), np.empty(shape, work)) if avg else (None, None)  # avg's buffers
+    for iy in range(ys[0].shape[2]):
+        ylo, yhi, wylo, wyhi, yuse = (a[:, :, iy, None] for a in ys)  # (R, oh, 1)
+        for ix in range(xs[0].shape[2]):
+            xlo, xhi, wxlo, wxhi, xuse = (a[:, None, :, ix] for a in xs)  # (R, 1, ow)
+            use = yuse & xuse
+            in_grid = (iy < gh)[:, None, None, None] & (ix < gw)[:, None, None, None]
+            if not (use.any() if avg else in_grid.any()):
+                continue
+            corners = [((wy * wx * use).astype(work)[..., None], image + yi * w + xi)
+                       for yi, wy in ((ylo, wylo), (yhi, wyhi)) for xi, wx in ((xlo, wxlo), (xhi, wxhi))]
+            if avg:  # the four weighted corners summed, then added to the bins' sums
+                for k, (weight, rows) in enumerate(corners):
+                    np.take(pixels, rows, axis=0, out=value)
+                    np.multiply(value, weight, out=value if k else term)
+                    if k:
+                        term += value
+                acc += term
+            else:
+                terms = [weight * pixels[rows] for weight, rows in corners]
+                # onnxruntime's max: of the four weighted corners, then over the samples
+                sample = np.maximum(np.maximum(terms[0], terms[1]), np.maximum(terms[2], terms[3]))
+                np.maximum(acc, np.where(in_grid, sample, -np.inf), out=acc)
+    if avg:
+        acc /= np.maximum(gh * gw, 1)[:, None, None, None]
+    else:
+        acc[np.isneginf(acc)] = 0

@@ -1172,6 +1172,82 @@ def bind_depthwise_grad(which, a, b, out, strides, dilations, begin, c0, c1):
     return _bound(loop, a.reshape(-1), b.reshape(-1), out.reshape(-1), dims, np.int64(c0), np.int64(c1))
 
 
+# -- RoiAlign ---------------------------------------------------------------------------------
+
+def roi_align_loop(pixels, image, width, ys, yw, yuse, xs, xw, xuse, gh, gw, avg, acc):
+    """acc (R, OH, OW, C) = each box's bins (image.py's roi_align, bit for bit its numpy
+    steps): pixels (P, C), x channels last; image (R,) the first pixel row of each box's
+    image; ys (2, R, OH, GY) the low and high row of each bin's sample slots, yw their
+    weights (float64), yuse whether a slot is in use (in the box's grid, inside the image),
+    xs, xw, xuse the same of columns (R, OW, GX); gh, gw each box's grid. A bin's row of C
+    sums stays in cache while its samples' four corners, each a row of pixels, are weighted
+    (in acc's precision, the weights rounded once from float64) and added: numpy's steps
+    gathered every slot's corners for all the boxes at once, 16 passes of R * OH * OW * C."""
+    rois, oh, ow, c = acc.shape
+    gy, gx = ys.shape[3], xs.shape[3]
+    low = acc.dtype.type(-np.inf)
+    zero = acc.dtype.type(0)
+    term = np.empty(c, acc.dtype)
+    for r in range(rois):
+        base = image[r]
+        for ph in range(oh):
+            for pw in range(ow):
+                a = acc[r, ph, pw]
+                for k in range(c):
+                    a[k] = zero if avg else low
+                for iy in range(gy):
+                    for ix in range(gx):
+                        use = yuse[r, ph, iy] and xuse[r, pw, ix]
+                        if not avg and not (iy < gh[r] and ix < gw[r]):
+                            continue
+                        on = 1.0 if use else 0.0
+                        y0, y1 = ys[0, r, ph, iy], ys[1, r, ph, iy]
+                        x0, x1 = xs[0, r, pw, ix], xs[1, r, pw, ix]
+                        w00 = acc.dtype.type(yw[0, r, ph, iy] * xw[0, r, pw, ix] * on)
+                        w01 = acc.dtype.type(yw[0, r, ph, iy] * xw[1, r, pw, ix] * on)
+                        w10 = acc.dtype.type(yw[1, r, ph, iy] * xw[0, r, pw, ix] * on)
+                        w11 = acc.dtype.type(yw[1, r, ph, iy] * xw[1, r, pw, ix] * on)
+                        p00, p01 = pixels[base + y0 * width + x0], pixels[base + y0 * width + x1]
+                        p10, p11 = pixels[base + y1 * width + x0], pixels[base + y1 * width + x1]
+                        if avg:  # ((w00 v00 + w01 v01) + w10 v10) + w11 v11, then into the bin's sum
+                            for k in range(c):
+                                term[k] = w00 * p00[k]
+                            for k in range(c):
+                                term[k] += w01 * p01[k]
+                            for k in range(c):
+                                term[k] += w10 * p10[k]
+                            for k in range(c):
+                                term[k] += w11 * p11[k]
+                            for k in range(c):
+                                a[k] += term[k]
+                        else:  # numpy's maximum (NaN kept: _fold) of the four terms, then into the bin's
+                            for k in range(c):
+                                a[k] = _fold(a[k], _fold(_fold(w00 * p00[k], w01 * p01[k]),
+                                                         _fold(w10 * p10[k], w11 * p11[k])))
+                if avg:
+                    count = max(gh[r] * gw[r], 1)
+                    for k in range(c):
+                        a[k] = a[k] / count
+                else:
+                    for k in range(c):
+                        if a[k] == low:
+                            a[k] = zero
+
+
+def roi_align(pixels, image, width, ys, xs, gh, gw, avg, acc):
+    """Run roi_align_loop on image.py's arrays (ys, xs: _roi_axis's tuples); False where numba
+    is not loaded (numpy's steps then)."""
+    if not loaded():
+        return False
+    pair = lambda t, k: np.ascontiguousarray(np.stack([t[k], t[k + 1]]))  # noqa: E731
+    args = (pixels, np.ascontiguousarray(image, np.int64), np.int64(width), pair(ys, 0).astype(np.int64),
+            pair(ys, 2), np.ascontiguousarray(ys[4]), pair(xs, 0).astype(np.int64), pair(xs, 2),
+            np.ascontiguousarray(xs[4]), np.ascontiguousarray(gh, np.int64), np.ascontiguousarray(gw, np.int64),
+            bool(avg), acc)
+    compiled(roi_align_loop, *args)(*args)
+    return True
+
+
 # -- max pooling -----------------------------------------------------------------------------
 
 def _window_maxima(phases, tap_off, acc, length):
