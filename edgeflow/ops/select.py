@@ -102,6 +102,14 @@ def non_max_suppression(boxes, scores, attrs):
     return np.array(rows, np.int64).reshape(-1, 3)
 
 
+# A compiled stand-in for _in_blocks (the same arguments, the same boxes kept), or None:
+# interp/kernels/select.py sets it to jit.py's greedy loop (`nms_group`), which returns None
+# where numba is not loaded (_in_blocks then). The ops stay numpy's; the interpreter's
+# value inference, where a NonMaxSuppression's rows are made (a staged plan's boundary),
+# reaches it through here.
+group_pass = None
+
+
 def _overlaps(a, b, threshold):
     """[len(a), len(b)]: whether box a[i] overlaps b[j] by IoU above `threshold` (rows of
     y1, x1, y2, x2, area; boxes of no area overlap nothing)."""
@@ -140,7 +148,8 @@ def _greedy(boxes, order, threshold, limit):
         rank[order] = np.arange(n)
         members = crowded[np.argsort(group[crowded], kind="stable")]  # by group, each in rank order
         for part in np.split(members, np.cumsum(counts[counts > 1])[:-1]):
-            kept.append(rank[_in_blocks(boxes, order[part], threshold, limit)])
+            chosen = None if group_pass is None else group_pass(boxes, order[part], threshold, limit)
+            kept.append(rank[_in_blocks(boxes, order[part], threshold, limit) if chosen is None else chosen])
     return order[np.sort(np.concatenate(kept))[:limit]].tolist()
 
 

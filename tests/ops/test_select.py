@@ -151,3 +151,37 @@ def test_non_max_suppression_of_boxes_shifted_apart_by_class(limit):
     np.testing.assert_array_equal(got[:, 2], _brute_force_nms(boxes[0], scores[0, 0], np.float32(0.3), limit))
     full = len(_brute_force_nms(boxes[0], scores[0, 0], np.float32(0.3), 10 ** 9))
     assert len(got) == min(limit, full) and full > 150  # the smaller limits cut across the groups
+
+
+@pytest.mark.parametrize("limit", [0, 1, 9, 10 ** 6])
+@pytest.mark.parametrize("iou", [0.0, 0.3, 0.7])
+def test_the_compiled_greedy_pass_keeps_what_the_numpy_blocks_keep(monkeypatch, limit, iou):
+    """jit.nms_group (numba, where loaded: the interpreter's kernels hand it to ops/select.py)
+    against _in_blocks, numpy's pass in blocks of 64, and the brute-force definition: clusters
+    of up to 300 boxes (several blocks), flipped corners, boxes of no area, a NaN corner and an
+    infinite one, tied scores, limits that cut inside a group."""
+    from edgeflow.interp.kernels import jit, select as select_kernels  # noqa: F401 (sets the hook)
+    from edgeflow.ops import select
+    assert jit.available() and select.group_pass is jit.nms_group
+    rng = np.random.default_rng(limit + int(10 * iou))
+    parts = []
+    for c in range(12):
+        count = int(rng.integers(1, 300 if c < 2 else 40))
+        corners = rng.random((count, 2)) * 30
+        parts.append(np.concatenate([corners, corners + rng.random((count, 2)) * 14 - 2], -1) + c * 60)
+    boxes = np.concatenate(parts).astype(np.float32)
+    boxes[5, 3] = boxes[5, 1]  # no area
+    boxes[7, 0] = np.nan
+    boxes[11, 2] = np.inf
+    boxes = boxes[rng.permutation(len(boxes))][None]
+    scores = np.round(rng.random((1, 1, boxes.shape[1])), 2).astype(np.float32)
+    attrs = {"max_output_boxes_per_class": limit, "iou_threshold": iou, "score_threshold": None,
+             "center_point_box": 0}
+    calls = []
+    monkeypatch.setattr(select, "group_pass", lambda *args: calls.append(1) or jit.nms_group(*args))
+    with np.errstate(all="ignore"):  # as the interpreter runs it (inf - inf in numpy's union)
+        got = select.non_max_suppression(boxes, scores, attrs)
+        assert calls or limit == 0
+        monkeypatch.setattr(select, "group_pass", None)
+        np.testing.assert_array_equal(got, select.non_max_suppression(boxes, scores, attrs))
+    np.testing.assert_array_equal(got[:, 2], _brute_force_nms(boxes[0], scores[0, 0], np.float32(iou), limit))

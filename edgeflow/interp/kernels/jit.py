@@ -1248,6 +1248,57 @@ def roi_align(pixels, image, width, ys, xs, gh, gw, avg, acc):
     return True
 
 
+# -- NonMaxSuppression ------------------------------------------------------------------------
+
+def nms_group_loop(boxes, order, threshold, limit, kept):
+    """ops/select.py's _in_blocks as one greedy pass: the boxes (rows of y1, x1, y2, x2,
+    area, float64) in `order`, each kept unless one kept before it overlaps it by IoU above
+    `threshold` (as _overlaps: boxes of no area overlap nothing; a NaN corner makes the area
+    NaN, so its box overlaps nothing), at most `limit`; their indices written to `kept`, their
+    count returned. numpy's blocks run a Python loop a box and two IoU matrices a block:
+    Faster R-CNN's 93 groups took 113 ms of its value inference. The models at one thread,
+    interleaved with onnxruntime, the same outputs: Faster R-CNN 265 -> 184 ms (onnxruntime
+    303), SSDlite 304 -> 164 (436)."""
+    m = order.shape[0]
+    alive = np.ones(m, np.bool_)
+    count = 0
+    zero = 0.0
+    if limit <= 0:
+        return count
+    for a in range(m):
+        if not alive[a]:
+            continue
+        i = order[a]
+        kept[count] = i
+        count += 1
+        if count == limit:
+            break
+        y1, x1, y2, x2, area = boxes[i, 0], boxes[i, 1], boxes[i, 2], boxes[i, 3], boxes[i, 4]
+        if not area > zero:
+            continue
+        for b in range(a + 1, m):
+            if alive[b]:
+                j = order[b]
+                h = min(y2, boxes[j, 2]) - max(y1, boxes[j, 0])
+                w = min(x2, boxes[j, 3]) - max(x1, boxes[j, 1])
+                inter = (zero if h < zero else h) * (zero if w < zero else w)
+                other = boxes[j, 4]
+                if inter > zero and other > zero and inter / (area + other - inter) > threshold:
+                    alive[b] = False
+    return count
+
+
+def nms_group(boxes, order, threshold, limit):
+    """nms_group_loop's kept indices (a list), or None where numba is not loaded."""
+    if not loaded():
+        return None
+    order = np.ascontiguousarray(order, np.int64)
+    kept = np.empty(order.shape[0], np.int64)
+    args = (np.ascontiguousarray(boxes, np.float64), order, np.float64(threshold), np.int64(limit), kept)
+    count = compiled(nms_group_loop, *args)(*args)
+    return kept[:count].tolist()
+
+
 # -- max pooling -----------------------------------------------------------------------------
 
 def _window_maxima(phases, tap_off, acc, length):
