@@ -114,6 +114,41 @@ def test_scatter_elements(run_op, rng, reduction, data_shape, indices_shape, axi
     assert_close(out, scatter_elements_reference(data, indices, updates, rank_axis, reduction), np.float64)
 
 
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_scatter_elements_of_whole_slices(run_op, rng, reduction, axis):
+    """Indices the same at every position off the axis, spanning data's other axes whole
+    (torchvision's MultiScaleRoIAlign putting each level's results back): whole slices
+    written at once, the per-element definition's values; repeated and negative indices
+    (reductions combine the repeats in order); an index off by one place off the axis takes
+    the element path, and an index past the end is refused either way."""
+    data = random_array(rng, (5, 4, 3), "float64")
+    count = (7, 4, 3)[axis] if axis != -1 else 4  # more than data's along the axis: repeats
+    if reduction == "none":  # no repeats: the order is open there
+        count = min(count, data.shape[axis])
+    shape = list(data.shape)
+    shape[axis] = count
+    picks = rng.integers(-data.shape[axis], data.shape[axis], count)
+    if reduction == "none":
+        picks = rng.permutation(data.shape[axis])[:count] - rng.integers(0, 2, count) * data.shape[axis]
+    view = [1, 1, 1]
+    view[axis] = count
+    indices = np.ascontiguousarray(np.broadcast_to(picks.reshape(view), shape)).astype(np.int64)
+    updates = random_array(rng, tuple(shape), "float64")
+    op = lambda d, i, u: apply("scatter_elements", [d, i, u], {"axis": axis, "reduction": reduction})  # noqa: E731
+    rank_axis = axis % 3
+    assert_close(run_op(op, data, indices, updates),
+                 scatter_elements_reference(data, indices, updates, rank_axis, reduction), np.float64)
+    odd = indices.copy()
+    odd[(0,) * 3] = (odd[(0,) * 3] + 1) % data.shape[rank_axis]
+    assert_close(run_op(op, data, odd, updates), scatter_elements_reference(data, odd, updates, rank_axis, reduction),
+                 np.float64)
+    bad = indices.copy()
+    bad[...] = data.shape[rank_axis]
+    with pytest.raises(ef.errors.InvalidInputError, match="out of range"):
+        run_op(op, data, bad, updates)
+
+
 @pytest.mark.parametrize("dtype", EVERY)
 def test_scatter_elements_dtypes(run_op, rng, dtype):
     data, updates = random_array(rng, (3, 4), dtype), random_array(rng, (3, 2), dtype)
