@@ -73,6 +73,31 @@ def test_gather_nd(run_op, rng, data_shape, indices_shape, batch_dims):
     assert_close(out, gather_nd_reference(data, indices, batch_dims), np.float32)
 
 
+@pytest.mark.parametrize("data_shape,indices_shape,batch_dims", [
+    ((4, 3), (2, 2), 0), ((2, 16), (2, 1, 1, 16, 2), 0), ((2, 3, 4), (2, 5, 1), 1), ((2, 3, 4, 5), (2, 3, 2), 2)])
+def test_gather_nd_by_constant_indices(compile_graph, graph, rng, data_shape, indices_shape, batch_dims):
+    """Indices the model holds as a constant (a dynamo-exported BERT's mask expansion, the
+    second shape) are checked and made flat positions when the plan binds: each run takes
+    them; negative ones count from the end. An out-of-range one fails the plan, naming the op."""
+    k = indices_shape[-1]
+    columns = [_indices(rng, indices_shape[:-1], n) for n in data_shape[batch_dims:batch_dims + k]]
+    indices = np.stack(columns, -1)
+    data = ef.placeholder("float32", data_shape, name="d")
+    run = compile_graph(graph, {"d": data}, {"y": apply("gather_nd", [data, ef.constant(indices)],
+                                                        {"batch_dims": batch_dims})})
+    for seed in range(2):  # new data each run, the same positions
+        values = random_array(np.random.default_rng(seed), data_shape, "float32")
+        np.testing.assert_array_equal(run(d=values)["y"], gather_nd_reference(values, indices, batch_dims))
+    bad = indices.copy()
+    bad.reshape(-1, k)[0, 0] = data_shape[batch_dims]
+    with ef.Graph().as_default() as other:
+        data = ef.placeholder("float32", data_shape, name="d")
+        run = compile_graph(other, {"d": data}, {"y": apply("gather_nd", [data, ef.constant(bad)],
+                                                            {"batch_dims": batch_dims})})
+        with pytest.raises((InvalidInputError, ef.errors.FormatError), match="gather_nd"):
+            run(d=np.zeros(data_shape, np.float32))
+
+
 @pytest.mark.parametrize("dtype", EVERY)
 def test_gather_nd_dtypes(run_op, rng, dtype):
     data = random_array(rng, (3, 4), dtype)
