@@ -197,7 +197,9 @@ def test_error_on_a_resnet_like_layer(algo, transforms):
 @pytest.mark.parametrize("shape, m, algo", [((1, 64, 56, 56), 64, "winograd4"), ((1, 256, 14, 14), 256, "winograd2"),
                                             ((1, 8, 56, 56), 8, "direct"), ((1, 512, 2, 2), 512, "direct"),
                                             ((1, 16, 55, 55), 64, "direct"), ((1, 24, 56, 56), 24, "winograd4"),
-                                            ((1, 64, 56, 56), 8, "direct")])
+                                            ((1, 64, 56, 56), 8, "direct"),
+                                            ((1, 128, 14, 14), 32, "winograd2"),  # DenseNet-121's
+                                            ((1, 128, 7, 7), 32, "winograd2"), ((1, 128, 6, 6), 32, "direct")])
 def test_rule(shape, m, algo):
     assert winograd.rule(shape, (m, shape[1], 3, 3), shape[2:]) == algo
 

@@ -90,9 +90,13 @@ def applies(x, w, group, strides, dilations):
 def rule(x_shape, w_shape, out_shape):
     """The path measured fastest for this shape (benchmarks/bench_winograd.py, numpy's
     OpenBLAS on 1 thread): F(4x4) once there are 32 of its tiles (ResNet-18's 56, 28 and 14
-    layers at batch 8, 56 and 28 at batch 1); else F(2x2) if there are 16 of its tiles and
-    work enough that the product dominates (C * M * tiles >= 2^20: ResNet-18's 14 and 7
-    layers at batch 1); else direct. Below 16 channels, or 24 input channels, the transforms
+    layers at batch 8, 56 and 28 at batch 1); else F(2x2) if there are 16 of its tiles
+    (ResNet-18's 14 and 7 layers at batch 1); else direct. F(2x2) took work enough that the
+    product dominates too (C * M * tiles >= 2^20) until stop 55, when the direct path ran
+    DenseNet-121's 128 -> 32 convs at batch 1 at 14x14 in 581 us against F(2x2)'s 137 (its
+    24 layers there: 14.0 ms against onnxruntime's 4.9), at 7x7 203 against 68; alone, one
+    thread, F(2x2) won 1.3-5.5x over 21 shapes of 32-512 input and 32-256 output channels at
+    14x14 and 7x7, lost at 7x7 with 32 -> 128 (78 us against 61). Below 16 channels, or 24 input channels, the transforms
     cost more than the multiplies they save (SqueezeNet's expand convs, 16 -> 64 at 55x55:
     direct 2.38 ms against F(4x4)'s 2.63 at batch 1, 15.7 against 21.9 at batch 8; 16 -> 32
     at 28x28 0.34 against 0.38; at 24 input channels each won some, at 32 F(4x4) most); with
@@ -105,8 +109,7 @@ def rule(x_shape, w_shape, out_shape):
         return "direct"
     if n * -(-oh // 4) * -(-ow // 4) >= 32:
         return "winograd4"
-    tiles = n * -(-oh // 2) * -(-ow // 2)
-    if tiles >= 16 and c * m * tiles >= 1 << 20:
+    if n * -(-oh // 2) * -(-ow // 2) >= 16:
         return "winograd2"
     return "direct"
 
