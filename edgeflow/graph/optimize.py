@@ -205,7 +205,7 @@ def _scalar(t, value):
         and abs(float(np.asarray(c).reshape(-1)[0]) - value) <= 1e-4 * abs(value)
 
 
-def _operands(node, op, uses, scalar=None):
+def _operands(node, op, scalar=None):
     """node's two operands (x, y) where node is a binary `op`, y the one that is the constant
     `scalar` when given; None otherwise."""
     if node is None or node.op != op or len(node.inputs) != 2:
@@ -229,13 +229,13 @@ def _cube_of(t, uses):
     if not _only_read(t, uses):
         return None
     node = t.node
-    found = _operands(node, "pow", uses)
+    found = _operands(node, "pow")
     if found and _scalar(found[1], 3.0):
         return found[0]
-    found = _operands(node, "mul", uses)
+    found = _operands(node, "mul")
     if found:
         for a, b in (found, found[::-1]):
-            inner = _operands(b.node, "mul", uses) if _only_read(b, uses) else None
+            inner = _operands(b.node, "mul") if _only_read(b, uses) else None
             if inner and inner[0] is a and inner[1] is a:
                 return a
     return None
@@ -245,29 +245,30 @@ def _tanh_gelu_input(top, uses):
     """The x of 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))) where mul node
     `top` computes it (operands in either order, the half on either product; each step's
     output read by the next alone), else None."""
-    pair = _operands(top, "mul", uses)
+    pair = _operands(top, "mul")
     if pair is None:
         return None
     for p, q in (pair, pair[::-1]):
-        half = _operands(p.node, "mul", uses, 0.5) if _only_read(p, uses) else None
+        half = _operands(p.node, "mul", 0.5) if _only_read(p, uses) else None
+        halved = _operands(q.node, "mul", 0.5) if half is None and _only_read(q, uses) else None
         if half is not None:  # (x * 0.5) * (1 + tanh(...))
             x, one_plus = half[0], q
-        elif _only_read(q, uses) and _operands(q.node, "mul", uses, 0.5):  # x * ((1 + tanh(...)) * 0.5)
-            x, one_plus = p, _operands(q.node, "mul", uses, 0.5)[0]
+        elif halved is not None:  # x * ((1 + tanh(...)) * 0.5)
+            x, one_plus = p, halved[0]
         else:
             continue
-        added = _operands(one_plus.node, "add", uses, 1.0) if _only_read(one_plus, uses) else None
+        added = _operands(one_plus.node, "add", 1.0) if _only_read(one_plus, uses) else None
         if added is None or not _only_read(added[0], uses) or added[0].node.op != "tanh":
             continue
         scaled = added[0].node.inputs[0]
-        inner = _operands(scaled.node, "mul", uses, float(np.sqrt(2 / np.pi))) if _only_read(scaled, uses) else None
+        inner = _operands(scaled.node, "mul", float(np.sqrt(2 / np.pi))) if _only_read(scaled, uses) else None
         if inner is None or not _only_read(inner[0], uses):
             continue
-        terms = _operands(inner[0].node, "add", uses)
+        terms = _operands(inner[0].node, "add")
         if terms is None:
             continue
         for a, b in (terms, terms[::-1]):
-            cubic = _operands(b.node, "mul", uses, 0.044715) if _only_read(b, uses) else None
+            cubic = _operands(b.node, "mul", 0.044715) if _only_read(b, uses) else None
             if a is x and cubic is not None and _cube_of(cubic[0], uses) is x:
                 return x
     return None

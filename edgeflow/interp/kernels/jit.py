@@ -1239,11 +1239,11 @@ def roi_align(pixels, image, width, ys, xs, gh, gw, avg, acc):
     is not loaded (numpy's steps then)."""
     if not loaded():
         return False
-    pair = lambda t, k: np.ascontiguousarray(np.stack([t[k], t[k + 1]]))  # noqa: E731
-    args = (pixels, np.ascontiguousarray(image, np.int64), np.int64(width), pair(ys, 0).astype(np.int64),
-            pair(ys, 2), np.ascontiguousarray(ys[4]), pair(xs, 0).astype(np.int64), pair(xs, 2),
-            np.ascontiguousarray(xs[4]), np.ascontiguousarray(gh, np.int64), np.ascontiguousarray(gw, np.int64),
-            bool(avg), acc)
+
+    def axis(t):  # (low and high indices, their weights, in use) of one axis's samples
+        return np.stack(t[:2]).astype(np.int64), np.stack(t[2:4]), np.ascontiguousarray(t[4])
+    args = (pixels, np.ascontiguousarray(image, np.int64), np.int64(width), *axis(ys), *axis(xs),
+            np.ascontiguousarray(gh, np.int64), np.ascontiguousarray(gw, np.int64), bool(avg), acc)
     compiled(roi_align_loop, *args)(*args)
     return True
 
