@@ -86,10 +86,10 @@ def test_declines_where_native_gemm_does_not_run(monkeypatch):
     assert native_winograd.bind_input(x, np.zeros((36, 2, 4), np.float32), (1, 1), 2, 2, 0, 2) is None
 
 
-def untransformed(p, bias, out_shape, tile_rows, tile_cols, activation):
-    """act(A^T P A + bias) of each tile's products p (36, M, N * tiles) in float64, tiles
-    placed at 4 i, 4 j of out (N, M, OH, OW) and cropped; and the largest |A^T| |P| |A| (the
-    sums' terms' scale, which float32's rounding is relative to)."""
+def untransformed(p, bias, out_shape, tile_rows, tile_cols, activation, residual=None):
+    """act(A^T P A + bias [+ residual]) of each tile's products p (36, M, N * tiles) in
+    float64, tiles placed at 4 i, 4 j of out (N, M, OH, OW) and cropped; and the largest
+    |A^T| |P| |A| (the sums' terms' scale, which float32's rounding is relative to)."""
     n, m, oh, ow = out_shape
     at = winograd.TRANSFORMS[4][2]
 
@@ -98,33 +98,45 @@ def untransformed(p, bias, out_shape, tile_rows, tile_cols, activation):
         return np.einsum("rk,ksmnij,cs->nmirjc", t, tiles, t).reshape(n, m, 4 * tile_rows, 4 * tile_cols)
     y = placed(at, p)[:, :, :oh, :ow] + bias.astype(np.float64)[:, None, None]
     terms = np.nanmax(placed(np.abs(at), np.abs(p))) + np.abs(bias).max()
+    if residual is not None:
+        y = y + residual
+        terms += np.abs(residual).max()
     return {"": y, "relu": np.maximum(y, 0), "relu6": np.clip(y, 0, 6)}[activation], terms
 
 
 @pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(1, 2), m=st.integers(1, 5), oh=st.integers(1, 50), ow=st.integers(21, 70),
-       activation=st.sampled_from(["", "relu", "relu6"]), channels=st.data(), seed=st.integers(0, 2 ** 16))
-def test_output_transform(n, m, oh, ow, activation, channels, seed):
+       activation=st.sampled_from(["", "relu", "relu6"]), residual=st.booleans(), channels=st.data(),
+       seed=st.integers(0, 2 ** 16))
+def test_output_transform(n, m, oh, ow, activation, residual, channels, seed):
     """Planes of OUTPUT_MIN_TILE_COLS tile columns and more (a last group of 8 tiles
     overlapping the one before where they are 8 or more), rows and columns cropped at the
-    plane's edge (OH, OW not multiples of 4), images, each activation and a range of output
-    channels (the others left as they were): float64's values within float32 rounding, and
-    jit.py's loop's."""
+    plane's edge (OH, OW not multiples of 4), images, each activation, with and without a
+    residual (a ResNet block's add, before the activation), and a range of output channels
+    (the others left as they were): float64's values within float32 rounding, and jit.py's
+    loop's; with a residual, bit for bit the transform without it, then numpy's add and clip."""
     m0 = channels.draw(st.integers(0, m - 1))
     m1 = channels.draw(st.integers(m0 + 1, m))
     rows, cols = -(-oh // 4), -(-ow // 4)
     rng = np.random.default_rng(seed)
     p = rng.standard_normal((36, m, n * rows * cols)).astype(np.float32)
     bias = rng.standard_normal(m).astype(np.float32)
+    res = rng.standard_normal((n, m, oh, ow)).astype(np.float32) if residual else None
     out = np.full((n, m, oh, ow), np.nan, np.float32)
-    native_winograd.bind_output(p, bias, out, rows, cols, activation, m0, m1)()
-    want, scale = untransformed(p, bias, out.shape, rows, cols, activation)
+    native_winograd.bind_output(p, bias, out, rows, cols, activation, m0, m1, res)()
+    want, scale = untransformed(p, bias, out.shape, rows, cols, activation, res)
     np.testing.assert_allclose(out[:, m0:m1], want[:, m0:m1], rtol=0, atol=1e-6 * scale)
     assert np.isnan(out[:, :m0]).all() and np.isnan(out[:, m1:]).all()
     loop = np.full_like(out, np.nan)
-    jit.bind_winograd_output(p, bias, loop, 4, rows, cols, activation, m0, m1)()
+    jit.bind_winograd_output(p, bias, loop, 4, rows, cols, activation, m0, m1, res)()
     np.testing.assert_allclose(out[:, m0:m1], loop[:, m0:m1], rtol=0, atol=1e-6 * scale)
+    if residual:
+        plain = np.full_like(out, np.nan)
+        native_winograd.bind_output(p, bias, plain, rows, cols, "", m0, m1)()
+        added = plain + res
+        added = {"": added, "relu": np.maximum(added, 0), "relu6": np.clip(added, 0, 6)}[activation]
+        np.testing.assert_array_equal(out[:, m0:m1], added[:, m0:m1])
 
 
 @pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
@@ -146,8 +158,8 @@ def test_output_transform_of_whole_layers(n, m, oh, ow):
 @pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
 def test_output_transform_declines_what_it_does_not_take():
     """Narrow planes (fewer than OUTPUT_MIN_TILE_COLS tile columns: jit.py's loop is as fast),
-    more products than OUTPUT_MAX_PRODUCTS, activations other than relu and relu6, float64:
-    None."""
+    more products than OUTPUT_MAX_PRODUCTS, activations other than relu and relu6, float64,
+    a residual not of out's shape, dtype and layout: None."""
     p, bias = np.zeros((36, 2, 2 * 7), np.float32), np.zeros(2, np.float32)
     out = np.zeros((1, 2, 8, 28), np.float32)
     assert native_winograd.bind_output(p, bias, out, 2, 7, "relu", 0, 2) is not None
@@ -160,3 +172,7 @@ def test_output_transform_declines_what_it_does_not_take():
     assert native_winograd.bind_output(large, bias, np.zeros((many, 2, 56, 56), np.float32), 14, 14, "", 0, 2) is None
     one = np.zeros((36, 2, 14 * 14), np.float32)
     assert native_winograd.bind_output(one, bias, np.zeros((1, 2, 56, 56), np.float32), 14, 14, "", 0, 2) is not None
+    for residual in (np.zeros((1, 2, 56, 55), np.float32), np.zeros((1, 2, 56, 56)),
+                     np.zeros((1, 2, 56, 112), np.float32)[..., ::2]):  # another shape, float64, strided
+        assert native_winograd.bind_output(one, bias, np.zeros((1, 2, 56, 56), np.float32), 14, 14, "", 0, 2,
+                                           residual) is None

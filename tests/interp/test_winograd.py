@@ -297,6 +297,57 @@ def test_wide_planes_take_both_native_transforms(workers_n, shape, transforms):
     assert_near(out, reference(x, w, b, (1, 1, 1, 1), "relu"))
 
 
+def _run(build, x, num_threads):
+    """The signature of build(x's placeholder)'s outputs, run on x (the JIT on), and the
+    opcodes of the steps that ran."""
+    import edgeflow as ef
+    from edgeflow.format import writer
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, x.shape, name="x")
+        outputs = build(t)
+    it = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, outputs)})), num_threads=num_threads,
+                        jit=True)
+    profile = it.enable_profiling()
+    got = it.get_signature_runner("infer")(x=x)
+    return got, sorted(r.opcode for r in profile.records.values())
+
+
+@pytest.mark.parametrize("num_threads", [1, 2])
+@pytest.mark.parametrize("channels, size, algo, activation", [
+    (32, 28, "winograd4", "relu"), (24, 30, "winograd4", ""), (32, 7, "winograd2", "relu"),
+    (40, 13, "winograd2", "relu6")])
+def test_a_residual_add_after_a_winograd_conv_runs_in_its_output_transform(num_threads, channels, size, algo,
+                                                                           activation):
+    """A ResNet block's end: a 3x3 conv that the rule runs as Winograd (F(4x4) on planes of 7
+    and 8 tile columns, one cropped; F(2x2) at 7x7 and 13x13), then add(its output, the
+    block's input) with an activation: the plan binds the add into the conv's step, whose
+    output transform adds the residual as it stores (native_winograd's or jit.py's loop), at
+    1 and 2 threads (output channels apart). Bit for bit the conv and the add run apart
+    (the conv's output a signature output too: nothing fuses), and the float64 reference's
+    values within float32 rounding."""
+    from edgeflow.graph.math_ops import apply
+    assert jit.available()
+    assert winograd.rule((1, channels, size, size), (channels, channels, 3, 3), (size, size)) == algo
+    rng = np.random.default_rng(size)
+    x = rng.standard_normal((1, channels, size, size)).astype(np.float32)
+    w = (rng.standard_normal((channels, channels, 3, 3)) * 0.2).astype(np.float32)
+    b = rng.standard_normal(channels).astype(np.float32)
+
+    def build(apart):
+        def outputs(t):
+            y = apply("conv", [t, w, b], {"pads": (1, 1, 1, 1)})
+            z = apply("add", [y, t], {"activation": activation})
+            return {"z": z, **({"y": y} if apart else {})}
+        return outputs
+    fused, ran = _run(build(False), x, num_threads)
+    apart, ran_apart = _run(build(True), x, num_threads)
+    assert ran == ["conv"] and ran_apart == ["add", "conv"], (ran, ran_apart)
+    np.testing.assert_array_equal(fused["z"], apart["z"])
+    want = reference(x, w, b, (1, 1, 1, 1)) + x
+    assert_near(fused["z"], {"": want, "relu": np.maximum(want, 0), "relu6": np.clip(want, 0, 6)}[activation])
+
+
 @pytest.mark.parametrize("m, shape", [(4, (170, 160)), (2, (250, 240)), (4, (5, 3))])
 @pytest.mark.parametrize("split", [False, True])
 def test_transformed_weights_match_numpy(m, shape, split):

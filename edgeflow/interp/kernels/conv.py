@@ -164,7 +164,8 @@ def _epilogue(ins, out, attrs, residual=None, slope=None, activation=None, scale
     not run: numba not loaded (a plan keeping its first
     run short; the columns' loops are numba's too), weights, bias or slope that may change
     between runs (variables: packed once here), convs that jit.py's loops or winograd.py
-    take, or shapes native_gemm leaves to BLAS. `activation` (default: the conv's own) comes
+    take (but for a Winograd conv's residual add, which its output transform's loop applies:
+    winograd.conv), or shapes native_gemm leaves to BLAS. `activation` (default: the conv's own) comes
     after the residual; plan.py passes the add's where the conv has none. residual: out's
     shape; slope: a PReLU's, constant along all but the channel axis; scale: (N or 1, C, 1,
     1), each image's factor for each channel of x, applied as the product packs x (a
@@ -183,11 +184,13 @@ def _epilogue(ins, out, attrs, residual=None, slope=None, activation=None, scale
     n, c, m = x.shape[0], x.shape[1], w.shape[0]
     kernel_shape, p = w.shape[2:], math.prod(out.shape[2:])
     depth = c * math.prod(kernel_shape)
-    if not native_gemm.suits(m, depth, p) or not native_gemm.available():
-        return None
     strides, dilations, _ = window_params("conv", attrs, 2)
     out_shape, begin, end = window_geometry("conv", x.shape[2:], kernel_shape, attrs)
-    if winograd.choose(x, w, 1, strides, dilations, out_shape, winograd.rule) != "direct":
+    algo = winograd.choose(x, w, 1, strides, dilations, out_shape, winograd.rule)
+    if algo != "direct":  # the residual added by the output transform's loop, as it stores each row
+        return None if residual is None or slope is not None or scale is not None \
+            else winograd.conv(x, w, bias, begin, out, algo, activation, residual)
+    if not native_gemm.suits(m, depth, p) or not native_gemm.available():
         return None
     if slope is not None:
         if slope.flags.writeable or slope.ndim > out.ndim:

@@ -186,20 +186,23 @@ OUTPUT_MIN_TILE_COLS = 6
 # 3.6 ms, 128 at 28x28 1.5 against 1.5; the model 250 against 240 ms, within this machine's
 # spread).
 OUTPUT_MAX_PRODUCTS = 1 << 20
-# Operands of the output transform's call.
-(P, BIAS, OUT, ON, OM, OH, OW, OTH, OTW, M0, M1, OPLANE, ACT) = range(13)
-OUTPUT_FIELDS = 13
+# Operands of the output transform's call (RES: a residual's address, or 0 for none).
+(P, BIAS, OUT, ON, OM, OH, OW, OTH, OTW, M0, M1, OPLANE, ACT, RES) = range(14)
+OUTPUT_FIELDS = 14
 
 
 def emit_output(module, ir, name):
-    """The function `name`(fields): out (N, M, OH, OW)[:, M0:M1] = act(A^T P A + bias) of
-    each tile's products P (p: (36, M, N * OTH * OTW), OPLANE floats from one of the 36
-    positions to the next), tile (n, i, j) at out's row 4 i, column 4 j (cropped at its
-    edge); ACT 0 none, 1 relu, 2 relu6 (selects that keep NaN)."""
+    """The function `name`(fields): out (N, M, OH, OW)[:, M0:M1] = act(A^T P A + bias
+    [+ res]) of each tile's products P (p: (36, M, N * OTH * OTW), OPLANE floats from one of
+    the 36 positions to the next), tile (n, i, j) at out's row 4 i, column 4 j (cropped at
+    its edge); res (RES, where not 0) a residual of out's layout, added to the biased values
+    (rounded: the bits of the conv and an add after it), its floats read where the row's
+    are stored (a branch of its own); ACT 0 none, 1 relu, 2 relu6 (selects that keep NaN), after
+    the residual."""
     e = Emitter(module, ir, name, OUTPUT_FIELDS)
     b, c, const, loop, when, shuffle, block = e.b, e.c, e.const, e.loop, e.when, e.shuffle, e.block
     f32, v8, vptr, i64x8 = e.f32, e.v8, e.vptr, e.i64x8
-    p, bias, out, n_, m_, oh, ow, th, tw, m0, m1, plane, act = e.fields
+    p, bias, out, n_, m_, oh, ow, th, tw, m0, m1, plane, act, res = e.fields
     zero = const(0.0)
     tiles = b.mul(n_, b.mul(th, tw))  # p's floats from one output channel to the next
     lanes = ir.Constant(i64x8, list(range(TILES)))
@@ -207,6 +210,7 @@ def emit_output(module, ir, name):
     relu, relu6 = b.icmp_signed("==", act, c(1)), b.icmp_signed("==", act, c(2))
     low = b.select(b.or_(relu, relu6), const(0.0), const(float("-inf")))
     high = b.select(relu6, const(6.0), const(float("inf")))
+    adding = b.icmp_signed("!=", res, c(0))
 
     def products(at):
         """The 36 positions' vectors of tiles at..at + 7 (plain loads, masked at p's end)."""
@@ -246,11 +250,7 @@ def emit_output(module, ir, name):
             row = b.add(b.mul(i, c(4)), c(r))
 
             def store_row(r=r, row=row):
-                values = []
-                for col in range(4):
-                    value = b.fadd(y[col][r], shift)
-                    value = b.select(b.fcmp_ordered("<", value, low), low, value)
-                    values.append(b.select(b.fcmp_ordered(">", value, high), high, value))
+                values = [b.fadd(y[col][r], shift) for col in range(4)]  # clipped once interleaved (and added to)
                 first = shuffle(values[0], values[1], [0, 8, 1, 9, 2, 10, 3, 11])  # tiles 0-3: columns 0, 1
                 second = shuffle(values[2], values[3], [0, 8, 1, 9, 2, 10, 3, 11])  # columns 2, 3
                 third = shuffle(values[0], values[1], [4, 12, 5, 13, 6, 14, 7, 15])  # tiles 4-7
@@ -259,15 +259,44 @@ def emit_output(module, ir, name):
                         for order in ([0, 1, 8, 9, 2, 3, 10, 11], [4, 5, 12, 13, 6, 7, 14, 15])]
                 target = b.add(out, b.mul(b.add(b.mul(b.add(b.mul(n, m_), mo), b.mul(oh, ow)),
                                                 b.add(b.mul(row, ow), b.mul(j0, c(4)))), c(4)))
-                for q in range(4):
-                    when(b.icmp_signed("<", c(q), whole), lambda q=q: setattr(b.store(
-                        runs[q], b.inttoptr(b.add(target, c(4 * TILES * q)), vptr)), "align", 4))
-                rest = b.urem(width, c(TILES))
-                last = runs[3]
-                for q in (2, 1, 0):
-                    last = b.select(b.icmp_signed("==", whole, c(q)), runs[q], last)
-                when(b.icmp_signed("!=", rest, c(0)),
-                     lambda: e.pieces(rest, [(b.add(target, b.mul(whole, c(4 * TILES))), last)]))
+
+                def clipped(value):
+                    value = b.select(b.fcmp_ordered("<", value, low), low, value)
+                    return b.select(b.fcmp_ordered(">", value, high), high, value)
+
+                def store(runs, residual=None):  # residual: its floats' address, added before the clip
+                    def added(value, at, count=None):
+                        if residual is None:
+                            return clipped(value)
+                        address = b.add(residual, b.mul(at, c(4)))
+                        addend = e.vector_at(address) if count is None else b.call(e.masked_load, [
+                            b.inttoptr(address, vptr), ir.Constant(e.i32, 4),
+                            b.icmp_signed("<", lanes, e.splat(count, i64x8)), zero])
+                        return clipped(b.fadd(value, addend))
+                    for q in range(4):
+                        when(b.icmp_signed("<", c(q), whole), lambda q=q: setattr(b.store(
+                            added(runs[q], c(TILES * q)), b.inttoptr(b.add(target, c(4 * TILES * q)), vptr)),
+                            "align", 4))
+                    rest = b.urem(width, c(TILES))
+                    last = runs[3]
+                    for q in (2, 1, 0):
+                        last = b.select(b.icmp_signed("==", whole, c(q)), runs[q], last)
+                    at = b.mul(whole, c(TILES))
+                    when(b.icmp_signed("!=", rest, c(0)),
+                         lambda: e.pieces(rest, [(b.add(target, b.mul(at, c(4))), added(last, at, rest))]))
+
+                # Two branches: the residual's floats read where the row's are stored (whole
+                # vectors by plain loads: masked ones, even reading nothing, cost a 64-channel
+                # 56x56 plane's transform 130-190 -> 240-260 us at every row)
+                yes, no, done = block("residual"), block("plain"), block("stored")
+                b.cbranch(adding, yes, no)
+                b.position_at_end(yes)
+                store(runs, b.add(res, b.sub(target, out)))
+                b.branch(done)
+                b.position_at_end(no)
+                store(runs)
+                b.branch(done)
+                b.position_at_end(done)
             when(b.icmp_signed("<", row, oh), store_row)
 
     last = b.select(b.icmp_signed(">=", tw, c(TILES)), b.sub(tw, c(TILES)), c(0))
@@ -279,24 +308,27 @@ def emit_output(module, ir, name):
     b.ret(c(0))
 
 
-def bind_output(p, bias, out, tile_rows, tile_cols, activation, m0, m1):
-    """A step writing out (N, M, OH, OW)[:, m0:m1] = act(A^T P A + bias) of the products p
-    (36, M, N * tile_rows * tile_cols) (F(4x4, 3x3)), activation "", "relu" or "relu6";
-    or None where native_gemm does not run or the operands do not qualify (float32,
-    contiguous, OUTPUT_MIN_TILE_COLS tile columns or more, OUTPUT_MAX_PRODUCTS at most)."""
+def bind_output(p, bias, out, tile_rows, tile_cols, activation, m0, m1, residual=None):
+    """A step writing out (N, M, OH, OW)[:, m0:m1] = act(A^T P A + bias [+ residual]) of the
+    products p (36, M, N * tile_rows * tile_cols) (F(4x4, 3x3)), activation "", "relu" or
+    "relu6", residual (or None) of out's shape; or None where native_gemm does not run or
+    the operands do not qualify (float32, contiguous, OUTPUT_MIN_TILE_COLS tile columns or
+    more, OUTPUT_MAX_PRODUCTS at most)."""
     from . import native_gemm
     codes = {"": 0, "relu": 1, "relu6": 2}
     if activation not in codes or tile_cols < OUTPUT_MIN_TILE_COLS or p.size > OUTPUT_MAX_PRODUCTS \
             or not native_gemm.available() or out.ndim != 4 \
-            or any(a.dtype != np.float32 or not a.flags.c_contiguous for a in (p, out)) \
-            or p.shape != (36, out.shape[1], out.shape[0] * tile_rows * tile_cols):
+            or any(a.dtype != np.float32 or not a.flags.c_contiguous
+                   for a in (p, out) + (() if residual is None else (residual,))) \
+            or p.shape != (36, out.shape[1], out.shape[0] * tile_rows * tile_cols) \
+            or (residual is not None and residual.shape != out.shape):
         return None
     b = np.zeros(out.shape[1], np.float32) if bias is None else np.ascontiguousarray(bias, np.float32)
     fields = np.zeros(OUTPUT_FIELDS, np.int64)
-    fields[[P, BIAS, OUT, ON, OM, OH, OW, OTH, OTW, M0, M1, OPLANE, ACT]] = [
+    fields[[P, BIAS, OUT, ON, OM, OH, OW, OTH, OTW, M0, M1, OPLANE, ACT, RES]] = [
         p.ctypes.data, b.ctypes.data, out.ctypes.data, *out.shape, tile_rows, tile_cols, m0, m1, p[0].size,
-        codes[activation]]
-    return native_gemm.step("winograd_output", fields, None, (p, b, out))
+        codes[activation], 0 if residual is None else residual.ctypes.data]
+    return native_gemm.step("winograd_output", fields, None, (p, b, out, residual))
 
 
 def bind_input(x, v, begin, tile_rows, tile_cols, c0, c1, m=4):

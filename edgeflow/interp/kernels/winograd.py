@@ -352,15 +352,17 @@ def _input_loop(x, v, m, begin, tile_rows, tile_cols, c0, c1):
     return jit.bind_winograd_input(x, v, m, begin, tile_rows, tile_cols, c0, c1)
 
 
-def _output_loop(products, bias, out, m, tile_rows, tile_cols, activation, m0, m1):
-    """A step writing out's channels m0:m1 from the products where numba is loaded:
-    native_winograd's for F(4x4) where native_gemm runs and it takes the plane (wide enough,
-    the activation none, relu or relu6), else jit.py's loop; or None (numpy's steps)."""
+def _output_loop(products, bias, out, m, tile_rows, tile_cols, activation, m0, m1, residual=None):
+    """A step writing out's channels m0:m1 from the products (with the residual added, where
+    given) where numba is loaded: native_winograd's for F(4x4) where native_gemm runs and it
+    takes the plane (wide enough, the activation none, relu or relu6), else jit.py's loop;
+    or None (numpy's steps)."""
     if m == 4 and jit.loaded():
-        step = native_winograd.bind_output(products, bias, out, tile_rows, tile_cols, activation or "", m0, m1)
+        step = native_winograd.bind_output(products, bias, out, tile_rows, tile_cols, activation or "", m0, m1,
+                                           residual)
         if step is not None:
             return step
-    return jit.bind_winograd_output(products, bias, out, m, tile_rows, tile_cols, activation, m0, m1)
+    return jit.bind_winograd_output(products, bias, out, m, tile_rows, tile_cols, activation, m0, m1, residual)
 
 
 def _loops_or(bind, make, length, n_parts):
@@ -392,11 +394,15 @@ def _tiled(out, row0, rows, height, col0, cols, width, m):
                       (s[0], s[1], m * s[2], s[2], m * s[3], s[3]), writeable=True)
 
 
-def conv(x, w, bias, begin, out, algo, activation=""):
-    """Step computing out = activation(conv(x, w) + bias) with F(m x m, 3x3), m = 2 for
-    "winograd2", 4 for "winograd4"; `begin` the (top, left) padding (the end padding follows
-    from out's shape). Where numba is loaded (jit.loaded), the tiles' transforms run as
-    jit.py's loops (the input's, and the output's with the bias and the activation)."""
+def conv(x, w, bias, begin, out, algo, activation="", residual=None):
+    """Step computing out = activation(conv(x, w) + bias [+ residual]) with F(m x m, 3x3), m
+    = 2 for "winograd2", 4 for "winograd4"; `begin` the (top, left) padding (the end padding
+    follows from out's shape). Where numba is loaded (jit.loaded), the tiles' transforms run
+    as jit.py's loops (the input's, and the output's with the bias, the residual and the
+    activation). With a residual (out's shape, apart from out: a ResNet block's add, which
+    then reads the conv's output from no buffer), None where the output's loops do not run."""
+    if residual is not None and (residual.shape != out.shape or np.may_share_memory(residual, out)):
+        return None
     m = {"winograd2": 2, "winograd4": 4}[algo]
     at = TRANSFORMS[m][2]
     a = m + 2
@@ -490,8 +496,10 @@ def conv(x, w, bias, begin, out, algo, activation=""):
         spans = [(8 * lo, min(8 * hi, mm)) for lo, hi in threads.pieces(-(-mm // 8), n_parts)]
     else:
         spans = threads.pieces(mm, n_parts)
-    outputs = [_output_loop(products, bias, out, m, th, tw, activation, lo, hi)
-               for lo, hi in spans]  # with the bias and the activation
+    outputs = [_output_loop(products, bias, out, m, th, tw, activation, lo, hi, residual)
+               for lo, hi in spans]  # with the bias, the residual and the activation
+    if residual is not None and None in outputs:
+        return None
     if None not in outputs and native:
         # Each worker's output channels: a product a position on the tile, then its output transform.
         packs = packed_weights(w, m)
