@@ -1,7 +1,7 @@
 """What the tests of native_gemm's compiled convs share: the activations' float64
-references, an output array guarded by NaN either side, a record of a kernel's binds, and
-the mark that skips them where native_gemm's module does not run (x86-64 with AVX2 and
-FMA)."""
+references, an output array guarded by NaN either side, a record of a kernel's binds, a
+graph built and run with the JIT on, and the mark that skips them where native_gemm's
+module does not run (x86-64 with AVX2 and FMA)."""
 import numpy as np
 import pytest
 
@@ -31,3 +31,19 @@ def record_binds(monkeypatch, module):
         return step
     monkeypatch.setattr(module, "bind", recording)
     return bound
+
+
+def run_graph(build, x, profile=False, num_threads=1):
+    """The signature of build(x's float32 placeholder)'s outputs, run on x with the JIT on;
+    and, with `profile`, the sorted opcodes of the steps that ran (else None)."""
+    import edgeflow as ef
+    from edgeflow.format import writer
+    g = ef.Graph()
+    with g.as_default():
+        t = ef.placeholder(ef.float32, x.shape, name="x")
+        outputs = build(t)
+    it = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, outputs)})), num_threads=num_threads,
+                        jit=True)
+    prof = it.enable_profiling() if profile else None
+    got = it.get_signature_runner("infer")(x=x)
+    return got, (sorted(r.opcode for r in prof.records.values()) if profile else None)

@@ -18,6 +18,8 @@ from edgeflow.format import writer
 from edgeflow.graph.math_ops import apply
 from edgeflow.interp.kernels import jit, native_gemm
 
+from .native_cases import run_graph as _run
+
 
 def _host_has_avx2():
     import llvmlite.binding as llvm
@@ -164,18 +166,6 @@ def test_rows_decline_what_they_cannot_run():
     assert native_gemm.bind_rows(packed, a, np.zeros((1, 8, 8), np.float32), "tanh") is None
     with pytest.raises(ValueError, match="do not fit"):
         native_gemm.bind_rows(packed, a, np.zeros((1, 8, 30), np.float32))
-
-
-def _run(build, x, profile=False, num_threads=1):
-    g = ef.Graph()
-    with g.as_default():
-        t = ef.placeholder(ef.float32, x.shape, name="x")
-        outputs = build(t)
-    it = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, outputs)})), num_threads=num_threads,
-                        jit=True)
-    prof = it.enable_profiling() if profile else None
-    got = it.get_signature_runner("infer")(x=x)
-    return got, (sorted(r.opcode for r in prof.records.values()) if profile else None)
 
 
 def _conv(x, w, b, activation=""):

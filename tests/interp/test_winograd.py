@@ -13,6 +13,8 @@ from edgeflow.errors import EdgeflowError
 from edgeflow.interp import threads
 from edgeflow.interp.kernels import KERNELS, jit, native_gemm, native_winograd, winograd
 
+from .native_cases import run_graph
+
 
 def onnx_conv(x, w, b, pads):
     """onnxruntime's Conv (1 thread) of x with the constants w, b."""
@@ -297,22 +299,6 @@ def test_wide_planes_take_both_native_transforms(workers_n, shape, transforms):
     assert_near(out, reference(x, w, b, (1, 1, 1, 1), "relu"))
 
 
-def _run(build, x, num_threads):
-    """The signature of build(x's placeholder)'s outputs, run on x (the JIT on), and the
-    opcodes of the steps that ran."""
-    import edgeflow as ef
-    from edgeflow.format import writer
-    g = ef.Graph()
-    with g.as_default():
-        t = ef.placeholder(ef.float32, x.shape, name="x")
-        outputs = build(t)
-    it = ef.Interpreter(writer.to_bytes(ef.to_model(g, {"infer": ({"x": t}, outputs)})), num_threads=num_threads,
-                        jit=True)
-    profile = it.enable_profiling()
-    got = it.get_signature_runner("infer")(x=x)
-    return got, sorted(r.opcode for r in profile.records.values())
-
-
 @pytest.mark.parametrize("num_threads", [1, 2])
 @pytest.mark.parametrize("channels, size, algo, activation", [
     (32, 28, "winograd4", "relu"), (24, 30, "winograd4", ""), (32, 7, "winograd2", "relu"),
@@ -340,8 +326,8 @@ def test_a_residual_add_after_a_winograd_conv_runs_in_its_output_transform(num_t
             z = apply("add", [y, t], {"activation": activation})
             return {"z": z, **({"y": y} if apart else {})}
         return outputs
-    fused, ran = _run(build(False), x, num_threads)
-    apart, ran_apart = _run(build(True), x, num_threads)
+    fused, ran = run_graph(build(False), x, profile=True, num_threads=num_threads)
+    apart, ran_apart = run_graph(build(True), x, profile=True, num_threads=num_threads)
     assert ran == ["conv"] and ran_apart == ["add", "conv"], (ran, ran_apart)
     np.testing.assert_array_equal(fused["z"], apart["z"])
     want = reference(x, w, b, (1, 1, 1, 1)) + x
