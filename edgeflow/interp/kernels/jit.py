@@ -351,7 +351,7 @@ def _bound(loop, *args):
 # threads, batch 1 moved within this machine's spread (10.94 against 11.08 ms).
 _NATIVE_ENTRIES = {
     "depthwise_loop": "ffffuUfufi", "depthwise_same_loop": "ffffubffi", "depthwise_channels_loop": "ffffufffi",
-    "winograd_input_loop": "ffffffu", "winograd_output_loop": "fffffffui",
+    "winograd_input_loop": "ffffffu", "winograd_output_loop": "ffffffui",
     "gelu_float32_loop": "ffi", "softmax_loop": "ffii", "sigmoid_loop": "ff", "hard_swish_loop": "ff",
     "strided_copy_loop": "ffuu", "layer_norm_loop": "ffffuf", "binary_loop": "fffi", "scalar_loop": "fffii",
     "im2col_loop": "ffu", "patches_loop": "ffu", "max_pool_rows_loop": "ffuf", "max_pool_tiles_loop": "ffu",
@@ -530,9 +530,9 @@ def strided_copy_loop_entry(address):
 
 
 def winograd_output_loop_entry(address):
-    f = _carray(_pointer_i64(address), (17,))
+    f = _carray(_pointer_i64(address), (15,))
     _winograd_output_loop(_floats(f, 0), _floats(f, 2), _floats(f, 4), _floats(f, 6), _floats(f, 8), _floats(f, 10),
-                          _floats(f, 12), _uints(f, 14), f[16])
+                          _uints(f, 12), f[14])
     return 0
 
 
@@ -1662,19 +1662,16 @@ def winograd_gradient_loop(dy, z, a_, pbuf, tbuf, row, dims):
                 _combine(z, (k * a + j) * plane + ms * n_ * per, tbuf, j * run_, a * run_, a_, k * m, length, m)
 
 
-def winograd_output_loop(p, b, at_, zbuf, ybuf, out, res, dims, act):
-    """out (N, M, OH, OW) = act(A^T P A + b [+ res]) for each tile's a x a products P (p:
-    (a^2, M, tiles)), the m x m outputs of tile (n, i, j) at out's row i * m and column j * m
-    (cropped at the plane's edge), for output channels m0 to m1, a block of them at a time as
-    in winograd_input_loop; at_: A^T (m, a), flat; zbuf, ybuf: runs of a block's tiles (A^T
-    P's m * a elements, Y's m * m); res: a residual of out's layout, added to each output
-    before the clip where dims[9] is 1 (the conv's value rounded, then the add's: the bits of
-    the conv and the add apart). The activation: 0 none,
+def winograd_output_loop(p, b, at_, zbuf, ybuf, out, dims, act):
+    """out (N, M, OH, OW) = act(A^T P A + b) for each tile's a x a products P (p: (a^2, M,
+    tiles)), the m x m outputs of tile (n, i, j) at out's row i * m and column j * m (cropped
+    at the plane's edge), for output channels m0 to m1, a block of them at a time as in
+    winograd_input_loop; at_: A^T (m, a), flat; zbuf, ybuf: runs of a block's tiles (A^T P's
+    m * a elements, Y's m * m). The activation: 0 none,
     1 relu, 2 relu6, 3 swish, 4 hard_swish. dims (uint64): N, M, OH, OW, tile rows, tile
-    columns, m, m0, m1, whether res is added."""
+    columns, m, m0, m1."""
     n_, mm_, oh_, ow_, th, tw, m, m0, m1 = (dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6],
                                             dims[7], dims[8])
-    added = dims[9] == _U(1)
     act = _U(act)
     lo, hi = _clip_bounds(out, act)
     a = m + _U(2)
@@ -1704,32 +1701,24 @@ def winograd_output_loop(p, b, at_, zbuf, ybuf, out, res, dims, act):
                         q = r * m * run_ + blk + i * tw
                         if m == _U(4):
                             for j in range(whole):
-                                e = d + j * m
                                 y0, y1 = ybuf[q + j] + bias, ybuf[q + run_ + j] + bias
                                 y2, y3 = ybuf[q + run_ + run_ + j] + bias, ybuf[q + _U(3) * run_ + j] + bias
-                                if added:
-                                    y0, y1 = y0 + res[e], y1 + res[e + _U(1)]
-                                    y2, y3 = y2 + res[e + _U(2)], y3 + res[e + _U(3)]
                                 y0, y1 = lo if y0 < lo else y0, lo if y1 < lo else y1
                                 y2, y3 = lo if y2 < lo else y2, lo if y3 < lo else y3
+                                e = d + j * m
                                 out[e], out[e + _U(1)] = hi if y0 > hi else y0, hi if y1 > hi else y1
                                 out[e + _U(2)], out[e + _U(3)] = hi if y2 > hi else y2, hi if y3 > hi else y3
                         else:
                             for j in range(whole):
-                                e = d + j * m
                                 y0, y1 = ybuf[q + j] + bias, ybuf[q + run_ + j] + bias
-                                if added:
-                                    y0, y1 = y0 + res[e], y1 + res[e + _U(1)]
                                 y0, y1 = lo if y0 < lo else y0, lo if y1 < lo else y1
+                                e = d + j * m
                                 out[e], out[e + _U(1)] = hi if y0 > hi else y0, hi if y1 > hi else y1
                         if whole < tw:
                             for s in range(ow_ - whole * m):
-                                e = d + whole * m + s
                                 v = ybuf[q + s * run_ + whole] + bias
-                                if added:
-                                    v = v + res[e]
                                 v = lo if v < lo else v
-                                out[e] = hi if v > hi else v
+                                out[d + whole * m + s] = hi if v > hi else v
                 if act >= _U(3):
                     _activate_run(out, ob, oh_ * ow_, act)
 
@@ -1772,20 +1761,18 @@ def bind_winograd_gradient(dy, z, m, tile_rows, tile_cols, m0, m1):
                   scratch(m * a * run, dy.dtype), np.zeros(tile_cols * m, dy.dtype), dims)
 
 
-def bind_winograd_output(p, bias, out, m, tile_rows, tile_cols, activation, m0, m1, residual=None):
+def bind_winograd_output(p, bias, out, m, tile_rows, tile_cols, activation, m0, m1):
     """A step for winograd_output_loop over output channels m0:m1 of the products p (a^2,
-    M, tiles) into out, with the bias (or none), a residual of out's shape added (or none)
-    and the fused activation after it, or None."""
+    M, tiles) into out, with the bias (or none) and the fused activation, or None."""
     b = np.zeros(out.shape[1], out.dtype) if bias is None else bias
-    res = out if residual is None else residual  # (not read without one)
     act = _act_code(activation, out.dtype)
-    if not loaded() or out.ndim != 4 or not _takes(p, b, out, res) or act is None or res.shape != out.shape \
-            or not all(a.flags.c_contiguous for a in (p, b, out, res)):
+    if not loaded() or out.ndim != 4 or not _takes(p, b, out) or act is None \
+            or not all(a.flags.c_contiguous for a in (p, b, out)):
         return None
     a, run = m + 2, _winograd_run(out.shape[0] * tile_rows * tile_cols, m1 - m0)
-    dims = np.array([*out.shape, tile_rows, tile_cols, m, m0, m1, residual is not None], _U)
+    dims = np.array([*out.shape, tile_rows, tile_cols, m, m0, m1], _U)
     return _bound(winograd_output_loop, p.reshape(-1), b, _transform(m, 2, out.dtype), scratch(m * a * run, out.dtype),
-                  scratch(m * m * run, out.dtype), out.reshape(-1), res.reshape(-1), dims, act)
+                  scratch(m * m * run, out.dtype), out.reshape(-1), dims, act)
 
 
 # -- resizing ---------------------------------------------------------------------------------

@@ -353,16 +353,19 @@ def _input_loop(x, v, m, begin, tile_rows, tile_cols, c0, c1):
 
 
 def _output_loop(products, bias, out, m, tile_rows, tile_cols, activation, m0, m1, residual=None):
-    """A step writing out's channels m0:m1 from the products (with the residual added, where
-    given) where numba is loaded: native_winograd's for F(4x4) where native_gemm runs and it
-    takes the plane (wide enough, the activation none, relu or relu6), else jit.py's loop;
-    or None (numpy's steps)."""
+    """A step writing out's channels m0:m1 from the products where numba is loaded:
+    native_winograd's for F(4x4) where native_gemm runs and it takes the plane (wide enough,
+    the activation none, relu or relu6), else jit.py's loop; or None (numpy's steps). With a
+    residual to add, native_winograd's or None: added in jit.py's loop too (its branch in the
+    tile loops, or outside them), it left that loop 1.3-1.8x slower without one on F(2x2)'s
+    7x7 and 14x14 planes, more than the add it spared."""
+    step = None
     if m == 4 and jit.loaded():
         step = native_winograd.bind_output(products, bias, out, tile_rows, tile_cols, activation or "", m0, m1,
                                            residual)
-        if step is not None:
-            return step
-    return jit.bind_winograd_output(products, bias, out, m, tile_rows, tile_cols, activation, m0, m1, residual)
+    if step is not None or residual is not None:
+        return step
+    return jit.bind_winograd_output(products, bias, out, m, tile_rows, tile_cols, activation, m0, m1)
 
 
 def _loops_or(bind, make, length, n_parts):
@@ -398,9 +401,10 @@ def conv(x, w, bias, begin, out, algo, activation="", residual=None):
     """Step computing out = activation(conv(x, w) + bias [+ residual]) with F(m x m, 3x3), m
     = 2 for "winograd2", 4 for "winograd4"; `begin` the (top, left) padding (the end padding
     follows from out's shape). Where numba is loaded (jit.loaded), the tiles' transforms run
-    as jit.py's loops (the input's, and the output's with the bias, the residual and the
-    activation). With a residual (out's shape, apart from out: a ResNet block's add, which
-    then reads the conv's output from no buffer), None where the output's loops do not run."""
+    as jit.py's loops (the input's, and the output's with the bias and the activation).
+    With a residual (out's shape, apart from out: a ResNet block's add, which then reads the
+    conv's output from no buffer), None where native_winograd's output transform does not
+    take it (F(2x2), narrow planes: `_output_loop`)."""
     if residual is not None and (residual.shape != out.shape or np.may_share_memory(residual, out)):
         return None
     m = {"winograd2": 2, "winograd4": 4}[algo]
