@@ -491,6 +491,51 @@ def test_long_rows_run_here_with_their_adds(num_threads):
 
 
 @pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
+@pytest.mark.parametrize("rows, apart", [(200, "rows"), (24, "columns"), (8, "rows")])
+def test_a_dense_layer_on_two_workers_splits_its_rows_where_each_has_many(rows, apart, monkeypatch):
+    """matmul_epilogue over 2 workers: 200 rows (50 panels: ROWS_APART_PANELS or more
+    each) rows apart, every worker all the columns; 24 rows columns apart, in whole strips;
+    8 rows (two panels; a 40-column product has too few strips to split) rows apart.
+    numpy's values with the bias and relu, and the bits of the product on one thread."""
+    from edgeflow.interp import threads
+    from edgeflow.interp.kernels import math as math_kernels
+    assert jit.available()
+    rng = np.random.default_rng(rows)
+    n = 40 if rows == 8 else 300
+    a = rng.standard_normal((rows, 64)).astype(np.float32)
+    w = rng.standard_normal((64, n)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    w.flags.writeable = b.flags.writeable = False
+    attrs = {"transpose_a": False, "transpose_b": False, "activation": ""}
+    bind_rows, pieces = native_gemm.bind_rows, []
+
+    def recording(packed, x, out, *args):
+        pieces.append((x.shape[1], out.shape[2]))  # the piece's rows, and its columns
+        return bind_rows(packed, x, out, *args)
+    monkeypatch.setattr(native_gemm, "bind_rows", recording)
+    monkeypatch.setattr(threads, "MIN_FLOPS", 1)
+    one = np.empty((rows, n), np.float32)
+    math_kernels.matmul_epilogue([a, w], one, attrs, b, None, "relu")()
+    pieces.clear()
+    workers = threads.Workers(2)
+    try:
+        two = np.full((rows, n), np.nan, np.float32)
+        with threads.using(workers):
+            step = math_kernels.matmul_epilogue([a, w], two, attrs, b, None, "relu")
+        step()
+    finally:
+        workers.close()
+    assert len(pieces) == 2, pieces
+    if apart == "rows":
+        assert [c for _, c in pieces] == [n, n] and sum(r for r, _ in pieces) == rows, pieces
+    else:
+        assert [r for r, _ in pieces] == [rows, rows] and sum(c for _, c in pieces) == n, pieces
+    np.testing.assert_array_equal(two, one)
+    want = np.maximum(a.astype(np.float64) @ w + b, 0)
+    np.testing.assert_allclose(two, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.skipif(not HERE, reason="native_gemm runs on x86-64 with AVX2 and FMA")
 def test_machine_code_cache_loads_without_building_the_ir_and_survives_damage(monkeypatch):
     """The module's machine code is cached under its source key: a process that finds the
     file loads it as an object file (the IR never built) and runs the same products; a

@@ -183,11 +183,25 @@ def _matmul(ins, outs, attrs):
     return with_activation(split_matmul(a, b, out) or partial(np.matmul, a, b, out=out), attrs["activation"], result)
 
 
+# Panels of 4 rows a worker from which matmul_epilogue's product splits its rows, not its
+# columns: every worker then reads all the packed weights (in cache: each weight serves 32
+# rows or more) but only its own rows of a, and writes whole rows of out. 2 workers, alone:
+# an LSTM's input projections, 512 x 128 @ 128 x 1024 1.06-1.57 -> 0.92-0.96 ms (one thread
+# 1.90) and 512 x 256 @ 256 x 1024 2.08-3.15 -> 1.80-1.86 (3.67); against onnxruntime,
+# alternating processes, the BERT-like encoder at batch 8 0.98x and 1.01x -> 0.89x and
+# 0.88x, at batch 1 0.91-0.99x -> 0.88-0.95x, lstm2 at batch 8 1.23x (three runs) ->
+# 1.12-1.24x, at batch 1 0.73-0.79x -> 0.69-0.73x. Fewer rows keep the columns apart: each
+# worker then reads half the weights, which a few rows use too little to be worth reading
+# twice.
+ROWS_APART_PANELS = 8
+
+
 def matmul_epilogue(ins, out, attrs, bias=None, residual=None, activation=""):
     """A step writing act(a @ w + bias [+ residual]) to `out` for a matmul by constant float32
     weights w (K, N) (transpose_b: w.T), in the product's own pass (native_gemm.bind_rows:
     w packed once in strips of columns, a's rows read in place; over the plan's workers,
-    columns apart in whole strips where there are enough, else rows), or None where it does
+    rows apart where each gets ROWS_APART_PANELS panels or more, else columns apart in whole
+    strips where there are enough, else rows), or None where it does
     not run: numba not loaded (a plan keeping its first run short, as conv_epilogue), w or
     the bias variables (packed once here), a transposed, shapes native_gemm leaves to BLAS
     (native_gemm.suits_rows), or rows that are not one matrix's. bias: N values along the
@@ -219,14 +233,14 @@ def matmul_epilogue(ins, out, attrs, bias=None, residual=None, activation=""):
         packed = native_gemm.pack_columns_constant(w, vector, first, last, attrs["transpose_b"])
         return native_gemm.bind_rows(packed, rows[None, lines], flat[None, lines, columns], activation,
                                      None if res is None else res[None, lines, columns])
-    strips = -(-n // native_gemm.NR)
+    strips, panels = -(-n // native_gemm.NR), -(-rows.shape[0] // native_gemm.MR)
     if not split:
         parts = [product(everything, everything)]
-    elif strips >= 2 * workers.n:  # columns apart, in whole strips: each worker packs and reads its own
+    elif panels < ROWS_APART_PANELS * workers.n and strips >= 2 * workers.n:
+        # columns apart, in whole strips: each worker packs and reads its own
         parts = [product(everything, slice(i * native_gemm.NR, min(j * native_gemm.NR, n)))
                  for i, j in threads.pieces(strips, workers.n)]
     else:  # rows apart, whole panels
-        panels = -(-rows.shape[0] // native_gemm.MR)
         parts = [product(slice(i * native_gemm.MR, min(j * native_gemm.MR, rows.shape[0])), everything)
                  for i, j in threads.pieces(panels, workers.n)]
     if None in parts:
